@@ -1,0 +1,109 @@
+package v1alpha1_test
+
+import (
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+func key(ns, name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: ns, Name: name}
+}
+
+// invalid is one object the API server must reject: field is the path the
+// error must name, message a fragment of the explanation.
+type invalid struct {
+	yaml    string
+	field   string
+	message string
+}
+
+const trigger = "apiVersion: ziptrail.dev/v1alpha1\nkind: Trigger\nmetadata: {name: t}\n"
+const bucket = "apiVersion: ziptrail.dev/v1alpha1\nkind: Bucket\nmetadata: {name: b}\n"
+const workflow = "apiVersion: ziptrail.dev/v1alpha1\nkind: Workflow\nmetadata: {name: w}\n"
+
+var _ = Describe("schema validation", func() {
+	var ns string
+	BeforeEach(func() { ns = newNamespace() })
+
+	DescribeTable("rejects an invalid object with a field-level message",
+		func(c invalid) {
+			obj := &unstructured.Unstructured{}
+			Expect(yaml.Unmarshal([]byte(c.yaml), &obj.Object)).To(Succeed())
+			obj.SetNamespace(ns)
+			err := k8s.Create(ctx, obj)
+			Expect(err).To(HaveOccurred(), "the API server accepted an invalid object")
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want 422 Invalid, got %v", err)
+			Expect(err.Error()).To(ContainSubstring(c.field))
+			Expect(err.Error()).To(ContainSubstring(c.message))
+			GinkgoWriter.Println(err.Error())
+		},
+		// Triggers
+		Entry("Redundant with k > n", invalid{trigger + "spec: {bucket: b, primitive: Redundant, targets: [f], redundant: {k: 4, outOf: 3}}",
+			"spec.redundant.k", "k must not exceed outOf"}),
+		Entry("Redundant with k = 0", invalid{trigger + "spec: {bucket: b, primitive: Redundant, targets: [f], redundant: {k: 0, outOf: 3}}",
+			"spec.redundant.k", "should be greater than or equal to 1"}),
+		Entry("ByName without its key", invalid{trigger + "spec: {bucket: b, primitive: ByName, targets: [f]}",
+			"spec.byName", "byName is required when primitive is ByName"}),
+		Entry("ByName with an empty key", invalid{trigger + "spec: {bucket: b, primitive: ByName, targets: [f], byName: {key: ''}}",
+			"spec.byName.key", "should be at least 1 chars long"}),
+		Entry("an unknown primitive", invalid{trigger + "spec: {bucket: b, primitive: Sometimes, targets: [f]}",
+			"spec.primitive", "Unsupported value"}),
+		Entry("no targets", invalid{trigger + "spec: {bucket: b, primitive: Immediate, targets: []}",
+			"spec.targets", "should have at least 1 items"}),
+		Entry("a target that is not a DNS label", invalid{trigger + "spec: {bucket: b, primitive: Immediate, targets: [Bad_Fn]}",
+			"spec.targets[0]", "should match"}),
+		Entry("no bucket", invalid{trigger + "spec: {primitive: Immediate, targets: [f]}",
+			"spec.bucket", "Required value"}),
+		Entry("a zero batch size", invalid{trigger + "spec: {bucket: b, primitive: ByBatchSize, targets: [f], byBatchSize: {size: 0}}",
+			"spec.byBatchSize.size", "should be greater than or equal to 1"}),
+		Entry("a zero time window", invalid{trigger + "spec: {bucket: b, primitive: ByTime, targets: [f], byTime: {window: 0s}}",
+			"spec.byTime.window", "window must be positive"}),
+		Entry("a negative time window", invalid{trigger + "spec: {bucket: b, primitive: ByTime, targets: [f], byTime: {window: -5s}}",
+			"spec.byTime.window", "window must be positive"}),
+		Entry("parameters of another primitive", invalid{trigger + "spec: {bucket: b, primitive: Immediate, targets: [f], bySet: {keys: [a]}}",
+			"spec.bySet", "bySet is only valid with primitive BySet"}),
+		Entry("BySet with a repeated key", invalid{trigger + "spec: {bucket: b, primitive: BySet, targets: [f], bySet: {keys: [a, a]}}",
+			"spec.bySet.keys[1]", "Duplicate value"}),
+		Entry("DynamicGroup without sources", invalid{trigger + "spec: {bucket: b, primitive: DynamicGroup, targets: [f], dynamicGroup: {groupMetadataKey: g}}",
+			"spec.dynamicGroup.sources", "Required value"}),
+		Entry("a re-execution rule with a zero timeout", invalid{trigger + "spec: {bucket: b, primitive: Immediate, targets: [f], reexecution: [{sourceFunction: s, timeout: 0s}]}",
+			"spec.reexecution[0].timeout", "timeout must be positive"}),
+		Entry("a re-execution rule with zero attempts", invalid{trigger + "spec: {bucket: b, primitive: Immediate, targets: [f], reexecution: [{sourceFunction: s, timeout: 1s, maxAttempts: 0}]}",
+			"spec.reexecution[0].maxAttempts", "should be greater than or equal to 1"}),
+		Entry("a re-execution rule with an unknown scope", invalid{trigger + "spec: {bucket: b, primitive: Immediate, targets: [f], reexecution: [{sourceFunction: s, timeout: 1s, scope: Forever}]}",
+			"spec.reexecution[0].scope", "Unsupported value"}),
+		// Buckets
+		Entry("an unknown spill tier", invalid{bucket + "spec: {spillTiers: [gcs]}",
+			"spec.spillTiers[0]", "Unsupported value"}),
+		Entry("a repeated spill tier", invalid{bucket + "spec: {spillTiers: [redis, redis]}",
+			"spec.spillTiers[1]", "Duplicate value"}),
+		Entry("a zero object TTL", invalid{bucket + "spec: {objectTTL: 0s}",
+			"spec.objectTTL", "objectTTL must be positive"}),
+		Entry("a zero memory limit", invalid{bucket + "spec: {memoryLimitPerPod: '0'}",
+			"spec.memoryLimitPerPod", "memoryLimitPerPod must be positive"}),
+		Entry("an unknown GC policy", invalid{bucket + "spec: {gcPolicy: Never}",
+			"spec.gcPolicy", "Unsupported value"}),
+		Entry("a bucket name that is not a DNS label", invalid{"apiVersion: ziptrail.dev/v1alpha1\nkind: Bucket\nmetadata: {name: a.b}\nspec: {}",
+			"metadata.name", "must be a DNS label"}),
+		// Workflows
+		Entry("an entry that is not a function", invalid{workflow + "spec: {entry: nope, functions: [{name: a, image: x}]}",
+			"spec.entry", "entry must name one of the functions"}),
+		Entry("two functions with one name", invalid{workflow + "spec: {entry: a, functions: [{name: a, image: x}, {name: a, image: y}], dependencies: [{from: [a], to: [a]}]}",
+			"spec.functions[1]", "Duplicate value"}),
+		Entry("a function with nothing to run", invalid{workflow + "spec: {entry: a, functions: [{name: a}]}",
+			"spec.functions[0]", "a function needs an image, a template or a local command"}),
+		Entry("a Periodic dependency without a period", invalid{workflow + "spec: {entry: a, functions: [{name: a, image: x}, {name: b, image: x}], dependencies: [{from: [a], to: [b], type: Periodic}]}",
+			"spec.dependencies[0].period", "period is required for a Periodic dependency"}),
+		Entry("several functions and no wiring", invalid{workflow + "spec: {entry: a, functions: [{name: a, image: x}, {name: b, image: x}]}",
+			"spec", "a workflow with several functions needs triggers or dependencies"}),
+		Entry("a workflow name too long for Knative Service names", invalid{"apiVersion: ziptrail.dev/v1alpha1\nkind: Workflow\nmetadata: {name: abcdefghijklmnopqrstuvwxyz0123}\nspec: {entry: a, functions: [{name: a, image: x}]}",
+			"metadata.name", "at most 28 characters"}),
+		Entry("an inline trigger that is invalid", invalid{workflow + "spec: {entry: a, functions: [{name: a, image: x}], triggers: [{name: t, spec: {bucket: b, primitive: Redundant, targets: [a], redundant: {k: 9, outOf: 2}}}]}",
+			"spec.triggers[0].spec.redundant.k", "k must not exceed outOf"}),
+	)
+})

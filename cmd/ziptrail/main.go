@@ -1,0 +1,43 @@
+// Command ziptrail is the developer CLI: it runs ziptrail on one machine.
+//
+//	ziptrail demo    start a local control plane, apply the samples, show them
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `usage: ziptrail <command>
+
+commands:
+  demo    start a local kube-apiserver + etcd with the ziptrail CRDs, apply
+          config/samples with kubectl, show them with kubectl get, tear down
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch os.Args[1] {
+	case "demo":
+		err = runDemo(ctx, os.Stdout)
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "ziptrail: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ziptrail %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}

@@ -14,3 +14,30 @@ const (
 	// ConditionTiersReady is True when a Bucket's spill and persist tiers are configured.
 	ConditionTiersReady = "TiersReady"
 )
+
+// Condition reasons. They are CamelCase so they read well in kubectl describe.
+const (
+	ReasonReconciled         = "Reconciled"
+	ReasonBucketNotFound     = "BucketNotFound"
+	ReasonTargetNotFound     = "TargetNotFound"
+	ReasonServiceNotReady    = "ServiceNotReady"
+	ReasonServicesReady      = "ServicesReady"
+	ReasonTierNotConfigured  = "TierNotConfigured"
+	ReasonTiersConfigured    = "TiersConfigured"
+	ReasonInvalidSpec        = "InvalidSpec"
+	ReasonChildConflict      = "ChildConflict"
+	ReasonDependenciesFailed = "DependenciesNotReady"
+)
+
+// Labels and annotations ziptrail puts on the objects it manages.
+const (
+	// LabelWorkflow names the Workflow that owns an object.
+	LabelWorkflow = "ziptrail.dev/workflow"
+	// LabelFunction names the workflow function a Knative Service runs.
+	LabelFunction = "ziptrail.dev/function"
+	// AnnotationBuckets lists, on a revision template, the buckets a
+	// function may write to with their memory limits, for queue-proxy-zl.
+	AnnotationBuckets = "ziptrail.dev/buckets"
+	// AnnotationMemoryLimit is the pod's object-store memory cap.
+	AnnotationMemoryLimit = "ziptrail.dev/memory-limit"
+)

@@ -110,7 +110,7 @@ const (
 type ReexecutionRule struct {
 	// SourceFunction is the function to re-invoke.
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=28
+	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	SourceFunction string `json:"sourceFunction"`
 	// Scope is PerObject (default) or PerSession.
@@ -153,10 +153,11 @@ type TriggerSpec struct {
 	// Primitive decides when the targets fire.
 	Primitive Primitive `json:"primitive"`
 
-	// Targets are the functions invoked when the trigger fires.
+	// Targets are the functions invoked when the trigger fires: function
+	// names inside a Workflow, Knative Service names for a standalone Trigger.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=64
-	// +kubebuilder:validation:items:MaxLength=28
+	// +kubebuilder:validation:items:MaxLength=63
 	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	// +listType=set
 	Targets []string `json:"targets"`

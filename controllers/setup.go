@@ -1,0 +1,27 @@
+// Package controllers holds ziptrail's reconcilers: Workflow (Knative
+// Services, Buckets and Triggers it owns), Bucket (tiers) and Trigger
+// (references), one file per concern.
+package controllers
+
+import (
+	"fmt"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+// Leader election (cmd/operator --leader-elect) uses a Lease.
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+
+// Setup registers every ziptrail reconciler with the manager.
+func Setup(mgr ctrl.Manager, tiers Tiers) error {
+	if err := (&WorkflowReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-workflow")}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("workflow controller: %w", err)
+	}
+	if err := (&BucketReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-bucket"), Tiers: tiers}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("bucket controller: %w", err)
+	}
+	if err := (&TriggerReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-trigger")}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("trigger controller: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package controllers_test
+
+import (
+	"context"
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/ziptrail/ziptrail/controllers"
+	"github.com/ziptrail/ziptrail/internal/controlplane"
+)
+
+// The suite runs the real reconcilers in a manager against a real
+// kube-apiserver and etcd with the Knative Service CRD installed. No Knative
+// controller runs, so specs play its part by setting Service status.
+var (
+	env    *controlplane.Env
+	k8s    client.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+)
+
+func TestControllers(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "ziptrail controllers (envtest)")
+}
+
+var _ = BeforeSuite(func() {
+	var err error
+	env, err = controlplane.Start()
+	Expect(err).NotTo(HaveOccurred())
+	k8s, err = client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	Expect(err).NotTo(HaveOccurred())
+
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:  controlplane.Scheme(),
+		Metrics: metricsserver.Options{BindAddress: "0"},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	// The operator under test has a Redis endpoint but no S3 one.
+	Expect(controllers.Setup(mgr, controllers.Tiers{Redis: true})).To(Succeed())
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() {
+		defer GinkgoRecover()
+		Expect(mgr.Start(ctx)).To(Succeed())
+	}()
+})
+
+var _ = AfterSuite(func() {
+	if cancel != nil {
+		cancel()
+	}
+	if env != nil {
+		Expect(env.Stop()).To(Succeed())
+	}
+})
+
+func newNamespace() string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "ctrl-"}}
+	Expect(k8s.Create(ctx, ns)).To(Succeed())
+	return ns.Name
+}

@@ -1,0 +1,252 @@
+package controllers
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+)
+
+// DefaultOutputBucket is the output bucket of a Workflow that names none.
+const DefaultOutputBucket = "output"
+
+// Environment the operator sets in every function's user container so the
+// SDK finds its sidecar. Containers of a pod share the pod's /dev/shm (one IPC
+// namespace), which is also the only memory-backed mount queue-proxy sees.
+const (
+	EnvSocket   = "ZIPTRAIL_SOCKET"
+	EnvShmDir   = "ZIPTRAIL_SHM_DIR"
+	EnvWorkflow = "ZIPTRAIL_WORKFLOW"
+	EnvFunction = "ZIPTRAIL_FUNCTION"
+	SidecarDir  = "/dev/shm/ziptrail"
+)
+
+// ServiceName is the Knative Service that runs a workflow function.
+func ServiceName(workflow, function string) string { return workflow + "-" + function }
+
+// ChildName is the name of a Bucket or Trigger a workflow declares inline.
+func ChildName(workflow, name string) string { return workflow + "-" + name }
+
+// children is everything a Workflow owns, as it should be.
+type children struct {
+	services []*servingv1.Service
+	buckets  []*v1alpha1.Bucket
+	triggers []*v1alpha1.Trigger
+	// problems are invalid references in the spec; they surface as the
+	// TargetsResolved condition instead of failing the whole reconcile.
+	problems []string
+}
+
+// desiredChildren compiles a Workflow into its Knative Services, Buckets and
+// Triggers. Names inside the workflow (functions, buckets) are rewritten to
+// the namespaced child names so standalone objects never collide with them.
+func desiredChildren(wf *v1alpha1.Workflow) (*children, error) {
+	out := &children{}
+	functions := map[string]bool{}
+	for _, f := range wf.Spec.Functions {
+		functions[f.Name] = true
+	}
+	buckets := map[string]v1alpha1.BucketSpec{}
+	for _, b := range wf.Spec.Buckets {
+		buckets[b.Name] = b.Spec
+	}
+	outputBucket := wf.Spec.OutputBucket
+	if outputBucket == "" {
+		outputBucket = DefaultOutputBucket
+	}
+	if _, ok := buckets[outputBucket]; !ok {
+		buckets[outputBucket] = v1alpha1.BucketSpec{}
+	}
+
+	triggers := append([]v1alpha1.NamedTrigger(nil), wf.Spec.Triggers...)
+	compiled, compiledBuckets := compileDependencies(wf.Spec.Dependencies)
+	triggers = append(triggers, compiled...)
+	for _, b := range compiledBuckets {
+		if _, ok := buckets[b]; !ok {
+			buckets[b] = v1alpha1.BucketSpec{}
+		}
+	}
+
+	fn := func(where, name string) string {
+		if !functions[name] {
+			out.problems = append(out.problems, fmt.Sprintf("%s names function %q, which the workflow does not define", where, name))
+		}
+		return ServiceName(wf.Name, name)
+	}
+	fns := func(where string, names []string) []string {
+		if names == nil {
+			return nil
+		}
+		res := make([]string, len(names))
+		for i, n := range names {
+			res[i] = fn(where, n)
+		}
+		return res
+	}
+	for _, t := range triggers {
+		spec := *t.Spec.DeepCopy()
+		where := fmt.Sprintf("trigger %q", t.Name)
+		if _, ok := buckets[spec.Bucket]; !ok {
+			out.problems = append(out.problems, fmt.Sprintf("%s watches bucket %q, which the workflow does not define", where, spec.Bucket))
+		}
+		spec.Bucket = ChildName(wf.Name, spec.Bucket)
+		spec.Targets = fns(where, spec.Targets)
+		for i := range spec.Reexecution {
+			spec.Reexecution[i].SourceFunction = fn(where+" re-execution", spec.Reexecution[i].SourceFunction)
+		}
+		if spec.DynamicGroup != nil {
+			spec.DynamicGroup.Sources = fns(where+" dynamicGroup", spec.DynamicGroup.Sources)
+		}
+		if spec.DynamicJoin != nil {
+			spec.DynamicJoin.Sources = fns(where+" dynamicJoin", spec.DynamicJoin.Sources)
+		}
+		out.triggers = append(out.triggers, &v1alpha1.Trigger{
+			ObjectMeta: childMeta(wf, ChildName(wf.Name, t.Name)),
+			Spec:       spec,
+		})
+	}
+
+	names := make([]string, 0, len(buckets))
+	for name := range buckets {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		out.buckets = append(out.buckets, &v1alpha1.Bucket{
+			ObjectMeta: childMeta(wf, ChildName(wf.Name, name)),
+			Spec:       buckets[name],
+		})
+	}
+
+	for i := range wf.Spec.Functions {
+		svc, err := desiredService(wf, &wf.Spec.Functions[i])
+		if err != nil {
+			return nil, err
+		}
+		out.services = append(out.services, svc)
+	}
+	return out, nil
+}
+
+// compileDependencies turns the function-oriented form into triggers
+// (Pheromone Appendix A.4): each dependency gets its own bucket; a Direct
+// dependency with one source fires Immediate, with several sources it waits
+// for all of them (BySet on the sources' names); a Periodic one is ByTime.
+func compileDependencies(deps []v1alpha1.Dependency) ([]v1alpha1.NamedTrigger, []string) {
+	var triggers []v1alpha1.NamedTrigger
+	var buckets []string
+	for i, d := range deps {
+		name := "dep-" + strconv.Itoa(i)
+		buckets = append(buckets, name)
+		spec := v1alpha1.TriggerSpec{Bucket: name, Targets: append([]string(nil), d.To...)}
+		switch {
+		case d.Type == v1alpha1.DependencyPeriodic && d.Period != nil:
+			spec.Primitive = v1alpha1.ByTime
+			spec.ByTime = &v1alpha1.ByTimeParams{Window: *d.Period}
+		case len(d.From) > 1:
+			spec.Primitive = v1alpha1.BySet
+			spec.BySet = &v1alpha1.BySetParams{Keys: append([]string(nil), d.From...)}
+		default:
+			spec.Primitive = v1alpha1.Immediate
+		}
+		triggers = append(triggers, v1alpha1.NamedTrigger{Name: name, Spec: spec})
+	}
+	return triggers, buckets
+}
+
+func childMeta(wf *v1alpha1.Workflow, name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name:      name,
+		Namespace: wf.Namespace,
+		Labels:    map[string]string{v1alpha1.LabelWorkflow: wf.Name},
+	}
+}
+
+// desiredService builds the Knative Service of one function: the user's
+// template (if any) with image, env, resources and scale bounds applied, plus
+// what the ziptrail sidecar and SDK need.
+func desiredService(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec) (*servingv1.Service, error) {
+	svc := &servingv1.Service{ObjectMeta: childMeta(wf, ServiceName(wf.Name, f.Name))}
+	svc.Labels[v1alpha1.LabelFunction] = f.Name
+	tmpl := &svc.Spec.Template
+	if f.Template != nil && len(f.Template.Raw) > 0 {
+		if err := json.Unmarshal(f.Template.Raw, tmpl); err != nil {
+			return nil, fmt.Errorf("function %q: template is not a Knative RevisionTemplateSpec: %w", f.Name, err)
+		}
+	}
+	if len(tmpl.Spec.Containers) == 0 {
+		tmpl.Spec.Containers = []corev1.Container{{Name: "user-container"}}
+	}
+	c := &tmpl.Spec.Containers[0]
+	if f.Image != "" {
+		c.Image = f.Image
+	}
+	if f.Resources != nil {
+		c.Resources = *f.Resources
+	}
+	c.Env = mergeEnv(c.Env, f.Env)
+	c.Env = mergeEnv(c.Env, []corev1.EnvVar{
+		{Name: EnvSocket, Value: SidecarDir + "/sidecar.sock"},
+		{Name: EnvShmDir, Value: SidecarDir + "/objects"},
+		{Name: EnvWorkflow, Value: wf.Name},
+		{Name: EnvFunction, Value: f.Name},
+	})
+	if f.ContainerConcurrency != nil {
+		tmpl.Spec.ContainerConcurrency = f.ContainerConcurrency
+	}
+	if tmpl.Labels == nil {
+		tmpl.Labels = map[string]string{}
+	}
+	tmpl.Labels[v1alpha1.LabelWorkflow] = wf.Name
+	tmpl.Labels[v1alpha1.LabelFunction] = f.Name
+	if tmpl.Annotations == nil {
+		tmpl.Annotations = map[string]string{}
+	}
+	if f.MinScale != nil {
+		tmpl.Annotations["autoscaling.knative.dev/min-scale"] = strconv.Itoa(int(*f.MinScale))
+	}
+	if f.MaxScale != nil {
+		tmpl.Annotations["autoscaling.knative.dev/max-scale"] = strconv.Itoa(int(*f.MaxScale))
+	}
+	tmpl.Annotations[v1alpha1.AnnotationBuckets] = bucketAnnotation(wf)
+	return svc, nil
+}
+
+// bucketAnnotation tells queue-proxy-zl (through Knative's pod-info volume)
+// which buckets exist and their per-pod memory limits: "name=limit,...".
+func bucketAnnotation(wf *v1alpha1.Workflow) string {
+	parts := make([]string, 0, len(wf.Spec.Buckets))
+	for _, b := range wf.Spec.Buckets {
+		limit := "256Mi"
+		if b.Spec.MemoryLimitPerPod != nil {
+			limit = b.Spec.MemoryLimitPerPod.String()
+		}
+		parts = append(parts, ChildName(wf.Name, b.Name)+"="+limit)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+// mergeEnv sets each of add in env, replacing a variable of the same name.
+func mergeEnv(env, add []corev1.EnvVar) []corev1.EnvVar {
+	for _, a := range add {
+		replaced := false
+		for i := range env {
+			if env[i].Name == a.Name {
+				env[i], replaced = a, true
+				break
+			}
+		}
+		if !replaced {
+			env = append(env, a)
+		}
+	}
+	return env
+}

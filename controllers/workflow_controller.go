@@ -1,0 +1,131 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+)
+
+// WorkflowFinalizer lets the operator delete a workflow's children (and, with
+// the engine, its sessions) before the Workflow disappears, so cleanup does
+// not depend on a garbage collector being present.
+const WorkflowFinalizer = "ziptrail.dev/workflow-cleanup"
+
+// WorkflowReconciler turns a Workflow into one Knative Service per function
+// plus its Buckets and Triggers, and reports their readiness.
+type WorkflowReconciler struct {
+	client.Client
+	Recorder events.EventRecorder
+}
+
+// +kubebuilder:rbac:groups=ziptrail.dev,resources=workflows,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=ziptrail.dev,resources=workflows/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=ziptrail.dev,resources=workflows/finalizers,verbs=update
+// +kubebuilder:rbac:groups=ziptrail.dev,resources=buckets;triggers,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=serving.knative.dev,resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile brings a Workflow's children in line with its spec.
+func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+	wf := &v1alpha1.Workflow{}
+	if err := r.Get(ctx, req.NamespacedName, wf); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !wf.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.finalize(ctx, wf)
+	}
+	if controllerutil.AddFinalizer(wf, WorkflowFinalizer) {
+		if err := r.Update(ctx, wf); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	// Status is patched once, at the end, whatever happened in between.
+	before := wf.DeepCopy()
+	wasReady := readyStatus(wf.Status.Conditions)
+	defer func() {
+		wf.Status.ObservedGeneration = wf.Generation
+		if err := r.Status().Patch(ctx, wf, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+			reterr = errors.Join(reterr, fmt.Errorf("patch workflow status: %w", err))
+		}
+		if now := readyStatus(wf.Status.Conditions); now != wasReady {
+			if now == metav1.ConditionTrue {
+				r.Recorder.Eventf(wf, nil, corev1.EventTypeNormal, "Ready", "Reconcile", "all %d functions are ready", len(wf.Spec.Functions))
+			} else {
+				r.Recorder.Eventf(wf, nil, corev1.EventTypeWarning, "NotReady", "Reconcile", "%s", readyMessage(wf.Status.Conditions))
+			}
+		}
+	}()
+
+	want, err := desiredChildren(wf)
+	if err != nil {
+		setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionTargetsResolved, false, v1alpha1.ReasonInvalidSpec, err.Error())
+		setReady(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionTargetsResolved)
+		r.Recorder.Eventf(wf, nil, corev1.EventTypeWarning, v1alpha1.ReasonInvalidSpec, "Compile", "%v", err)
+		return ctrl.Result{}, nil // the spec must change first; retrying cannot help
+	}
+	if len(want.problems) > 0 {
+		setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionTargetsResolved, false, v1alpha1.ReasonTargetNotFound, strings.Join(want.problems, "; "))
+	} else {
+		setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionTargetsResolved, true, v1alpha1.ReasonReconciled, "")
+	}
+
+	if err := r.applyChildren(ctx, wf, want); err != nil {
+		var conflict *childConflictError
+		if errors.As(err, &conflict) {
+			setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionServicesReady, false, v1alpha1.ReasonChildConflict, conflict.Error())
+			setReady(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionTargetsResolved, v1alpha1.ConditionServicesReady)
+			r.Recorder.Eventf(wf, nil, corev1.EventTypeWarning, v1alpha1.ReasonChildConflict, "Apply", "%v", conflict)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+
+	r.updateServiceStatus(ctx, wf, want.services)
+	setReady(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionTargetsResolved, v1alpha1.ConditionServicesReady)
+	wf.Status.Functions = int32(len(wf.Spec.Functions))
+	log.FromContext(ctx).V(1).Info("reconciled workflow", "services", len(want.services), "buckets", len(want.buckets), "triggers", len(want.triggers))
+	return ctrl.Result{}, nil
+}
+
+// updateServiceStatus sets ServicesReady from the Knative Services' own
+// Ready conditions.
+func (r *WorkflowReconciler) updateServiceStatus(ctx context.Context, wf *v1alpha1.Workflow, services []*servingv1.Service) {
+	var notReady []string
+	for _, want := range services {
+		got := &servingv1.Service{}
+		if err := r.Get(ctx, client.ObjectKeyFromObject(want), got); err != nil || !got.IsReady() {
+			notReady = append(notReady, want.Name)
+		}
+	}
+	if len(notReady) > 0 {
+		setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionServicesReady, false, v1alpha1.ReasonServiceNotReady,
+			fmt.Sprintf("Knative Services not ready: %s", strings.Join(notReady, ", ")))
+		return
+	}
+	setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionServicesReady, true, v1alpha1.ReasonServicesReady, "")
+}
+
+// SetupWithManager watches Workflows and everything they own.
+func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.Workflow{}).
+		Owns(&servingv1.Service{}).
+		Owns(&v1alpha1.Bucket{}).
+		Owns(&v1alpha1.Trigger{}).
+		Named("workflow").
+		Complete(r)
+}

@@ -216,6 +216,9 @@ func desiredService(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec) (*servingv1
 		tmpl.Annotations["autoscaling.knative.dev/max-scale"] = strconv.Itoa(int(*f.MaxScale))
 	}
 	tmpl.Annotations[v1alpha1.AnnotationBuckets] = bucketAnnotation(wf)
+	if err := setLocalAnnotations(tmpl.Annotations, f.Local); err != nil {
+		return nil, fmt.Errorf("function %q: %w", f.Name, err)
+	}
 	return svc, nil
 }
 
@@ -249,4 +252,35 @@ func mergeEnv(env, add []corev1.EnvVar) []corev1.EnvVar {
 		}
 	}
 	return env
+}
+
+// setLocalAnnotations tells the local cluster's serving runtime how to run a
+// function without a container runtime. Real Knative ignores them.
+func setLocalAnnotations(ann map[string]string, local *v1alpha1.LocalRuntime) error {
+	if local == nil {
+		return nil
+	}
+	cmd, err := json.Marshal(local.Command)
+	if err != nil {
+		return err
+	}
+	ann[v1alpha1.AnnotationLocalCommand] = string(cmd)
+	if local.WorkingDir != "" {
+		ann[v1alpha1.AnnotationLocalWorkDir] = local.WorkingDir
+	}
+	if len(local.Env) > 0 {
+		env := make([]string, 0, len(local.Env))
+		for _, e := range local.Env {
+			if e.ValueFrom != nil {
+				return fmt.Errorf("local env %s uses valueFrom, which the local cluster cannot resolve", e.Name)
+			}
+			env = append(env, e.Name+"="+e.Value)
+		}
+		raw, err := json.Marshal(env)
+		if err != nil {
+			return err
+		}
+		ann[v1alpha1.AnnotationLocalEnv] = string(raw)
+	}
+	return nil
 }

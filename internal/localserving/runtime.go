@@ -1,0 +1,314 @@
+// Package localserving plays Knative Serving's part on one machine without a
+// container runtime: for every Knative Service in the API server it runs
+// "pods" — a network namespace each, holding a real queue-proxy process and
+// the function's local command — reports readiness into the Service status,
+// and routes requests for the Service's host to its ready pods. It exists for
+// development and tests; production uses real Knative.
+package localserving
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/netns"
+)
+
+// Annotations on a Knative Service's revision template that tell the local
+// runtime how to run the function (set by the Workflow controller from a
+// function's `local` block).
+const (
+	AnnotationLocalCommand = v1alpha1.AnnotationLocalCommand // JSON array
+	AnnotationLocalWorkDir = v1alpha1.AnnotationLocalWorkDir
+	AnnotationLocalEnv     = v1alpha1.AnnotationLocalEnv // JSON array of KEY=VALUE
+	AnnotationInstances    = "ziptrail.dev/local-instances"
+)
+
+// Options configure a Runtime.
+type Options struct {
+	Network          *netns.Network
+	QueueProxy       string        // path of the queue-proxy binary run in every pod
+	SidecarEnv       []string      // extra environment for queue-proxy (tier endpoints, operator address)
+	Domain           string        // Services are served at <name>.<namespace>.<Domain>
+	IngressPort      int           // port of the router, shown in Service URLs
+	Instances        int           // pods per Service unless its template asks for more
+	StateDir         string        // logs and state
+	ShmRoot          string        // per-pod shared-memory directories, e.g. /dev/shm/ziptrail-local
+	ReadyTimeout     time.Duration // how long a pod may take to become ready
+	TerminationGrace time.Duration // SIGTERM to SIGKILL
+}
+
+// Runtime runs the pods of every Service and knows which are ready.
+type Runtime struct {
+	opts  Options
+	seq   atomic.Uint64
+	mu    sync.Mutex
+	svcs  map[types.NamespacedName]*service
+	onPod func(types.NamespacedName) // re-reconcile after a pod dies
+}
+
+// service is the set of pods of one Knative Service at one generation.
+type service struct {
+	generation int64
+	spec       podSpec
+	pods       []*pod
+	next       atomic.Uint64 // round-robin cursor
+}
+
+// New validates the options and returns a runtime with no pods.
+func New(opts Options) (*Runtime, error) {
+	if opts.Network == nil || opts.QueueProxy == "" || opts.StateDir == "" || opts.ShmRoot == "" {
+		return nil, errors.New("localserving: Network, QueueProxy, StateDir and ShmRoot are required")
+	}
+	if opts.Domain == "" {
+		opts.Domain = "ziptrail.local"
+	}
+	if opts.Instances <= 0 {
+		opts.Instances = 1
+	}
+	if opts.ReadyTimeout <= 0 {
+		opts.ReadyTimeout = 60 * time.Second
+	}
+	if opts.TerminationGrace <= 0 {
+		opts.TerminationGrace = 10 * time.Second
+	}
+	return &Runtime{opts: opts, svcs: map[types.NamespacedName]*service{}}, nil
+}
+
+// Host is the host name a Service is routed by.
+func (r *Runtime) Host(ns, name string) string { return name + "." + ns + "." + r.opts.Domain }
+
+// URL is what the Service status advertises.
+func (r *Runtime) URL(ns, name string) string {
+	u := "http://" + r.Host(ns, name)
+	if r.opts.IngressPort != 0 && r.opts.IngressPort != 80 {
+		u += ":" + strconv.Itoa(r.opts.IngressPort)
+	}
+	return u
+}
+
+// podSpecFor reads how to run a Service locally from its template.
+func podSpecFor(svc *servingv1.Service) (podSpec, int, error) {
+	tmpl := svc.Spec.Template
+	raw, ok := tmpl.Annotations[AnnotationLocalCommand]
+	if !ok {
+		return podSpec{}, 0, fmt.Errorf("the revision template has no %s annotation: give the workflow function a `local.command` to run it on the local cluster", AnnotationLocalCommand)
+	}
+	var cmd []string
+	if err := json.Unmarshal([]byte(raw), &cmd); err != nil || len(cmd) == 0 {
+		return podSpec{}, 0, fmt.Errorf("annotation %s must be a non-empty JSON array of strings: %q", AnnotationLocalCommand, raw)
+	}
+	spec := podSpec{
+		namespace:  svc.Namespace,
+		service:    svc.Name,
+		revision:   revisionName(svc),
+		command:    cmd,
+		workingDir: tmpl.Annotations[AnnotationLocalWorkDir],
+	}
+	if tmpl.Spec.ContainerConcurrency != nil {
+		spec.containerConcurrency = *tmpl.Spec.ContainerConcurrency
+	}
+	if len(tmpl.Spec.Containers) > 0 {
+		for _, e := range tmpl.Spec.Containers[0].Env {
+			if e.ValueFrom != nil {
+				return podSpec{}, 0, fmt.Errorf("env %s uses valueFrom, which the local cluster cannot resolve", e.Name)
+			}
+			spec.env = append(spec.env, e.Name+"="+e.Value)
+		}
+	}
+	if raw := tmpl.Annotations[AnnotationLocalEnv]; raw != "" {
+		var env []string
+		if err := json.Unmarshal([]byte(raw), &env); err != nil {
+			return podSpec{}, 0, fmt.Errorf("annotation %s must be a JSON array of KEY=VALUE strings: %w", AnnotationLocalEnv, err)
+		}
+		spec.env = append(spec.env, env...)
+	}
+	instances := 0
+	for _, key := range []string{AnnotationInstances, "autoscaling.knative.dev/min-scale"} {
+		if v, err := strconv.Atoi(tmpl.Annotations[key]); err == nil && v > instances {
+			instances = v
+		}
+	}
+	return spec, instances, nil
+}
+
+// ensure makes the Service's pods match its generation: new pods are started
+// and become ready before the previous generation's pods are stopped; dead
+// pods are replaced. It returns the number of ready pods.
+func (r *Runtime) ensure(ctx context.Context, svc *servingv1.Service) (int, error) {
+	key := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	spec, instances, err := podSpecFor(svc)
+	if err != nil {
+		return 0, err
+	}
+	if instances < r.opts.Instances {
+		instances = r.opts.Instances
+	}
+
+	r.mu.Lock()
+	cur := r.svcs[key]
+	r.mu.Unlock()
+	var old []*pod
+	if cur == nil || cur.generation != svc.Generation {
+		if cur != nil {
+			old = cur.pods
+		}
+		cur = &service{generation: svc.Generation, spec: spec}
+	}
+
+	// Replace dead pods, add missing ones.
+	var live []*pod
+	for _, p := range cur.pods {
+		if isClosed(p.exited) {
+			go p.Stop(r)
+			continue
+		}
+		live = append(live, p)
+	}
+	var errs []error
+	for len(live) < instances {
+		id := fmt.Sprintf("%s-%d", shortName(svc.Name), r.seq.Add(1))
+		p, err := r.startPod(ctx, id, spec, func() {
+			if r.onPod != nil {
+				r.onPod(key)
+			}
+		})
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := p.waitReady(ctx, r.opts.ReadyTimeout); err != nil {
+			p.Stop(r)
+			errs = append(errs, err)
+			break
+		}
+		live = append(live, p)
+	}
+	for len(live) > instances {
+		go live[len(live)-1].Stop(r)
+		live = live[:len(live)-1]
+	}
+	r.mu.Lock()
+	cur.pods = live
+	r.svcs[key] = cur
+	r.mu.Unlock()
+	if len(live) > 0 {
+		for _, p := range old {
+			go p.Stop(r)
+		}
+	}
+	ready := 0
+	for _, p := range live {
+		if p.isReady() {
+			ready++
+		}
+	}
+	return ready, errors.Join(errs...)
+}
+
+// remove stops every pod of a deleted Service.
+func (r *Runtime) remove(key types.NamespacedName) {
+	r.mu.Lock()
+	cur := r.svcs[key]
+	delete(r.svcs, key)
+	r.mu.Unlock()
+	if cur == nil {
+		return
+	}
+	var wg sync.WaitGroup
+	for _, p := range cur.pods {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.Stop(r) }()
+	}
+	wg.Wait()
+}
+
+// Shutdown stops every pod and removes the network.
+func (r *Runtime) Shutdown(ctx context.Context) error {
+	r.mu.Lock()
+	keys := make([]types.NamespacedName, 0, len(r.svcs))
+	for k := range r.svcs {
+		keys = append(keys, k)
+	}
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.remove(k) }()
+	}
+	wg.Wait()
+	return r.opts.Network.Cleanup(ctx)
+}
+
+// pick returns a ready pod's address for the Service, round robin.
+func (r *Runtime) pick(ns, name string) (string, bool) {
+	r.mu.Lock()
+	cur := r.svcs[types.NamespacedName{Namespace: ns, Name: name}]
+	var pods []*pod
+	if cur != nil {
+		pods = cur.pods
+	}
+	r.mu.Unlock()
+	if len(pods) == 0 {
+		return "", false
+	}
+	n := uint64(len(pods))
+	start := cur.next.Add(1)
+	for i := uint64(0); i < n; i++ {
+		p := pods[(start+i)%n]
+		if p.isReady() {
+			return p.IP(), true
+		}
+	}
+	return "", false
+}
+
+// Pods lists the pod IPs of a Service, for tests and the CLI.
+func (r *Runtime) Pods(ns, name string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ips []string
+	if cur := r.svcs[types.NamespacedName{Namespace: ns, Name: name}]; cur != nil {
+		for _, p := range cur.pods {
+			ips = append(ips, p.IP())
+		}
+	}
+	return ips
+}
+
+// KillUserProcess kills the function process of the pod with the given IP,
+// as a crash would, for fault-injection tests.
+func (r *Runtime) KillUserProcess(ip string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, cur := range r.svcs {
+		for _, p := range cur.pods {
+			if p.IP() == ip {
+				return p.Kill()
+			}
+		}
+	}
+	return fmt.Errorf("no pod with IP %s", ip)
+}
+
+// shortName keeps pod ids short enough for namespace names.
+func shortName(s string) string {
+	if len(s) > 40 {
+		return s[:40]
+	}
+	return s
+}
+
+// revisionName names the Service's current generation, as Knative names revisions.
+func revisionName(svc *servingv1.Service) string {
+	return fmt.Sprintf("%s-%05d", svc.Name, svc.Generation)
+}

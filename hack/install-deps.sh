@@ -22,6 +22,8 @@ ETCD_VERSION=v3.6.16       # etcd server (see hack/tools/etcd/go.mod)
 CONTROLLER_TOOLS_VERSION=v0.20.1
 CAPNPC_GO_VERSION=v3.1.0-alpha.2
 HELM_VERSION=v3.22.0
+PROTOC_GEN_GO_VERSION=v1.36.12     # matches google.golang.org/protobuf in go.mod
+PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 PY_PACKAGES=(pytest==9.2.0 grpcio==1.85.1 grpcio-tools==1.85.1)
 
@@ -50,6 +52,7 @@ apt_pkgs=()
 command -v redis-server >/dev/null || apt_pkgs+=(redis-server)
 command -v capnp >/dev/null || apt_pkgs+=(capnproto)
 command -v ip >/dev/null || apt_pkgs+=(iproute2)
+command -v protoc >/dev/null || apt_pkgs+=(protobuf-compiler)
 if ((${#apt_pkgs[@]})); then
 	log "apt-get install ${apt_pkgs[*]}"
 	SUDO=""
@@ -57,7 +60,7 @@ if ((${#apt_pkgs[@]})); then
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
 else
-	log "debian: redis-server, capnp, ip present"
+	log "debian: redis-server, capnp, ip, protoc present"
 fi
 
 # --- Go tools built from modules ------------------------------------------
@@ -108,6 +111,8 @@ build_k8s() {
 build_k8s
 go_install controller-gen "$CONTROLLER_TOOLS_VERSION" "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION"
 go_install capnpc-go "$CAPNPC_GO_VERSION" "capnproto.org/go/capnp/v3/capnpc-go@$CAPNPC_GO_VERSION"
+go_install protoc-gen-go "$PROTOC_GEN_GO_VERSION" "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO_VERSION"
+go_install protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION" "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$PROTOC_GEN_GO_GRPC_VERSION"
 go_install helm "$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 go_install minio "$MINIO_VERSION" "github.com/minio/minio@$MINIO_VERSION"
 
@@ -130,6 +135,7 @@ log "  etcd           $("$ENVTEST_DIR/etcd" --version 2>&1 | head -1)"
 log "  kubectl        $("$ENVTEST_DIR/kubectl" version --client 2>&1 | head -1)"
 log "  controller-gen $("$BIN/controller-gen" --version 2>&1)"
 log "  capnp          $(capnp --version 2>&1)"
+log "  protoc         $(protoc --version 2>&1) protoc-gen-go $PROTOC_GEN_GO_VERSION protoc-gen-go-grpc $PROTOC_GEN_GO_GRPC_VERSION"
 log "  helm           $("$BIN/helm" version --short 2>&1)"
 log "  minio          $MINIO_VERSION"
 log "  redis-server   $(redis-server --version | awk '{print $3}')"

@@ -1,6 +1,7 @@
 // Command ziptrail is the developer CLI: it runs ziptrail on one machine.
 //
-//	ziptrail demo    start a local control plane, apply the samples, show them
+//	ziptrail demo                 start a local control plane, apply the samples, show them
+//	ziptrail local up|down|status run the local cluster
 package main
 
 import (
@@ -14,8 +15,13 @@ import (
 const usage = `usage: ziptrail <command>
 
 commands:
-  demo    start a local kube-apiserver + etcd with the ziptrail CRDs, apply
-          config/samples with kubectl, show them with kubectl get, tear down
+  demo                 start a local kube-apiserver + etcd with the ziptrail
+                       CRDs, apply config/samples with kubectl, show them
+                       with kubectl get, tear down
+  local up             run the local cluster (API server, operator, pods in
+                       network namespaces) in the foreground until Ctrl-C
+  local down           remove what a crashed 'local up' left behind
+  local status         list the local cluster's pods
 `
 
 func main() {
@@ -29,6 +35,8 @@ func main() {
 	switch os.Args[1] {
 	case "demo":
 		err = runDemo(ctx, os.Stdout)
+	case "local":
+		err = runLocal(ctx, os.Args[2:], os.Stdout)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

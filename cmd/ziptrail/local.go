@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/ziptrail/ziptrail/internal/localcluster"
+	"github.com/ziptrail/ziptrail/internal/netns"
+)
+
+// runLocal implements `ziptrail local up|down|status`.
+func runLocal(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("usage: ziptrail local up|down|status [flags]")
+	}
+	fs := flag.NewFlagSet("local "+args[0], flag.ContinueOnError)
+	stateDir := fs.String("state-dir", defaultStateDir(), "directory for the kubeconfig and logs")
+	queueProxy := fs.String("queue-proxy", "", "queue-proxy binary for every pod (default: build ./cmd/queue-proxy-zl)")
+	instances := fs.Int("instances", 1, "pods per function")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	switch args[0] {
+	case "up":
+		qp := *queueProxy
+		if qp == "" {
+			var err error
+			if qp, err = buildQueueProxy(ctx, *stateDir, out); err != nil {
+				return err
+			}
+		}
+		c, err := localcluster.Up(ctx, localcluster.Options{StateDir: *stateDir, QueueProxy: qp, Instances: *instances, Log: out})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "\nlocal cluster is up. In another terminal:\n  export KUBECONFIG=%s\n  kubectl apply -f config/samples/\nPress Ctrl-C to stop.\n", c.Kubeconfig)
+		<-ctx.Done()
+		fmt.Fprintln(out, "==> stopping the local cluster")
+		return c.Down(context.Background())
+	case "down":
+		// Removes what a crashed `local up` may have left behind.
+		n, err := netns.New("zt", netip.MustParsePrefix("10.213.0.0/24"))
+		if err != nil {
+			return err
+		}
+		if err := n.Cleanup(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintln(out, "removed leftover pod namespaces and the zt bridge")
+		return os.RemoveAll(filepath.Join("/dev/shm", "ziptrail-zt"))
+	case "status":
+		out2, err := exec.CommandContext(ctx, "ip", "netns", "list").Output()
+		if err != nil {
+			return err
+		}
+		var pods []string
+		for _, line := range strings.Split(string(out2), "\n") {
+			if strings.HasPrefix(line, "zt-") {
+				pods = append(pods, strings.Fields(line)[0])
+			}
+		}
+		if len(pods) == 0 {
+			fmt.Fprintln(out, "no local cluster pods are running")
+			return nil
+		}
+		fmt.Fprintf(out, "%d pods: %s\nkubeconfig: %s\n", len(pods), strings.Join(pods, " "), filepath.Join(*stateDir, "kubeconfig"))
+		return nil
+	}
+	return fmt.Errorf("unknown local command %q (want up, down or status)", args[0])
+}
+
+func defaultStateDir() string {
+	cache := os.Getenv("ZIPTRAIL_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "ziptrail")
+	}
+	return filepath.Join(cache, "local")
+}
+
+// buildQueueProxy builds the repository's queue-proxy-zl into the state dir.
+func buildQueueProxy(ctx context.Context, stateDir string, out io.Writer) (string, error) {
+	bin := filepath.Join(stateDir, "bin", "queue-proxy-zl")
+	fmt.Fprintln(out, "==> building queue-proxy-zl (first time: a minute or two)")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/queue-proxy-zl")
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("build queue-proxy-zl: %w", err)
+	}
+	return bin, nil
+}

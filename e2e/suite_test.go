@@ -1,0 +1,79 @@
+// Package e2e is ziptrail's end-to-end suite. One suite, two targets:
+//
+//	E2E_TARGET=local (default) starts the local cluster on this machine: a real
+//	  kube-apiserver + etcd, the operator, pods in network namespaces with a
+//	  real queue-proxy each;
+//	E2E_TARGET=kind uses $KUBECONFIG (a kind cluster with Knative Serving and
+//	  ziptrail installed by hack/kind-e2e.sh) and $E2E_INGRESS (host:port of
+//	  Knative's ingress, e.g. a kubectl port-forward of kourier).
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/localcluster"
+)
+
+var (
+	ctx     = context.Background()
+	k8s     client.Client
+	ingress string // base URL; requests are routed by Host header
+	cluster *localcluster.Cluster
+)
+
+func TestE2E(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "ziptrail e2e ("+target()+")")
+}
+
+func target() string {
+	if t := os.Getenv("E2E_TARGET"); t != "" {
+		return t
+	}
+	return "local"
+}
+
+var _ = BeforeSuite(func() {
+	switch target() {
+	case "local":
+		dir := GinkgoT().TempDir()
+		queue := filepath.Join(dir, "queue-proxy")
+		out, err := exec.Command("go", "build", "-o", queue, queueProxyPackage).CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "build %s: %s", queueProxyPackage, out)
+		cluster, err = localcluster.Up(ctx, localcluster.Options{
+			StateDir: dir, QueueProxy: queue, NetPrefix: "zte", Subnet: netip.MustParsePrefix("10.216.0.0/24"), Instances: 2,
+			Log: GinkgoWriter,
+		})
+		Expect(err).NotTo(HaveOccurred())
+		k8s, ingress = cluster.Client, cluster.IngressURL
+	case "kind":
+		ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter)))
+		cfg, err := ctrl.GetConfig()
+		Expect(err).NotTo(HaveOccurred())
+		k8s, err = client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
+		Expect(err).NotTo(HaveOccurred())
+		ingress = "http://" + os.Getenv("E2E_INGRESS")
+		Expect(os.Getenv("E2E_INGRESS")).NotTo(BeEmpty(), "set E2E_INGRESS to Knative's ingress host:port")
+	default:
+		Fail(fmt.Sprintf("unknown E2E_TARGET %q (want local or kind)", target()))
+	}
+})
+
+var _ = AfterSuite(func() {
+	if cluster != nil {
+		Expect(cluster.Down(context.Background())).To(Succeed())
+	}
+})

@@ -1,0 +1,91 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+)
+
+// pyEcho answers every request with FUNCTION and the request body.
+const pyEcho = `
+import http.server, os
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = (os.environ["ZIPTRAIL_FUNCTION"] + ":").encode() + data
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
+`
+
+func newNamespace() string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
+	Expect(k8s.Create(ctx, ns)).To(Succeed())
+	return ns.Name
+}
+
+// invoke POSTs body to a Knative Service through the ingress.
+func invoke(ns, svc, body string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ingress+"/", strings.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	s := &servingv1.Service{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: svc}, s); err != nil {
+		return "", err
+	}
+	if s.Status.URL == nil {
+		return "", fmt.Errorf("service %s has no URL yet", svc)
+	}
+	req.Host = s.Status.URL.Host
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	return string(b), err
+}
+
+var _ = Describe("a Workflow on the cluster", func() {
+	It("deploys every function as a Knative Service that becomes ready and serves through the ingress", func() {
+		ns := newNamespace()
+		fn := func(name string) v1alpha1.FunctionSpec {
+			return v1alpha1.FunctionSpec{Name: name, Image: "ghcr.io/ziptrail/examples-echo:latest",
+				Local: &v1alpha1.LocalRuntime{Command: []string{"python3", "-c", pyEcho}}}
+		}
+		wf := &v1alpha1.Workflow{
+			ObjectMeta: metav1.ObjectMeta{Name: "chain", Namespace: ns},
+			Spec: v1alpha1.WorkflowSpec{
+				Entry:        "first",
+				Functions:    []v1alpha1.FunctionSpec{fn("first"), fn("second")},
+				Dependencies: []v1alpha1.Dependency{{From: []string{"first"}, To: []string{"second"}}},
+			},
+		}
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		Eventually(func(g Gomega) {
+			got := &v1alpha1.Workflow{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wf), got)).To(Succeed())
+			g.Expect(meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady)).To(BeTrue(), "%v", got.Status.Conditions)
+		}).WithTimeout(2 * time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
+
+		for _, f := range []string{"first", "second"} {
+			Expect(invoke(ns, "chain-"+f, "ping")).To(Equal(f + ":ping"))
+		}
+	})
+})

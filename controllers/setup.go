@@ -9,6 +9,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 )
 
+// Reference keys live in one Secret per namespace (internal/control).
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update
+
 // Leader election (cmd/operator --leader-elect) uses a Lease.
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 

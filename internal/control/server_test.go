@@ -1,0 +1,175 @@
+package control_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/controlplane"
+)
+
+// recorder collects the events the server delivers.
+type recorder struct {
+	mu      sync.Mutex
+	objects []*controlv1.ObjectReady
+	from    []control.Identity
+	got     chan struct{}
+}
+
+func (r *recorder) ObjectReady(_ context.Context, id control.Identity, ev *controlv1.ObjectReady) error {
+	r.mu.Lock()
+	r.objects = append(r.objects, ev)
+	r.from = append(r.from, id)
+	r.mu.Unlock()
+	r.got <- struct{}{}
+	return nil
+}
+func (r *recorder) FunctionStarted(context.Context, control.Identity, *controlv1.FunctionStarted) error {
+	return nil
+}
+func (r *recorder) FunctionFinished(context.Context, control.Identity, *controlv1.FunctionFinished) error {
+	return nil
+}
+
+func TestControlStream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, err := controlplane.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Stop()
+	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"team-a", "team-b"} {
+		if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	keys := &control.SecretKeys{Client: k8s}
+	rec := &recorder{got: make(chan struct{}, 16)}
+	srv := control.NewServer(rec, keys)
+	gs := grpc.NewServer()
+	controlv1.RegisterControlServer(gs, srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(ln)
+	defer gs.Stop()
+	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	cl := controlv1.NewControlClient(cc)
+
+	connect := func(ns, pod string) controlv1.Control_ConnectClient {
+		t.Helper()
+		st, err := cl.Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_Hello{Hello: &controlv1.Hello{
+			Namespace: ns, Workflow: "wf", Function: "map", Pod: pod, DataplaneAddr: "10.0.0.1:9091"}}}); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+
+	// The first answer is the namespace's keys, stored in a Secret.
+	a := connect("team-a", "pod-a")
+	m, err := a.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := m.GetKeys()
+	if k == nil || len(k.Keys) != 1 || len(k.Keys[0].Secret) != 32 || k.ActiveKeyId != k.Keys[0].Id {
+		t.Fatalf("want one 32-byte active key, got %v", m)
+	}
+	sec := &corev1.Secret{}
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: "team-a", Name: control.KeySecretName}, sec); err != nil {
+		t.Fatalf("key secret: %v", err)
+	}
+	b := connect("team-b", "pod-b")
+	mb, err := b.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(mb.GetKeys().Keys[0].Secret) == string(k.Keys[0].Secret) {
+		t.Fatal("two namespaces share a reference key")
+	}
+
+	// Events reach the engine side with the sender's identity.
+	if err := a.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
+		Session: "s1", Bucket: "b", Key: "k", Size: 3, Inline: []byte("abc")}}}); err != nil {
+		t.Fatal(err)
+	}
+	<-rec.got
+	rec.mu.Lock()
+	if rec.from[0].Pod != "pod-a" || rec.from[0].DataplaneAddr != "10.0.0.1:9091" || string(rec.objects[0].Inline) != "abc" {
+		t.Errorf("got %+v from %+v", rec.objects[0], rec.from[0])
+	}
+	rec.mu.Unlock()
+
+	// GC commands reach only the sidecars of their namespace.
+	if err := srv.Drop("team-b", "s9", nil); err != nil {
+		t.Fatal(err)
+	}
+	mb, err = b.Recv()
+	if err != nil || mb.GetDrop().GetSession() != "s9" {
+		t.Fatalf("team-b sidecar: %v %v", mb, err)
+	}
+	if err := srv.Drop("team-a", "s1", []string{"b/k"}); err != nil {
+		t.Fatal(err)
+	}
+	m, err = a.Recv()
+	if err != nil || m.GetDrop().GetSession() != "s1" || m.GetDrop().Keys[0] != "b/k" {
+		t.Fatalf("team-a sidecar got %v %v (a foreign namespace's command leaked?)", m, err)
+	}
+	if got := len(srv.Sidecars("team-a")); got != 1 {
+		t.Errorf("Sidecars(team-a) = %d, want 1", got)
+	}
+
+	// Rotation keeps old keys and seals with the new one.
+	rot, err := keys.Rotate(ctx, "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rot.Keys) != 2 || rot.ActiveKeyId == k.ActiveKeyId {
+		t.Errorf("after rotation: %v", rot)
+	}
+
+	// Bad input ends a stream with a clear error.
+	bad, err := cl.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = bad.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{}}})
+	if _, err := bad.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("stream without Hello: %v, want InvalidArgument", err)
+	}
+	noRef := connect("team-a", "pod-c")
+	if _, err := noRef.Recv(); err != nil { // keys
+		t.Fatal(err)
+	}
+	_ = noRef.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{Session: "s", Bucket: "b", Key: "k"}}})
+	if _, err := noRef.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("object without ref or bytes: %v, want InvalidArgument", err)
+	}
+}

@@ -1,0 +1,229 @@
+// Package dispatch turns the trigger engine's invoke decisions into HTTP
+// requests to the functions' Knative URLs, so Knative's activator and
+// autoscaler stay in charge of where and when they run. Concurrency is
+// bounded; transport errors and Knative's transient statuses are retried with
+// backoff; a function that answers with an error is reported, not retried:
+// re-execution is the engine's decision.
+package dispatch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/invocation"
+)
+
+// Resolver finds the URL of a namespace's Knative Service.
+type Resolver interface {
+	URL(ctx context.Context, namespace, service string) (*url.URL, error)
+}
+
+// Result is the outcome of one invocation.
+type Result struct {
+	Envelope *invocation.Envelope
+	Status   int    // HTTP status, 0 when no response arrived
+	Body     []byte // the function's response (bounded)
+	Err      error
+	Tries    int
+	Latency  time.Duration
+}
+
+// Options configure a Dispatcher.
+type Options struct {
+	Resolver    Resolver
+	Client      *http.Client
+	Ingress     string        // host:port to dial for every request (Knative ingress); empty dials the URL's host
+	Concurrency int           // requests in flight at most; default 64
+	Queue       int           // submissions waiting for a slot; default 4096
+	MaxTries    int           // attempts per invocation for transient failures; default 5
+	BaseBackoff time.Duration // first retry delay; default 50ms, doubled each try
+	MaxBackoff  time.Duration // default 5s
+	MaxBody     int64         // response bytes kept; default 1 MiB
+	OnResult    func(Result)  // called once per invocation, from a worker goroutine
+}
+
+// Dispatcher sends invocations from a bounded pool of workers.
+type Dispatcher struct {
+	opts  Options
+	queue chan *invocation.Envelope
+	wg    sync.WaitGroup
+}
+
+// ErrQueueFull means the dispatcher is saturated; the caller should retry later.
+var ErrQueueFull = errors.New("dispatch: queue full")
+
+// New returns a dispatcher; Start runs its workers.
+func New(opts Options) (*Dispatcher, error) {
+	if opts.Resolver == nil {
+		return nil, errors.New("dispatch: a Resolver is required")
+	}
+	if opts.Client == nil {
+		opts.Client = &http.Client{Timeout: 15 * time.Minute}
+	}
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 64
+	}
+	if opts.Queue <= 0 {
+		opts.Queue = 4096
+	}
+	if opts.MaxTries <= 0 {
+		opts.MaxTries = 5
+	}
+	if opts.BaseBackoff <= 0 {
+		opts.BaseBackoff = 50 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 5 * time.Second
+	}
+	if opts.MaxBody <= 0 {
+		opts.MaxBody = 1 << 20
+	}
+	if opts.Ingress != "" {
+		// Dial the ingress whatever the URL's host; the Host header routes.
+		base, _ := opts.Client.Transport.(*http.Transport)
+		if base == nil {
+			base = http.DefaultTransport.(*http.Transport)
+		}
+		tr := base.Clone()
+		ingress := opts.Ingress
+		dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+		tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, ingress)
+		}
+		tr.MaxIdleConnsPerHost = opts.Concurrency
+		c := *opts.Client
+		c.Transport = tr
+		opts.Client = &c
+	}
+	return &Dispatcher{opts: opts, queue: make(chan *invocation.Envelope, opts.Queue)}, nil
+}
+
+// Start runs the workers until ctx ends; Wait blocks until they have exited.
+func (d *Dispatcher) Start(ctx context.Context) {
+	for i := 0; i < d.opts.Concurrency; i++ {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case env := <-d.queue:
+					inflight.Inc()
+					res := d.send(ctx, env)
+					inflight.Dec()
+					observe(res)
+					if d.opts.OnResult != nil {
+						d.opts.OnResult(res)
+					}
+				}
+			}
+		}()
+	}
+}
+
+// Wait blocks until every worker has stopped.
+func (d *Dispatcher) Wait() { d.wg.Wait() }
+
+// Submit queues an invocation without blocking.
+func (d *Dispatcher) Submit(env *invocation.Envelope) error {
+	if err := env.Validate(); err != nil {
+		return err
+	}
+	select {
+	case d.queue <- env:
+		return nil
+	default:
+		queueFull.Inc()
+		return ErrQueueFull
+	}
+}
+
+func (d *Dispatcher) send(ctx context.Context, env *invocation.Envelope) Result {
+	start := time.Now()
+	res := Result{Envelope: env}
+	body, err := json.Marshal(env)
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	backoff := d.opts.BaseBackoff
+	for res.Tries = 1; ; res.Tries++ {
+		status, respBody, err := d.try(ctx, env, body)
+		res.Status, res.Body, res.Err = status, respBody, err
+		if !transient(status, err) || res.Tries >= d.opts.MaxTries || ctx.Err() != nil {
+			break
+		}
+		retries.Inc()
+		// Full jitter keeps retries of a burst from arriving together.
+		wait := time.Duration(rand.Int64N(int64(backoff)) + 1)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			res.Err = ctx.Err()
+			res.Latency = time.Since(start)
+			return res
+		case <-t.C:
+		}
+		backoff = min(backoff*2, d.opts.MaxBackoff)
+	}
+	if res.Err == nil && (res.Status < 200 || res.Status > 299) {
+		res.Err = fmt.Errorf("function %s/%s answered %d: %s", env.Namespace, env.Function, res.Status, strings.TrimSpace(string(res.Body)))
+	}
+	res.Latency = time.Since(start)
+	return res
+}
+
+func (d *Dispatcher) try(ctx context.Context, env *invocation.Envelope, body []byte) (int, []byte, error) {
+	u, err := d.opts.Resolver.URL(ctx, env.Namespace, env.Function)
+	if err != nil {
+		return 0, nil, fmt.Errorf("resolve %s/%s: %w", env.Namespace, env.Function, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", invocation.ContentType)
+	req.Header.Set(invocation.HeaderSession, env.Session)
+	req.Header.Set(invocation.HeaderInvocation, env.Invocation)
+	req.Header.Set(invocation.HeaderFunction, env.Function)
+	req.Header.Set(invocation.HeaderAttempt, strconv.Itoa(env.Attempt))
+	if refs := env.Refs(); len(refs) > 0 {
+		req.Header.Set(invocation.HeaderRefs, strings.Join(refs, ","))
+	}
+	resp, err := d.opts.Client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, d.opts.MaxBody))
+	_, _ = io.Copy(io.Discard, resp.Body) // drain, so the connection is reused
+	return resp.StatusCode, data, err
+}
+
+// transient says whether a failure is the platform's (retry) rather than the
+// function's (report): no response at all, or the statuses Knative's
+// activator and ingress use while a revision is starting or overloaded.
+func transient(status int, err error) bool {
+	if err != nil {
+		return true
+	}
+	switch status {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests:
+		return true
+	}
+	return false
+}

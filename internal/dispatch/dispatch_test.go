@@ -1,0 +1,208 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/invocation"
+)
+
+// staticResolver maps every service to one base URL.
+type staticResolver struct{ base string }
+
+func (s staticResolver) URL(_ context.Context, ns, svc string) (*url.URL, error) {
+	return url.Parse(strings.ReplaceAll(strings.ReplaceAll(s.base, "{ns}", ns), "{svc}", svc))
+}
+
+func envelope(i int) *invocation.Envelope {
+	return &invocation.Envelope{Namespace: "ns", Function: "f", Session: "s", Invocation: fmt.Sprint(i),
+		Objects: []invocation.Object{{Bucket: "b", Key: "k", Ref: "zt1.x"}}}
+}
+
+// run dispatches n envelopes and returns their results.
+func run(t *testing.T, opts Options, n int) []Result {
+	t.Helper()
+	var mu sync.Mutex
+	var results []Result
+	done := make(chan struct{}, n)
+	opts.OnResult = func(r Result) {
+		mu.Lock()
+		results = append(results, r)
+		mu.Unlock()
+		done <- struct{}{}
+	}
+	d, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d.Start(ctx)
+	for i := 0; i < n; i++ {
+		if err := d.Submit(envelope(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < n; i++ {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("only %d of %d results", i, n)
+		}
+	}
+	cancel()
+	d.Wait()
+	return results
+}
+
+func TestDeliversEnvelopeAndHeaders(t *testing.T) {
+	var got *invocation.Envelope
+	var hdr http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hdr = r.Header.Clone()
+		env, err := invocation.Decode(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		got = env
+		fmt.Fprint(w, "ok")
+	}))
+	defer srv.Close()
+	res := run(t, Options{Resolver: staticResolver{srv.URL}}, 1)
+	if res[0].Err != nil || string(res[0].Body) != "ok" || res[0].Tries != 1 {
+		t.Fatalf("result %+v", res[0])
+	}
+	if got.Objects[0].Ref != "zt1.x" || hdr.Get(invocation.HeaderSession) != "s" || hdr.Get(invocation.HeaderRefs) != "zt1.x" ||
+		hdr.Get("Content-Type") != invocation.ContentType {
+		t.Errorf("envelope %+v headers %v", got, hdr)
+	}
+}
+
+func TestRetriesTransientFailuresOnly(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Header.Get(invocation.HeaderInvocation) {
+		case "0": // cold start: 503 twice, then served
+			if calls.Add(1) <= 2 {
+				http.Error(w, "activating", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprint(w, "warm")
+		default: // the function itself fails: not the dispatcher's to retry
+			http.Error(w, "boom", http.StatusInternalServerError)
+		}
+	}))
+	defer srv.Close()
+	res := run(t, Options{Resolver: staticResolver{srv.URL}, BaseBackoff: time.Millisecond}, 2)
+	for _, r := range res {
+		switch r.Envelope.Invocation {
+		case "0":
+			if r.Err != nil || r.Tries != 3 || string(r.Body) != "warm" {
+				t.Errorf("transient: %+v", r)
+			}
+		case "1":
+			if r.Err == nil || r.Tries != 1 || r.Status != 500 || !strings.Contains(r.Err.Error(), "boom") {
+				t.Errorf("function error: %+v", r)
+			}
+		}
+	}
+}
+
+// listenOnRetry is a resolver whose second call starts the server: so the
+// first try finds nothing listening and only a retry can succeed.
+type listenOnRetry struct {
+	addr  string
+	calls atomic.Int32
+	srv   *http.Server
+}
+
+func (l *listenOnRetry) URL(context.Context, string, string) (*url.URL, error) {
+	if l.calls.Add(1) == 2 {
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			return nil, err
+		}
+		l.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "up") })}
+		go l.srv.Serve(ln)
+	}
+	return url.Parse("http://" + l.addr)
+}
+
+func TestRetriesUntilTheServerListens(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &listenOnRetry{addr: ln.Addr().String()}
+	ln.Close() // nothing listens yet: connection refused
+	res := run(t, Options{Resolver: r, BaseBackoff: time.Millisecond}, 1)
+	if r.srv != nil {
+		defer r.srv.Close()
+	}
+	if res[0].Err != nil || res[0].Tries != 2 || string(res[0].Body) != "up" {
+		t.Fatalf("%+v", res[0])
+	}
+}
+
+func TestBoundsConcurrency(t *testing.T) {
+	var cur, peak atomic.Int32
+	arrived := make(chan struct{}, 100)
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := cur.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		arrived <- struct{}{}
+		<-release
+		cur.Add(-1)
+	}))
+	defer srv.Close()
+	go func() {
+		// Hold the first three requests until all three are in flight, so
+		// a fourth would be visible if the bound were not enforced.
+		for i := 0; i < 3; i++ {
+			<-arrived
+		}
+		close(release)
+	}()
+	run(t, Options{Resolver: staticResolver{srv.URL}, Concurrency: 3}, 12)
+	if p := peak.Load(); p != 3 {
+		t.Errorf("peak concurrency %d, want 3", p)
+	}
+}
+
+func TestIngressRoutesByHost(t *testing.T) {
+	var host string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { host = r.Host }))
+	defer srv.Close()
+	ingress := strings.TrimPrefix(srv.URL, "http://")
+	res := run(t, Options{Resolver: staticResolver{"http://{svc}.{ns}.ziptrail.local"}, Ingress: ingress}, 1)
+	if res[0].Err != nil || host != "f.ns.ziptrail.local" {
+		t.Errorf("host %q result %+v", host, res[0])
+	}
+}
+
+func TestSubmitRejectsInvalidAndFull(t *testing.T) {
+	d, err := New(Options{Resolver: staticResolver{"http://127.0.0.1:1"}, Queue: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Submit(&invocation.Envelope{}); err == nil {
+		t.Error("an envelope without session was accepted")
+	}
+	if err := d.Submit(envelope(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Submit(envelope(2)); err != ErrQueueFull {
+		t.Errorf("second submit with no workers: %v, want ErrQueueFull", err)
+	}
+}

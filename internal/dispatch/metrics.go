@@ -1,0 +1,40 @@
+package dispatch
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ziptrail_invocation_duration_seconds",
+		Help:    "Time from dispatch to the function's response, retries included.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 20),
+	}, []string{"code"})
+	inflight = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ziptrail_invocations_in_flight",
+		Help: "Invocations being sent or awaiting a response.",
+	})
+	retries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_invocation_retries_total",
+		Help: "Retries after transport errors or transient statuses.",
+	})
+	queueFull = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_invocation_queue_full_total",
+		Help: "Submissions refused because the dispatch queue was full.",
+	})
+)
+
+func init() {
+	metrics.Registry.MustRegister(latency, inflight, retries, queueFull)
+}
+
+func observe(r Result) {
+	code := strconv.Itoa(r.Status)
+	if r.Status == 0 {
+		code = "error"
+	}
+	latency.WithLabelValues(code).Observe(r.Latency.Seconds())
+}

@@ -1,0 +1,101 @@
+// Package invocation is the wire format of a ziptrail invocation: the HTTP
+// request the operator's dispatcher sends to a function's Knative URL, which
+// the function pod's queue-proxy-zl resolves (pulling referenced objects
+// from their producers) before handing it to the function.
+package invocation
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// ContentType marks a request body as an Envelope.
+const ContentType = "application/vnd.ziptrail.invocation+json"
+
+// Headers carried by every invocation, so that proxies and logs can see
+// which session a request belongs to without reading the body.
+const (
+	HeaderSession    = "Ziptrail-Session"
+	HeaderInvocation = "Ziptrail-Invocation"
+	HeaderFunction   = "Ziptrail-Function"
+	HeaderAttempt    = "Ziptrail-Attempt"
+	// HeaderRefs lists the envelope's references (comma-separated), for the
+	// activator extension that keeps them alive during a cold start.
+	HeaderRefs = "Ziptrail-Refs"
+)
+
+// MaxEnvelopeBytes bounds a request body: large objects travel by
+// reference, only small ones inline.
+const MaxEnvelopeBytes = 64 << 20
+
+// Object is one input object: by reference, or inline when small.
+type Object struct {
+	Bucket   string            `json:"bucket"`
+	Key      string            `json:"key"`
+	Size     int64             `json:"size"`
+	Ref      string            `json:"ref,omitempty"`
+	Inline   []byte            `json:"inline,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// Path is set by the receiving sidecar: the object's file in the pod's
+	// shared-memory directory, for the SDK to map.
+	Path string `json:"path,omitempty"`
+}
+
+// Envelope is the body of an invocation.
+type Envelope struct {
+	Namespace  string   `json:"namespace"`
+	Workflow   string   `json:"workflow,omitempty"`
+	Function   string   `json:"function"`
+	Session    string   `json:"session"`
+	Invocation string   `json:"invocation"`
+	Attempt    int      `json:"attempt"`
+	Trigger    string   `json:"trigger,omitempty"`
+	Group      string   `json:"group,omitempty"` // DynamicGroup's group name
+	Args       []byte   `json:"args,omitempty"`
+	Objects    []Object `json:"objects,omitempty"`
+}
+
+// Refs lists the references among the objects.
+func (e *Envelope) Refs() []string {
+	var refs []string
+	for _, o := range e.Objects {
+		if o.Ref != "" {
+			refs = append(refs, o.Ref)
+		}
+	}
+	return refs
+}
+
+// Validate checks what a receiver relies on.
+func (e *Envelope) Validate() error {
+	if e.Session == "" || e.Function == "" || e.Invocation == "" {
+		return errors.New("invocation: session, function and invocation id are required")
+	}
+	for i, o := range e.Objects {
+		if o.Bucket == "" || o.Key == "" {
+			return fmt.Errorf("invocation: object %d: bucket and key are required", i)
+		}
+		if o.Ref == "" && o.Inline == nil && o.Path == "" {
+			return fmt.Errorf("invocation: object %s/%s has neither a reference nor inline bytes", o.Bucket, o.Key)
+		}
+	}
+	return nil
+}
+
+// Decode reads and validates an envelope, refusing bodies over the limit.
+func Decode(r io.Reader) (*Envelope, error) {
+	data, err := io.ReadAll(io.LimitReader(r, MaxEnvelopeBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("invocation: read body: %w", err)
+	}
+	if len(data) > MaxEnvelopeBytes {
+		return nil, fmt.Errorf("invocation: body exceeds %d bytes; send large objects by reference", MaxEnvelopeBytes)
+	}
+	e := &Envelope{}
+	if err := json.Unmarshal(data, e); err != nil {
+		return nil, fmt.Errorf("invocation: malformed envelope: %w", err)
+	}
+	return e, e.Validate()
+}

@@ -1,0 +1,244 @@
+// Package sessions tracks workflow sessions for the gateway: their state,
+// a bounded progress log, and their result, with waiters that block until a
+// session ends. The trigger engine's adapter writes; the gateway reads.
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// State of a session.
+type State string
+
+const (
+	Running   State = "Running"
+	Completed State = "Completed"
+	Failed    State = "Failed"
+	Expired   State = "Expired"
+)
+
+// Ended reports whether the state is final.
+func (s State) Ended() bool { return s != Running }
+
+// Event is one line of a session's progress.
+type Event struct {
+	Time    time.Time `json:"time"`
+	Kind    string    `json:"kind"` // Invoked, ObjectReady, Rerun, Completed, Failed, Expired
+	Message string    `json:"message"`
+}
+
+// Result is a completed session's output object.
+type Result struct {
+	Bucket string `json:"bucket"`
+	Key    string `json:"key"`
+	Size   int64  `json:"size"`
+	Inline []byte `json:"-"`
+	Ref    string `json:"-"`
+}
+
+// Session is a snapshot of one session.
+type Session struct {
+	ID          string     `json:"id"`
+	Namespace   string     `json:"namespace"`
+	Workflow    string     `json:"workflow"`
+	State       State      `json:"state"`
+	Started     time.Time  `json:"started"`
+	Ended       *time.Time `json:"ended,omitempty"`
+	Invocations int        `json:"invocations"`
+	Objects     int        `json:"objects"`
+	Error       string     `json:"error,omitempty"`
+	Result      *Result    `json:"result,omitempty"`
+	Events      []Event    `json:"events,omitempty"`
+	// FirstEvent is the sequence number of Events[0]; older events were
+	// dropped to keep the log bounded.
+	FirstEvent int `json:"firstEvent,omitempty"`
+}
+
+// ErrNotFound means no such session is known (never started, or forgotten
+// after its retention).
+var ErrNotFound = errors.New("session not found")
+
+// Registry holds sessions. It is safe for concurrent use.
+type Registry struct {
+	// MaxEvents bounds each session's progress log; older events are dropped.
+	MaxEvents int
+	// Retention is how long ended sessions stay queryable.
+	Retention time.Duration
+	Now       func() time.Time
+
+	mu       sync.Mutex
+	sessions map[string]*entry
+}
+
+type entry struct {
+	s       Session
+	changed chan struct{} // closed and replaced on every change
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{MaxEvents: 256, Retention: time.Hour, Now: time.Now, sessions: map[string]*entry{}}
+}
+
+// Start records a new running session.
+func (r *Registry) Start(id, namespace, workflow string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.sessions[id]; ok {
+		return fmt.Errorf("session %s already exists", id)
+	}
+	now := r.Now()
+	r.sessions[id] = &entry{
+		s:       Session{ID: id, Namespace: namespace, Workflow: workflow, State: Running, Started: now, Events: []Event{{Time: now, Kind: "Started", Message: "session started"}}},
+		changed: make(chan struct{}),
+	}
+	return nil
+}
+
+// Update applies fn to a session and wakes its waiters.
+func (r *Registry) Update(id string, fn func(*Session)) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.sessions[id]
+	if !ok {
+		return ErrNotFound
+	}
+	wasEnded := e.s.State.Ended()
+	fn(&e.s)
+	if !wasEnded && e.s.State.Ended() && e.s.Ended == nil {
+		t := r.Now()
+		e.s.Ended = &t
+	}
+	if over := len(e.s.Events) - r.MaxEvents; over > 0 {
+		e.s.Events = append([]Event(nil), e.s.Events[over:]...)
+		e.s.FirstEvent += over
+	}
+	close(e.changed)
+	e.changed = make(chan struct{})
+	return nil
+}
+
+// Log appends a progress event.
+func (r *Registry) Log(id, kind, format string, args ...any) {
+	_ = r.Update(id, func(s *Session) {
+		s.Events = append(s.Events, Event{Time: r.Now(), Kind: kind, Message: fmt.Sprintf(format, args...)})
+	})
+}
+
+// Finish ends a session with a state, result and optional error.
+func (r *Registry) Finish(id string, state State, result *Result, errMsg string) error {
+	return r.Update(id, func(s *Session) {
+		if s.State.Ended() {
+			return // the first ending wins (e.g. a late result after expiry)
+		}
+		s.State, s.Result, s.Error = state, result, errMsg
+		msg := string(state)
+		if errMsg != "" {
+			msg += ": " + errMsg
+		}
+		s.Events = append(s.Events, Event{Time: r.Now(), Kind: string(state), Message: msg})
+	})
+}
+
+// Get returns a copy of a session.
+func (r *Registry) Get(id string) (Session, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.sessions[id]
+	if !ok {
+		return Session{}, ErrNotFound
+	}
+	return clone(e.s), nil
+}
+
+// Wait blocks until the session has ended or ctx is done, and returns it.
+func (r *Registry) Wait(ctx context.Context, id string) (Session, error) {
+	for {
+		r.mu.Lock()
+		e, ok := r.sessions[id]
+		if !ok {
+			r.mu.Unlock()
+			return Session{}, ErrNotFound
+		}
+		s, ch := clone(e.s), e.changed
+		r.mu.Unlock()
+		if s.State.Ended() {
+			return s, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return s, ctx.Err()
+		}
+	}
+}
+
+// Watch returns the session now and a channel closed at its next change.
+func (r *Registry) Watch(id string) (Session, <-chan struct{}, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.sessions[id]
+	if !ok {
+		return Session{}, nil, ErrNotFound
+	}
+	return clone(e.s), e.changed, nil
+}
+
+// List returns the sessions of a namespace (all namespaces when empty),
+// newest first.
+func (r *Registry) List(namespace, workflow string) []Session {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Session
+	for _, e := range r.sessions {
+		if (namespace == "" || e.s.Namespace == namespace) && (workflow == "" || e.s.Workflow == workflow) {
+			s := clone(e.s)
+			s.Events = nil
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Started.After(out[j].Started) })
+	return out
+}
+
+// Counts returns, per workflow of a namespace, how many sessions are in each state.
+func (r *Registry) Counts(namespace, workflow string) map[State]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := map[State]int64{}
+	for _, e := range r.sessions {
+		if e.s.Namespace == namespace && e.s.Workflow == workflow {
+			c[e.s.State]++
+		}
+	}
+	return c
+}
+
+// Prune forgets sessions that ended longer than Retention ago.
+func (r *Registry) Prune() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cutoff := r.Now().Add(-r.Retention)
+	n := 0
+	for id, e := range r.sessions {
+		if e.s.Ended != nil && e.s.Ended.Before(cutoff) {
+			delete(r.sessions, id)
+			n++
+		}
+	}
+	return n
+}
+
+func clone(s Session) Session {
+	s.Events = append([]Event(nil), s.Events...)
+	if s.Result != nil {
+		res := *s.Result
+		s.Result = &res
+	}
+	return s
+}

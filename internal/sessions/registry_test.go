@@ -1,0 +1,69 @@
+package sessions
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+func TestRegistryLifecycle(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := NewRegistry()
+	r.Now = func() time.Time { return now }
+	r.MaxEvents = 3
+	if err := r.Start("s1", "ns", "wf"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start("s1", "ns", "wf"); err == nil {
+		t.Error("a duplicate session id was accepted")
+	}
+	for i := 0; i < 4; i++ {
+		r.Log("s1", "Invoked", "f%d", i)
+	}
+	s, _ := r.Get("s1")
+	if len(s.Events) != 3 || s.FirstEvent != 2 || s.Events[2].Message != "f3" {
+		t.Errorf("bounded log: first=%d events=%v", s.FirstEvent, s.Events)
+	}
+
+	// A waiter wakes when the session ends; a second ending is ignored.
+	done := make(chan Session)
+	go func() {
+		s, err := r.Wait(context.Background(), "s1")
+		if err != nil {
+			t.Error(err)
+		}
+		done <- s
+	}()
+	now = now.Add(time.Minute)
+	if err := r.Finish("s1", Completed, &Result{Bucket: "out", Key: "k", Inline: []byte("42")}, ""); err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Finish("s1", Expired, nil, "late")
+	s = <-done
+	if s.State != Completed || string(s.Result.Inline) != "42" || !s.Ended.Equal(now) {
+		t.Errorf("ended session: %+v", s)
+	}
+	if c := r.Counts("ns", "wf"); c[Completed] != 1 {
+		t.Errorf("counts %v", c)
+	}
+
+	// Waiting on a running session honours the context.
+	_ = r.Start("s2", "ns", "wf")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if s, err := r.Wait(ctx, "s2"); err == nil || s.State != Running {
+		t.Errorf("cancelled wait: %v %v", s.State, err)
+	}
+	if _, err := r.Get("nope"); err != ErrNotFound {
+		t.Errorf("unknown: %v", err)
+	}
+
+	// Ended sessions are forgotten after the retention.
+	now = now.Add(2 * time.Hour)
+	if n := r.Prune(); n != 1 {
+		t.Errorf("pruned %d, want 1", n)
+	}
+	if len(r.List("ns", "")) != 1 {
+		t.Errorf("running session must survive pruning")
+	}
+}

@@ -86,6 +86,9 @@ func Start() (*Env, error) {
 	}
 	cfg, err := te.Start()
 	if err != nil {
+		// Start may fail after launching the processes (e.g. a CRD the API
+		// server rejects); never leave them running.
+		_ = te.Stop()
 		return nil, fmt.Errorf("start control plane: %w", err)
 	}
 	return &Env{Environment: te, Config: cfg}, nil

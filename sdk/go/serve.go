@@ -1,0 +1,163 @@
+package ziptrail
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/invocation"
+)
+
+// Object is one input of an invocation. Large objects resolved by the
+// sidecar are memory-mapped from the pod's shared-memory directory, so
+// Bytes() costs no copy; small ones arrived inline.
+type Object struct {
+	Bucket   string
+	Key      string
+	Size     int64
+	Metadata map[string]string
+	data     []byte
+	mapped   bool
+}
+
+// Bytes returns the object's contents. For a mapped object the slice is
+// valid until the handler returns; copy what must outlive it.
+func (o *Object) Bytes() []byte { return o.data }
+
+// Invocation is what a function receives.
+type Invocation struct {
+	Namespace string
+	Workflow  string
+	Function  string
+	Session   string
+	ID        string
+	Attempt   int
+	Trigger   string
+	Group     string // DynamicGroup's group
+	Args      []byte
+	Objects   []*Object
+}
+
+// Object returns the input with the given bucket and key, or nil.
+func (inv *Invocation) Object(bucket, key string) *Object {
+	for _, o := range inv.Objects {
+		if o.Bucket == bucket && o.Key == key {
+			return o
+		}
+	}
+	return nil
+}
+
+// Handler runs one invocation; its result is the HTTP response body.
+type Handler func(ctx context.Context, inv *Invocation) ([]byte, error)
+
+// Serve runs handler for every invocation on $PORT (8080 when unset), the
+// user container's port behind queue-proxy-zl, until ctx ends.
+func Serve(ctx context.Context, handler Handler) error {
+	port := os.Getenv("PORT")
+	if port == "" {
+		port = "8080"
+	}
+	ln, err := net.Listen("tcp", ":"+port)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: FunctionHandler(handler), ReadHeaderTimeout: 30 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// FunctionHandler adapts a Handler to HTTP: it decodes the invocation
+// envelope, maps the inputs, calls the handler and unmaps them.
+func FunctionHandler(handler Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		env, err := invocation.Decode(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		inv := &Invocation{Namespace: env.Namespace, Workflow: env.Workflow, Function: env.Function, Session: env.Session,
+			ID: env.Invocation, Attempt: env.Attempt, Trigger: env.Trigger, Group: env.Group, Args: env.Args}
+		defer func() { unmapAll(inv.Objects) }()
+		for _, o := range env.Objects {
+			obj, err := openObject(o)
+			if err != nil {
+				http.Error(w, (&Error{Kind: KindNotFound, Op: "open input", Err: err}).Error(), http.StatusInternalServerError)
+				return
+			}
+			inv.Objects = append(inv.Objects, obj)
+		}
+		out, err := handler(withInvocation(r.Context(), inv), inv)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+		_, _ = w.Write(out)
+	})
+}
+
+func openObject(o invocation.Object) (*Object, error) {
+	obj := &Object{Bucket: o.Bucket, Key: o.Key, Size: o.Size, Metadata: o.Metadata}
+	if o.Path == "" {
+		if o.Ref != "" {
+			return nil, fmt.Errorf("object %s/%s arrived unresolved (reference only): is the pod's sidecar queue-proxy-zl?", o.Bucket, o.Key)
+		}
+		obj.data = o.Inline
+		return obj, nil
+	}
+	f, err := os.Open(o.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() == 0 {
+		return obj, nil
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map %s: %w", o.Path, err)
+	}
+	obj.data, obj.mapped, obj.Size = data, true, st.Size()
+	return obj, nil
+}
+
+func unmapAll(objs []*Object) {
+	for _, o := range objs {
+		if o.mapped {
+			_ = syscall.Munmap(o.data)
+			o.data, o.mapped = nil, false
+		}
+	}
+}
+
+type invocationKey struct{}
+
+func withInvocation(ctx context.Context, inv *Invocation) context.Context {
+	return context.WithValue(ctx, invocationKey{}, inv)
+}
+
+// CurrentInvocation returns the invocation a handler's context belongs to;
+// the SDK uses it to tag outputs with the session.
+func CurrentInvocation(ctx context.Context) (*Invocation, bool) {
+	inv, ok := ctx.Value(invocationKey{}).(*Invocation)
+	return inv, ok
+}

@@ -31,8 +31,15 @@ lint: ## gofmt and go vet.
 	go vet ./...
 
 .PHONY: test
-test: deps lint ## Install deps, then run every test suite against real servers.
+test: deps lint test-go test-python ## Install deps, then run every test suite against real servers.
+
+.PHONY: test-go
+test-go:
 	$(DEPS_ENV); go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: test-python
+test-python: ## Python SDK tests (pytest) in the cached venv.
+	$(DEPS_ENV); pip install -q ./sdk/python && python -m pytest -q sdk/python
 
 .PHONY: demo
 demo: deps ## Start a local API server, apply the samples, show them, tear down.

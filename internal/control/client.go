@@ -1,0 +1,189 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+)
+
+// Commands are what the operator asks of a sidecar. Callbacks run on the
+// client's receive goroutine and must not block for long.
+type Commands struct {
+	Keys      func(*controlv1.Keys)
+	Drop      func(*controlv1.DropObjects)
+	KeepAlive func(*controlv1.KeepAlive)
+}
+
+// Client is the sidecar's end of the control stream. It reconnects with
+// backoff for as long as its context lives, and queues events while
+// disconnected (up to a bound) so that an operator restart loses none.
+type Client struct {
+	addr     string
+	hello    *controlv1.Hello
+	commands Commands
+	opts     []grpc.DialOption
+	// Log receives connection errors (the client retries them itself).
+	Log func(error)
+
+	mu        sync.Mutex
+	pending   []*controlv1.SidecarMessage // not yet sent
+	wake      chan struct{}
+	maxQueue  int
+	connected bool
+	dropped   int
+}
+
+// ErrQueueFull is returned by Send when the operator has been unreachable
+// long enough for the bounded queue to fill.
+var ErrQueueFull = errors.New("control: event queue full, operator unreachable")
+
+// NewClient returns a client for the operator at addr (host:port).
+func NewClient(addr string, hello *controlv1.Hello, commands Commands, opts ...grpc.DialOption) *Client {
+	if len(opts) == 0 {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	return &Client{addr: addr, hello: hello, commands: commands, opts: opts, wake: make(chan struct{}, 1), maxQueue: 65536}
+}
+
+// Send queues an event for the operator.
+func (c *Client) Send(m *controlv1.SidecarMessage) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) >= c.maxQueue {
+		c.dropped++
+		return ErrQueueFull
+	}
+	c.pending = append(c.pending, m)
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Connected reports whether a stream is up.
+func (c *Client) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.connected
+}
+
+// Run keeps a stream to the operator until ctx ends.
+func (c *Client) Run(ctx context.Context) error {
+	conn, err := grpc.NewClient(c.addr, c.opts...)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cl := controlv1.NewControlClient(conn)
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := c.stream(ctx, cl)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(start) > 10*time.Second {
+			backoff = 100 * time.Millisecond // it was up for a while: retry fast
+		}
+		if err != nil && c.Log != nil {
+			c.Log(err)
+		}
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(backoff))) + backoff/2)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+	return nil
+}
+
+// stream runs one connection: Hello, then events out and commands in.
+func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := cl.Connect(sctx)
+	if err != nil {
+		return err
+	}
+	if err := st.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_Hello{Hello: c.hello}}); err != nil {
+		return err
+	}
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			c.handle(m)
+		}
+	}()
+	c.setConnected(true)
+	defer c.setConnected(false)
+	for {
+		c.mu.Lock()
+		batch := c.pending
+		c.mu.Unlock()
+		for i, m := range batch {
+			if err := st.Send(m); err != nil {
+				c.requeueFrom(batch, i)
+				return err
+			}
+		}
+		c.mu.Lock()
+		c.pending = c.pending[len(batch):]
+		c.mu.Unlock()
+		select {
+		case <-c.wake:
+		case err := <-recvErr:
+			return err
+		case <-ctx.Done():
+			_ = st.CloseSend()
+			return ctx.Err()
+		}
+	}
+}
+
+// requeueFrom keeps batch[i:] (unsent) at the head of the queue. Sends that
+// returned nil may still be lost with the connection; the operator's engine
+// treats duplicates idempotently, so a resend after reconnect is safe.
+func (c *Client) requeueFrom(batch []*controlv1.SidecarMessage, i int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pending = append(append([]*controlv1.SidecarMessage(nil), batch[i:]...), c.pending[len(batch):]...)
+}
+
+func (c *Client) setConnected(v bool) {
+	c.mu.Lock()
+	c.connected = v
+	c.mu.Unlock()
+}
+
+func (c *Client) handle(m *controlv1.OperatorMessage) {
+	switch msg := m.Msg.(type) {
+	case *controlv1.OperatorMessage_Keys:
+		if c.commands.Keys != nil {
+			c.commands.Keys(msg.Keys)
+		}
+	case *controlv1.OperatorMessage_Drop:
+		if c.commands.Drop != nil {
+			c.commands.Drop(msg.Drop)
+		}
+	case *controlv1.OperatorMessage_KeepAlive:
+		if c.commands.KeepAlive != nil {
+			c.commands.KeepAlive(msg.KeepAlive)
+		}
+	}
+}

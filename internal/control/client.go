@@ -22,8 +22,10 @@ type Commands struct {
 }
 
 // Client is the sidecar's end of the control stream. It reconnects with
-// backoff for as long as its context lives, and queues events while
-// disconnected (up to a bound) so that an operator restart loses none.
+// backoff for as long as its context lives. Every event carries a sequence
+// number and stays queued until the operator acknowledges it; after a
+// reconnect the unacknowledged ones are sent again, so neither an operator
+// restart nor a broken connection loses an event (the engine deduplicates).
 type Client struct {
 	addr     string
 	hello    *controlv1.Hello
@@ -33,11 +35,11 @@ type Client struct {
 	Log func(error)
 
 	mu        sync.Mutex
-	pending   []*controlv1.SidecarMessage // not yet sent
+	unacked   []*controlv1.SidecarMessage // in seq order
+	seq       uint64
 	wake      chan struct{}
 	maxQueue  int
 	connected bool
-	dropped   int
 }
 
 // ErrQueueFull is returned by Send when the operator has been unreachable
@@ -56,11 +58,12 @@ func NewClient(addr string, hello *controlv1.Hello, commands Commands, opts ...g
 func (c *Client) Send(m *controlv1.SidecarMessage) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.pending) >= c.maxQueue {
-		c.dropped++
+	if len(c.unacked) >= c.maxQueue {
 		return ErrQueueFull
 	}
-	c.pending = append(c.pending, m)
+	c.seq++
+	m.Seq = c.seq
+	c.unacked = append(c.unacked, m)
 	select {
 	case c.wake <- struct{}{}:
 	default:
@@ -132,19 +135,22 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 	}()
 	c.setConnected(true)
 	defer c.setConnected(false)
+	var sent uint64 // highest seq sent on this stream; a new stream resends all unacked
 	for {
 		c.mu.Lock()
-		batch := c.pending
-		c.mu.Unlock()
-		for i, m := range batch {
-			if err := st.Send(m); err != nil {
-				c.requeueFrom(batch, i)
-				return err
+		var batch []*controlv1.SidecarMessage
+		for _, m := range c.unacked {
+			if m.Seq > sent {
+				batch = append(batch, m)
 			}
 		}
-		c.mu.Lock()
-		c.pending = c.pending[len(batch):]
 		c.mu.Unlock()
+		for _, m := range batch {
+			if err := st.Send(m); err != nil {
+				return err
+			}
+			sent = m.Seq
+		}
 		select {
 		case <-c.wake:
 		case err := <-recvErr:
@@ -156,13 +162,22 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 	}
 }
 
-// requeueFrom keeps batch[i:] (unsent) at the head of the queue. Sends that
-// returned nil may still be lost with the connection; the operator's engine
-// treats duplicates idempotently, so a resend after reconnect is safe.
-func (c *Client) requeueFrom(batch []*controlv1.SidecarMessage, i int) {
+// ack forgets every event up to seq.
+func (c *Client) ack(seq uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.pending = append(append([]*controlv1.SidecarMessage(nil), batch[i:]...), c.pending[len(batch):]...)
+	i := 0
+	for i < len(c.unacked) && c.unacked[i].Seq <= seq {
+		i++
+	}
+	c.unacked = append(c.unacked[:0:0], c.unacked[i:]...)
+}
+
+// Unacked is the number of events the operator has not confirmed yet.
+func (c *Client) Unacked() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.unacked)
 }
 
 func (c *Client) setConnected(v bool) {
@@ -173,6 +188,8 @@ func (c *Client) setConnected(v bool) {
 
 func (c *Client) handle(m *controlv1.OperatorMessage) {
 	switch msg := m.Msg.(type) {
+	case *controlv1.OperatorMessage_Ack:
+		c.ack(msg.Ack.Seq)
 	case *controlv1.OperatorMessage_Keys:
 		if c.commands.Keys != nil {
 			c.commands.Keys(msg.Keys)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -53,10 +54,12 @@ type Server struct {
 }
 
 type conn struct {
-	id   Identity
-	out  chan *controlv1.OperatorMessage
-	gone chan struct{}
-	once sync.Once
+	id      Identity
+	out     chan *controlv1.OperatorMessage
+	gone    chan struct{}
+	once    sync.Once
+	acked   atomic.Uint64 // highest seq processed
+	ackWake chan struct{}
 }
 
 func (c *conn) close() { c.once.Do(func() { close(c.gone) }) }
@@ -82,8 +85,9 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	}
 	c := &conn{
 		id:   Identity{Namespace: hello.Namespace, Workflow: hello.Workflow, Function: hello.Function, Pod: hello.Pod, Node: hello.Node, DataplaneAddr: hello.DataplaneAddr},
-		out:  make(chan *controlv1.OperatorMessage, 256),
-		gone: make(chan struct{}),
+		out:     make(chan *controlv1.OperatorMessage, 256),
+		gone:    make(chan struct{}),
+		ackWake: make(chan struct{}, 1),
 	}
 	keys, err := s.keys.Keys(ctx, hello.Namespace)
 	if err != nil {
@@ -108,6 +112,7 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	// One goroutine owns Send; commands from any goroutine go through c.out.
 	sendErr := make(chan error, 1)
 	go func() {
+		var sentAck uint64
 		for {
 			select {
 			case m := <-c.out:
@@ -115,6 +120,16 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 					sendErr <- err
 					c.close()
 					return
+				}
+			case <-c.ackWake:
+				// Acks are coalesced: one message confirms everything so far.
+				if seq := c.acked.Load(); seq > sentAck {
+					if err := stream.Send(&controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Ack{Ack: &controlv1.Ack{Seq: seq}}}); err != nil {
+						sendErr <- err
+						c.close()
+						return
+					}
+					sentAck = seq
 				}
 			case <-c.gone:
 				return
@@ -137,6 +152,13 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 			if err := s.dispatch(ctx, c.id, m); err != nil {
 				recvErr <- err
 				return
+			}
+			if m.Seq > 0 {
+				c.acked.Store(m.Seq)
+				select {
+				case c.ackWake <- struct{}{}:
+				default:
+				}
 			}
 		}
 	}()

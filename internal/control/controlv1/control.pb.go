@@ -34,7 +34,11 @@ type SidecarMessage struct {
 	//	*SidecarMessage_ObjectReady
 	//	*SidecarMessage_FunctionStarted
 	//	*SidecarMessage_FunctionFinished
-	Msg           isSidecarMessage_Msg `protobuf_oneof:"msg"`
+	Msg isSidecarMessage_Msg `protobuf_oneof:"msg"`
+	// seq numbers events per sidecar (from 1); the operator acknowledges them
+	// cumulatively and the sidecar re-sends unacknowledged ones after a
+	// reconnect, so the engine must (and does) treat duplicates idempotently.
+	Seq           uint64 `protobuf:"varint,15,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -110,6 +114,13 @@ func (x *SidecarMessage) GetFunctionFinished() *FunctionFinished {
 		}
 	}
 	return nil
+}
+
+func (x *SidecarMessage) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
 }
 
 type isSidecarMessage_Msg interface {
@@ -493,6 +504,7 @@ type OperatorMessage struct {
 	//	*OperatorMessage_Keys
 	//	*OperatorMessage_Drop
 	//	*OperatorMessage_KeepAlive
+	//	*OperatorMessage_Ack
 	Msg           isOperatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -562,6 +574,15 @@ func (x *OperatorMessage) GetKeepAlive() *KeepAlive {
 	return nil
 }
 
+func (x *OperatorMessage) GetAck() *Ack {
+	if x != nil {
+		if x, ok := x.Msg.(*OperatorMessage_Ack); ok {
+			return x.Ack
+		}
+	}
+	return nil
+}
+
 type isOperatorMessage_Msg interface {
 	isOperatorMessage_Msg()
 }
@@ -578,11 +599,62 @@ type OperatorMessage_KeepAlive struct {
 	KeepAlive *KeepAlive `protobuf:"bytes,3,opt,name=keep_alive,json=keepAlive,proto3,oneof"`
 }
 
+type OperatorMessage_Ack struct {
+	Ack *Ack `protobuf:"bytes,4,opt,name=ack,proto3,oneof"`
+}
+
 func (*OperatorMessage_Keys) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Drop) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_KeepAlive) isOperatorMessage_Msg() {}
+
+func (*OperatorMessage_Ack) isOperatorMessage_Msg() {}
+
+// Ack confirms every event up to and including seq.
+type Ack struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Ack) Reset() {
+	*x = Ack{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Ack) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Ack) ProtoMessage() {}
+
+func (x *Ack) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Ack.ProtoReflect.Descriptor instead.
+func (*Ack) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Ack) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
 
 // Keys are the namespace's AES-256-GCM reference keys; active_key_id seals
 // new references, every listed key opens them (rotation).
@@ -596,7 +668,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +680,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +693,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Keys) GetKeys() []*Key {
@@ -648,7 +720,7 @@ type Key struct {
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +732,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +745,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Key) GetId() string {
@@ -701,7 +773,7 @@ type DropObjects struct {
 
 func (x *DropObjects) Reset() {
 	*x = DropObjects{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +785,7 @@ func (x *DropObjects) String() string {
 func (*DropObjects) ProtoMessage() {}
 
 func (x *DropObjects) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +798,7 @@ func (x *DropObjects) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropObjects.ProtoReflect.Descriptor instead.
 func (*DropObjects) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DropObjects) GetSession() string {
@@ -754,7 +826,7 @@ type KeepAlive struct {
 
 func (x *KeepAlive) Reset() {
 	*x = KeepAlive{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +838,7 @@ func (x *KeepAlive) String() string {
 func (*KeepAlive) ProtoMessage() {}
 
 func (x *KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +851,7 @@ func (x *KeepAlive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAlive.ProtoReflect.Descriptor instead.
 func (*KeepAlive) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KeepAlive) GetRefs() []string {
@@ -800,12 +872,13 @@ var File_ziptrail_control_v1_control_proto protoreflect.FileDescriptor
 
 const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"!ziptrail/control/v1/control.proto\x12\x13ziptrail.control.v1\"\xbb\x02\n" +
+	"!ziptrail/control/v1/control.proto\x12\x13ziptrail.control.v1\"\xcd\x02\n" +
 	"\x0eSidecarMessage\x122\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1a.ziptrail.control.v1.HelloH\x00R\x05hello\x12E\n" +
 	"\fobject_ready\x18\x02 \x01(\v2 .ziptrail.control.v1.ObjectReadyH\x00R\vobjectReady\x12Q\n" +
 	"\x10function_started\x18\x03 \x01(\v2$.ziptrail.control.v1.FunctionStartedH\x00R\x0ffunctionStarted\x12T\n" +
-	"\x11function_finished\x18\x04 \x01(\v2%.ziptrail.control.v1.FunctionFinishedH\x00R\x10functionFinishedB\x05\n" +
+	"\x11function_finished\x18\x04 \x01(\v2%.ziptrail.control.v1.FunctionFinishedH\x00R\x10functionFinished\x12\x10\n" +
+	"\x03seq\x18\x0f \x01(\x04R\x03seqB\x05\n" +
 	"\x03msg\"\xaa\x01\n" +
 	"\x05Hello\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -839,13 +912,16 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12#\n" +
 	"\rinvocation_id\x18\x03 \x01(\tR\finvocationId\x12\x16\n" +
 	"\x06failed\x18\x04 \x01(\bR\x06failed\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\xc2\x01\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xf0\x01\n" +
 	"\x0fOperatorMessage\x12/\n" +
 	"\x04keys\x18\x01 \x01(\v2\x19.ziptrail.control.v1.KeysH\x00R\x04keys\x126\n" +
 	"\x04drop\x18\x02 \x01(\v2 .ziptrail.control.v1.DropObjectsH\x00R\x04drop\x12?\n" +
 	"\n" +
-	"keep_alive\x18\x03 \x01(\v2\x1e.ziptrail.control.v1.KeepAliveH\x00R\tkeepAliveB\x05\n" +
-	"\x03msg\"X\n" +
+	"keep_alive\x18\x03 \x01(\v2\x1e.ziptrail.control.v1.KeepAliveH\x00R\tkeepAlive\x12,\n" +
+	"\x03ack\x18\x04 \x01(\v2\x18.ziptrail.control.v1.AckH\x00R\x03ackB\x05\n" +
+	"\x03msg\"\x17\n" +
+	"\x03Ack\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\"X\n" +
 	"\x04Keys\x12,\n" +
 	"\x04keys\x18\x01 \x03(\v2\x18.ziptrail.control.v1.KeyR\x04keys\x12\"\n" +
 	"\ractive_key_id\x18\x02 \x01(\tR\vactiveKeyId\"-\n" +
@@ -873,7 +949,7 @@ func file_ziptrail_control_v1_control_proto_rawDescGZIP() []byte {
 	return file_ziptrail_control_v1_control_proto_rawDescData
 }
 
-var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*SidecarMessage)(nil),   // 0: ziptrail.control.v1.SidecarMessage
 	(*Hello)(nil),            // 1: ziptrail.control.v1.Hello
@@ -881,29 +957,31 @@ var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*FunctionStarted)(nil),  // 3: ziptrail.control.v1.FunctionStarted
 	(*FunctionFinished)(nil), // 4: ziptrail.control.v1.FunctionFinished
 	(*OperatorMessage)(nil),  // 5: ziptrail.control.v1.OperatorMessage
-	(*Keys)(nil),             // 6: ziptrail.control.v1.Keys
-	(*Key)(nil),              // 7: ziptrail.control.v1.Key
-	(*DropObjects)(nil),      // 8: ziptrail.control.v1.DropObjects
-	(*KeepAlive)(nil),        // 9: ziptrail.control.v1.KeepAlive
-	nil,                      // 10: ziptrail.control.v1.ObjectReady.MetadataEntry
+	(*Ack)(nil),              // 6: ziptrail.control.v1.Ack
+	(*Keys)(nil),             // 7: ziptrail.control.v1.Keys
+	(*Key)(nil),              // 8: ziptrail.control.v1.Key
+	(*DropObjects)(nil),      // 9: ziptrail.control.v1.DropObjects
+	(*KeepAlive)(nil),        // 10: ziptrail.control.v1.KeepAlive
+	nil,                      // 11: ziptrail.control.v1.ObjectReady.MetadataEntry
 }
 var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	1,  // 0: ziptrail.control.v1.SidecarMessage.hello:type_name -> ziptrail.control.v1.Hello
 	2,  // 1: ziptrail.control.v1.SidecarMessage.object_ready:type_name -> ziptrail.control.v1.ObjectReady
 	3,  // 2: ziptrail.control.v1.SidecarMessage.function_started:type_name -> ziptrail.control.v1.FunctionStarted
 	4,  // 3: ziptrail.control.v1.SidecarMessage.function_finished:type_name -> ziptrail.control.v1.FunctionFinished
-	10, // 4: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
-	6,  // 5: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
-	8,  // 6: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
-	9,  // 7: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
-	7,  // 8: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
-	0,  // 9: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
-	5,  // 10: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
-	10, // [10:11] is the sub-list for method output_type
-	9,  // [9:10] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	11, // 4: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
+	7,  // 5: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
+	9,  // 6: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
+	10, // 7: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
+	6,  // 8: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
+	8,  // 9: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
+	0,  // 10: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
+	5,  // 11: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
+	11, // [11:12] is the sub-list for method output_type
+	10, // [10:11] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_ziptrail_control_v1_control_proto_init() }
@@ -921,6 +999,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 		(*OperatorMessage_Keys)(nil),
 		(*OperatorMessage_Drop)(nil),
 		(*OperatorMessage_KeepAlive)(nil),
+		(*OperatorMessage_Ack)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -928,7 +1007,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ziptrail_control_v1_control_proto_rawDesc), len(file_ziptrail_control_v1_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -84,7 +84,7 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 		return status.Error(codes.InvalidArgument, "Hello needs namespace and pod")
 	}
 	c := &conn{
-		id:   Identity{Namespace: hello.Namespace, Workflow: hello.Workflow, Function: hello.Function, Pod: hello.Pod, Node: hello.Node, DataplaneAddr: hello.DataplaneAddr},
+		id:      Identity{Namespace: hello.Namespace, Workflow: hello.Workflow, Function: hello.Function, Pod: hello.Pod, Node: hello.Node, DataplaneAddr: hello.DataplaneAddr},
 		out:     make(chan *controlv1.OperatorMessage, 256),
 		gone:    make(chan struct{}),
 		ackWake: make(chan struct{}, 1),

@@ -1,0 +1,26 @@
+// Package engine is ziptrail's trigger engine: the data-centric state
+// machine of Pheromone (§3.2, §4.2–4.4). It consumes events — session
+// started, object ready in a bucket, function started, function finished,
+// clock ticks — and returns actions: invoke a function with objects,
+// re-invoke a late source function, a session completed or expired, drop a
+// session's objects.
+//
+// It is a plain Go package: no Kubernetes, no HTTP, no goroutines of its
+// own. Time comes from the caller (every event carries now), so tests are
+// deterministic and never sleep; the operator calls Tick periodically.
+//
+// Triggers implement the Pheromone trigger interface (Primitive):
+// ActionForNewObject decides firings when an object arrives (or, with a nil
+// object, when time passes), NotifySourceFunc learns about running source
+// functions, ActionForRerun returns source invocations whose output is late.
+// The eight built-in primitives implement it; custom ones can be registered.
+//
+// State is per session: every (trigger, session) pair has its own State, and
+// sessions are sharded over independently locked shards so that concurrent
+// event producers for different sessions never contend on one lock.
+//
+// Delivery is at least once upstream (sidecars resend unacknowledged
+// events), so the engine is idempotent: an object key is accepted once per
+// session and bucket, an invocation id is counted once, and nothing fires for
+// a session after it completed or expired (a tombstone remembers it).
+package engine

@@ -1,0 +1,182 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// State is a trigger's state in one session. Built-in primitives use the
+// typed fields; a custom primitive may keep any JSON in Custom. All of it is
+// part of the engine's Snapshot.
+type State struct {
+	Objects       []Object            `json:"objects,omitempty"`       // accumulated, not yet fired
+	Keys          map[string]bool     `json:"keys,omitempty"`          // distinct keys counted so far
+	Fired         bool                `json:"fired,omitempty"`         // once-per-session primitives
+	WindowEnd     time.Time           `json:"windowEnd,omitzero"`      // ByTime: close of the open window
+	Expected      map[string]bool     `json:"expected,omitempty"`      // DynamicJoin: declared keys
+	ExpectedCount int                 `json:"expectedCount,omitempty"` // DynamicJoin: declared count
+	Groups        map[string][]Object `json:"groups,omitempty"`        // DynamicGroup
+	Pending       map[string]*Pending `json:"pending,omitempty"`       // re-execution, by source invocation
+	Custom        json.RawMessage     `json:"custom,omitempty"`
+}
+
+// Pending is a source invocation whose output the trigger still waits for.
+type Pending struct {
+	Function string    `json:"function"`
+	Args     []byte    `json:"args,omitempty"`
+	Deadline time.Time `json:"deadline"`
+	Attempts int       `json:"attempts"` // re-executions so far
+	Rule     int       `json:"rule"`     // index into the trigger's rules
+}
+
+// Firing is a decision to invoke the trigger's targets with Objects.
+type Firing struct {
+	Objects []Object
+	Group   string
+}
+
+// Rerun is a decision to re-invoke a source invocation.
+type Rerun struct {
+	Function   string
+	Invocation string // the original invocation id
+	Args       []byte
+	Attempt    int
+}
+
+// SourceEvent tells a trigger that a function of its session started or finished.
+type SourceEvent struct {
+	Function   string
+	Invocation string // base id (re-executions share their original's id)
+	Args       []byte
+	Finished   bool
+}
+
+// SessionView is what a primitive may ask about the rest of its session.
+type SessionView interface {
+	// Outstanding counts invocations of fn dispatched or started in this
+	// session that have not finished.
+	Outstanding(fn string) int
+	// Invocations counts invocations of fn seen in this session.
+	Invocations(fn string) int
+}
+
+// Primitive is the Pheromone trigger interface (Fig. 5). The engine calls
+// it with the trigger's per-session State, under the session's lock.
+type Primitive interface {
+	// ActionForNewObject is called for each new object of the trigger's
+	// bucket, and with obj == nil when the clock reaches NextDeadline.
+	ActionForNewObject(st *State, s SessionView, obj *Object, now time.Time) []Firing
+	// NotifySourceFunc is called when any function of the session starts or finishes.
+	NotifySourceFunc(st *State, s SessionView, ev SourceEvent, now time.Time) []Firing
+	// ActionForRerun returns the source invocations to re-execute at now.
+	ActionForRerun(st *State, now time.Time) []Rerun
+	// NextDeadline is when the primitive next needs a call with a nil
+	// object or to ActionForRerun (zero: never).
+	NextDeadline(st *State) time.Time
+}
+
+// Factory builds a custom primitive from its trigger spec.
+type Factory func(spec TriggerSpec) (Primitive, error)
+
+// builtins maps primitive kinds to their constructors.
+var builtins = map[Kind]Factory{
+	Immediate:    newImmediate,
+	ByName:       newByName,
+	BySet:        newBySet,
+	ByBatchSize:  newByBatchSize,
+	ByTime:       newByTime,
+	Redundant:    newRedundant,
+	DynamicJoin:  newDynamicJoin,
+	DynamicGroup: newDynamicGroup,
+}
+
+func newPrimitive(spec TriggerSpec) (Primitive, error) {
+	f, ok := builtins[spec.Primitive]
+	if !ok {
+		return nil, fmt.Errorf("unknown primitive %q", spec.Primitive)
+	}
+	if len(spec.Targets) == 0 {
+		return nil, fmt.Errorf("no targets")
+	}
+	return f(spec)
+}
+
+// reruns is the re-execution bookkeeping every built-in shares: it tracks
+// started source invocations named by the trigger's rules and reports the
+// ones whose output is late (Pheromone §4.4).
+type reruns struct{ rules []RerunRule }
+
+// notify records a started source invocation; output or finish clear it.
+func (r reruns) notify(st *State, ev SourceEvent, now time.Time) {
+	if ev.Finished {
+		return // finishing without output is exactly what the timeout catches
+	}
+	for i, rule := range r.rules {
+		if rule.SourceFunction != ev.Function {
+			continue
+		}
+		if st.Pending == nil {
+			st.Pending = map[string]*Pending{}
+		}
+		if _, ok := st.Pending[ev.Invocation]; !ok {
+			st.Pending[ev.Invocation] = &Pending{Function: ev.Function, Args: ev.Args, Deadline: now.Add(rule.Timeout), Rule: i}
+		}
+	}
+}
+
+// arrived clears what an object's arrival satisfies.
+func (r reruns) arrived(st *State, obj *Object) {
+	if obj == nil || len(st.Pending) == 0 {
+		return
+	}
+	inv := baseInvocation(obj.Invocation)
+	for id, p := range st.Pending {
+		switch r.rules[p.Rule].Scope {
+		case PerSession:
+			if p.Function == obj.Producer {
+				delete(st.Pending, id)
+			}
+		default: // PerObject
+			if id == inv {
+				delete(st.Pending, id)
+			}
+		}
+	}
+}
+
+func (r reruns) due(st *State, now time.Time) []Rerun {
+	var out []Rerun
+	for id, p := range st.Pending {
+		if now.Before(p.Deadline) {
+			continue
+		}
+		rule := r.rules[p.Rule]
+		if p.Attempts >= rule.MaxAttempts {
+			delete(st.Pending, id) // given up: the session deadline decides its fate
+			continue
+		}
+		p.Attempts++
+		p.Deadline = now.Add(rule.Timeout)
+		out = append(out, Rerun{Function: p.Function, Invocation: id, Args: p.Args, Attempt: p.Attempts})
+	}
+	return out
+}
+
+func (r reruns) next(st *State) time.Time {
+	var next time.Time
+	for _, p := range st.Pending {
+		if next.IsZero() || p.Deadline.Before(next) {
+			next = p.Deadline
+		}
+	}
+	return next
+}
+
+// earliest returns the earlier non-zero time.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}

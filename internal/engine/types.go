@@ -1,0 +1,147 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+)
+
+// Object is an object that became ready in a bucket.
+type Object struct {
+	Bucket     string            `json:"bucket"`
+	Key        string            `json:"key"`
+	Session    string            `json:"session"`
+	Size       int64             `json:"size,omitempty"`
+	Ref        string            `json:"ref,omitempty"`
+	Inline     []byte            `json:"inline,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	Producer   string            `json:"producer,omitempty"`   // producing function
+	Invocation string            `json:"invocation,omitempty"` // producing invocation id
+}
+
+// Metadata keys the built-in primitives read.
+const (
+	// MetaExpectedKeys declares, for DynamicJoin, the comma-separated keys
+	// the join waits for.
+	MetaExpectedKeys = "ziptrail.expected-keys"
+	// MetaExpectedCount declares, for DynamicJoin, how many objects the join
+	// waits for.
+	MetaExpectedCount = "ziptrail.expected-count"
+	// MetaDeclareOnly marks an object that only declares the expected set
+	// and is not itself a member.
+	MetaDeclareOnly = "ziptrail.declare-only"
+)
+
+// ActionKind is what the caller must do.
+type ActionKind string
+
+const (
+	ActInvoke          ActionKind = "Invoke"          // invoke Function with Objects
+	ActRerun           ActionKind = "Rerun"           // re-invoke a late source Function with its original Args
+	ActSessionComplete ActionKind = "SessionComplete" // Result is the output object
+	ActSessionExpired  ActionKind = "SessionExpired"  // the deadline passed first
+	ActDropObjects     ActionKind = "DropObjects"     // free every object of Session
+)
+
+// Action is one decision of the engine.
+type Action struct {
+	Kind       ActionKind `json:"kind"`
+	Workflow   string     `json:"workflow"`
+	Session    string     `json:"session"`
+	Function   string     `json:"function,omitempty"`
+	Trigger    string     `json:"trigger,omitempty"`
+	Invocation string     `json:"invocation,omitempty"` // id the invoked function reports back
+	Objects    []Object   `json:"objects,omitempty"`
+	Args       []byte     `json:"args,omitempty"`
+	Group      string     `json:"group,omitempty"`
+	Attempt    int        `json:"attempt,omitempty"`
+	Result     *Object    `json:"result,omitempty"`
+}
+
+func (a Action) String() string {
+	return fmt.Sprintf("%s %s/%s fn=%s trig=%s inv=%s objs=%d", a.Kind, a.Workflow, a.Session, a.Function, a.Trigger, a.Invocation, len(a.Objects))
+}
+
+// Kind names a built-in primitive.
+type Kind string
+
+const (
+	Immediate    Kind = "Immediate"
+	ByName       Kind = "ByName"
+	BySet        Kind = "BySet"
+	ByBatchSize  Kind = "ByBatchSize"
+	ByTime       Kind = "ByTime"
+	Redundant    Kind = "Redundant"
+	DynamicJoin  Kind = "DynamicJoin"
+	DynamicGroup Kind = "DynamicGroup"
+)
+
+// Scope of a re-execution rule.
+type Scope string
+
+const (
+	PerObject  Scope = "PerObject"  // each source invocation must produce output in time
+	PerSession Scope = "PerSession" // some output of the source must arrive in time
+)
+
+// RerunRule re-invokes SourceFunction when its output has not reached the
+// trigger's bucket within Timeout, at most MaxAttempts times.
+type RerunRule struct {
+	SourceFunction string        `json:"sourceFunction"`
+	Scope          Scope         `json:"scope"`
+	Timeout        time.Duration `json:"timeout"`
+	MaxAttempts    int           `json:"maxAttempts"`
+}
+
+// TriggerSpec configures one trigger.
+type TriggerSpec struct {
+	Name      string   `json:"name"`
+	Bucket    string   `json:"bucket"`
+	Primitive Kind     `json:"primitive"`
+	Targets   []string `json:"targets"`
+
+	Key              string        `json:"key,omitempty"`              // ByName
+	Keys             []string      `json:"keys,omitempty"`             // BySet
+	BatchSize        int           `json:"batchSize,omitempty"`        // ByBatchSize
+	Window           time.Duration `json:"window,omitempty"`           // ByTime
+	K                int           `json:"k,omitempty"`                // Redundant
+	N                int           `json:"n,omitempty"`                // Redundant
+	GroupMetadataKey string        `json:"groupMetadataKey,omitempty"` // DynamicGroup
+	Sources          []string      `json:"sources,omitempty"`          // DynamicGroup, DynamicJoin
+
+	Reruns []RerunRule `json:"reruns,omitempty"`
+}
+
+// WorkflowSpec is everything the engine knows about one workflow.
+type WorkflowSpec struct {
+	Name            string        `json:"name"` // unique key, e.g. namespace/name
+	Entry           string        `json:"entry"`
+	OutputBucket    string        `json:"outputBucket"`
+	SessionDeadline time.Duration `json:"sessionDeadline"`
+	Triggers        []TriggerSpec `json:"triggers"`
+}
+
+// Validate reports the first problem in a spec.
+func (w *WorkflowSpec) Validate() error {
+	if w.Name == "" || w.Entry == "" || w.OutputBucket == "" {
+		return fmt.Errorf("workflow %q: name, entry and outputBucket are required", w.Name)
+	}
+	if w.SessionDeadline <= 0 {
+		return fmt.Errorf("workflow %s: sessionDeadline must be positive", w.Name)
+	}
+	seen := map[string]bool{}
+	for _, t := range w.Triggers {
+		if seen[t.Name] {
+			return fmt.Errorf("workflow %s: trigger %q defined twice", w.Name, t.Name)
+		}
+		seen[t.Name] = true
+		if _, err := newPrimitive(t); err != nil {
+			return fmt.Errorf("workflow %s: trigger %s: %w", w.Name, t.Name, err)
+		}
+		for _, r := range t.Reruns {
+			if r.SourceFunction == "" || r.Timeout <= 0 || r.MaxAttempts < 1 {
+				return fmt.Errorf("workflow %s: trigger %s: re-execution rules need a source function, a positive timeout and maxAttempts >= 1", w.Name, t.Name)
+			}
+		}
+	}
+	return nil
+}

@@ -16,8 +16,9 @@ import (
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 
 // Setup registers every ziptrail reconciler with the manager.
-func Setup(mgr ctrl.Manager, tiers Tiers) error {
-	if err := (&WorkflowReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-workflow")}).SetupWithManager(mgr); err != nil {
+// sink may be nil (no trigger engine in this process).
+func Setup(mgr ctrl.Manager, tiers Tiers, sink WorkflowSink) error {
+	if err := (&WorkflowReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-workflow"), Sink: sink}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("workflow controller: %w", err)
 	}
 	if err := (&BucketReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-bucket"), Tiers: tiers}).SetupWithManager(mgr); err != nil {

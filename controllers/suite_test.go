@@ -44,7 +44,7 @@ var _ = BeforeSuite(func() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	// The operator under test has a Redis endpoint but no S3 one.
-	Expect(controllers.Setup(mgr, controllers.Tiers{Redis: true})).To(Succeed())
+	Expect(controllers.Setup(mgr, controllers.Tiers{Redis: true}, nil)).To(Succeed())
 	ctx, cancel = context.WithCancel(context.Background())
 	go func() {
 		defer GinkgoRecover()

@@ -14,9 +14,6 @@ import (
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 )
 
-// DefaultOutputBucket is the output bucket of a Workflow that names none.
-const DefaultOutputBucket = "output"
-
 // Environment the operator sets in every function's user container so the
 // SDK finds its sidecar. Containers of a pod share the pod's /dev/shm (one IPC
 // namespace), which is also the only memory-backed mount queue-proxy sees.
@@ -57,17 +54,12 @@ func desiredChildren(wf *v1alpha1.Workflow) (*children, error) {
 	for _, b := range wf.Spec.Buckets {
 		buckets[b.Name] = b.Spec
 	}
-	outputBucket := wf.Spec.OutputBucket
-	if outputBucket == "" {
-		outputBucket = DefaultOutputBucket
-	}
+	outputBucket := wf.Spec.Output()
 	if _, ok := buckets[outputBucket]; !ok {
 		buckets[outputBucket] = v1alpha1.BucketSpec{}
 	}
 
-	triggers := append([]v1alpha1.NamedTrigger(nil), wf.Spec.Triggers...)
-	compiled, compiledBuckets := compileDependencies(wf.Spec.Dependencies)
-	triggers = append(triggers, compiled...)
+	triggers, compiledBuckets := wf.Spec.CompiledTriggers()
 	for _, b := range compiledBuckets {
 		if _, ok := buckets[b]; !ok {
 			buckets[b] = v1alpha1.BucketSpec{}
@@ -133,32 +125,6 @@ func desiredChildren(wf *v1alpha1.Workflow) (*children, error) {
 		out.services = append(out.services, svc)
 	}
 	return out, nil
-}
-
-// compileDependencies turns the function-oriented form into triggers
-// (Pheromone Appendix A.4): each dependency gets its own bucket; a Direct
-// dependency with one source fires Immediate, with several sources it waits
-// for all of them (BySet on the sources' names); a Periodic one is ByTime.
-func compileDependencies(deps []v1alpha1.Dependency) ([]v1alpha1.NamedTrigger, []string) {
-	var triggers []v1alpha1.NamedTrigger
-	var buckets []string
-	for i, d := range deps {
-		name := "dep-" + strconv.Itoa(i)
-		buckets = append(buckets, name)
-		spec := v1alpha1.TriggerSpec{Bucket: name, Targets: append([]string(nil), d.To...)}
-		switch {
-		case d.Type == v1alpha1.DependencyPeriodic && d.Period != nil:
-			spec.Primitive = v1alpha1.ByTime
-			spec.ByTime = &v1alpha1.ByTimeParams{Window: *d.Period}
-		case len(d.From) > 1:
-			spec.Primitive = v1alpha1.BySet
-			spec.BySet = &v1alpha1.BySetParams{Keys: append([]string(nil), d.From...)}
-		default:
-			spec.Primitive = v1alpha1.Immediate
-		}
-		triggers = append(triggers, v1alpha1.NamedTrigger{Name: name, Spec: spec})
-	}
-	return triggers, buckets
 }
 
 func childMeta(wf *v1alpha1.Workflow, name string) metav1.ObjectMeta {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -29,6 +30,16 @@ const WorkflowFinalizer = "ziptrail.dev/workflow-cleanup"
 type WorkflowReconciler struct {
 	client.Client
 	Recorder events.EventRecorder
+	// Sink, when set, receives every reconciled workflow (the operator's
+	// orchestrator, which runs the trigger engine and the sessions).
+	Sink WorkflowSink
+}
+
+// WorkflowSink is what the trigger engine's side needs from reconciles.
+type WorkflowSink interface {
+	SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady string) error
+	RemoveWorkflow(namespace, name string)
+	SessionCounts(namespace, name string) v1alpha1.SessionCounts
 }
 
 // +kubebuilder:rbac:groups=ziptrail.dev,resources=workflows,verbs=get;list;watch;update;patch
@@ -97,6 +108,18 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 	r.updateServiceStatus(ctx, wf, want.services)
 	setReady(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionTargetsResolved, v1alpha1.ConditionServicesReady)
 	wf.Status.Functions = int32(len(wf.Spec.Functions))
+	if r.Sink != nil {
+		ready := readyStatus(wf.Status.Conditions) == metav1.ConditionTrue
+		if err := r.Sink.SetWorkflow(wf, ready, readyMessage(wf.Status.Conditions)); err != nil {
+			setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionReady, false, v1alpha1.ReasonInvalidSpec, "trigger engine: "+err.Error())
+			return ctrl.Result{}, nil
+		}
+		wf.Status.Sessions = r.Sink.SessionCounts(wf.Namespace, wf.Name)
+		if wf.Status.Sessions.Active > 0 {
+			// Session counters move without spec changes: refresh them.
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		}
+	}
 	log.FromContext(ctx).V(1).Info("reconciled workflow", "services", len(want.services), "buckets", len(want.buckets), "triggers", len(want.triggers))
 	return ctrl.Result{}, nil
 }

@@ -19,6 +19,9 @@ func (r *WorkflowReconciler) finalize(ctx context.Context, wf *v1alpha1.Workflow
 	if _, err := r.deleteOwned(ctx, wf, nil); err != nil {
 		return err
 	}
+	if r.Sink != nil {
+		r.Sink.RemoveWorkflow(wf.Namespace, wf.Name)
+	}
 	controllerutil.RemoveFinalizer(wf, WorkflowFinalizer)
 	return r.Update(ctx, wf)
 }

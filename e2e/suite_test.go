@@ -77,3 +77,10 @@ var _ = AfterSuite(func() {
 		Expect(cluster.Down(context.Background())).To(Succeed())
 	}
 })
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

@@ -60,7 +60,7 @@ func run(metricsAddr, probeAddr string, leaderElect bool, leaderNS string, tiers
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
 	}
-	if err := controllers.Setup(mgr, tiers); err != nil {
+	if err := controllers.Setup(mgr, tiers, nil); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {

@@ -33,7 +33,8 @@ type Resolver interface {
 // Result is the outcome of one invocation.
 type Result struct {
 	Envelope *invocation.Envelope
-	Status   int    // HTTP status, 0 when no response arrived
+	Status   int // HTTP status, 0 when no response arrived
+	Header   http.Header
 	Body     []byte // the function's response (bounded)
 	Err      error
 	Tries    int
@@ -137,6 +138,19 @@ func (d *Dispatcher) Start(ctx context.Context) {
 // Wait blocks until every worker has stopped.
 func (d *Dispatcher) Wait() { d.wg.Wait() }
 
+// SubmitWait queues an invocation, waiting for room in the queue.
+func (d *Dispatcher) SubmitWait(ctx context.Context, env *invocation.Envelope) error {
+	if err := env.Validate(); err != nil {
+		return err
+	}
+	select {
+	case d.queue <- env:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Submit queues an invocation without blocking.
 func (d *Dispatcher) Submit(env *invocation.Envelope) error {
 	if err := env.Validate(); err != nil {
@@ -161,8 +175,8 @@ func (d *Dispatcher) send(ctx context.Context, env *invocation.Envelope) Result 
 	}
 	backoff := d.opts.BaseBackoff
 	for res.Tries = 1; ; res.Tries++ {
-		status, respBody, err := d.try(ctx, env, body)
-		res.Status, res.Body, res.Err = status, respBody, err
+		status, header, respBody, err := d.try(ctx, env, body)
+		res.Status, res.Header, res.Body, res.Err = status, header, respBody, err
 		if !transient(status, err) || res.Tries >= d.opts.MaxTries || ctx.Err() != nil {
 			break
 		}
@@ -187,14 +201,14 @@ func (d *Dispatcher) send(ctx context.Context, env *invocation.Envelope) Result 
 	return res
 }
 
-func (d *Dispatcher) try(ctx context.Context, env *invocation.Envelope, body []byte) (int, []byte, error) {
+func (d *Dispatcher) try(ctx context.Context, env *invocation.Envelope, body []byte) (int, http.Header, []byte, error) {
 	u, err := d.opts.Resolver.URL(ctx, env.Namespace, env.Function)
 	if err != nil {
-		return 0, nil, fmt.Errorf("resolve %s/%s: %w", env.Namespace, env.Function, err)
+		return 0, nil, nil, fmt.Errorf("resolve %s/%s: %w", env.Namespace, env.Function, err)
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	req.Header.Set("Content-Type", invocation.ContentType)
 	req.Header.Set(invocation.HeaderSession, env.Session)
@@ -206,18 +220,26 @@ func (d *Dispatcher) try(ctx context.Context, env *invocation.Envelope, body []b
 	}
 	resp, err := d.opts.Client.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, d.opts.MaxBody))
-	_, _ = io.Copy(io.Discard, resp.Body) // drain, so the connection is reused
-	return resp.StatusCode, data, err
+	data, err := io.ReadAll(io.LimitReader(resp.Body, d.opts.MaxBody+1))
+	if err == nil && int64(len(data)) > d.opts.MaxBody {
+		err = permanentError{fmt.Errorf("response of %s/%s exceeds %d bytes: send large outputs as objects", env.Namespace, env.Function, d.opts.MaxBody)}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, resp.Header, nil, err
+	}
+	return resp.StatusCode, resp.Header, data, err
 }
 
 // transient says whether a failure is the platform's (retry) rather than the
 // function's (report): no response at all, or the statuses Knative's
 // activator and ingress use while a revision is starting or overloaded.
 func transient(status int, err error) bool {
+	var perm permanentError
+	if errors.As(err, &perm) {
+		return false
+	}
 	if err != nil {
 		return true
 	}
@@ -227,3 +249,8 @@ func transient(status int, err error) bool {
 	}
 	return false
 }
+
+// permanentError is a failure that a retry cannot fix.
+type permanentError struct{ error }
+
+func (p permanentError) Unwrap() error { return p.error }

@@ -93,7 +93,9 @@ func began(session, fn, inv string) func(*Engine, time.Time) []Action {
 }
 
 func ended(session, fn, inv string, failed bool) func(*Engine, time.Time) []Action {
-	return func(e *Engine, now time.Time) []Action { return e.FunctionFinished(wfName, session, fn, inv, failed, now) }
+	return func(e *Engine, now time.Time) []Action {
+		return e.FunctionFinished(wfName, session, fn, inv, failed, now)
+	}
 }
 
 func tick() func(*Engine, time.Time) []Action {

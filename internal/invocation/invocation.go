@@ -99,3 +99,35 @@ func Decode(r io.Reader) (*Envelope, error) {
 	}
 	return e, e.Validate()
 }
+
+// OutputsContentType marks a function response that carries objects: the
+// SDK's send_object collects small objects (inline) and references to large
+// ones (put into the sidecar) and returns them with the response.
+const OutputsContentType = "application/vnd.ziptrail.outputs+json"
+
+// Outputs is the body of a function response of OutputsContentType.
+type Outputs struct {
+	// Objects sent to buckets during the invocation.
+	Objects []Object `json:"objects,omitempty"`
+	// Return is the handler's return value; it goes to the function's
+	// dependency buckets (function-oriented workflows), keyed by its name.
+	Return []byte `json:"return,omitempty"`
+}
+
+// DecodeOutputs parses and validates a function's outputs.
+func DecodeOutputs(data []byte) (*Outputs, error) {
+	o := &Outputs{}
+	if err := json.Unmarshal(data, o); err != nil {
+		return nil, fmt.Errorf("invocation: malformed outputs: %w", err)
+	}
+	for i, obj := range o.Objects {
+		if obj.Bucket == "" || obj.Key == "" {
+			return nil, fmt.Errorf("invocation: output %d: bucket and key are required", i)
+		}
+		if obj.Ref == "" && obj.Inline == nil {
+			obj.Inline = []byte{} // an empty object is a valid (e.g. marker) object
+			o.Objects[i] = obj
+		}
+	}
+	return o, nil
+}

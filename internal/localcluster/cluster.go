@@ -22,10 +22,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"google.golang.org/grpc"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
 	"github.com/ziptrail/ziptrail/controllers"
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/dispatch"
+	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/localserving"
 	"github.com/ziptrail/ziptrail/internal/netns"
+	"github.com/ziptrail/ziptrail/internal/orchestrator"
 )
 
 // Options configure a local cluster. Zero values get sensible defaults.
@@ -43,17 +51,22 @@ type Options struct {
 
 // Cluster is a running local cluster.
 type Cluster struct {
-	opts       Options
-	env        *controlplane.Env
-	Client     client.Client
-	Config     *rest.Config
-	Kubeconfig string
-	Runtime    *localserving.Runtime
-	IngressURL string // http://127.0.0.1:<port>, route by Host header
+	opts         Options
+	env          *controlplane.Env
+	Client       client.Client
+	Config       *rest.Config
+	Kubeconfig   string
+	Runtime      *localserving.Runtime
+	IngressURL   string // http://127.0.0.1:<port>, route by Host header
+	GatewayURL   string // the session gateway, http://127.0.0.1:<port>
+	ControlAddr  string // the control stream, on the pod network's gateway
+	Orchestrator *orchestrator.Orchestrator
 
 	cancel  context.CancelFunc
 	done    chan error
 	ingress *http.Server
+	gateway *http.Server
+	control *grpc.Server
 	network *netns.Network
 }
 
@@ -144,7 +157,10 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := controllers.Setup(mgr, opts.Tiers); err != nil {
+	if err := c.startOrchestrator(mgr, port); err != nil {
+		return nil, err
+	}
+	if err := controllers.Setup(mgr, opts.Tiers, c.Orchestrator); err != nil {
 		return nil, err
 	}
 	if err := (&localserving.Reconciler{Client: mgr.GetClient(), Runtime: c.Runtime}).SetupWithManager(mgr); err != nil {
@@ -153,7 +169,7 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
 	go func() { c.done <- mgr.Start(mctx) }()
-	step("operator and local serving runtime running; ingress %s (logs: %s)", c.IngressURL, opts.StateDir)
+	step("operator, trigger engine and local serving runtime running; gateway %s, ingress %s (logs: %s)", c.GatewayURL, c.IngressURL, opts.StateDir)
 	return c, nil
 }
 
@@ -175,8 +191,54 @@ func (c *Cluster) Down(ctx context.Context) error {
 	if c.ingress != nil {
 		errs = append(errs, c.ingress.Close())
 	}
+	if c.gateway != nil {
+		errs = append(errs, c.gateway.Close())
+	}
+	if c.control != nil {
+		c.control.Stop()
+	}
 	if c.env != nil {
 		errs = append(errs, c.env.Stop())
 	}
 	return errors.Join(errs...)
+}
+
+// startOrchestrator runs the trigger engine with its dispatcher (through the
+// local ingress), the control stream (on the bridge address, which pods
+// reach) and the session gateway (on loopback).
+func (c *Cluster) startOrchestrator(mgr ctrl.Manager, ingressPort int) error {
+	keys := &control.SecretKeys{Client: mgr.GetClient()}
+	var srv *control.Server
+	orch, err := orchestrator.New(orchestrator.Options{
+		Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()},
+		Ingress:  fmt.Sprintf("127.0.0.1:%d", ingressPort),
+		Log:      ctrl.Log.WithName("orchestrator"),
+	})
+	if err != nil {
+		return err
+	}
+	srv = control.NewServer(orch, keys)
+	orch.SetControl(srv)
+	c.Orchestrator = orch
+	if err := mgr.Add(manager.RunnableFunc(orch.Run)); err != nil {
+		return err
+	}
+
+	cl, err := net.Listen("tcp", net.JoinHostPort(c.network.Gateway().String(), "0"))
+	if err != nil {
+		return err
+	}
+	c.ControlAddr = cl.Addr().String()
+	c.control = grpc.NewServer()
+	controlv1.RegisterControlServer(c.control, srv)
+	go func() { _ = c.control.Serve(cl) }()
+
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	c.GatewayURL = "http://" + gl.Addr().String()
+	c.gateway = &http.Server{Handler: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}}), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = c.gateway.Serve(gl) }()
+	return nil
 }

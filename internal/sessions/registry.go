@@ -242,3 +242,27 @@ func clone(s Session) Session {
 	}
 	return s
 }
+
+// Export returns every session, for checkpoints.
+func (r *Registry) Export() []Session {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Session, 0, len(r.sessions))
+	for _, e := range r.sessions {
+		out = append(out, clone(e.s))
+	}
+	return out
+}
+
+// Import replaces the registry's sessions with a checkpoint's.
+func (r *Registry) Import(list []Session) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.sessions {
+		close(e.changed)
+	}
+	r.sessions = map[string]*entry{}
+	for _, s := range list {
+		r.sessions[s.ID] = &entry{s: clone(s), changed: make(chan struct{})}
+	}
+}

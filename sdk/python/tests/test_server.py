@@ -69,3 +69,30 @@ def test_malformed_body(server):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 400 and b"malformed envelope" in e.value.read()
+
+
+def test_send_object_returns_outputs(tmp_path):
+    def handler(inv):
+        ziptrail.send_object("shuffle", "w-a", b"1", metadata={"group": "a"})
+        ziptrail.send_object("shuffle", "w-b", "2", metadata={"group": "b"})
+        return b"done"
+
+    srv = ziptrail.make_server(handler, port=0, host="127.0.0.1")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        env = {"function": "map", "session": "s", "invocation": "i"}
+        req = urllib.request.Request(f"http://127.0.0.1:{srv.server_address[1]}/", data=json.dumps(env).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.headers["Content-Type"] == ziptrail.server.OUTPUTS_CONTENT_TYPE
+            out = json.loads(r.read())
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert base64.b64decode(out["return"]) == b"done"
+    assert [(o["bucket"], o["key"], base64.b64decode(o["inline"]), o["metadata"]["group"]) for o in out["objects"]] == [
+        ("shuffle", "w-a", b"1", "a"), ("shuffle", "w-b", b"2", "b")]
+
+
+def test_send_object_outside_a_handler():
+    with pytest.raises(ziptrail.ZiptrailError, match="outside a function invocation"):
+        ziptrail.send_object("b", "k", b"x")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,12 +14,35 @@ from .invocation import Invocation, decode
 
 Handler = Callable[[Invocation], bytes | bytearray | memoryview | str | None]
 
+OUTPUTS_CONTENT_TYPE = "application/vnd.ziptrail.outputs+json"
+
 _current = threading.local()
 
 
 def current_invocation() -> Invocation | None:
     """The invocation the calling thread is handling (used to tag outputs)."""
     return getattr(_current, "inv", None)
+
+
+def send_object(bucket: str, key: str, data: bytes | bytearray | memoryview | str,
+                metadata: dict[str, str] | None = None) -> None:
+    """Sends an object to a bucket of the workflow (Pheromone's send_object).
+
+    Called inside a handler; the object becomes ready when the handler
+    returns, and the bucket's triggers decide what it invokes. ``metadata``
+    carries e.g. the DynamicGroup group or a DynamicJoin's expected set.
+    """
+    outputs = getattr(_current, "outputs", None)
+    if outputs is None:
+        raise ZiptrailError("send_object", "called outside a function invocation")
+    if not bucket or not key:
+        raise ZiptrailError("send_object", "bucket and key are required")
+    if isinstance(data, str):
+        data = data.encode()
+    obj = {"bucket": bucket, "key": key, "size": len(data), "inline": base64.b64encode(bytes(data)).decode()}
+    if metadata:
+        obj["metadata"] = {str(k): str(v) for k, v in metadata.items()}
+    outputs.append(obj)
 
 
 def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0") -> ThreadingHTTPServer:
@@ -34,21 +59,28 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
             except ZiptrailError as e:
                 return self._reply(400, str(e).encode())
             _current.inv = inv
+            _current.outputs = []
             try:
                 out = handler(inv)
+                outputs = _current.outputs
             except Exception as e:  # the function's failure is reported, not fatal
                 return self._reply(500, f"{type(e).__name__}: {e}".encode())
             finally:
                 _current.inv = None
+                _current.outputs = None
                 inv.close()
             if out is None:
                 out = b""
             if isinstance(out, str):
                 out = out.encode()
-            self._reply(200, bytes(out))
+            if not outputs:
+                return self._reply(200, bytes(out))
+            body = json.dumps({"objects": outputs, "return": base64.b64encode(bytes(out)).decode()}).encode()
+            self._reply(200, body, OUTPUTS_CONTENT_TYPE)
 
-        def _reply(self, code: int, body: bytes) -> None:
+        def _reply(self, code: int, body: bytes, content_type: str = "application/octet-stream") -> None:
             self.send_response(code)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

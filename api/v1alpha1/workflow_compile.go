@@ -1,0 +1,71 @@
+package v1alpha1
+
+import "strconv"
+
+// DependencyBucket is the bucket a compiled dependency's sources write to.
+func DependencyBucket(i int) string { return "dep-" + strconv.Itoa(i) }
+
+// CompiledTriggers returns the workflow's triggers: the inline ones plus one
+// per function-oriented dependency (Pheromone Appendix A.4), and the buckets
+// the compiled ones need. Each dependency gets its own bucket, which its
+// source functions' return values go to (keyed by the function's name): a
+// Direct dependency with one source fires Immediate, with several it waits
+// for all of them (BySet on the sources' names); a Periodic one is ByTime.
+func (s *WorkflowSpec) CompiledTriggers() ([]NamedTrigger, []string) {
+	triggers := append([]NamedTrigger(nil), s.Triggers...)
+	var buckets []string
+	for i, d := range s.Dependencies {
+		name := DependencyBucket(i)
+		buckets = append(buckets, name)
+		spec := TriggerSpec{Bucket: name, Targets: append([]string(nil), d.To...)}
+		switch {
+		case d.Type == DependencyPeriodic && d.Period != nil:
+			spec.Primitive = ByTime
+			spec.ByTime = &ByTimeParams{Window: *d.Period}
+		case len(d.From) > 1:
+			spec.Primitive = BySet
+			spec.BySet = &BySetParams{Keys: append([]string(nil), d.From...)}
+		default:
+			spec.Primitive = Immediate
+		}
+		triggers = append(triggers, NamedTrigger{Name: name, Spec: spec})
+	}
+	return triggers, buckets
+}
+
+// OutputBuckets maps each function to the buckets its return value goes
+// to: the dependency buckets it feeds, and for a sink of the function
+// graph (a function nothing depends on, or the entry of a one-function
+// workflow) the output bucket, so its return value is the session result.
+func (s *WorkflowSpec) OutputBuckets() map[string][]string {
+	out := map[string][]string{}
+	if len(s.Dependencies) == 0 {
+		if len(s.Triggers) == 0 {
+			out[s.Entry] = []string{s.Output()}
+		}
+		return out
+	}
+	feeds := map[string]bool{}
+	for i, d := range s.Dependencies {
+		for _, f := range d.From {
+			out[f] = append(out[f], DependencyBucket(i))
+			feeds[f] = true
+		}
+	}
+	for _, d := range s.Dependencies {
+		for _, f := range d.To {
+			if !feeds[f] && len(out[f]) == 0 {
+				out[f] = []string{s.Output()}
+			}
+		}
+	}
+	return out
+}
+
+// Output is the workflow's output bucket, "output" by default.
+func (s *WorkflowSpec) Output() string {
+	if s.OutputBucket == "" {
+		return "output"
+	}
+	return s.OutputBucket
+}

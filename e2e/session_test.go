@@ -1,0 +1,94 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/sessions"
+)
+
+// pyFunction runs a Python handler with the repository's SDK.
+func pyFunction(name, body string) v1alpha1.FunctionSpec {
+	src := "import ziptrail\n" + body + "\nziptrail.serve(handle)\n"
+	return v1alpha1.FunctionSpec{Name: name, Image: "ghcr.io/ziptrail/examples-python:latest",
+		Local: &v1alpha1.LocalRuntime{Command: []string{"python3", "-c", src},
+			Env: []corev1.EnvVar{{Name: "PYTHONPATH", Value: filepath.Join(controlplane.RepoRoot(), "sdk", "python")}}}}
+}
+
+// gatewayURL is the session gateway of the target.
+func gatewayURL() string {
+	if cluster != nil {
+		return cluster.GatewayURL
+	}
+	return "http://" + envOr("E2E_GATEWAY", "127.0.0.1:8088")
+}
+
+func waitWorkflowReady(wf *v1alpha1.Workflow) {
+	Eventually(func(g Gomega) {
+		got := &v1alpha1.Workflow{}
+		g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wf), got)).To(Succeed())
+		g.Expect(meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady)).To(BeTrue(), "%v", got.Status.Conditions)
+	}).WithTimeout(2 * time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
+}
+
+// runSession starts a session through the gateway and waits for its result.
+func runSession(ns, wf, input string) (string, sessions.Session) {
+	resp, err := http.Post(fmt.Sprintf("%s/v1/namespaces/%s/workflows/%s/sessions", gatewayURL(), ns, wf), "application/octet-stream", strings.NewReader(input))
+	Expect(err).NotTo(HaveOccurred())
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	Expect(resp.StatusCode).To(Equal(http.StatusCreated), string(body))
+	var s sessions.Session
+	Expect(json.Unmarshal(body, &s)).To(Succeed())
+
+	resp, err = http.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result?wait=2m", gatewayURL(), ns, s.ID))
+	Expect(err).NotTo(HaveOccurred())
+	result, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	st, err := http.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gatewayURL(), ns, s.ID))
+	Expect(err).NotTo(HaveOccurred())
+	defer st.Body.Close()
+	Expect(json.NewDecoder(st.Body).Decode(&s)).To(Succeed())
+	Expect(resp.StatusCode).To(Equal(http.StatusOK), "result: %s\nsession: %+v", result, s)
+	return string(result), s
+}
+
+var _ = Describe("sessions through the trigger engine", func() {
+	It("runs a function-oriented chain and returns the sink's result", func() {
+		ns := newNamespace()
+		step := func(name string) v1alpha1.FunctionSpec {
+			return pyFunction(name, fmt.Sprintf("def handle(inv):\n    return inv.objects[0].bytes() + b'|%s'", name))
+		}
+		wf := &v1alpha1.Workflow{
+			ObjectMeta: metav1.ObjectMeta{Name: "chain", Namespace: ns},
+			Spec: v1alpha1.WorkflowSpec{
+				Entry:     "first",
+				Functions: []v1alpha1.FunctionSpec{step("first"), step("second"), step("third")},
+				Dependencies: []v1alpha1.Dependency{
+					{From: []string{"first"}, To: []string{"second"}},
+					{From: []string{"second"}, To: []string{"third"}},
+				},
+			},
+		}
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		waitWorkflowReady(wf)
+		result, s := runSession(ns, "chain", "in")
+		Expect(result).To(Equal("in|first|second|third"))
+		Expect(s.State).To(Equal(sessions.Completed))
+		Expect(s.Invocations).To(Equal(3))
+	})
+})

@@ -1,0 +1,388 @@
+// Package orchestrator runs the trigger engine inside the operator: it loads
+// Workflows into the engine, starts sessions for the gateway, turns the
+// engine's actions into dispatched invocations, session results and GC
+// commands, feeds back what functions produce (objects in their responses or
+// reported by sidecars over the control stream), drives the engine's clock,
+// and checkpoints everything to Redis.
+package orchestrator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/checkpoint"
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dispatch"
+	"github.com/ziptrail/ziptrail/internal/engine"
+	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/sessions"
+)
+
+// Options configure an Orchestrator.
+type Options struct {
+	Resolver   dispatch.Resolver
+	Ingress    string // see dispatch.Options.Ingress
+	Control    *control.Server
+	Checkpoint *checkpoint.Store
+	// TickInterval is how often the engine's clock advances (ByTime windows,
+	// re-execution timeouts, deadlines); default 10ms.
+	TickInterval time.Duration
+	// CheckpointInterval is how often state is saved; default 1s.
+	CheckpointInterval time.Duration
+	Concurrency        int
+	Log                logr.Logger
+	Now                func() time.Time
+}
+
+// Orchestrator connects the engine to the rest of the operator.
+type Orchestrator struct {
+	opts       Options
+	engine     *engine.Engine
+	sessions   *sessions.Registry
+	dispatcher *dispatch.Dispatcher
+	ctx        context.Context
+
+	mu        sync.RWMutex
+	workflows map[string]*workflowInfo
+	gen       int64 // checkpoint generation
+
+	// outbox decouples deciding an invocation from queueing it: execute
+	// may run on a dispatcher worker, which must never block on its own
+	// queue.
+	outMu  sync.Mutex
+	outbox []*invocation.Envelope
+	outSig chan struct{}
+}
+
+type workflowInfo struct {
+	namespace, name string
+	ready           bool
+	notReady        string
+	outputs         map[string][]string // function -> dependency buckets of its return value
+	reexecuted      map[string]bool     // functions some re-execution rule covers
+}
+
+// New builds an orchestrator; Run starts it.
+func New(opts Options) (*Orchestrator, error) {
+	if opts.TickInterval <= 0 {
+		opts.TickInterval = 10 * time.Millisecond
+	}
+	if opts.CheckpointInterval <= 0 {
+		opts.CheckpointInterval = time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	o := &Orchestrator{opts: opts, engine: engine.New(0), sessions: sessions.NewRegistry(), workflows: map[string]*workflowInfo{}, outSig: make(chan struct{}, 1)}
+	o.sessions.Now = opts.Now
+	d, err := dispatch.New(dispatch.Options{Resolver: opts.Resolver, Ingress: opts.Ingress, Concurrency: opts.Concurrency,
+		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult})
+	if err != nil {
+		return nil, err
+	}
+	o.dispatcher = d
+	return o, nil
+}
+
+// SetControl connects the control-stream server (for GC commands); the
+// server itself needs the orchestrator as its event sink, hence the setter.
+func (o *Orchestrator) SetControl(s *control.Server) { o.opts.Control = s }
+
+// Sessions is the registry the gateway serves.
+func (o *Orchestrator) Sessions() *sessions.Registry { return o.sessions }
+
+// Engine exposes the engine (benchmarks, tests).
+func (o *Orchestrator) Engine() *engine.Engine { return o.engine }
+
+// Run restores the last checkpoint, then drives the clock, the dispatcher
+// and checkpoints until ctx ends.
+func (o *Orchestrator) Run(ctx context.Context) error {
+	o.ctx = ctx
+	if err := o.restore(ctx); err != nil {
+		return err
+	}
+	o.dispatcher.Start(ctx)
+	go o.feed(ctx)
+	tick := time.NewTicker(o.opts.TickInterval)
+	defer tick.Stop()
+	save := time.NewTicker(o.opts.CheckpointInterval)
+	defer save.Stop()
+	prune := time.NewTicker(time.Minute)
+	defer prune.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			o.dispatcher.Wait()
+			if o.opts.Checkpoint != nil {
+				// A last save so a clean handover loses nothing.
+				_ = o.save(context.WithoutCancel(ctx))
+			}
+			return nil
+		case <-tick.C:
+			o.execute(o.engine.Tick(o.opts.Now()))
+		case <-save.C:
+			if o.opts.Checkpoint != nil {
+				if err := o.save(ctx); errors.Is(err, checkpoint.ErrStale) {
+					return err // another operator leads now: stop driving the engine
+				} else if err != nil {
+					o.opts.Log.Error(err, "checkpoint")
+				}
+			}
+		case <-prune.C:
+			o.sessions.Prune()
+		}
+	}
+}
+
+// SetWorkflow loads or updates a workflow (called by the Workflow reconciler).
+func (o *Orchestrator) SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady string) error {
+	if err := o.engine.SetWorkflow(engineSpec(wf)); err != nil {
+		return err
+	}
+	info := &workflowInfo{namespace: wf.Namespace, name: wf.Name, ready: ready, notReady: notReady,
+		outputs: wf.Spec.OutputBuckets(), reexecuted: map[string]bool{}}
+	triggers, _ := wf.Spec.CompiledTriggers()
+	for _, t := range triggers {
+		for _, r := range t.Spec.Reexecution {
+			info.reexecuted[r.SourceFunction] = true
+		}
+	}
+	o.mu.Lock()
+	o.workflows[Key(wf.Namespace, wf.Name)] = info
+	o.mu.Unlock()
+	return nil
+}
+
+// RemoveWorkflow forgets a deleted workflow.
+func (o *Orchestrator) RemoveWorkflow(namespace, name string) {
+	o.engine.RemoveWorkflow(Key(namespace, name))
+	o.mu.Lock()
+	delete(o.workflows, Key(namespace, name))
+	o.mu.Unlock()
+}
+
+// SessionCounts implements the Workflow reconciler's session counter.
+func (o *Orchestrator) SessionCounts(namespace, name string) v1alpha1.SessionCounts {
+	c := o.sessions.Counts(namespace, name)
+	return v1alpha1.SessionCounts{Active: c[sessions.Running], Completed: c[sessions.Completed], Failed: c[sessions.Failed], Expired: c[sessions.Expired]}
+}
+
+func (o *Orchestrator) workflow(key string) *workflowInfo {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return o.workflows[key]
+}
+
+// StartSession implements gateway.Starter.
+func (o *Orchestrator) StartSession(ctx context.Context, namespace, name string, input []byte) (string, error) {
+	key := Key(namespace, name)
+	info := o.workflow(key)
+	if info == nil {
+		return "", fmt.Errorf("%w: %s", gateway.ErrWorkflowNotFound, key)
+	}
+	if !info.ready {
+		return "", fmt.Errorf("%w: %s: %s", gateway.ErrWorkflowNotReady, key, info.notReady)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	id := name + "-" + hex.EncodeToString(b[:])
+	if err := o.sessions.Start(id, namespace, name); err != nil {
+		return "", err
+	}
+	acts, err := o.engine.StartSession(key, id, engine.Object{Bucket: "input", Key: "input", Inline: input, Size: int64(len(input))}, o.opts.Now())
+	if err != nil {
+		_ = o.sessions.Finish(id, sessions.Failed, nil, err.Error())
+		return "", err
+	}
+	o.execute(acts)
+	return id, nil
+}
+
+// execute carries out engine actions.
+func (o *Orchestrator) execute(acts []engine.Action) {
+	for _, a := range acts {
+		switch a.Kind {
+		case engine.ActInvoke, engine.ActRerun:
+			o.invoke(a)
+		case engine.ActSessionComplete:
+			res := &sessions.Result{Bucket: a.Result.Bucket, Key: a.Result.Key, Size: a.Result.Size, Inline: a.Result.Inline, Ref: a.Result.Ref}
+			if res.Size == 0 {
+				res.Size = int64(len(res.Inline))
+			}
+			_ = o.sessions.Finish(a.Session, sessions.Completed, res, "")
+			sessionsEnded.WithLabelValues(string(sessions.Completed)).Inc()
+		case engine.ActSessionExpired:
+			_ = o.sessions.Finish(a.Session, sessions.Expired, nil, "the session deadline passed")
+			sessionsEnded.WithLabelValues(string(sessions.Expired)).Inc()
+		case engine.ActDropObjects:
+			if o.opts.Control != nil {
+				ns, _, _ := strings.Cut(a.Workflow, "/")
+				if err := o.opts.Control.Drop(ns, a.Session, nil); err != nil {
+					o.opts.Log.Error(err, "drop session objects", "session", a.Session)
+				}
+			}
+		}
+	}
+}
+
+// invoke sends an Invoke or Rerun to the function's Knative Service.
+func (o *Orchestrator) invoke(a engine.Action) {
+	ns, wfName, _ := strings.Cut(a.Workflow, "/")
+	objs := a.Objects
+	if a.Kind == engine.ActRerun {
+		// A re-execution gets its original invocation's objects back.
+		if err := json.Unmarshal(a.Args, &objs); err != nil {
+			o.opts.Log.Error(err, "re-execution arguments", "invocation", a.Invocation)
+			return
+		}
+		o.sessions.Log(a.Session, "Rerun", "re-executing %s (attempt %d): its output is late", a.Function, a.Attempt)
+		reexecutions.Inc()
+	} else {
+		o.sessions.Log(a.Session, "Invoked", "%s with %d objects (trigger %s)", a.Function, len(objs), orEntry(a.Trigger))
+	}
+	env := &invocation.Envelope{Namespace: ns, Workflow: wfName, Function: v1alpha1ServiceName(wfName, a.Function), Session: a.Session,
+		Invocation: a.Invocation, Attempt: a.Attempt, Trigger: a.Trigger, Group: a.Group}
+	for _, ob := range objs {
+		env.Objects = append(env.Objects, invocation.Object{Bucket: ob.Bucket, Key: ob.Key, Size: ob.Size, Ref: ob.Ref, Inline: ob.Inline, Metadata: ob.Metadata})
+	}
+	args, _ := json.Marshal(objs)
+	o.execute(o.engine.FunctionStarted(a.Workflow, a.Session, a.Function, a.Invocation, args, o.opts.Now()))
+	_ = o.sessions.Update(a.Session, func(s *sessions.Session) { s.Invocations++ })
+	o.outMu.Lock()
+	o.outbox = append(o.outbox, env)
+	o.outMu.Unlock()
+	select {
+	case o.outSig <- struct{}{}:
+	default:
+	}
+}
+
+// feed moves decided invocations into the dispatcher's bounded queue.
+func (o *Orchestrator) feed(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-o.outSig:
+		}
+		o.outMu.Lock()
+		batch := o.outbox
+		o.outbox = nil
+		o.outMu.Unlock()
+		for _, env := range batch {
+			if err := o.dispatcher.SubmitWait(ctx, env); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				o.opts.Log.Error(err, "dispatch", "function", env.Function, "session", env.Session)
+			}
+		}
+	}
+}
+
+func orEntry(trigger string) string {
+	if trigger == "" {
+		return "entry"
+	}
+	return trigger
+}
+
+// v1alpha1ServiceName mirrors controllers.ServiceName without importing it.
+func v1alpha1ServiceName(workflow, function string) string { return workflow + "-" + function }
+
+// onResult feeds a function's response back into the engine: its objects
+// first, then its return value, then that it finished (DynamicGroup counts
+// on outputs preceding the finish).
+func (o *Orchestrator) onResult(res dispatch.Result) {
+	env := res.Envelope
+	key := Key(env.Namespace, env.Workflow)
+	fn := strings.TrimPrefix(env.Function, env.Workflow+"-")
+	now := o.opts.Now()
+	if res.Err != nil {
+		o.sessions.Log(env.Session, "InvokeFailed", "%s: %v", fn, res.Err)
+		o.execute(o.engine.FunctionFinished(key, env.Session, fn, env.Invocation, true, now))
+		info := o.workflow(key)
+		if info == nil || !info.reexecuted[fn] {
+			_ = o.sessions.Finish(env.Session, sessions.Failed, nil, fmt.Sprintf("function %s failed and no re-execution rule covers it: %v", fn, res.Err))
+			sessionsEnded.WithLabelValues(string(sessions.Failed)).Inc()
+		}
+		return
+	}
+	var outs *invocation.Outputs
+	if strings.HasPrefix(res.Header.Get("Content-Type"), invocation.OutputsContentType) {
+		var err error
+		if outs, err = invocation.DecodeOutputs(res.Body); err != nil {
+			o.sessions.Log(env.Session, "InvokeFailed", "%s: %v", fn, err)
+			o.execute(o.engine.FunctionFinished(key, env.Session, fn, env.Invocation, true, now))
+			return
+		}
+	} else {
+		outs = &invocation.Outputs{Return: res.Body}
+	}
+	for _, ob := range outs.Objects {
+		o.objectReady(key, engine.Object{Bucket: ob.Bucket, Key: ob.Key, Session: env.Session, Size: sizeOf(ob), Ref: ob.Ref, Inline: ob.Inline,
+			Metadata: ob.Metadata, Producer: fn, Invocation: env.Invocation}, now)
+	}
+	if info := o.workflow(key); info != nil {
+		for _, b := range info.outputs[fn] {
+			o.objectReady(key, engine.Object{Bucket: b, Key: fn, Session: env.Session, Size: int64(len(outs.Return)), Inline: nonNil(outs.Return),
+				Producer: fn, Invocation: env.Invocation}, now)
+		}
+	}
+	o.execute(o.engine.FunctionFinished(key, env.Session, fn, env.Invocation, false, now))
+}
+
+func (o *Orchestrator) objectReady(key string, obj engine.Object, now time.Time) {
+	_ = o.sessions.Update(obj.Session, func(s *sessions.Session) { s.Objects++ })
+	objectsReady.Inc()
+	o.execute(o.engine.ObjectReady(key, obj, now))
+}
+
+func sizeOf(ob invocation.Object) int64 {
+	if ob.Size > 0 {
+		return ob.Size
+	}
+	return int64(len(ob.Inline))
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// ObjectReady implements control.Events: an object a sidecar reports.
+func (o *Orchestrator) ObjectReady(_ context.Context, from control.Identity, ev *controlv1.ObjectReady) error {
+	key := Key(from.Namespace, from.Workflow)
+	if o.workflow(key) == nil {
+		return fmt.Errorf("unknown workflow %s", key)
+	}
+	o.objectReady(key, engine.Object{Bucket: ev.Bucket, Key: ev.Key, Session: ev.Session, Size: ev.Size, Ref: ev.Ref, Inline: ev.Inline,
+		Metadata: ev.Metadata, Producer: ev.ProducerFunction, Invocation: ev.InvocationId}, o.opts.Now())
+	return nil
+}
+
+// FunctionStarted implements control.Events.
+func (o *Orchestrator) FunctionStarted(_ context.Context, from control.Identity, ev *controlv1.FunctionStarted) error {
+	o.execute(o.engine.FunctionStarted(Key(from.Namespace, from.Workflow), ev.Session, ev.Function, ev.InvocationId, ev.Args, o.opts.Now()))
+	return nil
+}
+
+// FunctionFinished implements control.Events.
+func (o *Orchestrator) FunctionFinished(_ context.Context, from control.Identity, ev *controlv1.FunctionFinished) error {
+	o.execute(o.engine.FunctionFinished(Key(from.Namespace, from.Workflow), ev.Session, ev.Function, ev.InvocationId, ev.Failed, o.opts.Now()))
+	return nil
+}

@@ -15,7 +15,10 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 )
@@ -40,6 +43,8 @@ type WorkflowSink interface {
 	SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady string) error
 	RemoveWorkflow(namespace, name string)
 	SessionCounts(namespace, name string) v1alpha1.SessionCounts
+	// Changes names workflows whose session counts changed.
+	Changes() <-chan event.TypedGenericEvent[*v1alpha1.Workflow]
 }
 
 // +kubebuilder:rbac:groups=ziptrail.dev,resources=workflows,verbs=get;list;watch;update;patch
@@ -144,11 +149,14 @@ func (r *WorkflowReconciler) updateServiceStatus(ctx context.Context, wf *v1alph
 
 // SetupWithManager watches Workflows and everything they own.
 func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.Workflow{}).
 		Owns(&servingv1.Service{}).
 		Owns(&v1alpha1.Bucket{}).
 		Owns(&v1alpha1.Trigger{}).
-		Named("workflow").
-		Complete(r)
+		Named("workflow")
+	if r.Sink != nil {
+		b = b.WatchesRawSource(source.Channel(r.Sink.Changes(), &handler.TypedEnqueueRequestForObject[*v1alpha1.Workflow]{}))
+	}
+	return b.Complete(r)
 }

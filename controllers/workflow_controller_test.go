@@ -87,7 +87,7 @@ var _ = Describe("Workflow controller", func() {
 		mapSvc := &servingv1.Service{}
 		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "wordcount-map"}, mapSvc)).To(Succeed())
 		Expect(mapSvc.Spec.Template.Annotations).To(HaveKeyWithValue("autoscaling.knative.dev/max-scale", "16"))
-		Expect(mapSvc.Spec.Template.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationLocalCommand, `["python3","-m","wordcount","map"]`))
+		Expect(mapSvc.Spec.Template.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationLocalCommand, `["python3","wordcount.py","map"]`))
 
 		for _, b := range []string{"chunks", "shuffle", "counts", "output"} {
 			Eventually(func() error {

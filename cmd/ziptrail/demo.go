@@ -2,86 +2,238 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/localcluster"
 )
 
-// runDemo is the README's main job until the local serving runtime lands: a
-// real API server with the CRDs, the samples applied through kubectl exactly
-// as a user would, and kubectl get showing them.
-func runDemo(ctx context.Context, out io.Writer) error {
+// runDemo is the README's main job: the local cluster (API server, operator
+// with the trigger engine, pods in network namespaces with a real
+// queue-proxy each) runs the MapReduce word count sample on a real text,
+// and the result is checked against a plain computation.
+func runDemo(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	input := fs.String("input", "LICENSE", "text file to count words in")
+	instances := fs.Int("instances", 2, "pods per function")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	root := controlplane.RepoRoot()
+	text, err := os.ReadFile(filepath.Join(root, *input))
+	if err != nil {
+		if text, err = os.ReadFile(*input); err != nil {
+			return fmt.Errorf("read input: %w", err)
+		}
+	}
 	step := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
 	start := time.Now()
 
-	step("starting kube-apiserver + etcd with the ziptrail and Knative Serving CRDs")
-	env, err := controlplane.Start()
+	stateDir, err := os.MkdirTemp("", "ziptrail-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(stateDir)
+	qp, err := buildQueueProxy(ctx, stateDir, out)
+	if err != nil {
+		return err
+	}
+	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: stateDir, QueueProxy: qp, Instances: *instances,
+		NetPrefix: "ztd", Subnet: netip.MustParsePrefix("10.217.0.0/24"), Log: out})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		step("stopping the control plane")
-		if err := env.Stop(); err != nil {
-			fmt.Fprintf(out, "warning: stop control plane: %v\n", err)
+		step("tearing down the local cluster")
+		if err := c.Down(context.Background()); err != nil {
+			fmt.Fprintf(out, "warning: %v\n", err)
 		}
 	}()
-	step("control plane up in %s", time.Since(start).Round(time.Millisecond))
 
-	dir, err := os.MkdirTemp("", "ziptrail-demo-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	kubeconfig, err := env.Kubeconfig(dir)
-	if err != nil {
-		return err
-	}
-	kubectl := filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
-	run := func(args ...string) error {
-		cmd := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...)
-		cmd.Stdout, cmd.Stderr = out, out
+	kubectl := func(args ...string) error {
+		cmd := exec.CommandContext(ctx, filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+		cmd.Stdout, cmd.Stderr, cmd.Dir = out, out, root
 		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("kubectl %v: %w", args, err)
+			return fmt.Errorf("kubectl %s: %w", strings.Join(args, " "), err)
 		}
 		return nil
 	}
-	samples := filepath.Join(controlplane.RepoRoot(), "config", "samples")
-	step("kubectl create namespace demo")
-	if err := run("create", "namespace", "demo"); err != nil {
+	step("kubectl apply -f examples/wordcount/workflow.yaml")
+	if err := kubectl("create", "namespace", "demo"); err != nil {
 		return err
 	}
-	step("kubectl apply -f %s", samples)
-	if err := run("apply", "-n", "demo", "-f", samples); err != nil {
+	if err := kubectl("apply", "-n", "demo", "-f", "examples/wordcount/workflow.yaml"); err != nil {
 		return err
 	}
-	step("kubectl get buckets,triggers,workflows")
-	if err := run("get", "-n", "demo", "buckets,triggers,workflows"); err != nil {
+	step("waiting for the workflow's functions (%d pods each) to become ready", *instances)
+	if err := waitReady(ctx, c.Client, "demo", "wordcount", 3*time.Minute); err != nil {
 		return err
 	}
-	step("an invalid Trigger is rejected with a field-level message:")
-	bad := filepath.Join(dir, "bad-trigger.yaml")
-	if err := os.WriteFile(bad, []byte(badTrigger), 0o600); err != nil {
+	if err := kubectl("get", "-n", "demo", "workflows,buckets,triggers,services.serving.knative.dev"); err != nil {
 		return err
 	}
-	if err := run("apply", "-n", "demo", "-f", bad); err == nil {
-		return fmt.Errorf("the API server accepted an invalid Trigger")
+
+	step("running a session: word count of %s (%d bytes)", *input, len(text))
+	t := time.Now()
+	res, sess, err := runSession(ctx, c.GatewayURL, "demo", "wordcount", text)
+	if err != nil {
+		return err
+	}
+	elapsed := time.Since(t)
+	var got struct {
+		Total    int      `json:"total"`
+		Distinct int      `json:"distinct"`
+		Top      [][2]any `json:"top"`
+	}
+	if err := json.Unmarshal(res, &got); err != nil {
+		return fmt.Errorf("result %q: %w", res, err)
+	}
+	fmt.Fprintf(out, "\n%d words, %d distinct; top %d:\n", got.Total, got.Distinct, len(got.Top))
+	for _, kv := range got.Top {
+		fmt.Fprintf(out, "  %-14v %v\n", kv[0], kv[1])
+	}
+	fmt.Fprintf(out, "\nsession %s: %d invocations, %d objects, %s end to end\n", sess.ID, sess.Invocations, sess.Objects, elapsed.Round(time.Millisecond))
+
+	// The check: the same count computed plainly in this process.
+	total, distinct, top := plainCount(string(text), 20)
+	if got.Total != total || got.Distinct != distinct || len(got.Top) != len(top) {
+		return fmt.Errorf("MISMATCH: workflow counted %d words (%d distinct), a plain count gives %d (%d distinct)", got.Total, got.Distinct, total, distinct)
+	}
+	for i, kv := range got.Top {
+		if fmt.Sprint(kv[0]) != top[i].word || fmt.Sprint(kv[1]) != fmt.Sprint(top[i].n) {
+			return fmt.Errorf("MISMATCH at rank %d: workflow %s=%s, plain %s=%d", i+1, kv[0], kv[1], top[i].word, top[i].n)
+		}
+	}
+	fmt.Fprintln(out, "✓ matches a plain count of the same input")
+	waitCompletedCount(ctx, c.Client, "demo", "wordcount", 1)
+	if err := kubectl("get", "-n", "demo", "workflow", "wordcount"); err != nil {
+		return err
 	}
 	step("demo finished in %s", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
-const badTrigger = `apiVersion: ziptrail.dev/v1alpha1
-kind: Trigger
-metadata:
-  name: broken
-spec:
-  bucket: events
-  primitive: Redundant
-  redundant: {k: 5, outOf: 3}
-  targets: [vote]
-`
+type wordCount struct {
+	word string
+	n    int
+}
+
+var wordRE = regexp.MustCompile(`[a-z]+`)
+
+// plainCount mirrors examples/wordcount/wordcount.py's tokenization.
+func plainCount(text string, n int) (int, int, []wordCount) {
+	counts := map[string]int{}
+	total := 0
+	for _, w := range wordRE.FindAllString(strings.ToLower(text), -1) {
+		counts[w]++
+		total++
+	}
+	list := make([]wordCount, 0, len(counts))
+	for w, c := range counts {
+		list = append(list, wordCount{w, c})
+	}
+	sort.Slice(list, func(i, j int) bool {
+		if list[i].n != list[j].n {
+			return list[i].n > list[j].n
+		}
+		return list[i].word < list[j].word
+	})
+	return total, len(counts), list[:min(n, len(list))]
+}
+
+func waitReady(ctx context.Context, c client.Client, ns, name string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		wf := &v1alpha1.Workflow{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, wf); err == nil &&
+			meta.IsStatusConditionTrue(wf.Status.Conditions, v1alpha1.ConditionReady) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("workflow %s/%s not ready after %s (see the pod logs in the state dir)", ns, name, timeout)
+		case <-tick.C:
+		}
+	}
+}
+
+// waitCompletedCount waits (briefly) for the Workflow status to count the
+// session, so the kubectl output below shows it.
+func waitCompletedCount(ctx context.Context, c client.Client, ns, name string, n int64) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		wf := &v1alpha1.Workflow{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, wf); err == nil && wf.Status.Sessions.Completed >= n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+type sessionInfo struct {
+	ID          string `json:"id"`
+	State       string `json:"state"`
+	Invocations int    `json:"invocations"`
+	Objects     int    `json:"objects"`
+	Error       string `json:"error"`
+}
+
+// runSession starts a session through the gateway and waits for its result.
+func runSession(ctx context.Context, gateway, ns, wf string, input []byte) ([]byte, sessionInfo, error) {
+	var s sessionInfo
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("%s/v1/namespaces/%s/workflows/%s/sessions", gateway, ns, wf), strings.NewReader(string(input)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, s, err
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return nil, s, fmt.Errorf("start session: %s: %s", resp.Status, body)
+	}
+	if err := json.Unmarshal(body, &s); err != nil {
+		return nil, s, err
+	}
+	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result?wait=10m", gateway, ns, s.ID), nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, s, err
+	}
+	result, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if r, err := http.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gateway, ns, s.ID)); err == nil {
+		_ = json.NewDecoder(r.Body).Decode(&s)
+		r.Body.Close()
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, s, errors.New("session " + s.ID + " " + s.State + ": " + string(result))
+	}
+	return result, s, nil
+}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 	"github.com/ziptrail/ziptrail/internal/netns"
 )
@@ -86,14 +87,22 @@ func defaultStateDir() string {
 	return filepath.Join(cache, "local")
 }
 
-// buildQueueProxy builds the repository's queue-proxy-zl into the state dir.
+// buildQueueProxy builds the queue-proxy every local pod runs: the
+// repository's queue-proxy-zl, or Knative's stock queue-proxy while this
+// tree has none (objects then travel inline, through the invocations).
 func buildQueueProxy(ctx context.Context, stateDir string, out io.Writer) (string, error) {
-	bin := filepath.Join(stateDir, "bin", "queue-proxy-zl")
-	fmt.Fprintln(out, "==> building queue-proxy-zl (first time: a minute or two)")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/queue-proxy-zl")
+	root := controlplane.RepoRoot()
+	pkg, name := "./cmd/queue-proxy-zl", "queue-proxy-zl"
+	if _, err := os.Stat(filepath.Join(root, "cmd", "queue-proxy-zl")); err != nil {
+		pkg, name = "knative.dev/serving/cmd/queue", "Knative's stock queue-proxy (no cmd/queue-proxy-zl in this tree)"
+	}
+	bin := filepath.Join(stateDir, "bin", "queue-proxy")
+	fmt.Fprintf(out, "==> building %s (first time: a minute or two)\n", name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
+	cmd.Dir = root
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("build queue-proxy-zl: %w", err)
+		return "", fmt.Errorf("build %s: %w", pkg, err)
 	}
 	return bin, nil
 }

@@ -1,6 +1,6 @@
 // Command ziptrail is the developer CLI: it runs ziptrail on one machine.
 //
-//	ziptrail demo                 start a local control plane, apply the samples, show them
+//	ziptrail demo                 run the word count sample on the local cluster
 //	ziptrail local up|down|status run the local cluster
 package main
 
@@ -15,9 +15,9 @@ import (
 const usage = `usage: ziptrail <command>
 
 commands:
-  demo                 start a local kube-apiserver + etcd with the ziptrail
-                       CRDs, apply config/samples with kubectl, show them
-                       with kubectl get, tear down
+  demo [--input FILE]  start the local cluster, run the MapReduce word count
+                       sample (examples/wordcount) on FILE (default LICENSE),
+                       check the result against a plain count, tear down
   local up             run the local cluster (API server, operator, pods in
                        network namespaces) in the foreground until Ctrl-C
   local down           remove what a crashed 'local up' left behind
@@ -34,7 +34,7 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "demo":
-		err = runDemo(ctx, os.Stdout)
+		err = runDemo(ctx, os.Args[2:], os.Stdout)
 	case "local":
 		err = runLocal(ctx, os.Args[2:], os.Stdout)
 	case "-h", "--help", "help":

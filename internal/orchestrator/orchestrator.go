@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/checkpoint"
@@ -64,6 +65,8 @@ type Orchestrator struct {
 	outMu  sync.Mutex
 	outbox []*invocation.Envelope
 	outSig chan struct{}
+
+	changes chan event.TypedGenericEvent[*v1alpha1.Workflow]
 }
 
 type workflowInfo struct {
@@ -85,7 +88,8 @@ func New(opts Options) (*Orchestrator, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	o := &Orchestrator{opts: opts, engine: engine.New(0), sessions: sessions.NewRegistry(), workflows: map[string]*workflowInfo{}, outSig: make(chan struct{}, 1)}
+	o := &Orchestrator{opts: opts, engine: engine.New(0), sessions: sessions.NewRegistry(), workflows: map[string]*workflowInfo{}, outSig: make(chan struct{}, 1),
+		changes: make(chan event.TypedGenericEvent[*v1alpha1.Workflow], 1024)}
 	o.sessions.Now = opts.Now
 	d, err := dispatch.New(dispatch.Options{Resolver: opts.Resolver, Ingress: opts.Ingress, Concurrency: opts.Concurrency,
 		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult})
@@ -173,6 +177,22 @@ func (o *Orchestrator) RemoveWorkflow(namespace, name string) {
 	o.mu.Unlock()
 }
 
+// Changes implements controllers.WorkflowSink: workflows whose session
+// counts changed, so their status is refreshed.
+func (o *Orchestrator) Changes() <-chan event.TypedGenericEvent[*v1alpha1.Workflow] { return o.changes }
+
+// changed notes a session state change of a workflow (never blocks: a full
+// channel already holds a pending refresh).
+func (o *Orchestrator) changed(key string) {
+	ns, name, _ := strings.Cut(key, "/")
+	wf := &v1alpha1.Workflow{}
+	wf.Namespace, wf.Name = ns, name
+	select {
+	case o.changes <- event.TypedGenericEvent[*v1alpha1.Workflow]{Object: wf}:
+	default:
+	}
+}
+
 // SessionCounts implements the Workflow reconciler's session counter.
 func (o *Orchestrator) SessionCounts(namespace, name string) v1alpha1.SessionCounts {
 	c := o.sessions.Counts(namespace, name)
@@ -206,6 +226,7 @@ func (o *Orchestrator) StartSession(ctx context.Context, namespace, name string,
 		_ = o.sessions.Finish(id, sessions.Failed, nil, err.Error())
 		return "", err
 	}
+	o.changed(key)
 	o.execute(acts)
 	return id, nil
 }
@@ -223,9 +244,11 @@ func (o *Orchestrator) execute(acts []engine.Action) {
 			}
 			_ = o.sessions.Finish(a.Session, sessions.Completed, res, "")
 			sessionsEnded.WithLabelValues(string(sessions.Completed)).Inc()
+			o.changed(a.Workflow)
 		case engine.ActSessionExpired:
 			_ = o.sessions.Finish(a.Session, sessions.Expired, nil, "the session deadline passed")
 			sessionsEnded.WithLabelValues(string(sessions.Expired)).Inc()
+			o.changed(a.Workflow)
 		case engine.ActDropObjects:
 			if o.opts.Control != nil {
 				ns, _, _ := strings.Cut(a.Workflow, "/")
@@ -317,6 +340,7 @@ func (o *Orchestrator) onResult(res dispatch.Result) {
 		if info == nil || !info.reexecuted[fn] {
 			_ = o.sessions.Finish(env.Session, sessions.Failed, nil, fmt.Sprintf("function %s failed and no re-execution rule covers it: %v", fn, res.Err))
 			sessionsEnded.WithLabelValues(string(sessions.Failed)).Inc()
+			o.changed(key)
 		}
 		return
 	}

@@ -1,12 +1,20 @@
-// Command operator runs ziptrail's controllers: it reconciles Workflows,
-// Buckets and Triggers onto Knative Services and reports their status.
+// Command operator runs ziptrail's control plane: the Workflow, Bucket and
+// Trigger reconcilers, and — on the elected leader only — the trigger engine
+// with its dispatcher, the sidecars' control stream and the session gateway.
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
+	"time"
 
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -14,32 +22,54 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/controllers"
+	"github.com/ziptrail/ziptrail/internal/checkpoint"
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dispatch"
+	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/orchestrator"
 )
 
+type config struct {
+	metricsAddr, probeAddr, controlAddr, gatewayAddr string
+	leaderElect                                      bool
+	leaderNS                                         string
+	redisAddr, redisPassword, checkpointKey          string
+	s3Endpoint                                       string
+	ingress                                          string
+	concurrency                                      int
+}
+
 func main() {
-	var (
-		metricsAddr = flag.String("metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 disables it)")
-		probeAddr   = flag.String("health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
-		leaderElect = flag.Bool("leader-elect", false, "elect a leader so only one replica drives reconciles and the trigger engine")
-		leaderNS    = flag.String("leader-election-namespace", "", "namespace of the leader-election lease (default: the pod's namespace)")
-		redisAddr   = flag.String("redis-addr", os.Getenv("ZIPTRAIL_REDIS_ADDR"), "host:port of the Redis fast tier (empty: tier disabled)")
-		s3Endpoint  = flag.String("s3-endpoint", os.Getenv("ZIPTRAIL_S3_ENDPOINT"), "host:port of the S3-compatible slow tier (empty: tier disabled)")
-		zapOpts     = zap.Options{Development: false}
-	)
+	var c config
+	flag.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 disables it)")
+	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (ready only on the leader)")
+	flag.StringVar(&c.controlAddr, "control-bind-address", ":9443", "address of the sidecars' gRPC control stream")
+	flag.StringVar(&c.gatewayAddr, "gateway-bind-address", ":8088", "address of the session gateway (HTTP)")
+	flag.BoolVar(&c.leaderElect, "leader-elect", false, "elect a leader so only one replica drives the trigger engine")
+	flag.StringVar(&c.leaderNS, "leader-election-namespace", "", "namespace of the leader-election lease (default: the pod's namespace)")
+	flag.StringVar(&c.redisAddr, "redis-addr", os.Getenv("ZIPTRAIL_REDIS_ADDR"), "host:port of Redis: fast tier and engine checkpoints (empty: both disabled)")
+	flag.StringVar(&c.redisPassword, "redis-password", os.Getenv("ZIPTRAIL_REDIS_PASSWORD"), "Redis password")
+	flag.StringVar(&c.checkpointKey, "checkpoint-key", "ziptrail:engine", "Redis key of the engine checkpoint")
+	flag.StringVar(&c.s3Endpoint, "s3-endpoint", os.Getenv("ZIPTRAIL_S3_ENDPOINT"), "host:port of the S3-compatible slow tier (empty: tier disabled)")
+	flag.StringVar(&c.ingress, "ingress", "", "host:port to send every invocation to, routed by Host (default: the Services' cluster-local addresses)")
+	flag.IntVar(&c.concurrency, "dispatch-concurrency", 256, "invocations in flight at most")
+	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	if err := run(*metricsAddr, *probeAddr, *leaderElect, *leaderNS, controllers.Tiers{Redis: *redisAddr != "", S3: *s3Endpoint != ""}); err != nil {
+	if err := run(c); err != nil {
 		fmt.Fprintf(os.Stderr, "operator: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(metricsAddr, probeAddr string, leaderElect bool, leaderNS string, tiers controllers.Tiers) error {
+func run(c config) error {
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(v1alpha1.AddToScheme(scheme))
@@ -51,23 +81,93 @@ func run(metricsAddr, probeAddr string, leaderElect bool, leaderNS string, tiers
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
-		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress:  probeAddr,
-		LeaderElection:          leaderElect,
+		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
+		HealthProbeBindAddress:  c.probeAddr,
+		LeaderElection:          c.leaderElect,
 		LeaderElectionID:        "operator.ziptrail.dev",
-		LeaderElectionNamespace: leaderNS,
+		LeaderElectionNamespace: c.leaderNS,
+		// The engine must stop at once when leadership is lost.
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
 	}
-	if err := controllers.Setup(mgr, tiers, nil); err != nil {
+	log := ctrl.Log.WithName("operator")
+
+	var store *checkpoint.Store
+	if c.redisAddr != "" {
+		store = &checkpoint.Store{Client: redis.NewClient(&redis.Options{Addr: c.redisAddr, Password: c.redisPassword}), Key: c.checkpointKey}
+	}
+	orch, err := orchestrator.New(orchestrator.Options{
+		Resolver:    dispatch.ServiceResolver{Reader: mgr.GetClient()},
+		Ingress:     c.ingress,
+		Checkpoint:  store,
+		Concurrency: c.concurrency,
+		Log:         ctrl.Log.WithName("orchestrator"),
+	})
+	if err != nil {
 		return err
 	}
+	srv := control.NewServer(orch, &control.SecretKeys{Client: mgr.GetClient()})
+	srv.Log = func(err error) { log.Error(err, "control stream") }
+	orch.SetControl(srv)
+
+	if err := controllers.Setup(mgr, controllers.Tiers{Redis: c.redisAddr != "", S3: c.s3Endpoint != ""}, orch); err != nil {
+		return err
+	}
+	// Leader-only runnables (the default for a RunnableFunc): one replica
+	// drives the engine, serves the control stream and the gateway.
+	if err := mgr.Add(manager.RunnableFunc(orch.Run)); err != nil {
+		return err
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		gs := grpc.NewServer()
+		controlv1.RegisterControlServer(gs, srv)
+		return serveUntil(ctx, c.controlAddr, gs.Serve, func() { gs.GracefulStop() })
+	})); err != nil {
+		return err
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		hs := &http.Server{Handler: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}}), ReadHeaderTimeout: 10 * time.Second}
+		return serveUntil(ctx, c.gatewayAddr, hs.Serve, func() { _ = hs.Shutdown(context.Background()) })
+	})); err != nil {
+		return err
+	}
+
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+	// Only the leader is ready, so the control-stream and gateway Services
+	// route to the replica that serves them.
+	if err := mgr.AddReadyzCheck("leader", func(*http.Request) error {
+		select {
+		case <-mgr.Elected():
+			return nil
+		default:
+			return errors.New("not the leader")
+		}
+	}); err != nil {
 		return err
 	}
 	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// serveUntil listens on addr and serves until ctx ends.
+func serveUntil(ctx context.Context, addr string, serve func(net.Listener) error, stop func()) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- serve(ln) }()
+	select {
+	case <-ctx.Done():
+		stop()
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) || errors.Is(err, grpc.ErrServerStopped) {
+			return nil
+		}
+		return err
+	}
 }

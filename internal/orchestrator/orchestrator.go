@@ -53,7 +53,6 @@ type Orchestrator struct {
 	engine     *engine.Engine
 	sessions   *sessions.Registry
 	dispatcher *dispatch.Dispatcher
-	ctx        context.Context
 
 	mu        sync.RWMutex
 	workflows map[string]*workflowInfo
@@ -113,7 +112,6 @@ func (o *Orchestrator) Engine() *engine.Engine { return o.engine }
 // Run restores the last checkpoint, then drives the clock, the dispatcher
 // and checkpoints until ctx ends.
 func (o *Orchestrator) Run(ctx context.Context) error {
-	o.ctx = ctx
 	if err := o.restore(ctx); err != nil {
 		return err
 	}

@@ -2,12 +2,14 @@ package ziptrail
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -101,10 +103,23 @@ func FunctionHandler(handler Handler) http.Handler {
 			}
 			inv.Objects = append(inv.Objects, obj)
 		}
-		out, err := handler(withInvocation(r.Context(), inv), inv)
+		outs := &outputs{}
+		ctx := context.WithValue(withInvocation(r.Context(), inv), outputsKey{}, outs)
+		out, err := handler(ctx, inv)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
+		}
+		if len(outs.objects) > 0 {
+			// Objects sent during the invocation travel back with the
+			// response; the operator makes them ready in their buckets.
+			body, err := json.Marshal(invocation.Outputs{Objects: outs.objects, Return: out})
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			w.Header().Set("Content-Type", invocation.OutputsContentType)
+			out = body
 		}
 		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
 		_, _ = w.Write(out)
@@ -150,6 +165,33 @@ func unmapAll(objs []*Object) {
 }
 
 type invocationKey struct{}
+
+type outputsKey struct{}
+
+type outputs struct {
+	mu      sync.Mutex
+	objects []invocation.Object
+}
+
+// SendObject sends an object to a bucket of the workflow (Pheromone's
+// send_object). Call it from a handler with the handler's context; the
+// object becomes ready when the handler returns, and the bucket's triggers
+// decide what it invokes. Metadata carries e.g. a DynamicGroup group or a
+// DynamicJoin's expected set. The data is copied.
+func SendObject(ctx context.Context, bucket, key string, data []byte, metadata map[string]string) error {
+	outs, ok := ctx.Value(outputsKey{}).(*outputs)
+	if !ok {
+		return &Error{Kind: KindNotFound, Op: "send object", Err: errors.New("called outside a function invocation")}
+	}
+	if bucket == "" || key == "" {
+		return &Error{Kind: KindNotFound, Op: "send object", Err: errors.New("bucket and key are required")}
+	}
+	outs.mu.Lock()
+	defer outs.mu.Unlock()
+	outs.objects = append(outs.objects, invocation.Object{Bucket: bucket, Key: key, Size: int64(len(data)),
+		Inline: append([]byte{}, data...), Metadata: metadata})
+	return nil
+}
 
 func withInvocation(ctx context.Context, inv *Invocation) context.Context {
 	return context.WithValue(ctx, invocationKey{}, inv)

@@ -92,3 +92,33 @@ func TestErrorKinds(t *testing.T) {
 		t.Errorf("message %q", err)
 	}
 }
+
+func TestSendObject(t *testing.T) {
+	srv := httptest.NewServer(FunctionHandler(func(ctx context.Context, inv *Invocation) ([]byte, error) {
+		if err := SendObject(ctx, "shuffle", "w-a", []byte("1"), map[string]string{"group": "a"}); err != nil {
+			return nil, err
+		}
+		return []byte("done"), nil
+	}))
+	defer srv.Close()
+	data, _ := json.Marshal(invocation.Envelope{Function: "map", Session: "s", Invocation: "i"})
+	resp, err := http.Post(srv.URL, invocation.ContentType, bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.Header.Get("Content-Type") != invocation.OutputsContentType {
+		t.Fatalf("content type %q: %s", resp.Header.Get("Content-Type"), body)
+	}
+	outs, err := invocation.DecodeOutputs(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(outs.Return) != "done" || len(outs.Objects) != 1 || outs.Objects[0].Metadata["group"] != "a" || string(outs.Objects[0].Inline) != "1" {
+		t.Errorf("outputs %+v", outs)
+	}
+	if err := SendObject(context.Background(), "b", "k", nil, nil); !IsKind(err, KindNotFound) {
+		t.Errorf("outside a handler: %v", err)
+	}
+}

@@ -1,0 +1,181 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/checkpoint"
+	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
+)
+
+// functions serves each workflow function from a real HTTP server running
+// the Go SDK's function handler; the resolver maps Services to them.
+type functions struct {
+	mu   sync.Mutex
+	urls map[string]string
+}
+
+func (f *functions) URL(_ context.Context, _, svc string) (*url.URL, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	u, ok := f.urls[svc]
+	if !ok {
+		return nil, fmt.Errorf("no function %s", svc)
+	}
+	return url.Parse(u)
+}
+
+func (f *functions) add(t *testing.T, svc string, h ziptrail.Handler) {
+	srv := httptest.NewServer(ziptrail.FunctionHandler(h))
+	t.Cleanup(srv.Close)
+	f.mu.Lock()
+	f.urls[svc] = srv.URL
+	f.mu.Unlock()
+}
+
+// TestOperatorRestartMidSession stops the orchestrator while one branch of a
+// fan-in is still running (its response is lost with the old operator), and
+// starts a new one from the Redis checkpoint: the re-execution rule recovers
+// the lost branch, the fan-in fires exactly once, the session completes.
+func TestOperatorRestartMidSession(t *testing.T) {
+	redis := testservers.StartRedis(t)
+	store := &checkpoint.Store{Client: redis.Client, Key: "ziptrail:test:engine"}
+
+	imm := func(name, bucket, target string) v1alpha1.NamedTrigger {
+		return v1alpha1.NamedTrigger{Name: name, Spec: v1alpha1.TriggerSpec{Bucket: bucket, Primitive: v1alpha1.Immediate, Targets: []string{target}}}
+	}
+	join := v1alpha1.NamedTrigger{Name: "join", Spec: v1alpha1.TriggerSpec{Bucket: "parts", Primitive: v1alpha1.BySet,
+		BySet: &v1alpha1.BySetParams{Keys: []string{"a", "b", "c"}}, Targets: []string{"join"},
+		// c's output must arrive within 300ms of c starting, or c runs again.
+		Reexecution: []v1alpha1.ReexecutionRule{{SourceFunction: "c", Timeout: metav1.Duration{Duration: 300 * time.Millisecond}, MaxAttempts: 2}}}}
+	wf := &v1alpha1.Workflow{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "fan"},
+		Spec: v1alpha1.WorkflowSpec{
+			Entry:     "split",
+			Functions: []v1alpha1.FunctionSpec{{Name: "split"}, {Name: "a"}, {Name: "b"}, {Name: "c"}, {Name: "join"}},
+			Triggers:  []v1alpha1.NamedTrigger{imm("to-a", "to-a", "a"), imm("to-b", "to-b", "b"), imm("to-c", "to-c", "c"), join},
+		},
+	}
+
+	fns := &functions{urls: map[string]string{}}
+	var joins, cCalls atomic.Int32
+	releaseC := make(chan struct{})
+	cStarted := make(chan struct{}, 4)
+	part := func(name string) ziptrail.Handler {
+		return func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+			if name == "c" && cCalls.Add(1) == 1 {
+				cStarted <- struct{}{}
+				<-releaseC // the first c outlives the first operator
+			}
+			return nil, ziptrail.SendObject(ctx, "parts", name, append(append([]byte{}, inv.Objects[0].Bytes()...), "|"+name...), nil)
+		}
+	}
+	fns.add(t, "fan-split", func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+		for _, b := range []string{"to-a", "to-b", "to-c"} {
+			if err := ziptrail.SendObject(ctx, b, "x", []byte("in"), nil); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
+	})
+	for _, n := range []string{"a", "b", "c"} {
+		fns.add(t, "fan-"+n, part(n))
+	}
+	fns.add(t, "fan-join", func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+		joins.Add(1)
+		parts := make([]string, len(inv.Objects))
+		for i, o := range inv.Objects {
+			parts[i] = string(o.Bytes())
+		}
+		sort.Strings(parts)
+		return nil, ziptrail.SendObject(ctx, "output", "result", []byte(strings.Join(parts, " + ")), nil)
+	})
+	defer close(releaseC)
+
+	start := func() (*Orchestrator, context.CancelFunc, chan error) {
+		o, err := New(Options{Resolver: fns, Checkpoint: store, CheckpointInterval: 20 * time.Millisecond, Log: logr.Discard()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// As the Workflow reconciler does once the workflow is ready.
+		if err := o.SetWorkflow(wf, true, ""); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- o.Run(ctx) }()
+		return o, cancel, done
+	}
+
+	first, stop, done := start()
+	id, err := first.StartSession(context.Background(), "ns", "fan", []byte("in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-cStarted
+	// a and b are done (3 fan-out objects + 2 parts); wait for a checkpoint
+	// taken after that, then stop.
+	waitFor(t, "a and b", func() bool { s, _ := first.Sessions().Get(id); return s.Objects >= 5 })
+	_, genNow, _, _ := store.Load(context.Background())
+	waitFor(t, "a later checkpoint", func() bool { _, g, _, _ := store.Load(context.Background()); return g > genNow+1 })
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	second, stop2, done2 := start()
+	defer func() { stop2(); <-done2 }()
+	waitFor(t, "the session to be restored", func() bool {
+		s, err := second.Sessions().Get(id)
+		return err == nil && s.State == sessions.Running
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := second.Sessions().Wait(ctx, id)
+	if err != nil {
+		t.Fatalf("session did not end: %v (%+v)", err, s)
+	}
+	if s.State != sessions.Completed {
+		t.Fatalf("session %s: %s %s", id, s.State, s.Error)
+	}
+	r, err := Results{}.OpenResult(ctx, "ns", s.Result)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(r)
+	if want := "in|a + in|b + in|c"; string(got) != want {
+		t.Errorf("result %q, want %q", got, want)
+	}
+	if n := joins.Load(); n != 1 {
+		t.Errorf("join ran %d times, want exactly once", n)
+	}
+	if n := cCalls.Load(); n != 2 {
+		t.Errorf("c ran %d times, want 2 (the lost one and its re-execution)", n)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,67 @@
+// Package testservers starts real servers (redis-server, MinIO) on free
+// loopback ports for tests, and stops them when the test ends. A missing
+// binary fails the test with the command that installs it.
+package testservers
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis is a running redis-server.
+type Redis struct {
+	Addr   string
+	Client *redis.Client
+	cmd    *exec.Cmd
+}
+
+// StartRedis runs redis-server without persistence in a temp dir.
+func StartRedis(t testing.TB) *Redis {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("redis-server not found: run hack/install-deps.sh")
+	}
+	port := freePort(t)
+	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := &Redis{Addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}
+	r.Client = redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() {
+		r.Client.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	waitUntil(t, "redis-server", func() bool { return r.Client.Ping(context.Background()).Err() == nil })
+	return r
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// waitUntil polls ready (bounded at 20 s) for a server that just started.
+func waitUntil(t testing.TB, what string, ready func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !ready() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not become ready", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,249 @@
+// Package store is the sidecar's in-pod object store: objects live in the
+// producer pod's memory until they have been read as often as allowed, their
+// TTL passes, or their session is collected. A per-pod memory cap applies
+// back-pressure: a put that does not fit waits for space (or for its context
+// to end) instead of growing the pod until the kernel kills it.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Errors a reader can tell apart.
+var (
+	ErrNotFound  = errors.New("object not found (never stored, or already freed)")
+	ErrExhausted = errors.New("object already read as often as allowed")
+	ErrExpired   = errors.New("object expired")
+	ErrTooLarge  = errors.New("object larger than the pod's memory cap")
+)
+
+// Meta describes a stored object.
+type Meta struct {
+	ID       string
+	Session  string
+	Bucket   string
+	Key      string
+	Size     int64
+	Reads    uint32 // reads allowed in total
+	Expires  time.Time
+	Metadata map[string]string
+}
+
+type entry struct {
+	meta    Meta
+	data    []byte
+	read    uint32 // reads started
+	readers int    // reads in progress (leases)
+	gone    bool   // freed while leased: the last Release drops it
+}
+
+// Store is safe for concurrent use.
+type Store struct {
+	cap  int64
+	now  func() time.Time
+	mu   sync.Mutex
+	used int64
+	objs map[string]*entry
+	free chan struct{} // closed and replaced whenever memory is released
+}
+
+// New returns a store holding at most capBytes of object data.
+func New(capBytes int64, now func() time.Time) *Store {
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{cap: capBytes, now: now, objs: map[string]*entry{}, free: make(chan struct{})}
+}
+
+// Put stores data (the store keeps the slice; the caller must not modify it).
+// When the cap is reached it waits for memory until ctx ends.
+func (s *Store) Put(ctx context.Context, m Meta, data []byte) error {
+	m.Size = int64(len(data))
+	if m.Size > s.cap {
+		return fmt.Errorf("%w: %d bytes, cap %d", ErrTooLarge, m.Size, s.cap)
+	}
+	if m.Reads == 0 {
+		m.Reads = 1
+	}
+	for {
+		s.mu.Lock()
+		if _, dup := s.objs[m.ID]; dup {
+			s.mu.Unlock()
+			return fmt.Errorf("object %s already stored", m.ID)
+		}
+		s.sweepLocked()
+		if s.used+m.Size <= s.cap {
+			s.objs[m.ID] = &entry{meta: m, data: data}
+			s.used += m.Size
+			s.mu.Unlock()
+			return nil
+		}
+		wait := s.free
+		s.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return fmt.Errorf("store full (%d of %d bytes used): %w", s.Used(), s.cap, ctx.Err())
+		}
+	}
+}
+
+// Lease is one read of an object: Data stays valid until Release.
+type Lease struct {
+	Meta Meta
+	Data []byte
+	s    *Store
+	e    *entry
+	once sync.Once
+}
+
+// Release ends the read; the object is freed if that was the last allowed one.
+func (l *Lease) Release() {
+	l.once.Do(func() {
+		l.s.mu.Lock()
+		defer l.s.mu.Unlock()
+		l.e.readers--
+		if l.e.readers == 0 && (l.e.gone || l.e.read >= l.e.meta.Reads) {
+			l.s.dropLocked(l.e)
+		}
+	})
+}
+
+// Read starts one of the object's allowed reads.
+func (s *Store) Read(id string) (*Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.objs[id]
+	if !ok || e.gone {
+		return nil, fmt.Errorf("%s: %w", id, ErrNotFound)
+	}
+	if !s.now().Before(e.meta.Expires) && !e.meta.Expires.IsZero() {
+		if e.readers == 0 {
+			s.dropLocked(e)
+		}
+		return nil, fmt.Errorf("%s: %w", id, ErrExpired)
+	}
+	if e.read >= e.meta.Reads {
+		return nil, fmt.Errorf("%s: %w (%d)", id, ErrExhausted, e.meta.Reads)
+	}
+	e.read++
+	e.readers++
+	return &Lease{Meta: e.meta, Data: e.data, s: s, e: e}, nil
+}
+
+// Extend pushes an object's expiry (keep-alive while a consumer cold-starts).
+func (s *Store) Extend(id string, until time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.objs[id]
+	if !ok || e.gone {
+		return false
+	}
+	if until.After(e.meta.Expires) {
+		e.meta.Expires = until
+	}
+	return true
+}
+
+// DropSession frees every object of a session (session GC).
+func (s *Store) DropSession(session string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, e := range s.objs {
+		if e.meta.Session == session {
+			s.freeLocked(e)
+			n++
+		}
+	}
+	return n
+}
+
+// Unread lists objects with reads left, oldest first (SIGTERM backup, spill).
+func (s *Store) Unread() []Meta {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Meta
+	for _, e := range s.objs {
+		if !e.gone && e.read < e.meta.Reads {
+			out = append(out, e.meta)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Peek returns an object's data without counting a read (backup, spill).
+func (s *Store) Peek(id string) ([]byte, Meta, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.objs[id]
+	if !ok || e.gone {
+		return nil, Meta{}, false
+	}
+	return e.data, e.meta, true
+}
+
+// Remove frees an object (after it was spilled elsewhere).
+func (s *Store) Remove(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e, ok := s.objs[id]; ok {
+		s.freeLocked(e)
+	}
+}
+
+// Used is the bytes held now; Len the number of objects.
+func (s *Store) Used() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used
+}
+
+// Len is the number of objects held.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.objs)
+}
+
+// Sweep frees expired objects; the sidecar calls it periodically.
+func (s *Store) Sweep() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweepLocked()
+}
+
+func (s *Store) sweepLocked() {
+	now := s.now()
+	for _, e := range s.objs {
+		if !e.meta.Expires.IsZero() && !now.Before(e.meta.Expires) {
+			s.freeLocked(e)
+		}
+	}
+}
+
+// freeLocked frees now, or when the last lease ends.
+func (s *Store) freeLocked(e *entry) {
+	if e.readers > 0 {
+		e.gone = true
+		return
+	}
+	s.dropLocked(e)
+}
+
+func (s *Store) dropLocked(e *entry) {
+	if _, ok := s.objs[e.meta.ID]; !ok {
+		return
+	}
+	delete(s.objs, e.meta.ID)
+	s.used -= e.meta.Size
+	e.data = nil
+	close(s.free)
+	s.free = make(chan struct{})
+}

@@ -1,0 +1,157 @@
+// Package pull moves objects between sidecars over Cap'n Proto RPC: the
+// producer's Server hands out readers for sealed references, the consumer's
+// Client pulls objects in chunks with a window of reads in flight, straight
+// into the destination (a buffer or a shared-memory file), so a large
+// object never sits twice in the consumer's memory.
+package pull
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/rpc"
+
+	dp "github.com/ziptrail/ziptrail/internal/dataplane/capnp"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+)
+
+// MaxChunk bounds one read (Cap'n Proto caps a message at 64 MiB).
+const MaxChunk = 8 << 20
+
+// Server serves the producer side.
+type Server struct {
+	Store *store.Store
+	Keys  *ref.Keyring
+	Now   func() time.Time
+
+	mu    sync.Mutex
+	conns map[*rpc.Conn]struct{}
+	ln    net.Listener
+}
+
+// Serve accepts consumer connections until the listener closes.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	s.ln = ln
+	if s.conns == nil {
+		s.conns = map[*rpc.Conn]struct{}{}
+	}
+	s.mu.Unlock()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		if tc, ok := nc.(*net.TCPConn); ok {
+			_ = tc.SetNoDelay(true)
+		}
+		boot := capnp.Client(dp.Producer_ServerToClient(&producer{s}))
+		conn := rpc.NewConn(rpc.NewStreamTransport(nc), &rpc.Options{BootstrapClient: boot})
+		s.mu.Lock()
+		s.conns[conn] = struct{}{}
+		s.mu.Unlock()
+		go func() {
+			<-conn.Done()
+			s.mu.Lock()
+			delete(s.conns, conn)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Close stops accepting and drops every connection.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var err error
+	if s.ln != nil {
+		err = s.ln.Close()
+	}
+	for c := range s.conns {
+		_ = c.Close()
+	}
+	return err
+}
+
+func (s *Server) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+type producer struct{ s *Server }
+
+func (p *producer) Open(_ context.Context, call dp.Producer_open) error {
+	r, err := call.Args().Ref()
+	if err != nil {
+		return err
+	}
+	rec, err := p.s.Keys.Open(r, p.s.now())
+	if err != nil {
+		return err
+	}
+	lease, err := p.s.Store.Read(rec.Key)
+	if err != nil {
+		return err
+	}
+	res, err := call.AllocResults()
+	if err != nil {
+		lease.Release()
+		return err
+	}
+	res.SetSize(uint64(len(lease.Data)))
+	_ = res.SetBucket(lease.Meta.Bucket)
+	_ = res.SetKey(lease.Meta.Key)
+	return res.SetReader(dp.Reader_ServerToClient(&reader{lease: lease}))
+}
+
+func (p *producer) Extend(_ context.Context, call dp.Producer_extend) error {
+	r, err := call.Args().Ref()
+	if err != nil {
+		return err
+	}
+	rec, err := p.s.Keys.Open(r, p.s.now())
+	if err != nil {
+		return err
+	}
+	ok := p.s.Store.Extend(rec.Key, time.UnixMilli(call.Args().UntilUnixMs()))
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	res.SetOk(ok)
+	return nil
+}
+
+// reader is one read of an object; releasing the capability ends the lease.
+type reader struct{ lease *store.Lease }
+
+func (r *reader) Read(_ context.Context, call dp.Reader_read) error {
+	off, n := call.Args().Offset(), uint64(call.Args().Length())
+	data := r.lease.Data
+	if n > MaxChunk {
+		return fmt.Errorf("chunk of %d bytes exceeds the %d limit", n, MaxChunk)
+	}
+	if off > uint64(len(data)) {
+		return fmt.Errorf("offset %d beyond the object's %d bytes", off, len(data))
+	}
+	end := min(off+n, uint64(len(data)))
+	res, err := call.AllocResults()
+	if err != nil {
+		return err
+	}
+	return res.SetData(data[off:end])
+}
+
+// Shutdown runs when the consumer releases the reader (or disconnects).
+func (r *reader) Shutdown() { r.lease.Release() }

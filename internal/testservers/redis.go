@@ -1,6 +1,6 @@
 // Package testservers starts real servers (redis-server, MinIO) on free
-// loopback ports for tests, and stops them when the test ends. A missing
-// binary fails the test with the command that installs it.
+// loopback ports for tests and benchmarks, and stops them at cleanup. A
+// missing binary fails with the command that installs it.
 package testservers
 
 import (
@@ -8,11 +8,20 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
-	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
+
+// TB is the part of testing.TB the starters use (benchmark commands
+// implement it too).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	TempDir() string
+	Cleanup(func())
+}
 
 // Redis is a running redis-server.
 type Redis struct {
@@ -22,7 +31,7 @@ type Redis struct {
 }
 
 // StartRedis runs redis-server without persistence in a temp dir.
-func StartRedis(t testing.TB) *Redis {
+func StartRedis(t TB) *Redis {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -44,7 +53,7 @@ func StartRedis(t testing.TB) *Redis {
 	return r
 }
 
-func freePort(t testing.TB) int {
+func freePort(t TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -55,7 +64,7 @@ func freePort(t testing.TB) int {
 }
 
 // waitUntil polls ready (bounded at 20 s) for a server that just started.
-func waitUntil(t testing.TB, what string, ready func() bool) {
+func waitUntil(t TB, what string, ready func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for !ready() {

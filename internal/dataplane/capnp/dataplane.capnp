@@ -10,7 +10,9 @@ $Go.import("github.com/ziptrail/ziptrail/internal/dataplane/capnp");
 interface Producer {
   # open starts one of the object's allowed reads. The reader holds the
   # object in the producer's memory until the consumer releases it.
-  open @0 (ref :Text) -> (reader :Reader, size :UInt64, bucket :Text, key :Text);
+  # Up to prefetch bytes come back in head, so a small object takes one
+  # round trip.
+  open @0 (ref :Text, prefetch :UInt32) -> (reader :Reader, size :UInt64, bucket :Text, key :Text, head :Data);
   # extend keeps the referenced object alive until untilUnixMs.
   extend @1 (ref :Text, untilUnixMs :Int64) -> (ok :Bool);
 }

@@ -27,7 +27,7 @@ func (c Producer) Open(ctx context.Context, params func(Producer_open_Params) er
 		},
 	}
 	if params != nil {
-		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 1}
+		s.ArgsSize = capnp.ObjectSize{DataSize: 8, PointerCount: 1}
 		s.PlaceArgs = func(s capnp.Struct) error { return params(Producer_open_Params(s)) }
 	}
 
@@ -193,7 +193,7 @@ func (c Producer_open) Args() Producer_open_Params {
 
 // AllocResults allocates the results struct.
 func (c Producer_open) AllocResults() (Producer_open_Results, error) {
-	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 8, PointerCount: 3})
+	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 8, PointerCount: 4})
 	return Producer_open_Results(r), err
 }
 
@@ -229,12 +229,12 @@ type Producer_open_Params capnp.Struct
 const Producer_open_Params_TypeID = 0xe67ff48f4dbe4640
 
 func NewProducer_open_Params(s *capnp.Segment) (Producer_open_Params, error) {
-	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
 	return Producer_open_Params(st), err
 }
 
 func NewRootProducer_open_Params(s *capnp.Segment) (Producer_open_Params, error) {
-	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1})
 	return Producer_open_Params(st), err
 }
 
@@ -288,12 +288,20 @@ func (s Producer_open_Params) SetRef(v string) error {
 	return capnp.Struct(s).SetText(0, v)
 }
 
+func (s Producer_open_Params) Prefetch() uint32 {
+	return capnp.Struct(s).Uint32(0)
+}
+
+func (s Producer_open_Params) SetPrefetch(v uint32) {
+	capnp.Struct(s).SetUint32(0, v)
+}
+
 // Producer_open_Params_List is a list of Producer_open_Params.
 type Producer_open_Params_List = capnp.StructList[Producer_open_Params]
 
 // NewProducer_open_Params creates a new list of Producer_open_Params.
 func NewProducer_open_Params_List(s *capnp.Segment, sz int32) (Producer_open_Params_List, error) {
-	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 1}, sz)
 	return capnp.StructList[Producer_open_Params](l), err
 }
 
@@ -311,12 +319,12 @@ type Producer_open_Results capnp.Struct
 const Producer_open_Results_TypeID = 0x9ff34865fafecb4b
 
 func NewProducer_open_Results(s *capnp.Segment) (Producer_open_Results, error) {
-	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 3})
+	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 4})
 	return Producer_open_Results(st), err
 }
 
 func NewRootProducer_open_Results(s *capnp.Segment) (Producer_open_Results, error) {
-	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 3})
+	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 4})
 	return Producer_open_Results(st), err
 }
 
@@ -414,12 +422,25 @@ func (s Producer_open_Results) SetKey(v string) error {
 	return capnp.Struct(s).SetText(2, v)
 }
 
+func (s Producer_open_Results) Head() ([]byte, error) {
+	p, err := capnp.Struct(s).Ptr(3)
+	return []byte(p.Data()), err
+}
+
+func (s Producer_open_Results) HasHead() bool {
+	return capnp.Struct(s).HasPtr(3)
+}
+
+func (s Producer_open_Results) SetHead(v []byte) error {
+	return capnp.Struct(s).SetData(3, v)
+}
+
 // Producer_open_Results_List is a list of Producer_open_Results.
 type Producer_open_Results_List = capnp.StructList[Producer_open_Results]
 
 // NewProducer_open_Results creates a new list of Producer_open_Results.
 func NewProducer_open_Results_List(s *capnp.Segment, sz int32) (Producer_open_Results_List, error) {
-	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 3}, sz)
+	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 4}, sz)
 	return capnp.StructList[Producer_open_Results](l), err
 }
 
@@ -914,48 +935,50 @@ func (f Reader_read_Results_Future) Struct() (Reader_read_Results, error) {
 	return Reader_read_Results(p.Struct()), err
 }
 
-const schema_db58b1e59cd6dc5d = "x\xda\x84\x92Mh\x13[\x1c\xc5\xff\xe7\xde\xc9\x9b\x14" +
-	"\x1a\xd2\xcb\x04J\xbby\xbc\x90\xd7\xf7\x1aLi\xd5E" +
-	"\x0dj\x82\xd0*H!7Rp\xa1\xe8\xa4\xb9iC" +
-	"\xf3\xc5\xcc\x84\xb6n\xba\x11\xdc)\x15WR\x10\x17." +
-	"\\\xa8\x88t#\xe8\xbe~,-\x88\x8a\xab\xaa \xba" +
-	"\xd0nt\xe1\xc8M;I?(\xee.\xc3\x99s~" +
-	"\x9c\xff\x19^D\xd6\x18\x89\xfcg\x10\x93\xc3\xa1\xbf\xfc" +
-	"G\xc6\x97b\xfd\xcc\x85%\x92}\x00\x91a\x12\x1d\xfa" +
-	"\x81\x13 X`\x19\x82\xbf|\xf9\xe8\xca\xfa\xea\xb7\xeb" +
-	"$z\xb8\x7f\xfe\xed\xda\xf2\xfa\xc3\xb3o\x88`\xfd\xc3" +
-	"\x9eY)f\x12Y\x83\xec\x8a\xb5\xa0_\xfe\xe9\xe7\xbf" +
-	"~\xaaS\xdfom\xb9\x85\xb8\xb6\xb3\xd9AmWf" +
-	"\x1f\x09\xfeU\xf7\xd3\xab\xd2\xe4\xe7\xfb${\xc1\xb6\xf2" +
-	"\x8e\xf1~-\x18\xe3s\x04\x7f\xe0f\xa1po\xe3\xc8" +
-	"\xeb=y\xb7\xf9c\xeb\xae6\xb4\xee\xf0\x93\xd6K\xfd" +
-	"\xf2\xab\xab/\xa6\xf37\x8e\xbf'\xd1\xab\xe3\xa0\xddV" +
-	"x\\\xbb=\xe1\x9a>;\xfet\xe2\xda\xc6\xe2\x07\x12" +
-	"}m\xc1;\x9e\xd4\x82\xf5\x96`m|\xec\xc1\xd2\xe8" +
-	"\xc0\xd7\x80\xb8\xa5\x08\x19i\xad\x88\x18s\x94\xf2\x8b\xb6" +
-	"g7*v\xcdPCSv\xa3\xd6H\xe7\x9cz\xb1" +
-	"9\xa5\x9c!5\xef\xa9Z1\x91Wn\xb3\xe2\xb9$" +
-	"\x0dn\x10\x19 \x12\x91~\"\x19\xe6\x901\x06^\x9f" +
-	"\x05\x88\x01\x84\xb6\x17\xdb\xedE\x94\x03d\x98\x87\x88\xda" +
-	"\xcc\x08\xda\x14#Ib\xe2_\x13\x1d\\\x04w\x13}" +
-	"ib\"bF\xeb\x0dU\xcb\"\xb3\xc9\x94E\x0e\x9d" +
-	"4\xbe\x87\\\x8b\x13y\xf5w\x0b\\\xf6\xb4\xb9\xed4" +
-	"\x91<\xc7!g\x18\x80\x98nD\xa8$\x91\xbc\xc8!" +
-	"+\x0c\x82!\xa6\xcf&\xcaZX\xe4\x90\x0d\x06\xc1Y" +
-	"\x0c\x9cHT\xe3Dr\x86Cz\x0c\x19G\xd9E\xe5" +
-	"@t\x0eJ\x80 D\xdd\xf2%\x85.b\xe8\"d" +
-	"\x0a\xcd\xa9Y\xe5\xa1\x9b\x18\xba\x09\xe6\xacZ\x08\xde{" +
-	"\xe9\xf3-\xc7!m\x9c\xc8\xd9\x8e\xcd\xab\xae\x0c\xb7\xd1" +
-	"\x075Q\x82C\x0e3\x08\xb0M\xf6\x94\xfe\xf8?\x87" +
-	"<\xcc\x90\xa9\x97J\xae\xf2\xda\xd1\x15U\x9b\xf6f\x10" +
-	"&\x86\xf0\xb68\x04q\x99\xcd<}\x17\xa3u\x97`" +
-	"\xba\x08V'\x84\xbeK\xc8\x8cj\xa4}*\xdf\x0e\xad" +
-	"\x87b\xea\xc2\xb7\x0d%\xd9\x19JT\xff\x8c\x081D" +
-	"\xe8\x8f\xc7\xcb\xd9Q\xc7\xae\xee\xb0\x8aw\xacLG\x95" +
-	"\xf6/r\xf7\x803\xba\xcd\x9de\xc6;e\x06;H" +
-	"\x15\x88\xe4\x01\x0e9\xba\xcb\xbfY\xf3\xca\x95\xc9Z\x99" +
-	"\xcc\xf9\x09\x17!b\x08\x11~\x07\x00\x00\xff\xff\xf6\xaa" +
-	"\x1a\xb7"
+const schema_db58b1e59cd6dc5d = "x\xda\x84\x93\xcfkSY\x1c\xc5\xbf\xe7\xde\x97y)" +
+	"4d.\x09\x94vSZ2\x9di\x98\x94v:\x8b" +
+	"N\x18L\x10\xac\xa2\x14r#\x057\"/\xc9M\x1b" +
+	"\x9a&\xe1\xe5\x85\xb6\xa2h\xa1b\x0b\xfe\xaat%E" +
+	"\xff\x02\x15\x117.\xdcW\xddZ\x10\x15qQ\x11D" +
+	"A\xed\xa6.|r\xd3\xbe\xa4\xb5\x06w\x8f\xf0\xbd\xe7" +
+	"s\xbe\xe7|3x\x13Ic(\xf0\xa7AL\x0e\xfa" +
+	"~s\xef\x1b\x1fr\xe5\xe3\xa7\x96Iv\x02D\x86I" +
+	"4\xbc\x85\x83 \x84\xc0\x12\x04wu\xe1\xff\x07\x1bk" +
+	"\x9f\xaf\x93\xf8\x9d\xbb'_\xae\xafn\xdc;\xf1\x82\x08" +
+	"\xa1\x1e\xf68\x14c&Q\xa8\x9f]\x0c\xcd\xe9/\xf7" +
+	"\xd8\x93o_\xd5\x91/\xb7v\xd4|u9\x8b\xfd\x03" +
+	"\xc2p\x81u\x83\xe0^\xa9\xbe{\x96\x1f\x7f\x7f\x87d" +
+	"\x07\xd8\x0ep\x8ewi\xe0<\x9f!\xb8}72\x99" +
+	"\xdb\x9b\xff=\xdf\x07|\xc5\x1f\x866\xb8\x06\xbe\xe1\x87" +
+	"Cm\xfa\xa5;\xbd\xf6t\"\xbdr\xe05\x89\x0e\xcd" +
+	"\x83V\xfb\xc4{\xb5\xda\x16\xd7\xf6\x93\xa3\x8f\xc6\xaen" +
+	"\x9e{\xeb9\xaaOt\x1aQ=\xd1ch\xde\xfa\xe8" +
+	"\xa1\xbb\xcb#}\x1f\xf7L\xcc\x1bq=\xb1d\xccP" +
+	"\xcc\xcdY\x8eU)Z%C\x0dd\xadJ\xa9\x12O" +
+	"\xd9\xe5\\-\xab\xec\x015\xeb\xa8R.\x92V\xd5Z" +
+	"\xd1\xa9\x924\xb8Ad\x80H\x04\xba\x88\xa4\x9fC\x86" +
+	"\x19xy\x0a \x06\xbd\xbe\xa7\xc5~\xd4\"J\x01\xd2" +
+	"\xcf}D\x0d\xd3\xf0\xf2\x14CQb\xe2\x0f\x13M\xbb" +
+	"\xf0\x9a\x13\x9dqb\"`\x06\xcb\x15UJ\"\xb1\xed" +
+	")\x89\x14\x9a4\xbe\xcf\xb9\x1e\x8e\xa4Uw\xdd\xb8\x0c" +
+	"7|\x9f\x8d\x13\xc9Y\x0e\xb9\xc0\x00\x84u\"b>" +
+	"J$\xcfp\xc8E\x06\xc1\x10\xd6\xbd\x89\x0bz\xf0<" +
+	"\x87\xbc\xc4 8\x0b\x83\x13\x89\xa5^\"\xb9\xc0!\xaf" +
+	"1\x08\x83\x87a\x10\x89\xcb\xfa\xf9\"\x87\\aH\xd8" +
+	"\xca\xca)\x1b\xa2Y3\x01\x82\x10\xac\x16N+\xb4\x11" +
+	"C\x1b!\x91\xa9e\xa7\x94\x83vbh'\x98Sj" +
+	"\xce\xfb\x0eN*+\x87\x001\x04\xe8'\xfb\xa5\xeb\xf2" +
+	"\x03\x9a\x12IY\xb6\xc5\xa7\xab\xd2\xdfX\xae_{\x8e" +
+	"p\xc8A\x06\x01\xb6\xbd]L\xff\xf8\x17\x87\xfc\x97!" +
+	"Q\xce\xe7\xab\xcai\xf8(\xaa\xd2\x843\x09?1\xf8" +
+	"w\xe1\xe0\xe1\x12\xdb<\xdd\x9cQo\xce\xbbnx\x87" +
+	")\x84n\xceg\x06\xb5\xa5\x16\xa5\xec6\xadO\xc9\xd4" +
+	"\x95\xec:\xa5h\xf3\x94\x82\xfaq\xeb\xf5\xf7\xd6\x9b\xb2" +
+	"\x82\xb6\xb57\x80\xdef\x00^\xbb\xb1\xa3D\xf2o\x0e" +
+	"9\xc2`\xda*\xef%\xedVl\x95WNv\x92\x88" +
+	"\xf6%\xc0[\xfd\x15\x12:\xf5_33-\x98\xb5\x92" +
+	"S(\x8e\x97\x0ad\xce\x8eU\xe1#\x06\x1f\xe1{\x00" +
+	"\x00\x00\xff\xff\x99\x00'8"
 
 func RegisterSchema(reg *schemas.Registry) {
 	reg.Register(&schemas.Schema{

@@ -33,7 +33,14 @@ type Client struct {
 	Now       func() time.Time
 
 	mu    sync.Mutex
-	conns map[string]*rpc.Conn
+	conns map[string]*producerConn
+}
+
+// producerConn is one connection and its bootstrap capability, reused by
+// every pull from that producer (a new bootstrap would cost a round trip).
+type producerConn struct {
+	conn *rpc.Conn
+	prod dp.Producer
 }
 
 // Info describes a pulled object.
@@ -67,7 +74,17 @@ func (c *Client) PullTo(ctx context.Context, r string, dst func(size int64) (io.
 	if err != nil {
 		return Info{}, err
 	}
-	fut, release := prod.Open(ctx, func(p dp.Producer_open_Params) error { return p.SetRef(r) })
+	chunk, window := c.ChunkSize, c.Window
+	if chunk <= 0 {
+		chunk = 256 << 10
+	}
+	if window <= 0 {
+		window = 32
+	}
+	fut, release := prod.Open(ctx, func(p dp.Producer_open_Params) error {
+		p.SetPrefetch(uint32(chunk))
+		return p.SetRef(r)
+	})
 	defer release()
 	res, err := fut.Struct()
 	if err != nil {
@@ -76,18 +93,23 @@ func (c *Client) PullTo(ctx context.Context, r string, dst func(size int64) (io.
 	bucket, _ := res.Bucket()
 	key, _ := res.Key()
 	info := Info{Bucket: bucket, Key: key, Size: int64(res.Size())}
-	rd := res.Reader()
 	w, err := dst(info.Size)
 	if err != nil {
 		return info, err
 	}
-	chunk, window := c.ChunkSize, c.Window
-	if chunk <= 0 {
-		chunk = 256 << 10
+	head, err := res.Head()
+	if err != nil {
+		return info, err
 	}
-	if window <= 0 {
-		window = 32
+	if len(head) > 0 {
+		if _, err := w.WriteAt(head, 0); err != nil {
+			return info, err
+		}
 	}
+	if int64(len(head)) == info.Size {
+		return info, nil
+	}
+	rd := res.Reader()
 	// Keep `window` reads in flight; collect them in order.
 	type pending struct {
 		off int64
@@ -95,7 +117,7 @@ func (c *Client) PullTo(ctx context.Context, r string, dst func(size int64) (io.
 		rel func()
 	}
 	var inflight []pending
-	next := int64(0)
+	next := int64(len(head))
 	issue := func() {
 		off := next
 		n := min(int64(chunk), info.Size-off)
@@ -164,14 +186,15 @@ func (c *Client) producer(ctx context.Context, addr string) (dp.Producer, error)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.conns == nil {
-		c.conns = map[string]*rpc.Conn{}
+		c.conns = map[string]*producerConn{}
 	}
-	if conn, ok := c.conns[addr]; ok {
+	if pc, ok := c.conns[addr]; ok {
 		select {
-		case <-conn.Done():
+		case <-pc.conn.Done():
+			pc.prod.Release()
 			delete(c.conns, addr)
 		default:
-			return dp.Producer(conn.Bootstrap(ctx)), nil
+			return pc.prod, nil
 		}
 	}
 	var d net.Dialer
@@ -183,8 +206,9 @@ func (c *Client) producer(ctx context.Context, addr string) (dp.Producer, error)
 		_ = tc.SetNoDelay(true)
 	}
 	conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
-	c.conns[addr] = conn
-	return dp.Producer(conn.Bootstrap(ctx)), nil
+	pc := &producerConn{conn: conn, prod: dp.Producer(conn.Bootstrap(context.WithoutCancel(ctx)))}
+	c.conns[addr] = pc
+	return pc.prod, nil
 }
 
 // classify maps a remote failure to the SDK's error classes: the
@@ -197,9 +221,10 @@ func (c *Client) classify(addr string, err error) error {
 		}
 	}
 	c.mu.Lock()
-	if conn, ok := c.conns[addr]; ok {
+	if pc, ok := c.conns[addr]; ok {
 		select {
-		case <-conn.Done():
+		case <-pc.conn.Done():
+			pc.prod.Release()
 			delete(c.conns, addr)
 		default:
 		}
@@ -212,8 +237,9 @@ func (c *Client) classify(addr string, err error) error {
 func (c *Client) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for a, conn := range c.conns {
-		_ = conn.Close()
+	for a, pc := range c.conns {
+		pc.prod.Release()
+		_ = pc.conn.Close()
 		delete(c.conns, a)
 	}
 }

@@ -112,6 +112,16 @@ func (p *producer) Open(_ context.Context, call dp.Producer_open) error {
 	res.SetSize(uint64(len(lease.Data)))
 	_ = res.SetBucket(lease.Meta.Bucket)
 	_ = res.SetKey(lease.Meta.Key)
+	head := min(int(call.Args().Prefetch()), len(lease.Data), MaxChunk)
+	if err := res.SetHead(lease.Data[:head]); err != nil {
+		lease.Release()
+		return err
+	}
+	if head == len(lease.Data) {
+		// Everything travelled in the head: no reader needed.
+		lease.Release()
+		return nil
+	}
 	return res.SetReader(dp.Reader_ServerToClient(&reader{lease: lease}))
 }
 

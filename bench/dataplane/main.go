@@ -1,0 +1,191 @@
+// Command dataplane measures object transfer side by side in one run, on
+// this machine: raw loopback TCP (the ceiling), ziptrail's Cap'n Proto pull
+// between a producer and a consumer sidecar, Redis SET+GET and S3 PUT+GET
+// (a real redis-server and a real MinIO), for 1-1 transfers and for the
+// scatter, gather and broadcast patterns. It prints one table and writes
+// JSON and a PNG chart.
+//
+//	go run ./bench/dataplane [-reps 5] [-out docs/bench]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Result is one measured cell.
+type Result struct {
+	Pattern string  `json:"pattern"` // 1-1, scatter, gather, broadcast
+	Fan     int     `json:"fan"`
+	Size    int     `json:"size"` // bytes per object
+	System  string  `json:"system"`
+	Seconds float64 `json:"seconds"` // median time of the whole pattern
+	MBps    float64 `json:"mbps"`    // bytes moved / time
+}
+
+func main() {
+	reps := flag.Int("reps", 5, "repetitions per cell (the median is reported)")
+	out := flag.String("out", "docs/bench", "directory for dataplane.json and dataplane.png")
+	skipS3 := flag.Bool("no-s3", false, "skip the S3 column (e.g. MinIO not installed)")
+	flag.Parse()
+	if err := run(*reps, *out, !*skipS3); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(reps int, outDir string, withS3 bool) error {
+	env, err := setup(withS3)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+	ctx := context.Background()
+	var results []Result
+	measure := func(pattern string, fan, size int, system string, f func() error) error {
+		times := make([]float64, 0, reps)
+		for i := 0; i < reps; i++ {
+			t := time.Now()
+			if err := f(); err != nil {
+				return fmt.Errorf("%s %s fan %d size %d: %w", system, pattern, fan, size, err)
+			}
+			times = append(times, time.Since(t).Seconds())
+		}
+		sort.Float64s(times)
+		med := times[len(times)/2]
+		moved := float64(size * max(fan, 1))
+		results = append(results, Result{Pattern: pattern, Fan: fan, Size: size, System: system, Seconds: med, MBps: moved / med / 1e6})
+		fmt.Fprintf(os.Stderr, ".")
+		return nil
+	}
+
+	sizes := []int{10_000, 1_000_000, 10_000_000, 100_000_000}
+	for _, size := range sizes {
+		data := payload(size)
+		for _, sys := range env.systems() {
+			if err := measure("1-1", 1, size, sys.name, func() error { return sys.oneToOne(ctx, data) }); err != nil {
+				return err
+			}
+		}
+	}
+	for _, pattern := range []string{"scatter", "gather", "broadcast"} {
+		for _, fan := range []int{4, 16} {
+			for _, size := range []int{10_000, 10_000_000} {
+				data := payload(size)
+				for _, sys := range env.systems() {
+					if sys.name == "raw TCP" {
+						continue
+					}
+					f := sys.pattern(ctx, pattern, fan, data)
+					if err := measure(pattern, fan, size, sys.name, f); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+	fmt.Fprintln(os.Stderr)
+	printTable(results, env.names())
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return err
+	}
+	js, _ := json.MarshalIndent(map[string]any{"host": hostInfo(), "reps": reps, "results": results}, "", "  ")
+	if err := os.WriteFile(filepath.Join(outDir, "dataplane.json"), js, 0o644); err != nil {
+		return err
+	}
+	if err := writeChart(filepath.Join(outDir, "dataplane.png"), results, env.names()); err != nil {
+		return err
+	}
+	fmt.Printf("\nwrote %s and %s\n", filepath.Join(outDir, "dataplane.json"), filepath.Join(outDir, "dataplane.png"))
+	return nil
+}
+
+func payload(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*31 + i>>8)
+	}
+	return b
+}
+
+func human(n int) string {
+	switch {
+	case n >= 1_000_000:
+		return fmt.Sprintf("%d MB", n/1_000_000)
+	case n >= 1_000:
+		return fmt.Sprintf("%d KB", n/1_000)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func printTable(results []Result, systems []string) {
+	type row struct {
+		pattern string
+		fan     int
+		size    int
+	}
+	var rows []row
+	cells := map[row]map[string]Result{}
+	for _, r := range results {
+		k := row{r.Pattern, r.Fan, r.Size}
+		if cells[k] == nil {
+			cells[k] = map[string]Result{}
+			rows = append(rows, k)
+		}
+		cells[k][r.System] = r
+	}
+	fmt.Printf("| pattern | size |")
+	for _, s := range systems {
+		fmt.Printf(" %s |", s)
+	}
+	fmt.Printf(" ziptrail vs raw | vs Redis | vs S3 |\n|---|---|")
+	fmt.Print(strings.Repeat("---|", len(systems)+3) + "\n")
+	for _, k := range rows {
+		name := k.pattern
+		if k.fan > 1 {
+			name = fmt.Sprintf("%s ×%d", k.pattern, k.fan)
+		}
+		fmt.Printf("| %s | %s |", name, human(k.size))
+		for _, s := range systems {
+			if r, ok := cells[k][s]; ok {
+				fmt.Printf(" %s (%.0f MB/s) |", dur(r.Seconds), r.MBps)
+			} else {
+				fmt.Printf(" – |")
+			}
+		}
+		zt := cells[k]["ziptrail"]
+		ratio := func(other string, inverse bool) string {
+			o, ok := cells[k][other]
+			if !ok || zt.Seconds == 0 {
+				return "–"
+			}
+			if inverse {
+				return fmt.Sprintf("%.0f %%", 100*o.Seconds/zt.Seconds)
+			}
+			return fmt.Sprintf("%.1f×", o.Seconds/zt.Seconds)
+		}
+		fmt.Printf(" %s | %s | %s |\n", ratio("raw TCP", true), ratio("Redis", false), ratio("S3", false))
+	}
+}
+
+func dur(s float64) string {
+	switch {
+	case s < 1e-3:
+		return fmt.Sprintf("%.0f µs", s*1e6)
+	case s < 1:
+		return fmt.Sprintf("%.1f ms", s*1e3)
+	}
+	return fmt.Sprintf("%.2f s", s)
+}
+
+func hostInfo() map[string]any {
+	h, _ := os.Hostname()
+	return map[string]any{"hostname": h, "time": time.Now().UTC().Format(time.RFC3339)}
+}

@@ -133,6 +133,15 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, fmt.Errorf("pod network (needs root or CAP_NET_ADMIN): %w", err)
 	}
 
+	// The control stream listens on the bridge address, which pods reach;
+	// every queue-proxy-zl is told where it is.
+	controlLn, err := net.Listen("tcp", net.JoinHostPort(c.network.Gateway().String(), "0"))
+	if err != nil {
+		return nil, err
+	}
+	c.ControlAddr = controlLn.Addr().String()
+	opts.SidecarEnv = append(opts.SidecarEnv, "ZIPTRAIL_OPERATOR_ADDR="+c.ControlAddr)
+
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -157,7 +166,7 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.startOrchestrator(mgr, port); err != nil {
+	if err := c.startOrchestrator(mgr, port, controlLn); err != nil {
 		return nil, err
 	}
 	if err := controllers.Setup(mgr, opts.Tiers, c.Orchestrator); err != nil {
@@ -206,7 +215,7 @@ func (c *Cluster) Down(ctx context.Context) error {
 // startOrchestrator runs the trigger engine with its dispatcher (through the
 // local ingress), the control stream (on the bridge address, which pods
 // reach) and the session gateway (on loopback).
-func (c *Cluster) startOrchestrator(mgr ctrl.Manager, ingressPort int) error {
+func (c *Cluster) startOrchestrator(mgr ctrl.Manager, ingressPort int, cl net.Listener) error {
 	keys := &control.SecretKeys{Client: mgr.GetClient()}
 	var srv *control.Server
 	orch, err := orchestrator.New(orchestrator.Options{
@@ -224,11 +233,6 @@ func (c *Cluster) startOrchestrator(mgr ctrl.Manager, ingressPort int) error {
 		return err
 	}
 
-	cl, err := net.Listen("tcp", net.JoinHostPort(c.network.Gateway().String(), "0"))
-	if err != nil {
-		return err
-	}
-	c.ControlAddr = cl.Addr().String()
 	c.control = grpc.NewServer()
 	controlv1.RegisterControlServer(c.control, srv)
 	go func() { _ = c.control.Serve(cl) }()

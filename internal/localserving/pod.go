@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -83,6 +84,13 @@ func (r *Runtime) startPod(ctx context.Context, id string, spec podSpec, onExit 
 	}
 	queueEnv := append(os.Environ(), r.queueProxyEnv(p)...)
 	queueEnv = append(queueEnv, ziptrailEnv...)
+	// The function's ziptrail settings (workflow, function) reach the
+	// sidecar too, as pod annotations do through Knative's pod-info volume.
+	for _, e := range spec.env {
+		if strings.HasPrefix(e, "ZIPTRAIL_") {
+			queueEnv = append(queueEnv, e)
+		}
+	}
 	queueEnv = append(queueEnv, r.opts.SidecarEnv...)
 	userEnv := append(os.Environ(), spec.env...)
 	userEnv = append(userEnv, ziptrailEnv...)

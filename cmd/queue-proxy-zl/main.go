@@ -1,0 +1,32 @@
+// Command queue-proxy-zl is Knative Serving's queue-proxy with the ziptrail
+// extension: the pod's in-memory object store, the Cap'n Proto data plane,
+// and resolution of object references on invocations. It replaces
+// Knative's queue-sidecar-image cluster-wide; requests without ziptrail
+// content behave exactly as with the stock queue-proxy.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"knative.dev/serving/pkg/queue/sharedmain"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/sidecar"
+)
+
+func main() {
+	sc := sidecar.New(sidecar.FromEnv())
+	err := sharedmain.Main(func(d *sharedmain.Defaults) {
+		if err := sc.Start(d.Ctx); err != nil {
+			// A misconfigured data plane must not serve: references it
+			// cannot resolve would fail later and far from the cause.
+			fmt.Fprintf(os.Stderr, "queue-proxy-zl: ziptrail extension: %v\n", err)
+			os.Exit(1)
+		}
+		// Innermost position: right before the proxy to the user container.
+		d.ProxyHandler = sc.Wrap(d.ProxyHandler)
+	})
+	if err != nil {
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,336 @@
+// Package sidecar is the ziptrail part of queue-proxy-zl: the pod's object
+// store and Cap'n Proto producer server, the consumer client, and a handler
+// wrapper that resolves references on incoming invocations (pulling the
+// objects into the pod's shared memory) and turns large objects in outgoing
+// function outputs into references (the bytes stay in this pod until a
+// consumer pulls them). Requests without ziptrail content pass untouched.
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+)
+
+// Config of a sidecar; FromEnv reads it from the pod's environment.
+type Config struct {
+	Namespace, Workflow, Function, Pod string
+	PodIP                              string
+	DataplanePort                      int    // Cap'n Proto server port (9091)
+	ShmDir                             string // where resolved inputs are written for the function
+	MemoryLimit                        int64  // store cap in bytes
+	InlineThreshold                    int    // objects up to this size stay inline
+	ObjectTTL                          time.Duration
+	OperatorAddr                       string // control stream; empty: keys from KeyFile
+	KeyFile                            string // JSON {"active": id, "keys": {id: base64}} for standalone use
+}
+
+// FromEnv builds a Config from Knative's and ziptrail's environment.
+func FromEnv() Config {
+	c := Config{
+		Namespace: os.Getenv("SERVING_NAMESPACE"), Pod: os.Getenv("SERVING_POD"), PodIP: os.Getenv("SERVING_POD_IP"),
+		Workflow: os.Getenv("ZIPTRAIL_WORKFLOW"), Function: os.Getenv("ZIPTRAIL_FUNCTION"),
+		DataplanePort: envInt("ZIPTRAIL_DATAPLANE_PORT", 9091), ShmDir: envStr("ZIPTRAIL_SHM_DIR", "/dev/shm/ziptrail/objects"),
+		MemoryLimit: int64(envInt("ZIPTRAIL_MEMORY_LIMIT", 256<<20)), InlineThreshold: envInt("ZIPTRAIL_INLINE_THRESHOLD", 64<<10),
+		ObjectTTL:    time.Duration(envInt("ZIPTRAIL_OBJECT_TTL_SECONDS", 600)) * time.Second,
+		OperatorAddr: os.Getenv("ZIPTRAIL_OPERATOR_ADDR"), KeyFile: os.Getenv("ZIPTRAIL_KEY_FILE"),
+	}
+	if c.Function == "" {
+		c.Function = os.Getenv("SERVING_SERVICE")
+	}
+	return c
+}
+
+func envStr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
+		return v
+	}
+	return def
+}
+
+// Sidecar is one pod's data plane.
+type Sidecar struct {
+	cfg    Config
+	Store  *store.Store
+	keys   atomic.Pointer[ref.Keyring]
+	server *pull.Server
+	client *pull.Client
+	ctl    *control.Client
+	seq    atomic.Uint64
+	ready  chan struct{} // closed once keys are known
+	once   sync.Once
+}
+
+// New prepares a sidecar; Start runs its servers.
+func New(cfg Config) *Sidecar {
+	return &Sidecar{cfg: cfg, Store: store.New(cfg.MemoryLimit, nil), ready: make(chan struct{})}
+}
+
+// Start listens for consumers, connects to the operator (or loads the key
+// file) and runs until ctx ends.
+func (s *Sidecar) Start(ctx context.Context) error {
+	if s.cfg.KeyFile != "" {
+		if err := s.loadKeyFile(); err != nil {
+			return err
+		}
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(s.cfg.DataplanePort)))
+	if err != nil {
+		return fmt.Errorf("data plane listener: %w", err)
+	}
+	s.server = &pull.Server{Store: s.Store}
+	go func() {
+		<-s.ready
+		s.server.Keys = s.keys.Load()
+		_ = s.server.Serve(ln)
+	}()
+	if s.cfg.OperatorAddr != "" {
+		s.ctl = control.NewClient(s.cfg.OperatorAddr, &controlv1.Hello{Namespace: s.cfg.Namespace, Workflow: s.cfg.Workflow,
+			Function: s.cfg.Function, Pod: s.cfg.Pod, DataplaneAddr: s.addr()},
+			control.Commands{
+				Keys: func(k *controlv1.Keys) { _ = s.setKeys(k) },
+				Drop: func(d *controlv1.DropObjects) { s.Store.DropSession(d.Session) },
+				KeepAlive: func(k *controlv1.KeepAlive) {
+					for _, r := range k.Refs {
+						if kr := s.keys.Load(); kr != nil {
+							if rec, err := kr.Open(r, time.Now()); err == nil {
+								s.Store.Extend(rec.Key, time.Now().Add(time.Duration(k.ExtendMs)*time.Millisecond))
+							}
+						}
+					}
+				}})
+		go func() { _ = s.ctl.Run(ctx) }()
+	}
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				_ = ln.Close()
+				return
+			case <-t.C:
+				s.Store.Sweep()
+			}
+		}
+	}()
+	return nil
+}
+
+func (s *Sidecar) addr() string {
+	return net.JoinHostPort(s.cfg.PodIP, strconv.Itoa(s.cfg.DataplanePort))
+}
+
+func (s *Sidecar) setKeys(k *controlv1.Keys) error {
+	keys := map[string][]byte{}
+	for _, key := range k.Keys {
+		keys[key.Id] = key.Secret
+	}
+	if kr := s.keys.Load(); kr != nil {
+		return kr.Set(keys, k.ActiveKeyId)
+	}
+	kr, err := ref.NewKeyring(s.cfg.Namespace, keys, k.ActiveKeyId)
+	if err != nil {
+		return err
+	}
+	s.keys.Store(kr)
+	s.client = &pull.Client{Keys: kr}
+	s.once.Do(func() { close(s.ready) })
+	return nil
+}
+
+func (s *Sidecar) loadKeyFile() error {
+	data, err := os.ReadFile(s.cfg.KeyFile)
+	if err != nil {
+		return fmt.Errorf("key file: %w", err)
+	}
+	var f struct {
+		Active string            `json:"active"`
+		Keys   map[string][]byte `json:"keys"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return fmt.Errorf("key file %s: %w", s.cfg.KeyFile, err)
+	}
+	k := &controlv1.Keys{ActiveKeyId: f.Active}
+	for id, secret := range f.Keys {
+		k.Keys = append(k.Keys, &controlv1.Key{Id: id, Secret: secret})
+	}
+	return s.setKeys(k)
+}
+
+// waitKeys blocks until the operator sent the namespace's keys.
+func (s *Sidecar) waitKeys(ctx context.Context) error {
+	select {
+	case <-s.ready:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("no reference keys from the operator yet: %w", ctx.Err())
+	}
+}
+
+// Wrap returns the handler chain extension: resolve inputs on the way in,
+// turn large outputs into references on the way out.
+func (s *Sidecar) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.Header.Get("Content-Type"), invocation.ContentType) {
+			next.ServeHTTP(w, r) // a stock request: exactly as queue-proxy does
+			return
+		}
+		env, err := invocation.Decode(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		dir, err := s.resolve(r.Context(), env)
+		if dir != "" {
+			defer os.RemoveAll(dir) // the function is done with its inputs
+		}
+		if err != nil {
+			// 424: the invocation cannot run without its inputs; the text
+			// names the reference error class.
+			http.Error(w, "ziptrail: resolve inputs: "+err.Error(), http.StatusFailedDependency)
+			return
+		}
+		body, _ := json.Marshal(env)
+		r2 := r.Clone(r.Context())
+		r2.Body = io.NopCloser(bytes.NewReader(body))
+		r2.ContentLength = int64(len(body))
+		r2.Header.Set("Content-Length", strconv.Itoa(len(body)))
+		rec := &recorder{header: http.Header{}, code: http.StatusOK}
+		next.ServeHTTP(rec, r2)
+		out := rec.body.Bytes()
+		if rec.code == http.StatusOK && strings.HasPrefix(rec.header.Get("Content-Type"), invocation.OutputsContentType) {
+			if out, err = s.externalize(r.Context(), env, out); err != nil {
+				http.Error(w, "ziptrail: store outputs: "+err.Error(), http.StatusInsufficientStorage)
+				return
+			}
+		}
+		for k, v := range rec.header {
+			w.Header()[k] = v
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+		w.WriteHeader(rec.code)
+		_, _ = w.Write(out)
+	})
+}
+
+// resolve pulls every referenced input into the shared-memory directory.
+func (s *Sidecar) resolve(ctx context.Context, env *invocation.Envelope) (string, error) {
+	var refs []int
+	for i, o := range env.Objects {
+		if o.Ref != "" && o.Inline == nil {
+			refs = append(refs, i)
+		}
+	}
+	if len(refs) == 0 {
+		return "", nil
+	}
+	if err := s.waitKeys(ctx); err != nil {
+		return "", err
+	}
+	dir := filepath.Join(s.cfg.ShmDir, fmt.Sprintf("inv-%d", s.seq.Add(1)))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	errs := make(chan error, len(refs))
+	for _, i := range refs {
+		go func() {
+			o := &env.Objects[i]
+			path := filepath.Join(dir, strconv.Itoa(i))
+			f, err := os.Create(path)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer f.Close()
+			_, err = s.client.PullTo(ctx, o.Ref, func(size int64) (io.WriterAt, error) { return f, f.Truncate(size) })
+			if err != nil {
+				errs <- fmt.Errorf("%s/%s: %w", o.Bucket, o.Key, err)
+				return
+			}
+			o.Path = path
+			errs <- nil
+		}()
+	}
+	var all []error
+	for range refs {
+		all = append(all, <-errs)
+	}
+	return dir, errors.Join(all...)
+}
+
+// externalize moves large inline outputs into the store and references them.
+func (s *Sidecar) externalize(ctx context.Context, env *invocation.Envelope, body []byte) ([]byte, error) {
+	outs, err := invocation.DecodeOutputs(body)
+	if err != nil {
+		return nil, err
+	}
+	changed := false
+	for i := range outs.Objects {
+		o := &outs.Objects[i]
+		if len(o.Inline) <= s.cfg.InlineThreshold {
+			continue
+		}
+		if err := s.waitKeys(ctx); err != nil {
+			return nil, err
+		}
+		id := fmt.Sprintf("%s/%s/%s/%d", env.Session, o.Bucket, o.Key, s.seq.Add(1))
+		exp := time.Now().Add(s.cfg.ObjectTTL)
+		putCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		// Outputs may be read by several targets: they live until the
+		// session is collected or the TTL passes.
+		err := s.Store.Put(putCtx, store.Meta{ID: id, Session: env.Session, Bucket: o.Bucket, Key: o.Key, Reads: math.MaxUint32, Expires: exp}, o.Inline)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		r, err := s.keys.Load().Seal(ref.Record{Addr: s.addr(), Key: id, Expires: exp, Reads: math.MaxUint32})
+		if err != nil {
+			return nil, err
+		}
+		o.Size, o.Ref, o.Inline = int64(len(o.Inline)), r, nil
+		changed = true
+	}
+	if !changed {
+		return body, nil
+	}
+	return json.Marshal(outs)
+}
+
+// recorder buffers the function's response so outputs can be rewritten.
+type recorder struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) WriteHeader(code int)        { r.code = code }
+func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }

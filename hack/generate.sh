@@ -11,6 +11,11 @@ if compgen -G "controllers/*.go" >/dev/null; then
 	controller-gen rbac:roleName=ziptrail-operator paths=./controllers/... output:rbac:artifacts:config=config/rbac
 fi
 
+# The Helm chart ships the CRDs and the generated operator RBAC.
+mkdir -p charts/ziptrail/crds charts/ziptrail/files
+cp config/crd/bases/*.yaml charts/ziptrail/crds/
+cp config/rbac/role.yaml charts/ziptrail/files/role.yaml
+
 # Knative Serving's CRDs, at the version pinned in go.mod, for envtest: the
 # operator creates serving.knative.dev/v1 Services.
 knative="$(go list -m -f '{{.Dir}}' knative.dev/serving)"

@@ -50,7 +50,7 @@ func FromEnv() Config {
 	c := Config{
 		Namespace: os.Getenv("SERVING_NAMESPACE"), Pod: os.Getenv("SERVING_POD"), PodIP: os.Getenv("SERVING_POD_IP"),
 		Workflow: os.Getenv("ZIPTRAIL_WORKFLOW"), Function: os.Getenv("ZIPTRAIL_FUNCTION"),
-		DataplanePort: envInt("ZIPTRAIL_DATAPLANE_PORT", 9091), ShmDir: envStr("ZIPTRAIL_SHM_DIR", "/dev/shm/ziptrail/objects"),
+		DataplanePort: envInt("ZIPTRAIL_DATAPLANE_PORT", 9192), ShmDir: envStr("ZIPTRAIL_SHM_DIR", "/dev/shm/ziptrail/objects"),
 		MemoryLimit: int64(envInt("ZIPTRAIL_MEMORY_LIMIT", 256<<20)), InlineThreshold: envInt("ZIPTRAIL_INLINE_THRESHOLD", 64<<10),
 		ObjectTTL:    time.Duration(envInt("ZIPTRAIL_OBJECT_TTL_SECONDS", 600)) * time.Second,
 		OperatorAddr: os.Getenv("ZIPTRAIL_OPERATOR_ADDR"), KeyFile: os.Getenv("ZIPTRAIL_KEY_FILE"),

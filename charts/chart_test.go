@@ -1,0 +1,87 @@
+// Package charts_test checks the Helm chart with the real helm binary and
+// a real API server: lint, render, and server-side dry-run apply.
+package charts_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ziptrail/ziptrail/internal/controlplane"
+)
+
+func helm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	bin, err := exec.LookPath("helm")
+	if err != nil {
+		t.Fatal("helm not found: run `eval \"$(hack/install-deps.sh --env)\"` (make test does)")
+	}
+	var out, stderr bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	err = cmd.Run()
+	return out.String() + stderr.String(), err
+}
+
+func TestChart(t *testing.T) {
+	chart := filepath.Join(controlplane.RepoRoot(), "charts", "ziptrail")
+	allFeatures := filepath.Join(chart, "ci", "all-features-values.yaml")
+
+	for _, values := range [][]string{nil, {"-f", allFeatures}} {
+		if out, err := helm(t, append([]string{"lint", "--strict", chart}, values...)...); err != nil {
+			t.Fatalf("helm lint %v: %v\n%s", values, err, out)
+		}
+	}
+	out, err := helm(t, "lint", chart, "-f", filepath.Join(chart, "ci", "bad-values.yaml"))
+	if err == nil || !strings.Contains(out, "/operator/replicas") || !strings.Contains(out, "/tiers/redis/address") {
+		t.Errorf("a bad values file must fail the schema naming the fields: %v\n%s", err, out)
+	}
+
+	env, err := controlplane.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer env.Stop()
+	kubeconfig, err := env.Kubeconfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"ziptrail-system", "knative-serving", "team-a", "team-b"} {
+		if err := k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, values := range map[string][]string{"default": nil, "all features": {"-f", allFeatures}} {
+		manifest, err := helm(t, append([]string{"template", "zt", chart, "--namespace", "ziptrail-system", "--include-crds", "--kube-version", "1.36.3"}, values...)...)
+		if err != nil {
+			t.Fatalf("%s: helm template: %v\n%s", name, err, manifest)
+		}
+		for _, kind := range []string{"kind: Deployment", "kind: ClusterRole", "kind: Job", "kind: CustomResourceDefinition"} {
+			if !strings.Contains(manifest, kind) {
+				t.Errorf("%s: rendered chart has no %s", name, kind)
+			}
+		}
+		if name == "all features" && !strings.Contains(manifest, "kind: NetworkPolicy") {
+			t.Errorf("networkPolicy.enabled renders no NetworkPolicy")
+		}
+		cmd := exec.Command(filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl"), "--kubeconfig", kubeconfig, "apply", "--dry-run=server", "-f", "-")
+		cmd.Stdin = strings.NewReader(manifest)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s: kubectl apply --dry-run=server: %v\n%s", name, err, out)
+		} else {
+			t.Logf("%s:\n%s", name, out)
+		}
+	}
+}

@@ -45,6 +45,18 @@ test-python: ## Python SDK tests (pytest) in the cached venv.
 demo: deps ## Start a local API server, apply the samples, show them, tear down.
 	$(DEPS_ENV); go run ./cmd/ziptrail demo
 
+.PHONY: bench
+bench: ## Trigger engine benchmarks (single core).
+	go test -run XXX -bench . -cpu 1 -benchtime 2s ./internal/engine
+
+.PHONY: bench-dataplane
+bench-dataplane: deps ## ziptrail vs raw TCP vs Redis vs S3, one run; writes docs/bench/.
+	$(DEPS_ENV); go run ./bench/dataplane
+
+.PHONY: e2e
+e2e: deps ## The local e2e suite alone (part of make test).
+	$(DEPS_ENV); go test -count=1 -timeout 20m ./e2e/...
+
 .PHONY: help
 help:
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-16s %s\n", $$1, $$2}'

@@ -32,11 +32,13 @@ import (
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dispatch"
 	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/orchestrator"
 )
 
 type config struct {
 	metricsAddr, probeAddr, controlAddr, gatewayAddr string
+	gatewayGRPCAddr                                  string
 	leaderElect                                      bool
 	leaderNS                                         string
 	redisAddr, redisPassword, checkpointKey          string
@@ -51,6 +53,7 @@ func main() {
 	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (ready only on the leader)")
 	flag.StringVar(&c.controlAddr, "control-bind-address", ":9443", "address of the sidecars' gRPC control stream")
 	flag.StringVar(&c.gatewayAddr, "gateway-bind-address", ":8088", "address of the session gateway (HTTP)")
+	flag.StringVar(&c.gatewayGRPCAddr, "gateway-grpc-bind-address", ":8089", "address of the session gateway (gRPC)")
 	flag.BoolVar(&c.leaderElect, "leader-elect", false, "elect a leader so only one replica drives the trigger engine")
 	flag.StringVar(&c.leaderNS, "leader-election-namespace", "", "namespace of the leader-election lease (default: the pod's namespace)")
 	flag.StringVar(&c.redisAddr, "redis-addr", os.Getenv("ZIPTRAIL_REDIS_ADDR"), "host:port of Redis: fast tier and engine checkpoints (empty: both disabled)")
@@ -127,9 +130,17 @@ func run(c config) error {
 	})); err != nil {
 		return err
 	}
+	gw := gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}})
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		hs := &http.Server{Handler: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}}), ReadHeaderTimeout: 10 * time.Second}
+		hs := &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
 		return serveUntil(ctx, c.gatewayAddr, hs.Serve, func() { _ = hs.Shutdown(context.Background()) })
+	})); err != nil {
+		return err
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		gs := grpc.NewServer()
+		gatewayv1.RegisterGatewayServer(gs, &gateway.GRPC{H: gw})
+		return serveUntil(ctx, c.gatewayGRPCAddr, gs.Serve, func() { gs.GracefulStop() })
 	})); err != nil {
 		return err
 	}

@@ -31,6 +31,9 @@ type Client struct {
 	ChunkSize int // default 256 KiB (measured fastest here)
 	Window    int // reads in flight per object; default 32
 	Now       func() time.Time
+	// Fallback is read when the producer is gone: Redis, then S3 (objects
+	// spilled, or backed up when the producer pod terminated).
+	Fallback Fallback
 
 	mu    sync.Mutex
 	conns map[string]*producerConn
@@ -60,8 +63,33 @@ func (c *Client) Pull(ctx context.Context, r string) ([]byte, Info, error) {
 }
 
 // PullTo fetches a referenced object into the destination that dst returns
-// for its size (e.g. a shared-memory file), chunk by chunk.
+// for its size (e.g. a shared-memory file), chunk by chunk. When the
+// producer is gone it reads the object from the storage tiers instead.
 func (c *Client) PullTo(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (Info, error) {
+	info, err := c.pullFromProducer(ctx, r, dst)
+	if err == nil || !errors.Is(err, ErrProducerGone) || c.Fallback == nil {
+		return info, err
+	}
+	rec, rerr := c.Keys.Open(r, time.Now())
+	if rerr != nil {
+		return info, err
+	}
+	data, from, ferr := c.Fallback.Get(ctx, rec.Key)
+	if ferr != nil {
+		return info, fmt.Errorf("%w; no tier has it either: %v", err, ferr)
+	}
+	w, werr := dst(int64(len(data)))
+	if werr != nil {
+		return info, werr
+	}
+	if _, werr := w.WriteAt(data, 0); werr != nil {
+		return info, werr
+	}
+	fallbackReads.WithLabelValues(from).Inc()
+	return Info{Size: int64(len(data))}, nil
+}
+
+func (c *Client) pullFromProducer(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (Info, error) {
 	now := time.Now
 	if c.Now != nil {
 		now = c.Now

@@ -89,11 +89,12 @@ func TestBadReferenceClasses(t *testing.T) {
 	c := &Client{Keys: keys(t, "ns")}
 	defer c.Close()
 	tampered := []byte(refs["o"])
-	tampered[len(tampered)-3] ^= 0x01
-	if !strings.ContainsRune("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", rune(tampered[len(tampered)-3])) {
-		tampered[len(tampered)-3] = 'A'
+	if tampered[len(tampered)-5] == 'A' { // another valid base64url character
+		tampered[len(tampered)-5] = 'B'
+	} else {
+		tampered[len(tampered)-5] = 'A'
 	}
-	if _, _, err := c.Pull(ctx, string(tampered)); !errors.Is(err, ref.ErrTampered) && !errors.Is(err, ref.ErrMalformed) {
+	if _, _, err := c.Pull(ctx, string(tampered)); !errors.Is(err, ref.ErrTampered) {
 		t.Errorf("tampered: %v", err)
 	}
 	other := &Client{Keys: keys(t, "other-ns")}

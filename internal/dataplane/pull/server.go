@@ -21,6 +21,11 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 )
 
+// Fallback reads objects from storage tiers (tier.Chain implements it).
+type Fallback interface {
+	Get(ctx context.Context, id string) ([]byte, string, error)
+}
+
 // MaxChunk bounds one read (Cap'n Proto caps a message at 64 MiB).
 const MaxChunk = 8 << 20
 
@@ -29,6 +34,8 @@ type Server struct {
 	Store *store.Store
 	Keys  *ref.Keyring
 	Now   func() time.Time
+	// Fallback serves objects no longer in memory (spilled to the fast tier).
+	Fallback Fallback
 
 	mu    sync.Mutex
 	conns map[*rpc.Conn]struct{}
@@ -101,7 +108,14 @@ func (p *producer) Open(_ context.Context, call dp.Producer_open) error {
 		return err
 	}
 	lease, err := p.s.Store.Read(rec.Key)
-	if err != nil {
+	if errors.Is(err, store.ErrNotFound) && p.s.Fallback != nil {
+		// Spilled under memory pressure: serve it from the tier.
+		data, _, ferr := p.s.Fallback.Get(context.Background(), rec.Key)
+		if ferr != nil {
+			return fmt.Errorf("%w (and %v)", err, ferr)
+		}
+		lease = store.Detached(store.Meta{ID: rec.Key, Size: int64(len(data))}, data)
+	} else if err != nil {
 		return err
 	}
 	res, err := call.AllocResults()

@@ -24,11 +24,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
@@ -36,13 +41,19 @@ import (
 type Config struct {
 	Namespace, Workflow, Function, Pod string
 	PodIP                              string
-	DataplanePort                      int    // Cap'n Proto server port (9091)
+	DataplanePort                      int    // Cap'n Proto server port (9192; Knative uses 9090/9091)
 	ShmDir                             string // where resolved inputs are written for the function
 	MemoryLimit                        int64  // store cap in bytes
 	InlineThreshold                    int    // objects up to this size stay inline
 	ObjectTTL                          time.Duration
 	OperatorAddr                       string // control stream; empty: keys from KeyFile
 	KeyFile                            string // JSON {"active": id, "keys": {id: base64}} for standalone use
+	// Tiers: Redis takes spilled objects, S3 the backup of unread objects
+	// when the pod terminates. Nil tiers are disabled.
+	Redis *tier.Redis
+	S3    *tier.S3
+	// BackupTimeout bounds the SIGTERM backup (inside Knative's drain).
+	BackupTimeout time.Duration
 }
 
 // FromEnv builds a Config from Knative's and ziptrail's environment.
@@ -57,6 +68,18 @@ func FromEnv() Config {
 	}
 	if c.Function == "" {
 		c.Function = os.Getenv("SERVING_SERVICE")
+	}
+	c.BackupTimeout = time.Duration(envInt("ZIPTRAIL_BACKUP_TIMEOUT_SECONDS", 25)) * time.Second
+	if addr := os.Getenv("ZIPTRAIL_REDIS_ADDR"); addr != "" {
+		c.Redis = &tier.Redis{Client: redis.NewClient(&redis.Options{Addr: addr, Password: os.Getenv("ZIPTRAIL_REDIS_PASSWORD")}),
+			Prefix: "zt:obj:" + c.Namespace + ":"}
+	}
+	if ep := os.Getenv("ZIPTRAIL_S3_ENDPOINT"); ep != "" {
+		mc, err := minio.New(ep, &minio.Options{Creds: credentials.NewStaticV4(os.Getenv("ZIPTRAIL_S3_ACCESS_KEY"), os.Getenv("ZIPTRAIL_S3_SECRET_KEY"), ""),
+			Secure: os.Getenv("ZIPTRAIL_S3_TLS") == "true"})
+		if err == nil {
+			c.S3 = &tier.S3{Client: mc, Bucket: envStr("ZIPTRAIL_S3_BUCKET", "ziptrail"), Prefix: c.Namespace + "/"}
+		}
 	}
 	return c
 }
@@ -86,12 +109,57 @@ type Sidecar struct {
 	seq    atomic.Uint64
 	ready  chan struct{} // closed once keys are known
 	once   sync.Once
+
+	backedUp chan struct{}
 }
 
 // New prepares a sidecar; Start runs its servers.
 func New(cfg Config) *Sidecar {
-	return &Sidecar{cfg: cfg, Store: store.New(cfg.MemoryLimit, nil), ready: make(chan struct{})}
+	s := &Sidecar{cfg: cfg, Store: store.New(cfg.MemoryLimit, nil), ready: make(chan struct{}), backedUp: make(chan struct{})}
+	if cfg.Redis != nil {
+		s.Store.Spill = func(ctx context.Context, m store.Meta, data []byte) error {
+			return cfg.Redis.Put(ctx, m.ID, data, time.Until(m.Expires))
+		}
+	}
+	return s
 }
+
+// tiers is the read-through chain: Redis, then S3.
+func (s *Sidecar) tiers() tier.Chain {
+	var c tier.Chain
+	if s.cfg.Redis != nil {
+		c = append(c, s.cfg.Redis)
+	}
+	if s.cfg.S3 != nil {
+		c = append(c, s.cfg.S3)
+	}
+	return c
+}
+
+// Backup copies every unread object to the slow tier (S3), so consumers
+// can still read them after this pod is gone. It runs on SIGTERM.
+func (s *Sidecar) Backup(ctx context.Context) (int, error) {
+	if s.cfg.S3 == nil {
+		return 0, nil
+	}
+	n := 0
+	var errs []error
+	for _, m := range s.Store.Unread() {
+		data, _, ok := s.Store.Peek(m.ID)
+		if !ok {
+			continue
+		}
+		if err := s.cfg.S3.Put(ctx, m.ID, data, 0); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// BackedUp is closed once the shutdown backup finished.
+func (s *Sidecar) BackedUp() <-chan struct{} { return s.backedUp }
 
 // Start listens for consumers, connects to the operator (or loads the key
 // file) and runs until ctx ends.
@@ -106,6 +174,9 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		return fmt.Errorf("data plane listener: %w", err)
 	}
 	s.server = &pull.Server{Store: s.Store}
+	if chain := s.tiers(); len(chain) > 0 && s.cfg.Redis != nil {
+		s.server.Fallback = tier.Chain{s.cfg.Redis}
+	}
 	go func() {
 		<-s.ready
 		s.server.Keys = s.keys.Load()
@@ -134,6 +205,12 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		for {
 			select {
 			case <-ctx.Done():
+				// SIGTERM: Knative drains for a while before stopping the
+				// servers; back unread objects up meanwhile, then close.
+				bctx, cancel := context.WithTimeout(context.Background(), s.cfg.BackupTimeout)
+				_, _ = s.Backup(bctx)
+				cancel()
+				close(s.backedUp)
 				_ = ln.Close()
 				return
 			case <-t.C:
@@ -161,7 +238,11 @@ func (s *Sidecar) setKeys(k *controlv1.Keys) error {
 		return err
 	}
 	s.keys.Store(kr)
-	s.client = &pull.Client{Keys: kr}
+	client := &pull.Client{Keys: kr}
+	if chain := s.tiers(); len(chain) > 0 {
+		client.Fallback = chain
+	}
+	s.client = client
 	s.once.Do(func() { close(s.ready) })
 	return nil
 }

@@ -35,11 +35,13 @@ type Meta struct {
 }
 
 type entry struct {
-	meta    Meta
-	data    []byte
-	read    uint32 // reads started
-	readers int    // reads in progress (leases)
-	gone    bool   // freed while leased: the last Release drops it
+	meta     Meta
+	seq      uint64 // insertion order, for spilling the oldest first
+	spilling bool
+	data     []byte
+	read     uint32 // reads started
+	readers  int    // reads in progress (leases)
+	gone     bool   // freed while leased: the last Release drops it
 }
 
 // Store is safe for concurrent use.
@@ -48,8 +50,13 @@ type Store struct {
 	now  func() time.Time
 	mu   sync.Mutex
 	used int64
+	seq  uint64
 	objs map[string]*entry
 	free chan struct{} // closed and replaced whenever memory is released
+
+	// Spill, when set, moves objects out of memory (to the fast tier)
+	// instead of making a put wait: the oldest unleased objects go first.
+	Spill func(ctx context.Context, m Meta, data []byte) error
 }
 
 // New returns a store holding at most capBytes of object data.
@@ -78,13 +85,21 @@ func (s *Store) Put(ctx context.Context, m Meta, data []byte) error {
 		}
 		s.sweepLocked()
 		if s.used+m.Size <= s.cap {
-			s.objs[m.ID] = &entry{meta: m, data: data}
+			s.seq++
+			s.objs[m.ID] = &entry{meta: m, data: data, seq: s.seq}
 			s.used += m.Size
 			s.mu.Unlock()
 			return nil
 		}
 		wait := s.free
+		victims := s.victimsLocked(s.used + m.Size - s.cap)
 		s.mu.Unlock()
+		if len(victims) > 0 {
+			if err := s.spill(ctx, victims); err != nil {
+				return fmt.Errorf("store full and spilling failed: %w", err)
+			}
+			continue
+		}
 		select {
 		case <-wait:
 		case <-ctx.Done():
@@ -246,4 +261,60 @@ func (s *Store) dropLocked(e *entry) {
 	e.data = nil
 	close(s.free)
 	s.free = make(chan struct{})
+}
+
+// victimsLocked picks the oldest unleased objects adding up to need bytes
+// and marks them as being spilled.
+func (s *Store) victimsLocked(need int64) []*entry {
+	if s.Spill == nil {
+		return nil
+	}
+	var cands []*entry
+	for _, e := range s.objs {
+		if !e.gone && !e.spilling && e.readers == 0 {
+			cands = append(cands, e)
+		}
+	}
+	sort.Slice(cands, func(i, j int) bool { return cands[i].seq < cands[j].seq })
+	var out []*entry
+	for _, e := range cands {
+		if need <= 0 {
+			break
+		}
+		e.spilling = true
+		out = append(out, e)
+		need -= e.meta.Size
+	}
+	return out
+}
+
+// spill writes victims to the fast tier (without holding the lock) and
+// frees them; a victim that failed to spill stays in memory.
+func (s *Store) spill(ctx context.Context, victims []*entry) error {
+	var errs []error
+	for _, e := range victims {
+		err := s.Spill(ctx, e.meta, e.data)
+		s.mu.Lock()
+		e.spilling = false
+		if err == nil {
+			s.freeLocked(e)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Detached wraps bytes that live outside the store (read back from a tier)
+// as a lease, so they are served like a stored object.
+func Detached(m Meta, data []byte) *Lease {
+	s := New(int64(len(data))+1, nil)
+	e := &entry{meta: m, data: data, readers: 1, read: 1}
+	m.Reads = 1
+	e.meta = m
+	s.objs[m.ID] = e
+	s.used = int64(len(data))
+	return &Lease{Meta: m, Data: data, s: s, e: e}
 }

@@ -50,6 +50,9 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
 
     class _H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out as separate writes; with Nagle's algorithm
+        # the body waits for the peer's delayed ACK (~40 ms per invocation).
+        disable_nagle_algorithm = True
 
         def do_POST(self) -> None:  # noqa: N802 (http.server naming)
             length = int(self.headers.get("Content-Length") or 0)

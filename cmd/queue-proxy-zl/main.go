@@ -3,6 +3,9 @@
 // and resolution of object references on invocations. It replaces
 // Knative's queue-sidecar-image cluster-wide; requests without ziptrail
 // content behave exactly as with the stock queue-proxy.
+//
+// `queue-proxy-zl --standalone` runs the ziptrail part alone (see
+// standalone.go), for tests and SDK test suites on one machine.
 package main
 
 import (
@@ -15,6 +18,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "--standalone" {
+		os.Exit(standalone(os.Args[2:], os.Stderr))
+	}
 	sc := sidecar.New(sidecar.FromEnv())
 	err := sharedmain.Main(func(d *sharedmain.Defaults) {
 		if err := sc.Start(d.Ctx); err != nil {

@@ -66,6 +66,12 @@ func (c *Client) Pull(ctx context.Context, r string) ([]byte, Info, error) {
 // for its size (e.g. a shared-memory file), chunk by chunk. When the
 // producer is gone it reads the object from the storage tiers instead.
 func (c *Client) PullTo(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (Info, error) {
+	info, err := c.pullTo(ctx, r, dst)
+	observePull(info, err)
+	return info, err
+}
+
+func (c *Client) pullTo(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (Info, error) {
 	info, err := c.pullFromProducer(ctx, r, dst)
 	if err == nil || !errors.Is(err, ErrProducerGone) || c.Fallback == nil {
 		return info, err

@@ -1,10 +1,56 @@
 package pull
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
 
-var fallbackReads = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "ziptrail_dataplane_fallback_reads_total",
-	Help: "Objects read from a storage tier because their producer was gone.",
-}, []string{"tier"})
+	"github.com/prometheus/client_golang/prometheus"
 
-func init() { prometheus.MustRegister(fallbackReads) }
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+)
+
+var (
+	fallbackReads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ziptrail_dataplane_fallback_reads_total",
+		Help: "Objects read from a storage tier because their producer was gone.",
+	}, []string{"tier"})
+	pulls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ziptrail_dataplane_pulls_total",
+		Help: "Objects this consumer pulled, by result (ok or the error class).",
+	}, []string{"result"})
+	pulledBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_dataplane_pulled_bytes_total",
+		Help: "Bytes of objects this consumer pulled successfully.",
+	})
+	servedBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_dataplane_served_bytes_total",
+		Help: "Object bytes this producer sent to consumers.",
+	})
+)
+
+func init() { prometheus.MustRegister(fallbackReads, pulls, pulledBytes, servedBytes) }
+
+// errorClasses label failed pulls, in match order.
+var errorClasses = []struct {
+	err   error
+	label string
+}{
+	{ref.ErrMalformed, "malformed"}, {ref.ErrTampered, "tampered"}, {ref.ErrUnknownKey, "unknown_key"},
+	{ref.ErrForeign, "foreign"}, {ref.ErrExpired, "expired"}, {store.ErrExpired, "expired"},
+	{store.ErrExhausted, "exhausted"}, {ErrProducerGone, "producer_gone"}, {store.ErrNotFound, "not_found"},
+}
+
+func observePull(info Info, err error) {
+	if err == nil {
+		pulls.WithLabelValues("ok").Inc()
+		pulledBytes.Add(float64(info.Size))
+		return
+	}
+	for _, c := range errorClasses {
+		if errors.Is(err, c.err) {
+			pulls.WithLabelValues(c.label).Inc()
+			return
+		}
+	}
+	pulls.WithLabelValues("other").Inc()
+}

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/rpc"
 
 	dp "github.com/ziptrail/ziptrail/internal/dataplane/capnp"
@@ -61,8 +60,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		if tc, ok := nc.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
-		boot := capnp.Client(dp.Producer_ServerToClient(&producer{s}))
-		conn := rpc.NewConn(rpc.NewStreamTransport(nc), &rpc.Options{BootstrapClient: boot})
+		conn := s.newConn(nc)
 		s.mu.Lock()
 		s.conns[conn] = struct{}{}
 		s.mu.Unlock()
@@ -131,6 +129,7 @@ func (p *producer) Open(_ context.Context, call dp.Producer_open) error {
 		lease.Release()
 		return err
 	}
+	servedBytes.Add(float64(head))
 	if head == len(lease.Data) {
 		// Everything travelled in the head: no reader needed.
 		lease.Release()
@@ -174,6 +173,7 @@ func (r *reader) Read(_ context.Context, call dp.Reader_read) error {
 	if err != nil {
 		return err
 	}
+	servedBytes.Add(float64(end - off))
 	return res.SetData(data[off:end])
 }
 

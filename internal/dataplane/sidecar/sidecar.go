@@ -30,6 +30,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
@@ -48,6 +49,8 @@ type Config struct {
 	ObjectTTL                          time.Duration
 	OperatorAddr                       string // control stream; empty: keys from KeyFile
 	KeyFile                            string // JSON {"active": id, "keys": {id: base64}} for standalone use
+	APISocket                          string // unix socket of the local API for the function; empty disables it
+	MetricsPort                        int    // Prometheus /metrics of the data plane; 0 disables it
 	// Tiers: Redis takes spilled objects, S3 the backup of unread objects
 	// when the pod terminates. Nil tiers are disabled.
 	Redis *tier.Redis
@@ -65,9 +68,16 @@ func FromEnv() Config {
 		MemoryLimit: int64(envInt("ZIPTRAIL_MEMORY_LIMIT", 256<<20)), InlineThreshold: envInt("ZIPTRAIL_INLINE_THRESHOLD", 64<<10),
 		ObjectTTL:    time.Duration(envInt("ZIPTRAIL_OBJECT_TTL_SECONDS", 600)) * time.Second,
 		OperatorAddr: os.Getenv("ZIPTRAIL_OPERATOR_ADDR"), KeyFile: os.Getenv("ZIPTRAIL_KEY_FILE"),
+		APISocket: os.Getenv("ZIPTRAIL_SOCKET"), MetricsPort: envInt("ZIPTRAIL_METRICS_PORT", 9193),
 	}
 	if c.Function == "" {
 		c.Function = os.Getenv("SERVING_SERVICE")
+	}
+	if c.APISocket == "" {
+		// Knative sets queue-proxy's environment, so in a cluster only the
+		// user container gets ZIPTRAIL_SOCKET: both agree on the path next
+		// to the shared-memory object directory (/dev/shm/ziptrail).
+		c.APISocket = filepath.Join(filepath.Dir(c.ShmDir), "sidecar.sock")
 	}
 	c.BackupTimeout = time.Duration(envInt("ZIPTRAIL_BACKUP_TIMEOUT_SECONDS", 25)) * time.Second
 	if addr := os.Getenv("ZIPTRAIL_REDIS_ADDR"); addr != "" {
@@ -106,6 +116,7 @@ type Sidecar struct {
 	server *pull.Server
 	client *pull.Client
 	ctl    *control.Client
+	api    *localapi.Server
 	seq    atomic.Uint64
 	ready  chan struct{} // closed once keys are known
 	once   sync.Once
@@ -118,7 +129,12 @@ func New(cfg Config) *Sidecar {
 	s := &Sidecar{cfg: cfg, Store: store.New(cfg.MemoryLimit, nil), ready: make(chan struct{}), backedUp: make(chan struct{})}
 	if cfg.Redis != nil {
 		s.Store.Spill = func(ctx context.Context, m store.Meta, data []byte) error {
-			return cfg.Redis.Put(ctx, m.ID, data, time.Until(m.Expires))
+			err := cfg.Redis.Put(ctx, m.ID, data, time.Until(m.Expires))
+			spills.WithLabelValues(result(err)).Inc()
+			if err == nil {
+				spilledBytes.Add(float64(len(data)))
+			}
+			return err
 		}
 	}
 	return s
@@ -149,7 +165,9 @@ func (s *Sidecar) Backup(ctx context.Context) (int, error) {
 		if !ok {
 			continue
 		}
-		if err := s.cfg.S3.Put(ctx, m.ID, data, 0); err != nil {
+		err := s.cfg.S3.Put(ctx, m.ID, data, 0)
+		backups.WithLabelValues(result(err)).Inc()
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -199,6 +217,20 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				}})
 		go func() { _ = s.ctl.Run(ctx) }()
 	}
+	stopMetrics := func() {}
+	if s.cfg.MetricsPort != 0 {
+		if stopMetrics, err = s.serveMetrics(); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+	if s.cfg.APISocket != "" {
+		if err := s.serveLocalAPI(); err != nil {
+			_ = ln.Close()
+			stopMetrics()
+			return err
+		}
+	}
 	go func() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
@@ -212,12 +244,57 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				cancel()
 				close(s.backedUp)
 				_ = ln.Close()
+				if s.api != nil {
+					s.api.Stop()
+				}
+				stopMetrics()
 				return
 			case <-t.C:
 				s.Store.Sweep()
 			}
 		}
 	}()
+	return nil
+}
+
+// serveLocalAPI starts the function container's API on its unix socket;
+// object files go through the shared-memory directory.
+func (s *Sidecar) serveLocalAPI() error {
+	if err := os.MkdirAll(s.cfg.ShmDir, 0o777); err != nil {
+		return fmt.Errorf("shared-memory directory: %w", err)
+	}
+	api := &localapi.Server{Store: s.Store, Addr: s.addr(), Dir: s.cfg.ShmDir, Namespace: s.cfg.Namespace, Function: s.cfg.Function,
+		TTL: s.cfg.ObjectTTL, InlineThreshold: s.cfg.InlineThreshold, MaxObjectBytes: s.cfg.MemoryLimit,
+		Keys: func(ctx context.Context) (*ref.Keyring, error) {
+			if err := s.waitKeys(ctx); err != nil {
+				return nil, err
+			}
+			return s.keys.Load(), nil
+		},
+		Pull: func(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (pull.Info, error) {
+			if err := s.waitKeys(ctx); err != nil {
+				return pull.Info{}, err
+			}
+			return s.client.PullTo(ctx, r, dst)
+		},
+	}
+	if s.cfg.Redis != nil {
+		api.Spilled = tier.Chain{s.cfg.Redis}
+	}
+	if s.cfg.S3 != nil {
+		api.Persist = s.cfg.S3
+	}
+	if s.ctl != nil {
+		api.Report = func(ev *controlv1.ObjectReady) error {
+			return s.ctl.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: ev}})
+		}
+	}
+	ln, err := localapi.Listen(s.cfg.APISocket)
+	if err != nil {
+		return err
+	}
+	s.api = api
+	go func() { _ = api.Serve(ln) }()
 	return nil
 }
 

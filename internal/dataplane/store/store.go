@@ -53,6 +53,9 @@ type Store struct {
 	seq  uint64
 	objs map[string]*entry
 	free chan struct{} // closed and replaced whenever memory is released
+	// spent remembers objects freed after their last allowed read, until
+	// their expiry, so a reader is told "exhausted" rather than "not found".
+	spent map[string]time.Time
 
 	// Spill, when set, moves objects out of memory (to the fast tier)
 	// instead of making a put wait: the oldest unleased objects go first.
@@ -124,6 +127,9 @@ func (l *Lease) Release() {
 		defer l.s.mu.Unlock()
 		l.e.readers--
 		if l.e.readers == 0 && (l.e.gone || l.e.read >= l.e.meta.Reads) {
+			if l.e.read >= l.e.meta.Reads {
+				l.s.tombstoneLocked(l.e.meta)
+			}
 			l.s.dropLocked(l.e)
 		}
 	})
@@ -135,6 +141,9 @@ func (s *Store) Read(id string) (*Lease, error) {
 	defer s.mu.Unlock()
 	e, ok := s.objs[id]
 	if !ok || e.gone {
+		if _, spent := s.spent[id]; spent {
+			return nil, fmt.Errorf("%s: %w", id, ErrExhausted)
+		}
 		return nil, fmt.Errorf("%s: %w", id, ErrNotFound)
 	}
 	if !s.now().Before(e.meta.Expires) && !e.meta.Expires.IsZero() {
@@ -232,6 +241,12 @@ func (s *Store) Sweep() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sweepLocked()
+	now := s.now()
+	for id, exp := range s.spent {
+		if !now.Before(exp) {
+			delete(s.spent, id)
+		}
+	}
 }
 
 func (s *Store) sweepLocked() {
@@ -241,6 +256,26 @@ func (s *Store) sweepLocked() {
 			s.freeLocked(e)
 		}
 	}
+}
+
+// maxSpent bounds the exhausted-object memory; past it the oldest reason
+// is lost and a late reader gets ErrNotFound instead.
+const maxSpent = 1 << 16
+
+func (s *Store) tombstoneLocked(m Meta) {
+	if m.Expires.IsZero() {
+		return
+	}
+	if s.spent == nil {
+		s.spent = map[string]time.Time{}
+	}
+	if len(s.spent) >= maxSpent {
+		for id := range s.spent { // drop an arbitrary one
+			delete(s.spent, id)
+			break
+		}
+	}
+	s.spent[m.ID] = m.Expires
 }
 
 // freeLocked frees now, or when the last lease ends.

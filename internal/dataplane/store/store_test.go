@@ -32,8 +32,13 @@ func TestReadsTTLAndSessions(t *testing.T) {
 		}
 		l.Release()
 	}
-	if _, err := s.Read("two"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("after the allowed reads the object is freed: %v", err)
+	// After the allowed reads the object is freed, and a further read is
+	// told why.
+	if _, err := s.Read("two"); !errors.Is(err, ErrExhausted) {
+		t.Errorf("read after the allowed reads: %v, want exhausted", err)
+	}
+	if _, _, ok := s.Peek("two"); ok {
+		t.Error("an exhausted object is still held")
 	}
 
 	c.t = c.t.Add(time.Second)
@@ -45,6 +50,12 @@ func TestReadsTTLAndSessions(t *testing.T) {
 	}
 	if s.Used() != 0 || s.Len() != 0 {
 		t.Errorf("left %d bytes in %d objects", s.Used(), s.Len())
+	}
+	// The exhausted marker lives as long as the object would have.
+	c.t = c.t.Add(time.Minute)
+	s.Sweep()
+	if _, err := s.Read("two"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("exhausted marker outlived the object's expiry: %v", err)
 	}
 }
 

@@ -1,0 +1,108 @@
+package localapi
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
+)
+
+// Reasons name the error classes the SDKs tell apart; they travel as a
+// google.rpc.ErrorInfo detail of the gRPC status (domain ErrorDomain).
+const (
+	ErrorDomain = "ziptrail.dev"
+
+	ReasonMalformed    = "REF_MALFORMED"
+	ReasonTampered     = "REF_TAMPERED"
+	ReasonUnknownKey   = "REF_UNKNOWN_KEY"
+	ReasonForeign      = "REF_FOREIGN_NAMESPACE"
+	ReasonExpired      = "OBJECT_EXPIRED"
+	ReasonExhausted    = "OBJECT_EXHAUSTED"
+	ReasonNotFound     = "OBJECT_NOT_FOUND"
+	ReasonProducerGone = "PRODUCER_GONE"
+	ReasonTooLarge     = "OBJECT_TOO_LARGE"
+	ReasonStoreFull    = "STORE_FULL"
+	ReasonBadPayload   = "BAD_PAYLOAD"
+	ReasonNotReady     = "KEYS_NOT_READY"
+)
+
+type class struct {
+	err    error
+	code   codes.Code
+	reason string
+}
+
+// classes in match order: reference errors before the store's (a
+// producer's exhausted error wraps its store error, for instance).
+var classes = []class{
+	{ref.ErrMalformed, codes.InvalidArgument, ReasonMalformed},
+	{ref.ErrTampered, codes.InvalidArgument, ReasonTampered},
+	{ref.ErrUnknownKey, codes.FailedPrecondition, ReasonUnknownKey},
+	{ref.ErrForeign, codes.PermissionDenied, ReasonForeign},
+	{ref.ErrExpired, codes.FailedPrecondition, ReasonExpired},
+	{store.ErrExpired, codes.FailedPrecondition, ReasonExpired},
+	{store.ErrExhausted, codes.FailedPrecondition, ReasonExhausted},
+	{store.ErrTooLarge, codes.ResourceExhausted, ReasonTooLarge},
+	{ErrBadPayload, codes.InvalidArgument, ReasonBadPayload},
+	{errNotReady, codes.Unavailable, ReasonNotReady},
+	// After the specific classes: a gone producer whose object is in no
+	// tier either is reported as gone (the cause), not as not-found.
+	{pull.ErrProducerGone, codes.Unavailable, ReasonProducerGone},
+	{store.ErrNotFound, codes.NotFound, ReasonNotFound},
+	{tier.ErrNotFound, codes.NotFound, ReasonNotFound},
+}
+
+var errNotReady = errors.New("the sidecar has no reference keys yet")
+
+// toStatus turns an error into a gRPC status carrying its class.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	for _, c := range classes {
+		if errors.Is(err, c.err) {
+			return withReason(c.code, c.reason, err)
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		// Put waits for memory until its deadline: the pod stayed full.
+		return withReason(codes.ResourceExhausted, ReasonStoreFull, err)
+	}
+	if errors.Is(err, context.Canceled) {
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func withReason(code codes.Code, reason string, err error) error {
+	st, derr := status.New(code, err.Error()).WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain})
+	if derr != nil {
+		return status.Error(code, err.Error())
+	}
+	return st.Err()
+}
+
+// Reason returns the class of an error returned by the local API (one of
+// the Reason constants), or "" for other errors.
+func Reason(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == ErrorDomain {
+			return info.Reason
+		}
+	}
+	return ""
+}

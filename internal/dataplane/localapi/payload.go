@@ -1,0 +1,110 @@
+package localapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+)
+
+// ErrBadPayload: a request's object is missing or names a file the sidecar
+// must not read.
+var ErrBadPayload = errors.New("bad object payload")
+
+// readPayload returns an object's bytes. A file must be a regular file
+// directly inside dir: the sidecar runs with other privileges than the
+// function (it holds the reference keys), so a path elsewhere or a symlink
+// is refused instead of followed. The file is removed once read: the
+// sidecar now owns the object. reserve runs with the file's size before
+// its bytes are read into memory (back-pressure).
+func readPayload(ctx context.Context, dir string, p *sidecarv1.Payload, limit int64, reserve func(context.Context, int64) error) ([]byte, error) {
+	switch src := p.GetSource().(type) {
+	case *sidecarv1.Payload_Inline:
+		if src.Inline == nil {
+			return []byte{}, nil
+		}
+		return src.Inline, nil
+	case *sidecarv1.Payload_Path:
+		path, err := insideDir(dir, src.Path)
+		if err != nil {
+			return nil, err
+		}
+		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadPayload, err)
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil {
+			return nil, err
+		}
+		if !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("%w: %s is not a regular file", ErrBadPayload, src.Path)
+		}
+		if st.Size() > limit {
+			return nil, fmt.Errorf("%w: %s is %d bytes, cap %d", store.ErrTooLarge, src.Path, st.Size(), limit)
+		}
+		if err := reserve(ctx, st.Size()); err != nil {
+			return nil, err
+		}
+		// One allocation of the exact size; the file may not grow meanwhile
+		// (ReadFull stops at the size taken from Stat).
+		data := make([]byte, st.Size())
+		if _, err := io.ReadFull(f, data); err != nil {
+			return nil, fmt.Errorf("%w: read %s: %v", ErrBadPayload, src.Path, err)
+		}
+		_ = os.Remove(path)
+		return data, nil
+	default:
+		return nil, fmt.Errorf("%w: neither inline bytes nor a file", ErrBadPayload)
+	}
+}
+
+// insideDir resolves name to a path directly inside dir.
+func insideDir(dir, name string) (string, error) {
+	if !filepath.IsAbs(name) {
+		name = filepath.Join(dir, name)
+	}
+	clean := filepath.Clean(name)
+	if filepath.Dir(clean) != filepath.Clean(dir) {
+		return "", fmt.Errorf("%w: %s is not directly inside the shared-memory directory %s", ErrBadPayload, name, dir)
+	}
+	return clean, nil
+}
+
+// fileSink creates a file for an object that is returned by path.
+type fileSink struct {
+	f *os.File
+}
+
+func newFileSink(dir string) (*fileSink, error) {
+	f, err := os.CreateTemp(dir, "get-*")
+	if err != nil {
+		return nil, err
+	}
+	return &fileSink{f: f}, nil
+}
+
+// sized pre-sizes the file so chunks land in place (no second copy).
+func (s *fileSink) sized(size int64) (io.WriterAt, error) {
+	return s.f, s.f.Truncate(size)
+}
+
+// done closes the file, keeping it on success and removing it on failure.
+func (s *fileSink) done(err error) (string, error) {
+	cerr := s.f.Close()
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(s.f.Name())
+		return "", err
+	}
+	return s.f.Name(), nil
+}

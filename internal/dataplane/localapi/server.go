@@ -1,0 +1,504 @@
+// Package localapi is the sidecar's API for the function container: gRPC
+// over a unix socket for control, files in the pod's shared-memory
+// directory for object bytes (see proto/ziptrail/sidecar/v1). It offers
+// Zipline's put/get/invoke and Pheromone's send_object/get_object on top of
+// the pod's object store, the data-plane client and the storage tiers.
+package localapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+	"google.golang.org/grpc"
+
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+)
+
+// Server implements the local API for one pod.
+type Server struct {
+	sidecarv1.UnimplementedSidecarServer
+
+	Store *store.Store
+	// Keys returns the namespace's keyring once the sidecar has it.
+	Keys func(ctx context.Context) (*ref.Keyring, error)
+	// Pull fetches a referenced object from its producer (falling back to
+	// the tiers when the producer is gone).
+	Pull func(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (pull.Info, error)
+	// Spilled reads this pod's objects that spilled to the fast tier; nil
+	// when no tier is configured.
+	Spilled pull.Fallback
+	// Persist is the slow tier for persist=true objects; nil disables it.
+	Persist tier.Tier
+	// Report sends an object-ready event to the operator; nil without one.
+	Report func(*controlv1.ObjectReady) error
+
+	Addr            string // this pod's data-plane address, sealed into references
+	Dir             string // shared-memory directory for object files
+	Namespace       string
+	Function        string
+	TTL             time.Duration // default object lifetime
+	InlineThreshold int           // objects up to this size are returned inline
+	PutTimeout      time.Duration // how long a put waits for memory; default 30 s
+	MaxObjectBytes  int64         // the store's cap; larger payload files are refused unread
+	HTTP            *http.Client  // for Invoke; default: no timeout beyond the request's
+	Now             func() time.Time
+
+	seq      atomic.Uint64
+	initOnce sync.Once
+	inflight *semaphore.Weighted // payload bytes read but not yet stored
+	mu       sync.Mutex
+	byName   map[string]string // session/bucket/key -> store id, objects sent here
+	grpcSrv  *grpc.Server
+}
+
+// Listen opens the API's unix socket, replacing a stale one.
+func Listen(socket string) (net.Listener, error) {
+	_ = os.Remove(socket)
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("local API socket: %w", err)
+	}
+	// The function container may run as another user.
+	if err := os.Chmod(socket, 0o666); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// Serve answers calls on ln until Stop.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	s.grpcSrv = grpc.NewServer(grpc.ChainUnaryInterceptor(observe))
+	sidecarv1.RegisterSidecarServer(s.grpcSrv, s)
+	srv := s.grpcSrv
+	s.mu.Unlock()
+	return srv.Serve(ln)
+}
+
+// Stop ends Serve, letting running calls finish.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	srv := s.grpcSrv
+	s.mu.Unlock()
+	if srv != nil {
+		srv.GracefulStop()
+	}
+}
+
+func (s *Server) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+func (s *Server) ttl(ms int64) time.Duration {
+	if ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	if s.TTL > 0 {
+		return s.TTL
+	}
+	return 10 * time.Minute
+}
+
+func (s *Server) keys(ctx context.Context) (*ref.Keyring, error) {
+	if s.Keys == nil {
+		return nil, errNotReady
+	}
+	kr, err := s.Keys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errNotReady, err)
+	}
+	return kr, nil
+}
+
+// limit bounds a payload file to what the store could ever hold, so an
+// oversized file is refused before it is read into memory.
+func (s *Server) limit() int64 {
+	if s.MaxObjectBytes > 0 {
+		return s.MaxObjectBytes
+	}
+	return math.MaxInt64
+}
+
+// load reads a request's object. Payload files are read only while the
+// bytes of all puts still waiting for the store stay under its cap, so a
+// burst of puts into a full pod waits in the shared-memory files instead
+// of growing the sidecar's heap. release ends the reservation once the
+// object is stored (or refused).
+func (s *Server) load(ctx context.Context, p *sidecarv1.Payload) (data []byte, release func(), err error) {
+	s.initOnce.Do(func() { s.inflight = semaphore.NewWeighted(s.limit()) })
+	var held int64
+	data, err = readPayload(ctx, s.Dir, p, s.limit(), func(ctx context.Context, n int64) error {
+		if err := s.inflight.Acquire(ctx, n); err != nil {
+			return fmt.Errorf("store full, waiting to read the object: %w", err)
+		}
+		held = n
+		return nil
+	})
+	release = func() {
+		if held > 0 {
+			s.inflight.Release(held)
+			held = 0
+		}
+	}
+	if err != nil {
+		release()
+		return nil, func() {}, err
+	}
+	return data, release, nil
+}
+
+// put stores data and seals a reference to it.
+func (s *Server) put(ctx context.Context, m store.Meta, data []byte) (string, error) {
+	kr, err := s.keys(ctx)
+	if err != nil {
+		return "", err
+	}
+	timeout := s.PutTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := s.Store.Put(pctx, m, data); err != nil {
+		return "", err
+	}
+	r, err := kr.Seal(ref.Record{Addr: s.Addr, Key: m.ID, Expires: m.Expires, Reads: m.Reads})
+	if err != nil {
+		s.Store.Remove(m.ID)
+		return "", err
+	}
+	return r, nil
+}
+
+func (s *Server) newID(kind string) string {
+	return kind + "-" + strconv.FormatUint(s.seq.Add(1), 10)
+}
+
+// Put implements Zipline's put(obj, N).
+func (s *Server) Put(ctx context.Context, req *sidecarv1.PutRequest) (*sidecarv1.PutResponse, error) {
+	data, release, err := s.load(ctx, req.GetObject())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer release()
+	reads := req.GetReads()
+	if reads == 0 {
+		reads = 1
+	}
+	m := store.Meta{ID: s.newID("put"), Session: req.GetSession(), Reads: reads, Expires: s.now().Add(s.ttl(req.GetTtlMs()))}
+	r, err := s.put(ctx, m, data)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &sidecarv1.PutResponse{Ref: r, Size: int64(len(data))}, nil
+}
+
+// Get implements Zipline's get(ref): from this pod's store when the object
+// is local, else pulled from its producer.
+func (s *Server) Get(ctx context.Context, req *sidecarv1.GetRequest) (*sidecarv1.GetResponse, error) {
+	kr, err := s.keys(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	rec, err := kr.Open(req.GetRef(), s.now())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if rec.Addr == s.Addr {
+		resp, err := s.readLocal(ctx, rec.Key)
+		return resp, toStatus(err)
+	}
+	if s.Pull == nil {
+		return nil, toStatus(errNotReady)
+	}
+	var (
+		buf  []byte
+		sink *fileSink
+	)
+	info, err := s.Pull(ctx, req.GetRef(), func(size int64) (io.WriterAt, error) {
+		if size <= int64(s.InlineThreshold) {
+			buf = make([]byte, size)
+			return sliceAt(buf), nil
+		}
+		var err error
+		if sink, err = newFileSink(s.Dir); err != nil {
+			return nil, err
+		}
+		return sink.sized(size)
+	})
+	if sink != nil {
+		path, err := sink.done(err)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return &sidecarv1.GetResponse{Object: pathPayload(path), Size: info.Size, Source: "remote"}, nil
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &sidecarv1.GetResponse{Object: inlinePayload(buf), Size: info.Size, Source: "remote"}, nil
+}
+
+// readLocal serves an object of this pod: from memory, else from the
+// fast tier it spilled to.
+func (s *Server) readLocal(ctx context.Context, id string) (*sidecarv1.GetResponse, error) {
+	lease, err := s.Store.Read(id)
+	if err == nil {
+		defer lease.Release()
+		return s.respond(lease.Data, "local")
+	}
+	if !errors.Is(err, store.ErrNotFound) || s.Spilled == nil {
+		return nil, err
+	}
+	data, from, terr := s.Spilled.Get(ctx, id)
+	if terr != nil {
+		return nil, fmt.Errorf("%w (and %v)", err, terr)
+	}
+	return s.respond(data, from)
+}
+
+// respond returns data inline when small, else as a new file.
+func (s *Server) respond(data []byte, source string) (*sidecarv1.GetResponse, error) {
+	if len(data) <= s.InlineThreshold {
+		return &sidecarv1.GetResponse{Object: inlinePayload(bytes.Clone(data)), Size: int64(len(data)), Source: source}, nil
+	}
+	sink, err := newFileSink(s.Dir)
+	if err != nil {
+		return nil, err
+	}
+	_, err = sink.f.Write(data)
+	path, err := sink.done(err)
+	if err != nil {
+		return nil, err
+	}
+	return &sidecarv1.GetResponse{Object: pathPayload(path), Size: int64(len(data)), Source: source}, nil
+}
+
+func nameKey(session, bucket, key string) string { return session + "\x00" + bucket + "\x00" + key }
+
+// persistID is where a persisted object lives in the slow tier.
+func persistID(session, bucket, key string) string {
+	if session == "" {
+		return "persist/" + bucket + "/" + key
+	}
+	return "persist/" + bucket + "/" + session + "/" + key
+}
+
+// SendObject implements Pheromone's send_object.
+func (s *Server) SendObject(ctx context.Context, req *sidecarv1.SendObjectRequest) (*sidecarv1.SendObjectResponse, error) {
+	if req.GetBucket() == "" || req.GetKey() == "" {
+		return nil, toStatus(fmt.Errorf("%w: send_object needs a bucket and a key", ErrBadPayload))
+	}
+	if req.GetPersist() && s.Persist == nil {
+		return nil, toStatus(fmt.Errorf("%w: persist requested but no S3 tier is configured", ErrBadPayload))
+	}
+	data, release, err := s.load(ctx, req.GetObject())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer release()
+	resp := &sidecarv1.SendObjectResponse{Size: int64(len(data))}
+	if req.GetPersist() {
+		if err := s.Persist.Put(ctx, persistID(req.GetSession(), req.GetBucket(), req.GetKey()), data, 0); err != nil {
+			return nil, toStatus(fmt.Errorf("persist %s/%s: %w", req.GetBucket(), req.GetKey(), err))
+		}
+		resp.Persisted = true
+	}
+	// Any number of consumers may read a bucket's object: it lives until
+	// the session is collected or its TTL passes.
+	m := store.Meta{ID: s.newID("obj"), Session: req.GetSession(), Bucket: req.GetBucket(), Key: req.GetKey(),
+		Reads: math.MaxUint32, Expires: s.now().Add(s.ttl(0)), Metadata: req.GetMetadata()}
+	r, err := s.put(ctx, m, data)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.remember(nameKey(req.GetSession(), req.GetBucket(), req.GetKey()), m.ID)
+	ev := &controlv1.ObjectReady{Session: req.GetSession(), Bucket: req.GetBucket(), Key: req.GetKey(), Size: resp.Size,
+		Metadata: req.GetMetadata(), ProducerFunction: s.Function, InvocationId: req.GetInvocationId(), Persisted: resp.Persisted}
+	if len(data) <= s.InlineThreshold {
+		ev.Inline = data // small objects travel with the event
+	} else {
+		ev.Ref, resp.Ref = r, r
+	}
+	if s.Report != nil {
+		if err := s.Report(ev); err != nil {
+			return nil, toStatus(fmt.Errorf("report object %s/%s to the operator: %w", req.GetBucket(), req.GetKey(), err))
+		}
+	}
+	return resp, nil
+}
+
+// remember indexes an object by name, dropping entries of freed objects
+// once the index outgrows the store (amortized, so it stays bounded).
+func (s *Server) remember(name, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byName == nil {
+		s.byName = map[string]string{}
+	}
+	if old, ok := s.byName[name]; ok && old != id {
+		s.Store.Remove(old) // a re-sent key replaces the object
+	}
+	s.byName[name] = id
+	if n := len(s.byName); n > 1024 && n > 2*s.Store.Len() {
+		for k, v := range s.byName {
+			if _, _, ok := s.Store.Peek(v); !ok {
+				delete(s.byName, k)
+			}
+		}
+	}
+}
+
+// GetObject implements Pheromone's get_object: an object this pod sent,
+// else a persisted one.
+func (s *Server) GetObject(ctx context.Context, req *sidecarv1.GetObjectRequest) (*sidecarv1.GetResponse, error) {
+	name := nameKey(req.GetSession(), req.GetBucket(), req.GetKey())
+	s.mu.Lock()
+	id, ok := s.byName[name]
+	s.mu.Unlock()
+	var errs []error
+	if ok {
+		resp, err := s.readLocal(ctx, id)
+		if err == nil {
+			return resp, nil
+		}
+		errs = append(errs, err)
+	}
+	if s.Persist != nil {
+		data, err := s.Persist.Get(ctx, persistID(req.GetSession(), req.GetBucket(), req.GetKey()))
+		if err == nil {
+			resp, err := s.respond(data, s.Persist.Name())
+			return resp, toStatus(err)
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("%s/%s: %w (not sent from this pod, and no persist tier)", req.GetBucket(), req.GetKey(), store.ErrNotFound))
+	}
+	return nil, toStatus(errors.Join(errs...))
+}
+
+// Invoke implements Zipline's invoke(url, obj): the object is buffered
+// here for exactly one read and the callee's sidecar pulls it; small
+// objects travel inline. The call blocks until the callee answers.
+func (s *Server) Invoke(ctx context.Context, req *sidecarv1.InvokeRequest) (*sidecarv1.InvokeResponse, error) {
+	if req.GetUrl() == "" {
+		return nil, toStatus(fmt.Errorf("%w: invoke needs a url", ErrBadPayload))
+	}
+	data, release, err := s.load(ctx, req.GetObject())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer release()
+	bucket, key := req.GetBucket(), req.GetKey()
+	if bucket == "" {
+		bucket = "input"
+	}
+	invID := s.newID("inv")
+	if key == "" {
+		key = invID
+	}
+	session := req.GetSession()
+	if session == "" {
+		session = invID
+	}
+	env := invocation.Envelope{Namespace: s.Namespace, Function: req.GetFunction(), Session: session, Invocation: invID, Args: req.GetArgs()}
+	if env.Function == "" {
+		env.Function = req.GetUrl()
+	}
+	obj := invocation.Object{Bucket: bucket, Key: key, Size: int64(len(data))}
+	if len(data) <= s.InlineThreshold {
+		obj.Inline = data
+		if obj.Inline == nil {
+			obj.Inline = []byte{}
+		}
+	} else {
+		m := store.Meta{ID: invID, Session: session, Bucket: bucket, Key: key, Reads: 1, Expires: s.now().Add(s.ttl(0))}
+		if obj.Ref, err = s.put(ctx, m, data); err != nil {
+			return nil, toStatus(err)
+		}
+		release() // the store accounts for it now
+		// Blocking call: whatever the callee did, the object is not needed
+		// after it answered.
+		defer s.Store.Remove(m.ID)
+	}
+	env.Objects = []invocation.Object{obj}
+	resp, err := s.post(ctx, req.GetUrl(), &env)
+	return resp, toStatus(err)
+}
+
+func (s *Server) post(ctx context.Context, url string, env *invocation.Envelope) (*sidecarv1.InvokeResponse, error) {
+	body, err := json.Marshal(env)
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadPayload, err)
+	}
+	hreq.Header.Set("Content-Type", invocation.ContentType)
+	hreq.Header.Set(invocation.HeaderSession, env.Session)
+	hreq.Header.Set(invocation.HeaderInvocation, env.Invocation)
+	hreq.Header.Set(invocation.HeaderFunction, env.Function)
+	if refs := env.Refs(); len(refs) > 0 {
+		hreq.Header.Set(invocation.HeaderRefs, refs[0])
+	}
+	hc := s.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	hresp, err := hc.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("invoke %s: %w", url, err)
+	}
+	defer hresp.Body.Close()
+	out, err := io.ReadAll(io.LimitReader(hresp.Body, invocation.MaxEnvelopeBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("invoke %s: read response: %w", url, err)
+	}
+	if len(out) > invocation.MaxEnvelopeBytes {
+		return nil, fmt.Errorf("invoke %s: response exceeds %d bytes; return large objects by reference", url, invocation.MaxEnvelopeBytes)
+	}
+	return &sidecarv1.InvokeResponse{Status: int32(hresp.StatusCode), ContentType: hresp.Header.Get("Content-Type"), Body: out}, nil
+}
+
+func inlinePayload(b []byte) *sidecarv1.Payload {
+	return &sidecarv1.Payload{Source: &sidecarv1.Payload_Inline{Inline: b}}
+}
+
+func pathPayload(p string) *sidecarv1.Payload {
+	return &sidecarv1.Payload{Source: &sidecarv1.Payload_Path{Path: p}}
+}
+
+// sliceAt writes chunks into a pre-sized buffer.
+type sliceAt []byte
+
+func (s sliceAt) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 || off+int64(len(p)) > int64(len(s)) {
+		return 0, fmt.Errorf("chunk at %d+%d beyond the %d-byte object", off, len(p), len(s))
+	}
+	return copy(s[off:], p), nil
+}

@@ -1,0 +1,78 @@
+package sidecar
+
+import (
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+var (
+	spills = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ziptrail_store_spills_total",
+		Help: "Objects moved from pod memory to the fast tier under memory pressure, by result.",
+	}, []string{"result"})
+	spilledBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_store_spilled_bytes_total",
+		Help: "Bytes moved from pod memory to the fast tier.",
+	})
+	backups = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ziptrail_store_backups_total",
+		Help: "Unread objects copied to the slow tier at pod shutdown, by result.",
+	}, []string{"result"})
+)
+
+func init() { prometheus.MustRegister(spills, spilledBytes, backups) }
+
+func result(err error) string {
+	if err != nil {
+		return "error"
+	}
+	return "ok"
+}
+
+// storeCollector reports this sidecar's store occupancy at scrape time.
+type storeCollector struct{ s *Sidecar }
+
+var (
+	objectsDesc  = prometheus.NewDesc("ziptrail_store_objects", "Objects held in pod memory.", nil, nil)
+	bytesDesc    = prometheus.NewDesc("ziptrail_store_bytes", "Object bytes held in pod memory.", nil, nil)
+	capacityDesc = prometheus.NewDesc("ziptrail_store_capacity_bytes", "The pod's object memory cap.", nil, nil)
+)
+
+func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- objectsDesc
+	ch <- bytesDesc
+	ch <- capacityDesc
+}
+
+func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(objectsDesc, prometheus.GaugeValue, float64(c.s.Store.Len()))
+	ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.GaugeValue, float64(c.s.Store.Used()))
+	ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, float64(c.s.cfg.MemoryLimit))
+}
+
+// MetricsHandler serves the data plane's metrics: this sidecar's store
+// plus the process-wide counters (pulls, spills, backups, API calls).
+func (s *Sidecar) MetricsHandler() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(storeCollector{s})
+	return promhttp.HandlerFor(prometheus.Gatherers{reg, prometheus.DefaultGatherer}, promhttp.HandlerOpts{})
+}
+
+// serveMetrics listens on the metrics port (Knative's queue-proxy serves
+// its own on 9090/9091, so ziptrail's have a port of their own).
+func (s *Sidecar) serveMetrics() (func(), error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(s.cfg.MetricsPort)))
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", s.MetricsHandler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() { _ = srv.Close() }, nil
+}

@@ -1,40 +1,80 @@
 // Package ziptrail is the Go SDK of ziptrail: the Zipline API (Invoke, Put,
-// Get), the Pheromone user library (CreateObject, SendObject, GetObject), a
-// function server (Serve) and an admin client.
+// Get, Scatter, Gather, Broadcast), the Pheromone user library
+// (CreateObject, SendObject, GetObject) and a function server (Serve). The
+// admin client (resources and sessions) is the subpackage admin.
 package ziptrail
 
 import (
+	"context"
 	"errors"
 	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 )
 
 // Kind classifies an SDK error so callers can react without parsing text.
 type Kind string
 
 const (
-	KindBadReference Kind = "BadReference" // malformed, tampered, foreign or unknown-key reference
-	KindExpired      Kind = "Expired"      // reference or object past its TTL
-	KindExhausted    Kind = "Exhausted"    // object already read as often as allowed
-	KindProducerGone Kind = "ProducerGone" // producer pod gone and no tier holds the object
-	KindNotFound     Kind = "NotFound"     // unknown bucket, key, session or workflow
-	KindTimeout      Kind = "Timeout"
-	KindUnavailable  Kind = "Unavailable" // sidecar or gateway unreachable
+	KindBadReference   Kind = "BadReference"   // malformed, tampered, foreign-namespace or unknown-key reference
+	KindExpired        Kind = "Expired"        // reference or object past its TTL (or a session that expired)
+	KindExhausted      Kind = "Exhausted"      // object already read as often as its reference allows
+	KindProducerGone   Kind = "ProducerGone"   // producer pod gone and no tier holds the object
+	KindNotFound       Kind = "NotFound"       // unknown object, bucket key, session or workflow
+	KindTimeout        Kind = "Timeout"        // the caller's context ended (deadline or cancel) first
+	KindUnavailable    Kind = "Unavailable"    // sidecar or gateway unreachable, or not ready yet
+	KindStoreFull      Kind = "StoreFull"      // the pod's object store stayed full for the put timeout
+	KindTooLarge       Kind = "TooLarge"       // object larger than the pod's store can ever hold
+	KindInvalid        Kind = "Invalid"        // a request the sidecar refuses (missing bucket, no persist tier, ...)
+	KindFunctionFailed Kind = "FunctionFailed" // the invoked function (or its session) answered with an error
+	KindConflict       Kind = "Conflict"       // a resource that already exists or changed meanwhile (admin)
+	KindInternal       Kind = "Internal"       // anything else
+)
+
+// Sentinels for errors.Is: errors.Is(err, ziptrail.ErrExpired) holds for
+// every SDK error of that kind, whatever its operation and cause.
+var (
+	ErrBadReference   = &Error{Kind: KindBadReference}
+	ErrExpired        = &Error{Kind: KindExpired}
+	ErrExhausted      = &Error{Kind: KindExhausted}
+	ErrProducerGone   = &Error{Kind: KindProducerGone}
+	ErrNotFound       = &Error{Kind: KindNotFound}
+	ErrTimeout        = &Error{Kind: KindTimeout}
+	ErrUnavailable    = &Error{Kind: KindUnavailable}
+	ErrStoreFull      = &Error{Kind: KindStoreFull}
+	ErrTooLarge       = &Error{Kind: KindTooLarge}
+	ErrInvalid        = &Error{Kind: KindInvalid}
+	ErrFunctionFailed = &Error{Kind: KindFunctionFailed}
+	ErrConflict       = &Error{Kind: KindConflict}
 )
 
 // Error is every error the SDK returns.
 type Error struct {
 	Kind Kind
-	Op   string
-	Err  error
+	Op   string // the SDK call: "get", "put", "invoke", ...
+	// Reason is the sidecar's finer class when it gave one, e.g.
+	// REF_TAMPERED or REF_FOREIGN_NAMESPACE for a KindBadReference.
+	Reason string
+	Err    error
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("ziptrail %s: %s: %v", e.Op, e.Kind, e.Err) }
+func (e *Error) Error() string {
+	if e.Reason != "" {
+		return fmt.Sprintf("ziptrail %s: %s (%s): %v", e.Op, e.Kind, e.Reason, e.Err)
+	}
+	return fmt.Sprintf("ziptrail %s: %s: %v", e.Op, e.Kind, e.Err)
+}
+
 func (e *Error) Unwrap() error { return e.Err }
 
-// Is lets errors.Is(err, &ziptrail.Error{Kind: ziptrail.KindExpired}) match by kind.
+// Is matches by kind against a bare target such as ErrExpired or
+// &Error{Kind: KindExpired}.
 func (e *Error) Is(target error) bool {
 	var t *Error
-	return errors.As(target, &t) && t.Kind == e.Kind && t.Op == "" && t.Err == nil
+	return errors.As(target, &t) && t.Kind == e.Kind && t.Op == "" && t.Reason == "" && t.Err == nil
 }
 
 // IsKind reports whether err is a ziptrail error of the given kind.
@@ -42,3 +82,79 @@ func IsKind(err error, kind Kind) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Kind == kind
 }
+
+// reasonKinds maps the local API's error classes to kinds.
+var reasonKinds = map[string]Kind{
+	localapi.ReasonMalformed:    KindBadReference,
+	localapi.ReasonTampered:     KindBadReference,
+	localapi.ReasonUnknownKey:   KindBadReference,
+	localapi.ReasonForeign:      KindBadReference,
+	localapi.ReasonExpired:      KindExpired,
+	localapi.ReasonExhausted:    KindExhausted,
+	localapi.ReasonNotFound:     KindNotFound,
+	localapi.ReasonProducerGone: KindProducerGone,
+	localapi.ReasonTooLarge:     KindTooLarge,
+	localapi.ReasonStoreFull:    KindStoreFull,
+	localapi.ReasonBadPayload:   KindInvalid,
+	localapi.ReasonNotReady:     KindUnavailable,
+}
+
+// codeKinds classifies gRPC errors that carry no ziptrail reason.
+var codeKinds = map[codes.Code]Kind{
+	codes.DeadlineExceeded:   KindTimeout,
+	codes.Canceled:           KindTimeout,
+	codes.Unavailable:        KindUnavailable,
+	codes.NotFound:           KindNotFound,
+	codes.InvalidArgument:    KindInvalid,
+	codes.ResourceExhausted:  KindTooLarge,
+	codes.FailedPrecondition: KindInvalid,
+}
+
+// rpcError turns an error of a sidecar or gateway call into an *Error. The
+// gRPC status stays reachable through Unwrap; the message is the server's
+// own text, without gRPC's "rpc error: code = ..." prefix. When ctx ended,
+// the error is a KindTimeout wrapping ctx.Err() (so errors.Is with
+// context.DeadlineExceeded or context.Canceled holds too).
+func rpcError(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var already *Error
+	if errors.As(err, &already) {
+		return err
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return &Error{Kind: KindTimeout, Op: op, Err: fmt.Errorf("%w (%v)", cerr, status.Convert(err).Message())}
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		kind := KindInternal
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			kind = KindTimeout
+		}
+		return &Error{Kind: kind, Op: op, Err: err}
+	}
+	e := &Error{Op: op, Reason: localapi.Reason(err), Err: &statusError{msg: st.Message(), err: err}}
+	switch kind, ok := reasonKinds[e.Reason]; {
+	case ok:
+		e.Kind = kind
+	case codeKinds[st.Code()] != "":
+		e.Kind = codeKinds[st.Code()]
+	default:
+		e.Kind = KindInternal
+	}
+	if e.Kind == KindUnavailable && e.Reason == "" {
+		e.Err = &statusError{msg: st.Message() + " (is the pod's queue-proxy-zl sidecar running, and ZIPTRAIL_SOCKET its socket?)", err: err}
+	}
+	return e
+}
+
+// statusError shows a status's message and unwraps to the gRPC error
+// (status.FromError and status.Code still work on the SDK's errors).
+type statusError struct {
+	msg string
+	err error
+}
+
+func (s *statusError) Error() string { return s.msg }
+func (s *statusError) Unwrap() error { return s.err }

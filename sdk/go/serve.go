@@ -10,27 +10,10 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
-
-// Object is one input of an invocation. Large objects resolved by the
-// sidecar are memory-mapped from the pod's shared-memory directory, so
-// Bytes() costs no copy; small ones arrived inline.
-type Object struct {
-	Bucket   string
-	Key      string
-	Size     int64
-	Metadata map[string]string
-	data     []byte
-	mapped   bool
-}
-
-// Bytes returns the object's contents. For a mapped object the slice is
-// valid until the handler returns; copy what must outlive it.
-func (o *Object) Bytes() []byte { return o.data }
 
 // Invocation is what a function receives.
 type Invocation struct {
@@ -135,32 +118,19 @@ func openObject(o invocation.Object) (*Object, error) {
 		obj.data = o.Inline
 		return obj, nil
 	}
-	f, err := os.Open(o.Path)
+	// The sidecar owns the file (it removes the invocation's directory
+	// once the response passed), so it is mapped, not unlinked.
+	data, mapped, err := mapFile(o.Path, false)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if st.Size() == 0 {
-		return obj, nil
-	}
-	data, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("map %s: %w", o.Path, err)
-	}
-	obj.data, obj.mapped, obj.Size = data, true, st.Size()
+	obj.data, obj.mapped, obj.Size = data, mapped, int64(len(data))
 	return obj, nil
 }
 
 func unmapAll(objs []*Object) {
 	for _, o := range objs {
-		if o.mapped {
-			_ = syscall.Munmap(o.data)
-			o.data, o.mapped = nil, false
-		}
+		_ = o.Close()
 	}
 }
 
@@ -171,26 +141,6 @@ type outputsKey struct{}
 type outputs struct {
 	mu      sync.Mutex
 	objects []invocation.Object
-}
-
-// SendObject sends an object to a bucket of the workflow (Pheromone's
-// send_object). Call it from a handler with the handler's context; the
-// object becomes ready when the handler returns, and the bucket's triggers
-// decide what it invokes. Metadata carries e.g. a DynamicGroup group or a
-// DynamicJoin's expected set. The data is copied.
-func SendObject(ctx context.Context, bucket, key string, data []byte, metadata map[string]string) error {
-	outs, ok := ctx.Value(outputsKey{}).(*outputs)
-	if !ok {
-		return &Error{Kind: KindNotFound, Op: "send object", Err: errors.New("called outside a function invocation")}
-	}
-	if bucket == "" || key == "" {
-		return &Error{Kind: KindNotFound, Op: "send object", Err: errors.New("bucket and key are required")}
-	}
-	outs.mu.Lock()
-	defer outs.mu.Unlock()
-	outs.objects = append(outs.objects, invocation.Object{Bucket: bucket, Key: key, Size: int64(len(data)),
-		Inline: append([]byte{}, data...), Metadata: metadata})
-	return nil
 }
 
 func withInvocation(ctx context.Context, inv *Invocation) context.Context {

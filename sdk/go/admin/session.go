@@ -1,0 +1,212 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
+)
+
+// Session states.
+const (
+	Running   = "Running"
+	Completed = "Completed"
+	Failed    = "Failed"
+	Expired   = "Expired"
+)
+
+// Session is a snapshot of a workflow session.
+type Session struct {
+	ID, Namespace, Workflow string
+	State                   string // Running, Completed, Failed or Expired
+	Started, Ended          time.Time
+	Invocations, Objects    int
+	Error                   string // why it failed
+	// The output object of a completed session.
+	ResultBucket, ResultKey string
+}
+
+// Done reports whether the session reached a final state.
+func (s *Session) Done() bool { return s.State != Running }
+
+// Event is one step of a session's progress (Started, Invoked,
+// ObjectReady, Rerun, Completed, ...).
+type Event struct {
+	Time          time.Time
+	Kind, Message string
+	State         string // the session's state after the event
+}
+
+// Result is a completed session with its output.
+type Result struct {
+	Session *Session
+	Output  []byte
+}
+
+func dialGateway(opts Options) (*grpc.ClientConn, error) {
+	dial := opts.GatewayDialOptions
+	if dial == nil {
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	// Inputs and results travel inline, up to the envelope limit.
+	dial = append(dial, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(invocation.MaxEnvelopeBytes+1<<20),
+		grpc.MaxCallSendMsgSize(invocation.MaxEnvelopeBytes+1<<20)))
+	return grpc.NewClient(opts.Gateway, dial...)
+}
+
+func (c *Client) gateway(op string) (gatewayv1.GatewayClient, error) {
+	if c.gw == nil {
+		return nil, &ziptrail.Error{Kind: ziptrail.KindInvalid, Op: op, Err: errors.New("no session gateway configured (Options.Gateway)")}
+	}
+	return c.gw, nil
+}
+
+// StartSession starts a session of a workflow of the client's namespace
+// with input as its entry function's input object.
+func (c *Client) StartSession(ctx context.Context, workflow string, input []byte) (*Session, error) {
+	gw, err := c.gateway("start session")
+	if err != nil {
+		return nil, err
+	}
+	s, err := gw.StartSession(ctx, &gatewayv1.StartSessionRequest{Namespace: c.Namespace, Workflow: workflow, Input: input})
+	if err != nil {
+		return nil, gatewayError(ctx, "start session", err)
+	}
+	return session(s), nil
+}
+
+// GetSession returns a session's current state.
+func (c *Client) GetSession(ctx context.Context, id string) (*Session, error) {
+	gw, err := c.gateway("get session")
+	if err != nil {
+		return nil, err
+	}
+	s, err := gw.GetSession(ctx, &gatewayv1.SessionRef{Namespace: c.Namespace, Id: id})
+	if err != nil {
+		return nil, gatewayError(ctx, "get session", err)
+	}
+	return session(s), nil
+}
+
+// Watch streams a session's progress, from its first retained event until
+// it ends (or ctx ends, or the stream fails: the last pair then carries
+// the error).
+func (c *Client) Watch(ctx context.Context, id string) iter.Seq2[Event, error] {
+	return func(yield func(Event, error) bool) {
+		gw, err := c.gateway("watch session")
+		if err != nil {
+			yield(Event{}, err)
+			return
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel() // ends the stream when the caller stops early
+		stream, err := gw.WatchSession(ctx, &gatewayv1.SessionRef{Namespace: c.Namespace, Id: id})
+		if err != nil {
+			yield(Event{}, gatewayError(ctx, "watch session", err))
+			return
+		}
+		for {
+			e, err := stream.Recv()
+			if err == io.EOF {
+				return
+			}
+			if err != nil {
+				yield(Event{}, gatewayError(ctx, "watch session", err))
+				return
+			}
+			if !yield(Event{Time: time.UnixMilli(e.GetUnixMs()), Kind: e.GetKind(), Message: e.GetMessage(), State: e.GetState()}, nil) {
+				return
+			}
+		}
+	}
+}
+
+// waitSlice bounds one WaitSession call when ctx has no deadline (the
+// gateway caps a wait anyway); the loop then asks again.
+const waitSlice = time.Minute
+
+// Wait blocks until the session ends and returns its output. A failed
+// session is an ErrFunctionFailed carrying its error, an expired one an
+// ErrExpired; ctx ending first is an ErrTimeout.
+func (c *Client) Wait(ctx context.Context, id string) (*Result, error) {
+	gw, err := c.gateway("wait session")
+	if err != nil {
+		return nil, err
+	}
+	for {
+		slice := waitSlice
+		if dl, ok := ctx.Deadline(); ok {
+			slice = min(slice, time.Until(dl))
+		}
+		r, err := gw.WaitSession(ctx, &gatewayv1.WaitSessionRequest{Namespace: c.Namespace, Id: id, TimeoutMs: max(slice.Milliseconds(), 1)})
+		if err != nil {
+			return nil, gatewayError(ctx, "wait session", err)
+		}
+		s := session(r.GetSession())
+		switch s.State {
+		case Completed:
+			return &Result{Session: s, Output: r.GetResult()}, nil
+		case Failed:
+			return &Result{Session: s}, &ziptrail.Error{Kind: ziptrail.KindFunctionFailed, Op: "wait session", Err: fmt.Errorf("session %s failed: %s", id, s.Error)}
+		case Expired:
+			return &Result{Session: s}, &ziptrail.Error{Kind: ziptrail.KindExpired, Op: "wait session", Err: fmt.Errorf("session %s passed its deadline before completing", id)}
+		}
+		if ctx.Err() != nil {
+			return &Result{Session: s}, &ziptrail.Error{Kind: ziptrail.KindTimeout, Op: "wait session", Err: fmt.Errorf("session %s still running: %w", id, ctx.Err())}
+		}
+	}
+}
+
+// RunSession starts a session and waits for its result; see StartSession
+// and Wait. Use StartSession, Watch and Wait to follow its progress.
+func (c *Client) RunSession(ctx context.Context, workflow string, input []byte) (*Result, error) {
+	s, err := c.StartSession(ctx, workflow, input)
+	if err != nil {
+		return nil, err
+	}
+	return c.Wait(ctx, s.ID)
+}
+
+func session(p *gatewayv1.Session) *Session {
+	s := &Session{ID: p.GetId(), Namespace: p.GetNamespace(), Workflow: p.GetWorkflow(), State: p.GetState(),
+		Started: time.UnixMilli(p.GetStartedUnixMs()), Invocations: int(p.GetInvocations()), Objects: int(p.GetObjects()),
+		Error: p.GetError(), ResultBucket: p.GetResultBucket(), ResultKey: p.GetResultKey()}
+	if p.GetEndedUnixMs() != 0 {
+		s.Ended = time.UnixMilli(p.GetEndedUnixMs())
+	}
+	return s
+}
+
+var gatewayKinds = map[codes.Code]ziptrail.Kind{
+	codes.NotFound:           ziptrail.KindNotFound,
+	codes.FailedPrecondition: ziptrail.KindUnavailable, // the workflow is not ready yet
+	codes.ResourceExhausted:  ziptrail.KindTooLarge,
+	codes.InvalidArgument:    ziptrail.KindInvalid,
+	codes.Unavailable:        ziptrail.KindUnavailable,
+	codes.DeadlineExceeded:   ziptrail.KindTimeout,
+	codes.Canceled:           ziptrail.KindTimeout,
+}
+
+// gatewayError classifies a gateway call's error by its gRPC code.
+func gatewayError(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		return &ziptrail.Error{Kind: ziptrail.KindTimeout, Op: op, Err: fmt.Errorf("%w (%s)", ctx.Err(), status.Convert(err).Message())}
+	}
+	st := status.Convert(err)
+	kind, ok := gatewayKinds[st.Code()]
+	if !ok {
+		kind = ziptrail.KindInternal
+	}
+	return &ziptrail.Error{Kind: kind, Op: op, Err: errors.New(st.Message())}
+}

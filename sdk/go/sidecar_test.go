@@ -1,0 +1,176 @@
+package ziptrail
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The SDK is tested against real queue-proxy-zl processes in standalone
+// mode (the data plane and local API without Knative's queue-proxy), built
+// once per test binary from this repository.
+var sidecarBin struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if sidecarBin.dir != "" {
+		os.RemoveAll(sidecarBin.dir)
+	}
+	os.Exit(code)
+}
+
+func repoRoot(t testing.TB) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func sidecarBinary(t testing.TB) string {
+	t.Helper()
+	sidecarBin.once.Do(func() {
+		if sidecarBin.dir, sidecarBin.err = os.MkdirTemp("", "zt-sdk-bin"); sidecarBin.err != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", sidecarBin.dir, "./cmd/queue-proxy-zl")
+		cmd.Dir = repoRoot(t)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			sidecarBin.err = fmt.Errorf("go build ./cmd/queue-proxy-zl: %v\n%s", err, out)
+			return
+		}
+		sidecarBin.path = filepath.Join(sidecarBin.dir, "queue-proxy-zl")
+	})
+	if sidecarBin.err != nil {
+		t.Fatal(sidecarBin.err)
+	}
+	return sidecarBin.path
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// keyFile writes a namespace keyring file with one key (id, 32 x fill).
+func keyFile(t testing.TB, id string, fill byte) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "keys.json")
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{fill}, 32))
+	if err := os.WriteFile(path, []byte(`{"active":"`+id+`","keys":{"`+id+`":"`+key+`"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// sidecar is one running queue-proxy-zl process, with an SDK client on
+// its socket as a function container in its pod would have.
+type sidecar struct {
+	listen string // invocations (Knative's queue-proxy port)
+	socket string
+	shm    string
+	env    []string // ZIPTRAIL_SOCKET and ZIPTRAIL_SHM_DIR, for other processes of the pod
+	client *Client
+	cmd    *exec.Cmd
+	exited chan error
+}
+
+func (s *sidecar) url() string { return "http://" + s.listen }
+
+type sidecarOpts struct {
+	namespace string // default "ns"
+	keys      string // key file; required
+	upstream  string // the user container; default a closed port
+	env       []string
+}
+
+// startSidecar runs a sidecar and waits until its API socket exists; it
+// is killed at the end of the test.
+func startSidecar(t *testing.T, o sidecarOpts) *sidecar {
+	t.Helper()
+	if o.namespace == "" {
+		o.namespace = "ns"
+	}
+	if o.upstream == "" {
+		o.upstream = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	}
+	sockDir, err := os.MkdirTemp("", "zt") // unix socket paths are short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	s := &sidecar{listen: fmt.Sprintf("127.0.0.1:%d", freePort(t)), socket: filepath.Join(sockDir, "sidecar.sock"),
+		shm: filepath.Join(t.TempDir(), "objects"), exited: make(chan error, 1)}
+	s.env = []string{"ZIPTRAIL_SOCKET=" + s.socket, "ZIPTRAIL_SHM_DIR=" + s.shm}
+	s.cmd = exec.Command(sidecarBinary(t), "--standalone", "--listen", s.listen, "--upstream", o.upstream)
+	s.cmd.Env = append(os.Environ(), append([]string{"SERVING_NAMESPACE=" + o.namespace, "SERVING_POD_IP=127.0.0.1",
+		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", freePort(t)), "ZIPTRAIL_METRICS_PORT=0",
+		"ZIPTRAIL_KEY_FILE=" + o.keys, "ZIPTRAIL_INLINE_THRESHOLD=4096"}, append(s.env, o.env...)...)...)
+	s.cmd.Stderr = os.Stderr
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { s.exited <- s.cmd.Wait() }()
+	t.Cleanup(func() { s.kill() })
+	// Ready once the API socket exists (bounded poll, no fixed sleep).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(s.socket); err == nil {
+			break
+		}
+		select {
+		case err := <-s.exited:
+			s.exited <- err
+			t.Fatalf("sidecar exited at start: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sidecar did not open its API socket within 30 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s.client, err = NewClient(Config{Socket: s.socket, ShmDir: s.shm, InlineThreshold: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.client.Close() })
+	return s
+}
+
+// kill ends the process (SIGKILL: a crashed pod) and waits for it.
+func (s *sidecar) kill() {
+	_ = s.cmd.Process.Kill()
+	err := <-s.exited
+	s.exited <- err
+}
+
+// shmFiles lists what is left in the shared-memory directory.
+func (s *sidecar) shmFiles(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir(s.shm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}

@@ -1,16 +1,41 @@
 """ziptrail: data-centric serverless workflows on Knative.
 
-Function side: ``serve(handler)``; inputs arrive as ``Invocation.objects``
-(zero-copy ``memoryview`` over shared memory for large objects).
+* Zipline API (``ziptrail.client``): ``put(obj, n) -> ref``, ``get(ref)``,
+  ``invoke(url, obj)``, ``scatter``/``gather``/``broadcast``, over the pod's
+  queue-proxy-zl sidecar (``ZIPTRAIL_SOCKET``, ``ZIPTRAIL_SHM_DIR``); large
+  objects go through shared-memory files without a copy.
+* Pheromone user library (``ziptrail.bucket``): ``create_object``,
+  ``send_object``, ``get_object``.
+* Function side: ``serve(handler)``; inputs arrive as ``Invocation.objects``
+  (zero-copy ``memoryview`` over shared memory for large objects).
+* Admin client (``ziptrail.admin``, needs the ``kubernetes`` package):
+  Buckets, Triggers, Workflows, and sessions through the gateway.
+
+Importing ``ziptrail`` loads neither grpc nor kubernetes: a function that
+only serves starts fast.
 """
 
-from .errors import (BadReferenceError, ExhaustedError, ExpiredError, NotFoundError, ProducerGoneError,
-                     UnavailableError, ZiptrailError)
+from .bucket import (META_DECLARE_ONLY, META_EXPECTED_COUNT, META_EXPECTED_KEYS, META_GROUP, BucketObject, Sent,
+                     create_object, get_object, send_object)
+from .client import (BytesLike, Client, Data, InlineObject, MappedObject, Response, SharedBuffer, allocate, broadcast,
+                     default_client, gather, get, invoke, put, scatter, set_default_client)
+from .errors import (BadReferenceError, ConflictError, ExhaustedError, ExpiredError, FunctionFailedError, InvalidError,
+                     NotFoundError, ProducerGoneError, StoreFullError, TimeoutError_, TooLargeError, UnavailableError,
+                     ZiptrailError, ZiptrailTimeoutError)
 from .invocation import Invocation, Object, decode
-from .server import current_invocation, make_server, send_object, serve
+from .server import current_invocation, make_server, serve
 
 __all__ = [
-    "BadReferenceError", "ExhaustedError", "ExpiredError", "NotFoundError", "ProducerGoneError",
-    "UnavailableError", "ZiptrailError", "Invocation", "Object", "decode", "current_invocation",
-    "make_server", "send_object", "serve",
+    # Zipline
+    "Client", "put", "get", "invoke", "scatter", "gather", "broadcast", "allocate", "default_client",
+    "set_default_client", "Response", "Data", "InlineObject", "MappedObject", "SharedBuffer", "BytesLike",
+    # Pheromone
+    "create_object", "send_object", "get_object", "BucketObject", "Sent", "META_GROUP", "META_EXPECTED_KEYS",
+    "META_EXPECTED_COUNT", "META_DECLARE_ONLY",
+    # function server
+    "serve", "make_server", "current_invocation", "Invocation", "Object", "decode",
+    # errors
+    "ZiptrailError", "BadReferenceError", "ExpiredError", "ExhaustedError", "ProducerGoneError", "NotFoundError",
+    "ZiptrailTimeoutError", "TimeoutError_", "UnavailableError", "StoreFullError", "TooLargeError", "InvalidError",
+    "ConflictError", "FunctionFailedError",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import mmap
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,23 +27,37 @@ def current_invocation() -> Invocation | None:
 
 def send_object(bucket: str, key: str, data: bytes | bytearray | memoryview | str,
                 metadata: dict[str, str] | None = None) -> None:
-    """Sends an object to a bucket of the workflow (Pheromone's send_object).
+    """Sends an object with the invocation's response (Pheromone's send_object).
 
     Called inside a handler; the object becomes ready when the handler
     returns, and the bucket's triggers decide what it invokes. ``metadata``
     carries e.g. the DynamicGroup group or a DynamicJoin's expected set.
+    ``ziptrail.send_object`` (ziptrail.bucket) is the general form; this one
+    always uses the response.
     """
+    if not _in_invocation():
+        raise ZiptrailError("send_object", "called outside a function invocation")
+    _append_output(bucket, key, data, metadata)
+
+
+def _in_invocation() -> bool:
+    return getattr(_current, "outputs", None) is not None
+
+
+def _append_output(bucket: str, key: str, data: bytes | bytearray | memoryview | mmap.mmap | str,
+                   metadata: dict[str, str] | None) -> int:
+    """Adds an object to the current invocation's outputs; returns its size."""
     outputs = getattr(_current, "outputs", None)
     if outputs is None:
         raise ZiptrailError("send_object", "called outside a function invocation")
     if not bucket or not key:
         raise ZiptrailError("send_object", "bucket and key are required")
-    if isinstance(data, str):
-        data = data.encode()
-    obj = {"bucket": bucket, "key": key, "size": len(data), "inline": base64.b64encode(bytes(data)).decode()}
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    obj = {"bucket": bucket, "key": key, "size": len(raw), "inline": base64.b64encode(raw).decode()}
     if metadata:
         obj["metadata"] = {str(k): str(v) for k, v in metadata.items()}
     outputs.append(obj)
+    return len(raw)
 
 
 def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0") -> ThreadingHTTPServer:

@@ -1,0 +1,274 @@
+"""Fixtures that run real servers: queue-proxy-zl sidecars (standalone
+mode, built once per session with `go build`, or $ZIPTRAIL_QUEUE_PROXY),
+Python function servers behind them, MinIO, and the envtest control plane.
+Every process is started here and killed at teardown."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import hmac
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+import ziptrail
+
+REPO = Path(__file__).resolve().parents[3]
+SDK = REPO / "sdk" / "python"
+CACHE = Path(os.environ.get("ZIPTRAIL_CACHE", Path.home() / ".cache" / "ziptrail"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, ready: Callable[[], bool], proc: subprocess.Popen | None = None, limit: float = 60) -> None:
+    """Polls ready() until it holds; fails if proc exits or after limit
+    seconds (a bound on start-up, not a timing assertion)."""
+    deadline = time.monotonic() + limit
+    while not ready():
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited at start with code {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready after {limit:.0f}s")
+        time.sleep(0.02)
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def shm_base() -> str:
+    """A tmpfs directory for object files when /dev/shm has room (4 GiB
+    covers the 1 GiB test), else the normal temporary directory."""
+    try:
+        st = os.statvfs("/dev/shm")
+        if st.f_bavail * st.f_frsize >= 4 << 30:
+            return "/dev/shm"
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+@pytest.fixture(scope="session")
+def queue_proxy(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The queue-proxy-zl binary: $ZIPTRAIL_QUEUE_PROXY, else built once."""
+    if os.environ.get("ZIPTRAIL_QUEUE_PROXY"):
+        return os.environ["ZIPTRAIL_QUEUE_PROXY"]
+    out = tmp_path_factory.mktemp("bin") / "queue-proxy-zl"
+    subprocess.run(["go", "build", "-o", str(out), "./cmd/queue-proxy-zl"], cwd=REPO, check=True)
+    return str(out)
+
+
+def write_keys(path: Path, key_id: str = "k1", fill: int = 7) -> str:
+    secret = base64.b64encode(bytes([fill]) * 32).decode()
+    path.write_text(f'{{"active":"{key_id}","keys":{{"{key_id}":"{secret}"}}}}')
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def key_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_keys(tmp_path_factory.mktemp("keys") / "keys.json")
+
+
+@dataclass
+class Sidecar:
+    """One running queue-proxy-zl process, as in a pod."""
+
+    proc: subprocess.Popen
+    listen: str  # host:port for invocations
+    socket: str
+    shm_dir: str
+    namespace: str
+    _client: ziptrail.Client | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.listen}/"
+
+    @property
+    def client(self) -> ziptrail.Client:
+        if self._client is None:
+            self._client = ziptrail.Client(self.socket, self.shm_dir)
+        return self._client
+
+    def env(self) -> dict[str, str]:
+        """The user container's environment for this pod."""
+        return {"ZIPTRAIL_SOCKET": self.socket, "ZIPTRAIL_SHM_DIR": self.shm_dir}
+
+    def kill(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        stop(self.proc)
+
+
+@dataclass
+class Sidecars:
+    """Starts sidecars (and the user containers behind them) for a test."""
+
+    binary: str
+    key_file: str
+    tmp: Path
+    started: list[Sidecar] = field(default_factory=list)
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)
+
+    def start(self, namespace: str = "ns", function: str | None = None, key_file: str | None = None,
+              **env: str) -> Sidecar:
+        """Starts a pod: with ``function`` (Python source defining
+        ``handler``), a function server behind the sidecar first, sharing
+        the pod's socket and shared-memory directory."""
+        sock_dir = tempfile.mkdtemp(prefix="zt")  # short: unix socket paths are limited
+        shm = tempfile.mkdtemp(prefix="zt-objects-", dir=shm_base())
+        self.dirs += [sock_dir, shm]
+        listen = f"127.0.0.1:{free_port()}"
+        sock = os.path.join(sock_dir, "sidecar.sock")
+        upstream_port = free_port()
+        if function is not None:
+            self.function(function, {"ZIPTRAIL_SOCKET": sock, "ZIPTRAIL_SHM_DIR": shm}, upstream_port)
+        penv = dict(os.environ, SERVING_NAMESPACE=namespace, SERVING_POD_IP="127.0.0.1",
+                    ZIPTRAIL_DATAPLANE_PORT=str(free_port()), ZIPTRAIL_METRICS_PORT="0", ZIPTRAIL_SOCKET=sock,
+                    ZIPTRAIL_SHM_DIR=shm, ZIPTRAIL_KEY_FILE=key_file or self.key_file, **env)
+        proc = subprocess.Popen([self.binary, "--standalone", "--listen", listen, "--upstream",
+                                 f"http://127.0.0.1:{upstream_port}"], env=penv)
+        sc = Sidecar(proc, listen, sock, shm, namespace)
+        self.started.append(sc)
+        wait_for("queue-proxy-zl", lambda: os.path.exists(sock), proc)
+        return sc
+
+    def function(self, source: str, env: dict[str, str] | None = None, port: int | None = None) -> int:
+        """Runs a Python function server (``serve(handler)`` from the SDK)
+        in its own process; ``source`` defines ``handler``. Returns its port."""
+        port = port or free_port()
+        script = self.tmp / f"fn_{port}.py"
+        script.write_text("import ziptrail\n" + textwrap.dedent(source) + "\nziptrail.serve(handler)\n")
+        penv = dict(os.environ, PORT=str(port), PYTHONPATH=str(SDK) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        penv.update(env or {})
+        proc = subprocess.Popen([sys.executable, str(script)], env=penv)
+        self.procs.append(proc)
+        wait_for("function server", lambda: port_open(port), proc)
+        return port
+
+    def close(self) -> None:
+        for sc in self.started:
+            sc.kill()
+        for p in self.procs:
+            stop(p)
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def sidecars(queue_proxy: str, key_file: str, tmp_path: Path) -> Iterator[Sidecars]:
+    s = Sidecars(queue_proxy, key_file, tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def pair(sidecars: Sidecars) -> tuple[Sidecar, Sidecar]:
+    """Two pods of one namespace: a producer and a consumer."""
+    return sidecars.start(), sidecars.start()
+
+
+# --- MinIO (the slow tier) ---------------------------------------------------
+
+@dataclass
+class MinIO:
+    endpoint: str
+    access_key: str = "ziptrail"
+    secret_key: str = "ziptrail-secret"
+
+    def env(self) -> dict[str, str]:
+        return {"ZIPTRAIL_S3_ENDPOINT": self.endpoint, "ZIPTRAIL_S3_ACCESS_KEY": self.access_key,
+                "ZIPTRAIL_S3_SECRET_KEY": self.secret_key}
+
+    def make_bucket(self, name: str) -> None:
+        """PUT /name, signed with AWS Signature V4 (no S3 client needed)."""
+        now = datetime.datetime.now(datetime.timezone.utc)
+        amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+        payload_hash = hashlib.sha256(b"").hexdigest()
+        headers = {"host": self.endpoint, "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date}
+        signed = ";".join(sorted(headers))
+        canonical = "\n".join(["PUT", f"/{name}", "", *(f"{k}:{headers[k]}" for k in sorted(headers)), "", signed, payload_hash])
+        scope = f"{day}/us-east-1/s3/aws4_request"
+        to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+        key = ("AWS4" + self.secret_key).encode()
+        for part in (day, "us-east-1", "s3", "aws4_request"):
+            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+        sig = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        req = urllib.request.Request(f"http://{self.endpoint}/{name}", method="PUT", headers={
+            "x-amz-content-sha256": payload_hash, "x-amz-date": amz_date,
+            "Authorization": f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, SignedHeaders={signed}, Signature={sig}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
+
+
+@pytest.fixture(scope="session")
+def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinIO]:
+    binary = shutil.which("minio") or str(CACHE / "bin" / "minio")
+    if not os.path.exists(binary):
+        pytest.fail("minio not found: run hack/install-deps.sh")
+    m = MinIO(f"127.0.0.1:{free_port()}")
+    env = dict(os.environ, MINIO_ROOT_USER=m.access_key, MINIO_ROOT_PASSWORD=m.secret_key, MINIO_BROWSER="off")
+    proc = subprocess.Popen([binary, "server", "--quiet", "--address", m.endpoint, "--console-address",
+                             f"127.0.0.1:{free_port()}", str(tmp_path_factory.mktemp("minio"))], env=env,
+                            stdout=subprocess.DEVNULL)
+
+    def live() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{m.endpoint}/minio/health/live", timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    try:
+        wait_for("minio", live, proc)
+
+        def bucket_made() -> bool:  # 503 until MinIO finished initializing
+            try:
+                m.make_bucket("ziptrail")
+                return True
+            except urllib.error.HTTPError as e:
+                if e.code != 503:
+                    raise
+                return False
+
+        wait_for("minio bucket", bucket_made, proc)
+        yield m
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            stop(proc)

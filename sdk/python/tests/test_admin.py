@@ -1,0 +1,141 @@
+"""The admin client against a real kube-apiserver + etcd (envtest) with the
+ziptrail CRDs, and the session client against the operator's real session
+gateway, reconcilers and trigger engine, run in process by the Go helper
+tests/testenv (which also plays Knative: every Knative Service becomes
+Ready at the URL of a Python function server this module runs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import ziptrail
+from conftest import REPO, free_port, port_open, stop, wait_for
+
+admin_mod = pytest.importorskip("ziptrail.admin", reason="needs the kubernetes package")
+from ziptrail.admin import Admin, Event, Sessions  # noqa: E402
+
+
+def handler(inv: ziptrail.Invocation) -> bytes:
+    """The workflows' functions: "<wf>-upper" upper-cases its input into
+    the output bucket; "<wf>-crash" fails."""
+    if inv.function.endswith("-crash"):
+        raise RuntimeError("crashed on purpose")
+    data = inv.objects[0].bytes()
+    ziptrail.send_object("output", "result", data.upper())
+    return b""
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(kubeconfig, gateway URL) of a running control plane and operator."""
+    if not os.environ.get("KUBEBUILDER_ASSETS"):
+        pytest.fail('KUBEBUILDER_ASSETS is not set: eval "$(hack/install-deps.sh --env)"')
+    tmp = tmp_path_factory.mktemp("testenv")
+    fn = ziptrail.make_server(handler, port=0, host="127.0.0.1")
+    threading.Thread(target=fn.serve_forever, daemon=True).start()
+    binary = tmp / "testenv"
+    subprocess.run(["go", "build", "-o", str(binary), "./sdk/python/tests/testenv"], cwd=REPO, check=True)
+    gw_port = free_port()
+    proc = subprocess.Popen([str(binary), "--dir", str(tmp), "--gateway", f"127.0.0.1:{gw_port}",
+                             "--function-url", f"http://127.0.0.1:{fn.server_address[1]}/"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line.startswith("READY "):
+            raise RuntimeError(f"testenv did not start (exit {proc.wait()})")
+        wait_for("gateway", lambda: port_open(gw_port), proc)
+        yield line.split(" ", 1)[1].strip(), f"http://127.0.0.1:{gw_port}"
+    finally:
+        if proc.stdin:
+            proc.stdin.close()  # the helper stops the control plane
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            stop(proc)
+        fn.shutdown()
+        fn.server_close()
+
+
+@pytest.fixture
+def admin(control_plane) -> Iterator[Admin]:
+    with Admin("default", kubeconfig=control_plane[0]) as a:
+        yield a
+
+
+def test_bucket_crud(admin: Admin):
+    """Create, read, list, update, apply, delete a Bucket; clear errors for
+    duplicates and missing ones."""
+    created = admin.create_bucket("events", {"objectTTL": "5m"})
+    assert created["metadata"]["name"] == "events" and created["spec"]["objectTTL"] == "5m"
+    with pytest.raises(ziptrail.ConflictError, match="already exists"):
+        admin.create_bucket("events", {})
+    assert admin.get("Bucket", "events")["spec"]["objectTTL"] == "5m"
+    assert "events" in [b["metadata"]["name"] for b in admin.list("Bucket")]
+    assert admin.update("Bucket", "events", {"objectTTL": "10m"})["spec"]["objectTTL"] == "10m"
+    assert admin.apply_bucket("events", {"objectTTL": "1m"})["spec"]["objectTTL"] == "1m"
+    admin.delete("Bucket", "events", wait=30)
+    with pytest.raises(ziptrail.NotFoundError, match="Bucket events"):
+        admin.get("Bucket", "events")
+    with pytest.raises(ziptrail.NotFoundError):
+        admin.delete("Bucket", "events")
+    admin.delete("Bucket", "events", missing_ok=True)
+
+
+def test_trigger_validation_and_crud(admin: Admin):
+    """The API server's CRD validation message reaches the caller as an
+    InvalidError; a valid Trigger is created, updated and deleted."""
+    with pytest.raises(ziptrail.InvalidError, match="rejected by the API server") as e:
+        admin.create_trigger("bad", {"bucket": "events", "primitive": "Sometimes", "targets": ["f"]})
+    assert "primitive" in str(e.value)
+    admin.create_trigger("each", {"bucket": "events", "primitive": "Immediate", "targets": ["filter"]})
+    t = admin.update("Trigger", "each", {"bucket": "events", "primitive": "Immediate", "targets": ["filter", "log"]})
+    assert t["spec"]["targets"] == ["filter", "log"]
+    admin.delete("Trigger", "each", wait=30)
+    with pytest.raises(ziptrail.InvalidError, match="unknown kind"):
+        admin.get("Function", "x")
+
+
+def workflow(fn: str) -> dict:
+    return {"entry": fn, "outputBucket": "output", "functions": [{"name": fn, "image": "example.com/fn:1"}],
+            "buckets": [{"name": "output"}]}
+
+
+def test_workflow_session_runs_through_the_gateway(admin: Admin, control_plane):
+    """A Workflow created with the admin client becomes Ready (reconciler +
+    Knative stand-in); a session started through the real gateway invokes
+    the function, streams its progress and returns its result."""
+    admin.apply_workflow("shout", workflow("upper"))
+    admin.wait_ready("Workflow", "shout", timeout=60)
+    sessions = Sessions(control_plane[1], namespace="default")
+    events: list[Event] = []
+    result = sessions.run("shout", b"hello pheromone", timeout=60, on_event=events.append)
+    assert result == b"HELLO PHEROMONE"
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "Started" and "Invoked" in kinds and kinds[-1] == "Completed", kinds
+    done = [s for s in sessions.list("shout") if s.state == "Completed"]
+    assert len(done) == 1 and done[0].invocations == 1
+    assert sessions.get(done[0].id).result["key"] == "result"
+
+
+def test_session_errors(admin: Admin, control_plane):
+    """A failing function fails its session (FunctionFailedError with the
+    cause); unknown workflows and sessions are NotFoundErrors; an
+    unreachable gateway is UnavailableError."""
+    admin.apply_workflow("broken", workflow("crash"))
+    admin.wait_ready("Workflow", "broken", timeout=60)
+    sessions = Sessions(control_plane[1], namespace="default")
+    with pytest.raises(ziptrail.FunctionFailedError, match="crashed on purpose"):
+        sessions.run("broken", b"x", timeout=60)
+    with pytest.raises(ziptrail.NotFoundError, match="workflow not found"):
+        sessions.start("nope")
+    with pytest.raises(ziptrail.NotFoundError):
+        sessions.result("no-such-session", timeout=1)
+    with pytest.raises(ziptrail.UnavailableError):
+        Sessions(f"http://127.0.0.1:{free_port()}").start("x")
+    admin.delete("Workflow", "broken", wait=60)

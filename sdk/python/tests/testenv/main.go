@@ -1,0 +1,165 @@
+// Command testenv runs a real control plane for the Python SDK's tests: a
+// kube-apiserver and etcd (envtest, from $KUBEBUILDER_ASSETS) with the
+// ziptrail and Knative Serving CRDs installed, and writes an admin
+// kubeconfig. With --gateway it also runs the operator's leader half in
+// process: the reconcilers, the orchestrator (trigger engine + dispatcher)
+// and the session gateway's HTTP API. No Knative controller runs, so with
+// --function-url it plays Knative's part: every Knative Service becomes
+// Ready with that URL, where the test serves the workflow's functions.
+//
+// It prints "READY <kubeconfig>" on stdout once everything serves, and
+// stops (tearing the control plane down) when stdin closes or on SIGTERM.
+//
+//	go run ./sdk/python/tests/testenv --dir /tmp/x [--gateway 127.0.0.1:8088 --function-url http://127.0.0.1:9000/]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"knative.dev/pkg/apis"
+	duckv1 "knative.dev/pkg/apis/duck/v1"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/ziptrail/ziptrail/controllers"
+	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/dispatch"
+	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/orchestrator"
+)
+
+func main() {
+	dir := flag.String("dir", "", "directory for the kubeconfig (required)")
+	gatewayAddr := flag.String("gateway", "", "run the operator with its session gateway on this address")
+	functionURL := flag.String("function-url", "", "mark every Knative Service Ready with this URL")
+	flag.Parse()
+	if *dir == "" {
+		fmt.Fprintln(os.Stderr, "testenv: --dir is required")
+		os.Exit(2)
+	}
+	if err := run(*dir, *gatewayAddr, *functionURL); err != nil {
+		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(dir, gatewayAddr, functionURL string) error {
+	ctrl.SetLogger(logr.Discard())
+	env, err := controlplane.Start()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = env.Stop() }()
+	kubeconfig, err := env.Kubeconfig(dir)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer cancel()
+	go func() { // the test closes stdin (or dies): stop
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+
+	errc := make(chan error, 3)
+	if gatewayAddr != "" {
+		if err := startOperator(ctx, env, gatewayAddr, errc); err != nil {
+			return err
+		}
+	}
+	if functionURL != "" {
+		u, err := apis.ParseURL(functionURL)
+		if err != nil {
+			return fmt.Errorf("--function-url: %w", err)
+		}
+		k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+		if err != nil {
+			return err
+		}
+		go playKnative(ctx, k8s, u)
+	}
+	fmt.Printf("READY %s\n", kubeconfig)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// startOperator runs what cmd/operator runs on the leader, minus the
+// control stream (functions here report outputs in their responses).
+func startOperator(ctx context.Context, env *controlplane.Env, addr string, errc chan<- error) error {
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		return err
+	}
+	orch, err := orchestrator.New(orchestrator.Options{Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()}, Log: logr.Discard()})
+	if err != nil {
+		return err
+	}
+	if err := controllers.Setup(mgr, controllers.Tiers{}, orch); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}}),
+		ReadHeaderTimeout: 10 * time.Second}
+	go func() { errc <- mgr.Start(ctx) }()
+	go func() { errc <- orch.Run(ctx) }()
+	go func() {
+		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = hs.Close()
+	}()
+	return nil
+}
+
+// playKnative marks every Knative Service Ready at url, as Knative would
+// once its revision serves.
+func playKnative(ctx context.Context, k8s client.Client, url *apis.URL) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var list servingv1.ServiceList
+		if err := k8s.List(ctx, &list); err != nil {
+			continue
+		}
+		for i := range list.Items {
+			svc := &list.Items[i]
+			if svc.Status.ObservedGeneration == svc.Generation && svc.Status.URL != nil {
+				continue
+			}
+			svc.Status.ObservedGeneration = svc.Generation
+			svc.Status.Conditions = duckv1.Conditions{{Type: apis.ConditionReady, Status: corev1.ConditionTrue}}
+			svc.Status.URL = url
+			svc.Status.Address = &duckv1.Addressable{URL: url}
+			_ = k8s.Status().Update(ctx, svc)
+		}
+	}
+}

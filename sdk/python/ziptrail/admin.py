@@ -1,0 +1,385 @@
+"""The admin client: Buckets, Triggers and Workflows through the Kubernetes
+API (the ``kubernetes`` package: ``pip install 'ziptrail[admin]'``), and
+workflow sessions through the operator's session gateway (HTTP, stdlib only).
+
+    from ziptrail.admin import Admin, Sessions
+
+    admin = Admin(namespace="demo")                   # kubeconfig or in-cluster
+    admin.apply_workflow("wordcount", {...spec...})   # create or update
+    run = Sessions("http://ziptrail-gateway:8088", namespace="demo")
+    result = run.run("wordcount", b"input text", timeout=300,
+                     on_event=lambda e: print(e.kind, e.message))
+
+Every failure is a :class:`ziptrail.ZiptrailError`: NotFoundError,
+ConflictError, InvalidError (with the API server's validation message),
+UnavailableError, ZiptrailTimeoutError, FunctionFailedError (a failed
+session), ExpiredError (an expired session).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from .errors import (ConflictError, ExpiredError, FunctionFailedError, InvalidError, NotFoundError, UnavailableError,
+                     ZiptrailError, ZiptrailTimeoutError)
+
+GROUP = "ziptrail.dev"
+VERSION = "v1alpha1"
+#: kind -> plural (config/crd/bases)
+PLURALS = {"Bucket": "buckets", "Trigger": "triggers", "Workflow": "workflows"}
+ENV_GATEWAY = "ZIPTRAIL_GATEWAY"
+
+
+def _api_error(op: str, kind: str, name: str, e: Any) -> ZiptrailError:
+    """Translates a kubernetes ApiException (or a connection error)."""
+    status = getattr(e, "status", None)
+    message = ""
+    body = getattr(e, "body", None)
+    if body:
+        try:
+            message = json.loads(body).get("message", "")
+        except (ValueError, AttributeError):
+            message = str(body)
+    message = message or getattr(e, "reason", "") or str(e)
+    what = f"{kind} {name}".strip()
+    if status == 404:
+        return NotFoundError(op, f"{what}: {message}")
+    if status == 409:
+        return ConflictError(op, f"{what}: {message}")
+    if status in (400, 422):
+        return InvalidError(op, f"{what} rejected by the API server: {message}")
+    if status in (401, 403):
+        return ZiptrailError(op, f"{what}: not allowed ({status}): {message}")
+    if status is None or status == 0:
+        return UnavailableError(op, f"{what}: cannot reach the Kubernetes API server: {message}")
+    return ZiptrailError(op, f"{what}: API server answered {status}: {message}")
+
+
+class Admin:
+    """Creates, updates, reads and deletes ziptrail resources in a namespace.
+
+    ``kubeconfig``/``context`` select a kubeconfig (default: in-cluster
+    config when running in a pod, else ``$KUBECONFIG`` / ``~/.kube/config``);
+    ``api_client`` passes a ready ``kubernetes.client.ApiClient`` instead.
+    Resources are plain dicts (as ``kubectl get -o json`` shows them).
+    """
+
+    def __init__(self, namespace: str = "default", *, kubeconfig: str | None = None, context: str | None = None,
+                 api_client: Any = None) -> None:
+        try:
+            from kubernetes import client, config
+        except ImportError:
+            raise ZiptrailError("admin", "the admin client needs the kubernetes package: pip install 'ziptrail[admin]'") from None
+        self.namespace = namespace
+        if api_client is None:
+            try:
+                if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                    config.load_incluster_config()
+                    api_client = client.ApiClient()
+                else:
+                    api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+            except (config.ConfigException, OSError) as e:
+                raise UnavailableError("admin", f"no usable Kubernetes configuration: {e}") from None
+        self.api_client = api_client
+        self._api = client.CustomObjectsApi(api_client)
+        self._exc = (client.ApiException, OSError, _urllib3_errors())
+
+    def close(self) -> None:
+        self.api_client.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- generic ------------------------------------------------------------
+
+    def _plural(self, kind: str) -> str:
+        try:
+            return PLURALS[kind]
+        except KeyError:
+            raise InvalidError("admin", f"unknown kind {kind!r}: one of {', '.join(PLURALS)}") from None
+
+    def _do(self, op: str, kind: str, name: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except self._exc as e:
+            raise _api_error(op, kind, name, e) from None
+
+    def create(self, kind: str, name: str, spec: dict[str, Any], *, namespace: str | None = None,
+               labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """Creates a resource; ConflictError when it exists."""
+        ns = namespace or self.namespace
+        metadata: dict[str, Any] = {"name": name, "namespace": ns}
+        if labels:
+            metadata["labels"] = dict(labels)
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": metadata, "spec": spec}
+        return self._do("create", kind, name, lambda: self._api.create_namespaced_custom_object(
+            GROUP, VERSION, ns, self._plural(kind), body))
+
+    def get(self, kind: str, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+        """Reads a resource (with its status); NotFoundError when absent."""
+        ns = namespace or self.namespace
+        return self._do("get", kind, name, lambda: self._api.get_namespaced_custom_object(
+            GROUP, VERSION, ns, self._plural(kind), name))
+
+    def list(self, kind: str, *, namespace: str | None = None) -> list[dict[str, Any]]:
+        ns = namespace or self.namespace
+        out = self._do("list", kind, "", lambda: self._api.list_namespaced_custom_object(GROUP, VERSION, ns, self._plural(kind)))
+        return list(out.get("items", []))
+
+    def update(self, kind: str, name: str, spec: dict[str, Any], *, namespace: str | None = None,
+               retries: int = 5) -> dict[str, Any]:
+        """Replaces a resource's spec (read, modify, write; retried when
+        another writer changed it in between)."""
+        ns = namespace or self.namespace
+        for attempt in range(retries):
+            current = self.get(kind, name, namespace=ns)
+            current["spec"] = spec
+            try:
+                return self._do("update", kind, name, lambda: self._api.replace_namespaced_custom_object(
+                    GROUP, VERSION, ns, self._plural(kind), name, current))
+            except ConflictError:
+                if attempt == retries - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def apply(self, kind: str, name: str, spec: dict[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
+        """Creates the resource, or updates its spec when it exists."""
+        try:
+            return self.create(kind, name, spec, namespace=namespace)
+        except ConflictError:
+            return self.update(kind, name, spec, namespace=namespace)
+
+    def delete(self, kind: str, name: str, *, namespace: str | None = None, missing_ok: bool = False,
+               wait: float | None = None) -> None:
+        """Deletes a resource; with ``wait`` (seconds), until it is gone
+        (finalizers done). NotFoundError when absent unless ``missing_ok``."""
+        ns = namespace or self.namespace
+        try:
+            self._do("delete", kind, name, lambda: self._api.delete_namespaced_custom_object(
+                GROUP, VERSION, ns, self._plural(kind), name))
+        except NotFoundError:
+            if missing_ok:
+                return
+            raise
+        if wait is not None:
+            deadline = time.monotonic() + wait
+            while True:
+                try:
+                    self.get(kind, name, namespace=ns)
+                except NotFoundError:
+                    return
+                if time.monotonic() > deadline:
+                    raise ZiptrailTimeoutError("delete", f"{kind} {name} still exists after {wait}s (finalizers pending?)")
+                time.sleep(0.1)
+
+    # --- per kind -----------------------------------------------------------
+
+    def create_bucket(self, name: str, spec: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+        return self.create("Bucket", name, spec or {}, **kw)
+
+    def create_trigger(self, name: str, spec: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return self.create("Trigger", name, spec, **kw)
+
+    def create_workflow(self, name: str, spec: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return self.create("Workflow", name, spec, **kw)
+
+    def apply_bucket(self, name: str, spec: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+        return self.apply("Bucket", name, spec or {}, **kw)
+
+    def apply_trigger(self, name: str, spec: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return self.apply("Trigger", name, spec, **kw)
+
+    def apply_workflow(self, name: str, spec: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return self.apply("Workflow", name, spec, **kw)
+
+    def wait_ready(self, kind: str, name: str, timeout: float = 60, *, namespace: str | None = None) -> dict[str, Any]:
+        """Waits until the resource's Ready condition is True; the timeout
+        error carries its last Ready message."""
+        deadline = time.monotonic() + timeout
+        while True:
+            obj = self.get(kind, name, namespace=namespace)
+            ready = next((c for c in obj.get("status", {}).get("conditions", []) if c.get("type") == "Ready"), None)
+            if ready and ready.get("status") == "True":
+                return obj
+            if time.monotonic() > deadline:
+                why = f"{ready.get('reason')}: {ready.get('message')}" if ready else "no Ready condition yet"
+                raise ZiptrailTimeoutError("wait_ready", f"{kind} {name} not ready after {timeout}s ({why})")
+            time.sleep(0.1)
+
+
+def _urllib3_errors() -> type[BaseException]:
+    try:
+        import urllib3
+
+        return urllib3.exceptions.HTTPError
+    except ImportError:  # pragma: no cover - kubernetes depends on urllib3
+        return OSError
+
+
+# --- sessions through the gateway ------------------------------------------
+
+@dataclass(frozen=True)
+class Event:
+    """One line of a session's progress (Started, Invoked, ObjectReady,
+    Rerun, InvokeFailed, Completed, Failed, Expired)."""
+
+    kind: str
+    message: str
+    time: str = ""
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    namespace: str
+    workflow: str
+    state: str  # Running, Completed, Failed, Expired
+    invocations: int = 0
+    objects: int = 0
+    error: str = ""
+    result: dict[str, Any] | None = None
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def ended(self) -> bool:
+        return self.state != "Running"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Session:
+        return cls(id=d["id"], namespace=d.get("namespace", ""), workflow=d.get("workflow", ""), state=d.get("state", ""),
+                   invocations=d.get("invocations", 0), objects=d.get("objects", 0), error=d.get("error", ""),
+                   result=d.get("result"),
+                   events=[Event(e.get("kind", ""), e.get("message", ""), e.get("time", "")) for e in d.get("events") or []])
+
+
+class Sessions:
+    """Runs workflow sessions through the operator's session gateway
+    (``url`` defaults to ``$ZIPTRAIL_GATEWAY``)."""
+
+    def __init__(self, url: str | None = None, namespace: str = "default", *, timeout: float = 30) -> None:
+        url = url or os.environ.get(ENV_GATEWAY, "")
+        if not url:
+            raise InvalidError("sessions", f"no gateway URL: pass one or set {ENV_GATEWAY}")
+        self.url = url.rstrip("/")
+        self.namespace = namespace
+        self.timeout = timeout  # per HTTP request, besides waits
+
+    def _path(self, *parts: str) -> str:
+        return f"{self.url}/v1/namespaces/{urllib.parse.quote(self.namespace)}/" + "/".join(urllib.parse.quote(p) for p in parts)
+
+    def _request(self, op: str, method: str, url: str, body: bytes | None = None, timeout: float | None = None) -> tuple[int, dict[str, str], bytes]:
+        req = urllib.request.Request(url, data=body, method=method)
+        if body is not None:
+            req.add_header("Content-Type", "application/octet-stream")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
+                return r.status, dict(r.headers), r.read()
+        except urllib.error.HTTPError as e:
+            data = e.read()
+            try:
+                message = json.loads(data).get("error", "") or data.decode()
+            except (ValueError, AttributeError):
+                message = data.decode("utf-8", "replace")
+            raise _gateway_error(op, e.code, message) from None
+        except (urllib.error.URLError, OSError) as e:
+            if isinstance(e, TimeoutError) or "timed out" in str(e):
+                raise ZiptrailTimeoutError(op, f"the gateway at {self.url} did not answer in time: {e}") from None
+            raise UnavailableError(op, f"cannot reach the gateway at {self.url}: {e}") from None
+
+    def start(self, workflow: str, input: bytes | str = b"") -> Session:
+        """Starts a session of a workflow with an input."""
+        data = input.encode() if isinstance(input, str) else bytes(input)
+        _, _, body = self._request("start", "POST", self._path("workflows", workflow, "sessions"), data)
+        return Session.from_json(json.loads(body))
+
+    def get(self, session_id: str) -> Session:
+        _, _, body = self._request("session", "GET", self._path("sessions", session_id))
+        return Session.from_json(json.loads(body))
+
+    def list(self, workflow: str = "") -> list[Session]:
+        url = self._path("sessions") + (f"?workflow={urllib.parse.quote(workflow)}" if workflow else "")
+        _, _, body = self._request("sessions", "GET", url)
+        return [Session.from_json(s) for s in json.loads(body) or []]
+
+    def events(self, session_id: str) -> Iterator[Event]:
+        """Streams the session's progress (server-sent events) until it ends."""
+        req = urllib.request.Request(self._path("sessions", session_id, "events"), headers={"Accept": "text/event-stream"})
+        try:
+            resp = urllib.request.urlopen(req, timeout=None)
+        except urllib.error.HTTPError as e:
+            raise _gateway_error("events", e.code, e.read().decode("utf-8", "replace")) from None
+        except (urllib.error.URLError, OSError) as e:
+            raise UnavailableError("events", f"cannot reach the gateway at {self.url}: {e}") from None
+        with resp:
+            kind, data = "", ""
+            for raw in resp:
+                line = raw.decode("utf-8").rstrip("\r\n")
+                if line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data += line[5:].strip()
+                elif line == "" and (kind or data):
+                    d = json.loads(data) if data else {}
+                    yield Event(d.get("kind", kind), d.get("message", ""), d.get("time", ""))
+                    kind, data = "", ""
+
+    def result(self, session_id: str, timeout: float | None = None) -> bytes:
+        """Waits for the session's result (``timeout`` seconds, None: as long
+        as it runs). Raises FunctionFailedError when the session failed,
+        ExpiredError when it expired, ZiptrailTimeoutError when still running."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            url = self._path("sessions", session_id, "result") + f"?wait={wait:.3f}s"
+            status, _, body = self._request("result", "GET", url, timeout=wait + self.timeout)
+            if status == 200:
+                return body
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ZiptrailTimeoutError("result", f"session {session_id} still running after {timeout}s")
+
+    def run(self, workflow: str, input: bytes | str = b"", *, timeout: float | None = None,
+            on_event: Callable[[Event], None] | None = None) -> bytes:
+        """Starts a session, streams its progress to ``on_event`` (in a
+        background thread) and returns its result."""
+        s = self.start(workflow, input)
+        if on_event is not None:
+            import threading
+
+            def follow() -> None:
+                try:
+                    for e in self.events(s.id):
+                        on_event(e)
+                except ZiptrailError:
+                    pass  # progress is best effort; the result call reports failures
+
+            t = threading.Thread(target=follow, name=f"ziptrail-events-{s.id}", daemon=True)
+            t.start()
+            try:
+                return self.result(s.id, timeout)
+            finally:
+                t.join(timeout=self.timeout)
+        return self.result(s.id, timeout)
+
+
+def _gateway_error(op: str, code: int, message: str) -> ZiptrailError:
+    if code == 404:
+        return NotFoundError(op, message)
+    if code == 409 and op == "result":
+        return FunctionFailedError(op, message)
+    if code == 409:
+        return UnavailableError(op, message)  # workflow not ready
+    if code == 410:
+        return ExpiredError(op, message)
+    if code in (400, 413):
+        return InvalidError(op, message)
+    return ZiptrailError(op, f"gateway answered {code}: {message}")

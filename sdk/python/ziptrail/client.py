@@ -1,0 +1,511 @@
+"""The Zipline API: ``put``, ``get``, ``invoke`` and the scatter / gather /
+broadcast helpers, over the pod's queue-proxy-zl sidecar.
+
+The sidecar's local API is gRPC on a unix socket (``ZIPTRAIL_SOCKET``);
+object bytes do not travel through it unless they are small. A large object
+is a file in the pod's shared-memory directory (``ZIPTRAIL_SHM_DIR``): a put
+writes the caller's buffer straight into a new file there and hands the
+sidecar its path; a get maps the file the sidecar wrote, so the caller reads
+the bytes without a copy.
+
+Objects returned by :meth:`Client.get` (:data:`Data`):
+
+* :class:`InlineObject` for small objects (up to the sidecar's inline
+  threshold, 64 KiB by default): a ``bytes`` subclass.
+* :class:`MappedObject` for large ones: an ``mmap.mmap`` subclass over the
+  object's file. The file is removed from the directory as soon as it is
+  mapped; its memory is released when the object is closed (``close()``,
+  or leaving a ``with`` block) or garbage-collected. ``memoryview(obj)``
+  and slices of it are zero-copy; ``bytes(obj)`` and ``obj[a:b]`` copy.
+  ``close()`` raises ``BufferError`` while memoryviews of it are alive:
+  release those first.
+
+Both support the buffer protocol (``hashlib.sha256(obj)``, ``bytes(obj)``,
+``numpy.frombuffer(obj)``), ``len()``, ``.data`` (a memoryview),
+``.close()`` and the context manager protocol.
+
+``grpc`` is imported only when a client is created, so function code that
+only uses ``serve`` starts without it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar, Union
+
+from .errors import FunctionFailedError, InvalidError, ZiptrailError, from_rpc_error
+
+if TYPE_CHECKING:
+    from ._proto import sidecar_pb2
+
+ENV_SOCKET = "ZIPTRAIL_SOCKET"
+ENV_SHM_DIR = "ZIPTRAIL_SHM_DIR"
+ENV_INLINE_THRESHOLD = "ZIPTRAIL_INLINE_THRESHOLD"
+#: The sidecar's defaults in a pod (see internal/dataplane/sidecar).
+DEFAULT_SHM_DIR = "/dev/shm/ziptrail/objects"
+DEFAULT_INLINE_THRESHOLD = 64 << 10
+#: Invoke returns the callee's response inline, up to the envelope limit.
+MAX_MESSAGE_BYTES = (64 << 20) + (1 << 20)
+_WRITE_CHUNK = 1 << 30  # os.write moves at most ~2 GiB per call
+
+
+class InlineObject(bytes):
+    """A small object, returned inline by the sidecar (a ``bytes``)."""
+
+    source: str = ""
+
+    @property
+    def data(self) -> memoryview:
+        return memoryview(self)
+
+    def close(self) -> None:
+        """Nothing to release; present so every object can be closed."""
+
+    def __enter__(self) -> InlineObject:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class MappedObject(mmap.mmap):
+    """A large object: a read-only mapping of its shared-memory file.
+
+    ``source`` says where the sidecar found it: "local" (this pod),
+    "remote" (pulled from the producer pod), "redis" or "s3" (a tier).
+    """
+
+    source: str = ""
+
+    @property
+    def data(self) -> memoryview:
+        """A zero-copy view; release it (or let it go) before ``close()``."""
+        return memoryview(self)
+
+
+#: What ``get`` and ``get_object`` return.
+Data = Union[InlineObject, MappedObject]
+#: What ``put``, ``invoke`` and ``send_object`` accept.
+BytesLike = Union[bytes, bytearray, memoryview, mmap.mmap, str, "SharedBuffer"]
+
+
+class SharedBuffer:
+    """A writable buffer allocated directly in the shared-memory directory
+    (:meth:`Client.allocate`). Fill ``data``, then pass the buffer to
+    ``put``, ``invoke`` or ``send_object``: the sidecar takes the file over
+    and the bytes are never copied by the SDK. A buffer can be handed over
+    once; release memoryviews of ``data`` before handing it over."""
+
+    def __init__(self, path: str, size: int) -> None:
+        self.path = path
+        self.size = size
+        self._map: mmap.mmap | None = None
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, size)
+            if size:
+                self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._map) if self._map is not None else memoryview(bytearray())
+
+    @property
+    def data(self) -> memoryview:
+        if self.path == "":
+            raise ZiptrailError("buffer", "the buffer was already handed to the sidecar or discarded")
+        return self._view
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _take(self) -> str:
+        """Unmaps the buffer and returns its file for a request."""
+        if self.path == "":
+            raise ZiptrailError("buffer", "the buffer was already handed to the sidecar or discarded")
+        self._view.release()
+        if self._map is not None:
+            self._map.close()  # BufferError while the caller holds views
+            self._map = None
+        path, self.path = self.path, ""
+        return path
+
+    def discard(self) -> None:
+        """Frees a buffer that will not be sent."""
+        if self.path:
+            path = self._take()
+            _remove(path)
+
+    def __enter__(self) -> SharedBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+
+@dataclass(frozen=True)
+class Response:
+    """A function's answer to :meth:`Client.invoke`."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def text(self, encoding: str = "utf-8") -> str:
+        return self.body.decode(encoding)
+
+    def raise_for_status(self, url: str = "") -> Response:
+        """Raises FunctionFailedError unless the status is 2xx."""
+        if not self.ok:
+            snippet = self.body[:512].decode("utf-8", "replace")
+            raise FunctionFailedError("invoke", f"{url or 'the function'} answered {self.status}: {snippet}")
+        return self
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _view(obj: Any) -> memoryview:
+    """A flat byte view of obj, without a copy when obj allows it."""
+    if isinstance(obj, str):
+        return memoryview(obj.encode())
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise TypeError(f"ziptrail: objects must be bytes-like (bytes, bytearray, memoryview, mmap) or str, not {type(obj).__name__}") from None
+    if not mv.c_contiguous:
+        mv = memoryview(mv.tobytes())
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Client:
+    """A connection to the pod's sidecar.
+
+    ``socket`` and ``shm_dir`` default to ``$ZIPTRAIL_SOCKET`` and
+    ``$ZIPTRAIL_SHM_DIR`` (else the sidecar's own defaults in a pod);
+    objects up to ``inline_threshold`` bytes travel inside the request
+    (``$ZIPTRAIL_INLINE_THRESHOLD``, default 64 KiB); ``timeout`` (seconds)
+    bounds every call, None waits as long as the sidecar works on it.
+    Clients are safe to share between threads.
+    """
+
+    def __init__(self, socket: str | None = None, shm_dir: str | None = None, *,
+                 inline_threshold: int | None = None, timeout: float | None = None) -> None:
+        import grpc
+
+        from ._proto import sidecar_pb2, sidecar_pb2_grpc
+
+        self.shm_dir = os.path.abspath(shm_dir or os.environ.get(ENV_SHM_DIR) or DEFAULT_SHM_DIR)
+        self.socket = os.path.abspath(socket or os.environ.get(ENV_SOCKET) or os.path.join(os.path.dirname(self.shm_dir), "sidecar.sock"))
+        if inline_threshold is None:
+            env = os.environ.get(ENV_INLINE_THRESHOLD, "")
+            inline_threshold = int(env) if env.isdigit() else DEFAULT_INLINE_THRESHOLD
+        self.inline_threshold = inline_threshold
+        self.timeout = timeout
+        self._pb = sidecar_pb2
+        self._channel = grpc.insecure_channel("unix://" + self.socket, options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ])
+        self._stub = sidecar_pb2_grpc.SidecarStub(self._channel)
+
+    # --- plumbing -----------------------------------------------------------
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, op: str, method: Callable[..., T], request: Any, timeout: float | None = None) -> T:
+        import grpc
+
+        try:
+            return method(request, timeout=timeout if timeout is not None else self.timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(op, e, self.socket) from None
+
+    def allocate(self, size: int) -> SharedBuffer:
+        """A writable buffer of ``size`` bytes in the shared-memory
+        directory, for objects built in place (no copy at all on put)."""
+        if size < 0:
+            raise InvalidError("allocate", f"size must not be negative, got {size}")
+        fd, path = self._mkstemp("put-")
+        os.close(fd)
+        try:
+            return SharedBuffer(path, size)
+        except BaseException:
+            _remove(path)
+            raise
+
+    def _mkstemp(self, prefix: str) -> tuple[int, str]:
+        try:
+            return tempfile.mkstemp(prefix=prefix, dir=self.shm_dir)
+        except OSError as e:
+            raise ZiptrailError("put", f"cannot create an object file in the shared-memory directory {self.shm_dir}: {e}") from None
+
+    def _payload(self, obj: Any, op: str, links: int = 1) -> list[sidecar_pb2.Payload]:
+        """``links`` payloads for obj: inline when small, else one file in
+        the shared-memory directory written once (plus hard links to it, one
+        per extra request: each request's file is taken over by the sidecar)."""
+        pb = self._pb
+        if isinstance(obj, SharedBuffer):
+            if obj.size <= self.inline_threshold:
+                data = bytes(obj.data)
+                obj.discard()
+                return [pb.Payload(inline=data) for _ in range(links)]
+            path = obj._take()
+        else:
+            mv = _view(obj)
+            if mv.nbytes <= self.inline_threshold:
+                data = mv.tobytes()
+                return [pb.Payload(inline=data) for _ in range(links)]
+            fd, path = self._mkstemp("put-")
+            try:
+                off, n = 0, mv.nbytes
+                while off < n:
+                    off += os.write(fd, mv[off:off + _WRITE_CHUNK])
+            except BaseException as e:
+                os.close(fd)
+                _remove(path)
+                if isinstance(e, OSError):
+                    raise ZiptrailError(op, f"write the object into {self.shm_dir}: {e}") from None
+                raise
+            os.close(fd)
+        paths = [path]
+        try:
+            for i in range(1, links):
+                paths.append(f"{path}.{i}")
+                os.link(path, paths[-1])
+        except OSError as e:
+            for p in paths:
+                _remove(p)
+            raise ZiptrailError(op, f"link the object file for {links} requests: {e}") from None
+        return [pb.Payload(path=p) for p in paths]
+
+    @staticmethod
+    def _discard(payload: sidecar_pb2.Payload) -> None:
+        """Removes a payload file the sidecar refused before taking it."""
+        if payload.WhichOneof("source") == "path":
+            _remove(payload.path)
+
+    def _open(self, op: str, payload: sidecar_pb2.Payload, source: str) -> Data:
+        which = payload.WhichOneof("source")
+        out: Data
+        if which == "inline" or which is None:
+            if which is None:
+                raise ZiptrailError(op, "the sidecar answered without an object")
+            out = InlineObject(payload.inline)
+        else:
+            path = payload.path
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                raise ZiptrailError(op, f"open the object file {path} the sidecar wrote: {e}") from None
+            try:
+                size = os.fstat(fd).st_size
+                out = MappedObject(fd, size, prot=mmap.PROT_READ) if size else InlineObject(b"")
+            finally:
+                os.close(fd)
+                _remove(path)  # the mapping keeps the pages; nothing leaks if we crash
+        out.source = source
+        return out
+
+    # --- the Zipline API ------------------------------------------------------
+
+    def put(self, obj: BytesLike, n: int = 1, ttl: float | None = None, *, session: str = "",
+            timeout: float | None = None) -> str:
+        """Buffers ``obj`` in this pod for ``n`` reads and returns its
+        reference. ``ttl`` (seconds) overrides the sidecar's default object
+        lifetime; ``session`` frees the object with that session."""
+        if not 1 <= n <= 0xFFFFFFFF:
+            raise InvalidError("put", f"n (allowed reads) must be between 1 and 2^32-1, got {n}")
+        if ttl is not None and ttl <= 0:
+            raise InvalidError("put", f"ttl must be positive, got {ttl}")
+        (payload,) = self._payload(obj, "put")
+        req = self._pb.PutRequest(object=payload, reads=n, ttl_ms=0 if ttl is None else max(1, round(ttl * 1000)), session=session)
+        try:
+            return self._call("put", self._stub.Put, req, timeout).ref
+        except BaseException:
+            self._discard(payload)
+            raise
+
+    def get(self, ref: str, *, timeout: float | None = None) -> Data:
+        """Retrieves a referenced object (see the module doc for its type
+        and lifetime). Each call spends one of the reference's reads."""
+        if not isinstance(ref, str) or not ref:
+            raise InvalidError("get", "a reference must be a non-empty string")
+        resp = self._call("get", self._stub.Get, self._pb.GetRequest(ref=ref), timeout)
+        return self._open("get", resp.object, resp.source)
+
+    def invoke(self, url: str, obj: BytesLike = b"", *, function: str = "", session: str = "", bucket: str = "",
+               key: str = "", args: bytes = b"", timeout: float | None = None) -> Response:
+        """Calls the function at ``url`` with ``obj`` as its input object and
+        returns its response. A large object stays in this pod until the
+        callee's sidecar pulled it (one read); a small one travels inline.
+        The callee sees it as ``inv.objects[0]`` (bucket ``input`` unless
+        given). A non-2xx answer is returned, not raised: see
+        :meth:`Response.raise_for_status`."""
+        return self._invoke_all([url], obj, function=function, session=session, bucket=bucket, key=key, args=args, timeout=timeout)[0]
+
+    def _invoke_all(self, urls: Sequence[str], obj: BytesLike, *, max_workers: int | None = None, **kw: Any) -> list[Response]:
+        for url in urls:
+            if not url:
+                raise InvalidError("invoke", "a function URL is required")
+        if not urls:
+            return []
+        payloads = self._payload(obj, "invoke", links=len(urls))
+        timeout = kw.pop("timeout", None)
+
+        def one(i: int) -> Response:
+            req = self._pb.InvokeRequest(url=urls[i], object=payloads[i], **kw)
+            try:
+                r = self._call("invoke", self._stub.Invoke, req, timeout)
+            except BaseException:
+                self._discard(payloads[i])
+                raise
+            return Response(status=r.status, content_type=r.content_type, body=r.body)
+
+        return _parallel(one, range(len(urls)), max_workers)
+
+    def scatter(self, url: str, objs: Iterable[BytesLike], *, max_workers: int | None = None, **kw: Any) -> list[Response]:
+        """Invokes ``url`` once per object, concurrently (each invocation
+        gets a different object); responses in the order of ``objs``."""
+        return _parallel(lambda o: self.invoke(url, o, **kw), list(objs), max_workers)
+
+    def broadcast(self, urls: Sequence[str], obj: BytesLike, *, max_workers: int | None = None, **kw: Any) -> list[Response]:
+        """Invokes every URL with the same object, concurrently. The SDK
+        writes a large object once (one shared-memory file, hard-linked
+        per request); responses in the order of ``urls``."""
+        return self._invoke_all(list(urls), obj, max_workers=max_workers, **kw)
+
+    def gather(self, refs: Iterable[str], *, max_workers: int | None = None, timeout: float | None = None) -> list[Data]:
+        """Retrieves many references concurrently (the fan-in side);
+        results in the order of ``refs``. On an error the objects already
+        retrieved are closed and the first error is raised."""
+        return _parallel(lambda r: self.get(r, timeout=timeout), list(refs), max_workers, cleanup=lambda d: d.close())
+
+    # --- the Pheromone calls (see ziptrail.bucket for the user library) -----
+
+    def send_object(self, bucket: str, key: str, obj: BytesLike, *, session: str = "", persist: bool = False,
+                    metadata: dict[str, str] | None = None, invocation_id: str = "",
+                    timeout: float | None = None) -> sidecar_pb2.SendObjectResponse:
+        """SendObject through the sidecar: buffered in this pod, reported to
+        the operator's trigger engine, and with ``persist`` also written to
+        the slow tier."""
+        (payload,) = self._payload(obj, "send_object")
+        req = self._pb.SendObjectRequest(session=session, bucket=bucket, key=key, object=payload, persist=persist,
+                                         metadata=metadata or {}, invocation_id=invocation_id)
+        try:
+            return self._call("send_object", self._stub.SendObject, req, timeout)
+        except BaseException:
+            self._discard(payload)
+            raise
+
+    def get_object(self, bucket: str, key: str, *, session: str = "", timeout: float | None = None) -> Data:
+        """GetObject through the sidecar: an object this pod sent, else a
+        persisted one."""
+        resp = self._call("get_object", self._stub.GetObject,
+                          self._pb.GetObjectRequest(session=session, bucket=bucket, key=key), timeout)
+        return self._open("get_object", resp.object, resp.source)
+
+
+def _parallel(fn: Callable[[T], R], items: Sequence[T], max_workers: int | None,
+              cleanup: Callable[[R], None] | None = None) -> list[R]:
+    if not items:
+        return []
+    if len(items) == 1:
+        return [fn(items[0])]
+    with ThreadPoolExecutor(max_workers=max_workers or min(32, len(items))) as ex:
+        futures = [ex.submit(fn, it) for it in items]
+        results: list[R] = []
+        first: BaseException | None = None
+        for f in futures:
+            try:
+                results.append(f.result())
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                first = first or e
+    if first is not None:
+        if cleanup is not None:
+            for r in results:
+                cleanup(r)
+        raise first
+    return results
+
+
+# --- module-level API over a lazily created default client ---------------
+
+_default: Client | None = None
+_default_lock = threading.Lock()
+
+
+def default_client() -> Client:
+    """The process-wide client configured from the environment."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Client()
+        return _default
+
+
+def set_default_client(client: Client | None) -> None:
+    """Replaces (or, with None, forgets) the default client."""
+    global _default
+    with _default_lock:
+        _default = client
+
+
+def put(obj: BytesLike, n: int = 1, ttl: float | None = None, *, session: str = "") -> str:
+    """Zipline's ``put(obj, N)``: buffers obj in this pod for n reads and
+    returns its reference (see :meth:`Client.put`)."""
+    return default_client().put(obj, n, ttl, session=session)
+
+
+def get(ref: str) -> Data:
+    """Zipline's ``get(ref)``: the referenced object, mapped without a copy
+    when large (see :meth:`Client.get`)."""
+    return default_client().get(ref)
+
+
+def invoke(url: str, obj: BytesLike = b"", **kw: Any) -> Response:
+    """Zipline's ``invoke(url, obj)`` (see :meth:`Client.invoke`)."""
+    return default_client().invoke(url, obj, **kw)
+
+
+def allocate(size: int) -> SharedBuffer:
+    """A buffer in shared memory for a zero-copy put (see :meth:`Client.allocate`)."""
+    return default_client().allocate(size)
+
+
+def scatter(url: str, objs: Iterable[BytesLike], **kw: Any) -> list[Response]:
+    """See :meth:`Client.scatter`."""
+    return default_client().scatter(url, objs, **kw)
+
+
+def broadcast(urls: Sequence[str], obj: BytesLike, **kw: Any) -> list[Response]:
+    """See :meth:`Client.broadcast`."""
+    return default_client().broadcast(urls, obj, **kw)
+
+
+def gather(refs: Iterable[str], **kw: Any) -> list[Data]:
+    """See :meth:`Client.gather`."""
+    return default_client().gather(refs, **kw)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -90,5 +91,42 @@ var _ = Describe("sessions through the trigger engine", func() {
 		Expect(result).To(Equal("in|first|second|third"))
 		Expect(s.State).To(Equal(sessions.Completed))
 		Expect(s.Invocations).To(Equal(3))
+	})
+})
+
+var _ = Describe("the ziptrail CLI", func() {
+	It("runs a session with progress and lists it (ziptrail run, ziptrail sessions)", func() {
+		bin := filepath.Join(GinkgoT().TempDir(), "ziptrail")
+		build := exec.Command("go", "build", "-o", bin, "./cmd/ziptrail")
+		build.Dir = controlplane.RepoRoot()
+		out, err := build.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "%s", out)
+
+		ns := deploy("cli", v1alpha1.WorkflowSpec{Entry: "first",
+			Functions: []v1alpha1.FunctionSpec{
+				pyFunction("first", "def handle(inv):\n    return inv.objects[0].bytes().upper()"),
+				pyFunction("second", "def handle(inv):\n    return inv.objects[0].bytes() + b'!'"),
+			},
+			Dependencies: []v1alpha1.Dependency{{From: []string{"first"}, To: []string{"second"}}},
+		})
+		run := func(stdin string, args ...string) (string, string) {
+			cmd := exec.Command(bin, args...)
+			cmd.Stdin = strings.NewReader(stdin)
+			var stdout, stderr strings.Builder
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			Expect(cmd.Run()).To(Succeed(), "ziptrail %v: %s", args, stderr.String())
+			return stdout.String(), stderr.String()
+		}
+		result, progress := run("hello", "run", "cli", "--input", "-", "-n", ns, "--gateway", gatewayURL())
+		Expect(result).To(Equal("HELLO!\n"))
+		Expect(progress).To(ContainSubstring("==> session cli-"))
+		Expect(progress).To(MatchRegexp(`Invoked\s+first with 1 objects`))
+		Expect(progress).To(MatchRegexp(`Invoked\s+second with 1 objects`))
+		Expect(progress).To(ContainSubstring("==> Completed in "))
+
+		table, _ := run("", "sessions", "cli", "-n", ns, "--gateway", gatewayURL())
+		lines := strings.Split(strings.TrimSpace(table), "\n")
+		Expect(lines).To(HaveLen(2), table)
+		Expect(strings.Fields(lines[1])[1:5]).To(Equal([]string{"cli", "Completed", "2", "2"}), table)
 	})
 })

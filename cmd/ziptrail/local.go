@@ -42,7 +42,9 @@ func runLocal(ctx context.Context, args []string, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "\nlocal cluster is up. In another terminal:\n  export KUBECONFIG=%s\n  kubectl apply -f config/samples/\nPress Ctrl-C to stop.\n", c.Kubeconfig)
+		fmt.Fprintf(out, "\nlocal cluster is up (session gateway %s). In another terminal, from this directory:\n"+
+			"  export KUBECONFIG=%s\n  kubectl apply -f examples/wordcount/workflow.yaml\n"+
+			"  ziptrail run wordcount --input LICENSE\n  ziptrail sessions\nPress Ctrl-C to stop.\n", c.GatewayURL, c.Kubeconfig)
 		<-ctx.Done()
 		fmt.Fprintln(out, "==> stopping the local cluster")
 		return c.Down(context.Background())
@@ -55,7 +57,8 @@ func runLocal(ctx context.Context, args []string, out io.Writer) error {
 		if err := n.Cleanup(ctx); err != nil {
 			return err
 		}
-		fmt.Fprintln(out, "removed leftover pod namespaces and the zt bridge")
+		localcluster.KillLeftovers(*stateDir)
+		fmt.Fprintln(out, "removed leftover pod namespaces, the zt bridge and the storage tier servers")
 		return os.RemoveAll(filepath.Join("/dev/shm", "ziptrail-zt"))
 	case "status":
 		out2, err := exec.CommandContext(ctx, "ip", "netns", "list").Output()

@@ -1,7 +1,9 @@
 // Command ziptrail is the developer CLI: it runs ziptrail on one machine.
 //
-//	ziptrail demo                 run the word count sample on the local cluster
-//	ziptrail local up|down|status run the local cluster
+//	ziptrail demo                       run the word count sample on the local cluster
+//	ziptrail local up|down|status       run the local cluster
+//	ziptrail run WORKFLOW --input FILE  run a session, show its progress and result
+//	ziptrail sessions [WORKFLOW]        list sessions with their state
 package main
 
 import (
@@ -22,6 +24,13 @@ commands:
                        network namespaces) in the foreground until Ctrl-C
   local down           remove what a crashed 'local up' left behind
   local status         list the local cluster's pods
+  run WORKFLOW [--input FILE|-] [-n NAMESPACE] [-q]
+                       start a session of WORKFLOW through the session gateway
+                       of the running 'local up' (or --gateway URL), print its
+                       progress to stderr and its result to stdout
+  sessions [WORKFLOW] [-n NAMESPACE]
+                       list the sessions of a namespace (or of one workflow),
+                       newest first, with state, invocations and duration
 `
 
 func main() {
@@ -37,6 +46,10 @@ func main() {
 		err = runDemo(ctx, os.Args[2:], os.Stdout)
 	case "local":
 		err = runLocal(ctx, os.Args[2:], os.Stdout)
+	case "run":
+		err = runRun(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
+	case "sessions":
+		err = runSessions(ctx, os.Args[2:], os.Stdout, os.Stderr)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -6,6 +6,7 @@ package localcluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,18 +15,23 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"google.golang.org/grpc"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
-
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/controllers"
+	"github.com/ziptrail/ziptrail/internal/checkpoint"
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
@@ -43,35 +49,87 @@ type Options struct {
 	Subnet     netip.Prefix // pod network; default 10.213.0.0/24
 	NetPrefix  string       // interface/namespace name prefix; default "zt"
 	Instances  int          // pods per function; default 1
-	Tiers      controllers.Tiers
+	// NoTiers keeps redis-server and MinIO off even when installed.
+	NoTiers    bool
 	SidecarEnv []string    // extra environment for every queue-proxy
 	Log        io.Writer   // progress output; default io.Discard
 	LogLevel   zap.Options // controller logs
 }
 
+// State is what a running cluster writes to <state dir>/cluster.json, so
+// that other commands (`ziptrail run`, `ziptrail sessions`) find it.
+type State struct {
+	PID        int    `json:"pid"`
+	Kubeconfig string `json:"kubeconfig"`
+	GatewayURL string `json:"gatewayURL"`
+	IngressURL string `json:"ingressURL"`
+}
+
+// StateFile is where a cluster started with stateDir records its State.
+func StateFile(stateDir string) string { return filepath.Join(stateDir, "cluster.json") }
+
+// ReadState reads the State of the cluster running with stateDir.
+func ReadState(stateDir string) (State, error) {
+	var st State
+	data, err := os.ReadFile(StateFile(stateDir))
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(data, &st)
+}
+
 // Cluster is a running local cluster.
 type Cluster struct {
-	opts         Options
-	env          *controlplane.Env
-	Client       client.Client
-	Config       *rest.Config
-	Kubeconfig   string
-	Runtime      *localserving.Runtime
-	IngressURL   string // http://127.0.0.1:<port>, route by Host header
-	GatewayURL   string // the session gateway, http://127.0.0.1:<port>
-	ControlAddr  string // the control stream, on the pod network's gateway
-	Orchestrator *orchestrator.Orchestrator
+	opts        Options
+	env         *controlplane.Env
+	Client      client.Client
+	Config      *rest.Config
+	Kubeconfig  string
+	Runtime     *localserving.Runtime
+	IngressURL  string // http://127.0.0.1:<port>, route by Host header
+	GatewayURL  string // the session gateway, http://127.0.0.1:<port>
+	ControlAddr string // the control stream, on the pod network's gateway
+	RedisAddr   string // fast tier and checkpoints; empty when not installed
+	S3Endpoint  string // slow tier; empty when not installed
+	S3AccessKey string
+	S3SecretKey string
+	S3Bucket    string
 
-	cancel  context.CancelFunc
-	done    chan error
-	ingress *http.Server
-	gateway *http.Server
+	ingressPort int
+	serving     *runner // the local serving runtime's reconciler: "Knative"
+	operator    *operatorRun
+	gw          atomic.Pointer[gateway.Handler]
+	ingress     *http.Server
+	gateway     *http.Server
+	network     *netns.Network
+	tiers       *tierServers
+}
+
+// runner is a controller manager running until cancelled.
+type runner struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (r *runner) stop() error {
+	r.cancel()
+	if err := <-r.done; err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// operatorRun is one incarnation of the operator: controllers, trigger
+// engine, control stream. It can be stopped and replaced, as a rolling
+// update of the operator's Deployment would.
+type operatorRun struct {
+	runner
+	orch    *orchestrator.Orchestrator
 	control *grpc.Server
-	network *netns.Network
 }
 
 // Up starts everything and returns once the controllers run.
-func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
+func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if opts.QueueProxy == "" {
 		return nil, errors.New("localcluster: QueueProxy (path of the queue-proxy binary) is required")
 	}
@@ -96,7 +154,7 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, err
 	}
 	step := func(format string, args ...any) { fmt.Fprintf(opts.Log, "==> "+format+"\n", args...) }
-	c = &Cluster{opts: opts, done: make(chan error, 1)}
+	c := &Cluster{opts: opts}
 	defer func() {
 		if err != nil {
 			_ = c.Down(context.WithoutCancel(ctx))
@@ -133,6 +191,19 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, fmt.Errorf("pod network (needs root or CAP_NET_ADMIN): %w", err)
 	}
 
+	c.tiers = &tierServers{}
+	if !opts.NoTiers {
+		c.tiers, err = startTiers(ctx, opts.StateDir, c.network.Gateway().String(), step)
+		if err != nil {
+			return nil, err
+		}
+		c.RedisAddr, c.S3Endpoint = c.tiers.redisAddr, c.tiers.s3Endpoint
+		if c.S3Endpoint != "" {
+			c.S3AccessKey, c.S3SecretKey, c.S3Bucket = s3AccessKey, s3SecretKey, s3Bucket
+		}
+		opts.SidecarEnv = append(opts.SidecarEnv, c.tiers.sidecarEnv()...)
+	}
+
 	// The control stream listens on the bridge address, which pods reach;
 	// every queue-proxy-zl is told where it is.
 	controlLn, err := net.Listen("tcp", net.JoinHostPort(c.network.Gateway().String(), "0"))
@@ -144,58 +215,102 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		controlLn.Close()
 		return nil, err
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	c.IngressURL = fmt.Sprintf("http://127.0.0.1:%d", port)
+	c.ingressPort = ln.Addr().(*net.TCPAddr).Port
+	c.IngressURL = fmt.Sprintf("http://127.0.0.1:%d", c.ingressPort)
 	shm := filepath.Join("/dev/shm", "ziptrail-"+opts.NetPrefix)
 	if err := os.RemoveAll(shm); err != nil {
+		controlLn.Close()
 		return nil, err
 	}
 	c.Runtime, err = localserving.New(localserving.Options{
 		Network: c.network, QueueProxy: opts.QueueProxy, SidecarEnv: opts.SidecarEnv,
-		IngressPort: port, Instances: opts.Instances, StateDir: opts.StateDir, ShmRoot: shm,
+		IngressPort: c.ingressPort, Instances: opts.Instances, StateDir: opts.StateDir, ShmRoot: shm,
 	})
 	if err != nil {
+		controlLn.Close()
 		return nil, err
 	}
 	c.ingress = &http.Server{Handler: localserving.NewRouter(c.Runtime), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = c.ingress.Serve(ln) }()
 
-	mgr, err := ctrl.NewManager(c.Config, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}})
+	// The session gateway outlives operator restarts (its address is in the
+	// state file); it serves whichever operator runs.
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		controlLn.Close()
 		return nil, err
 	}
-	if err := c.startOrchestrator(mgr, port, controlLn); err != nil {
-		return nil, err
-	}
-	if err := controllers.Setup(mgr, opts.Tiers, c.Orchestrator); err != nil {
+	c.GatewayURL = "http://" + gl.Addr().String()
+	c.gateway = &http.Server{Handler: http.HandlerFunc(c.serveGateway), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = c.gateway.Serve(gl) }()
+
+	// Knative's part runs in its own manager, so the operator can restart
+	// without touching the pods.
+	mgr, err := newManager(c.Config)
+	if err != nil {
+		controlLn.Close()
 		return nil, err
 	}
 	if err := (&localserving.Reconciler{Client: mgr.GetClient(), Runtime: c.Runtime}).SetupWithManager(mgr); err != nil {
+		controlLn.Close()
 		return nil, err
 	}
-	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c.cancel = cancel
-	go func() { c.done <- mgr.Start(mctx) }()
+	c.serving = start(ctx, mgr)
+
+	if err := c.startOperator(ctx, controlLn); err != nil {
+		return nil, err
+	}
+	if err := c.writeState(); err != nil {
+		return nil, err
+	}
 	step("operator, trigger engine and local serving runtime running; gateway %s, ingress %s (logs: %s)", c.GatewayURL, c.IngressURL, opts.StateDir)
 	return c, nil
 }
+
+func newManager(cfg *rest.Config) (ctrl.Manager, error) {
+	return ctrl.NewManager(cfg, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
+		// A restarted operator registers its controllers again in this process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+}
+
+func start(ctx context.Context, mgr ctrl.Manager) *runner {
+	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r := &runner{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- mgr.Start(mctx) }()
+	return r
+}
+
+func (c *Cluster) writeState() error {
+	data, err := json.MarshalIndent(State{PID: os.Getpid(), Kubeconfig: c.Kubeconfig, GatewayURL: c.GatewayURL, IngressURL: c.IngressURL}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(StateFile(c.opts.StateDir), append(data, '\n'), 0o644)
+}
+
+// Orchestrator is the running operator's trigger engine adapter.
+func (c *Cluster) Orchestrator() *orchestrator.Orchestrator { return c.operator.orch }
 
 // Down stops the controllers, every pod, the ingress and the control plane,
 // and removes the pod network.
 func (c *Cluster) Down(ctx context.Context) error {
 	var errs []error
-	if c.cancel != nil {
-		c.cancel()
-		if err := <-c.done; err != nil && !errors.Is(err, context.Canceled) {
-			errs = append(errs, err)
-		}
+	if c.operator != nil {
+		errs = append(errs, c.stopOperator())
+	}
+	if c.serving != nil {
+		errs = append(errs, c.serving.stop())
 	}
 	if c.Runtime != nil {
 		errs = append(errs, c.Runtime.Shutdown(ctx))
 	} else if c.network != nil {
 		errs = append(errs, c.network.Cleanup(ctx))
+	}
+	if c.tiers != nil {
+		c.tiers.stop(c.opts.StateDir)
 	}
 	if c.ingress != nil {
 		errs = append(errs, c.ingress.Close())
@@ -203,46 +318,123 @@ func (c *Cluster) Down(ctx context.Context) error {
 	if c.gateway != nil {
 		errs = append(errs, c.gateway.Close())
 	}
-	if c.control != nil {
-		c.control.Stop()
-	}
 	if c.env != nil {
 		errs = append(errs, c.env.Stop())
+	}
+	if err := os.Remove(StateFile(c.opts.StateDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// startOrchestrator runs the trigger engine with its dispatcher (through the
-// local ingress), the control stream (on the bridge address, which pods
-// reach) and the session gateway (on loopback).
-func (c *Cluster) startOrchestrator(mgr ctrl.Manager, ingressPort int, cl net.Listener) error {
-	keys := &control.SecretKeys{Client: mgr.GetClient()}
-	var srv *control.Server
-	orch, err := orchestrator.New(orchestrator.Options{
+// RestartOperator stops the operator — controllers, trigger engine, control
+// stream — the way a rolling update of its Deployment does (the engine saves
+// a last checkpoint, in-flight invocations are abandoned), and starts a new
+// one, which restores the engine's sessions from the checkpoint in Redis.
+// Pods keep running; their sidecars reconnect to the control stream.
+func (c *Cluster) RestartOperator(ctx context.Context) error {
+	if c.RedisAddr == "" {
+		return errors.New("localcluster: restarting the operator needs Redis for the engine checkpoint (redis-server is not installed)")
+	}
+	if err := c.stopOperator(); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.ControlAddr)
+	if err != nil {
+		return err
+	}
+	return c.startOperator(ctx, ln)
+}
+
+func (c *Cluster) stopOperator() error {
+	op := c.operator
+	c.operator = nil
+	c.gw.Store(nil)
+	err := op.stop()
+	op.control.Stop()
+	return err
+}
+
+// serveGateway serves the running operator's session gateway, or 503 while
+// it restarts (as a Service with no ready endpoint would).
+func (c *Cluster) serveGateway(w http.ResponseWriter, r *http.Request) {
+	h := c.gw.Load()
+	if h == nil {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, `{"error":"the operator is restarting"}`, http.StatusServiceUnavailable)
+		return
+	}
+	h.ServeHTTP(w, r)
+}
+
+// startOperator runs the controllers and the trigger engine with its
+// dispatcher (through the local ingress), the control stream (on cl, the
+// bridge address, which pods reach) and the session gateway.
+func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
+	mgr, err := newManager(c.Config)
+	if err != nil {
+		cl.Close()
+		return err
+	}
+	opts := orchestrator.Options{
 		Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()},
-		Ingress:  fmt.Sprintf("127.0.0.1:%d", ingressPort),
+		Ingress:  fmt.Sprintf("127.0.0.1:%d", c.ingressPort),
 		Log:      ctrl.Log.WithName("orchestrator"),
-	})
+	}
+	if c.tiers.redis != nil {
+		opts.Checkpoint = &checkpoint.Store{Client: c.tiers.redis, Key: "ziptrail:engine"}
+		// Frequent checkpoints: a restart loses at most this much progress.
+		opts.CheckpointInterval = 250 * time.Millisecond
+	}
+	orch, err := orchestrator.New(opts)
 	if err != nil {
+		cl.Close()
 		return err
 	}
-	srv = control.NewServer(orch, keys)
+	// Load the Workflows before the engine runs: it expires restored
+	// sessions whose workflow it does not know on its first tick, and the
+	// Workflow reconciler may not have run by then.
+	var wfs v1alpha1.WorkflowList
+	if err := c.Client.List(ctx, &wfs); err != nil {
+		cl.Close()
+		return err
+	}
+	for i := range wfs.Items {
+		wf := &wfs.Items[i]
+		_ = orch.SetWorkflow(wf, meta.IsStatusConditionTrue(wf.Status.Conditions, v1alpha1.ConditionReady), "") // the reconciler reports errors
+	}
+	srv := control.NewServer(orch, &control.SecretKeys{Client: mgr.GetClient()})
 	orch.SetControl(srv)
-	c.Orchestrator = orch
 	if err := mgr.Add(manager.RunnableFunc(orch.Run)); err != nil {
+		cl.Close()
 		return err
 	}
-
-	c.control = grpc.NewServer()
-	controlv1.RegisterControlServer(c.control, srv)
-	go func() { _ = c.control.Serve(cl) }()
-
-	gl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	tiers := controllers.Tiers{Redis: c.RedisAddr != "", S3: c.S3Endpoint != ""}
+	if err := controllers.Setup(mgr, tiers, orch); err != nil {
+		cl.Close()
 		return err
 	}
-	c.GatewayURL = "http://" + gl.Addr().String()
-	c.gateway = &http.Server{Handler: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}}), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = c.gateway.Serve(gl) }()
+	gs := grpc.NewServer()
+	controlv1.RegisterControlServer(gs, srv)
+	go func() { _ = gs.Serve(cl) }()
+	var gen int64
+	if opts.Checkpoint != nil {
+		if _, gen, _, err = opts.Checkpoint.Load(ctx); err != nil {
+			gs.Stop()
+			return fmt.Errorf("read the engine checkpoint: %w", err)
+		}
+	}
+	c.operator = &operatorRun{runner: *start(ctx, mgr), orch: orch, control: gs}
+	if opts.Checkpoint != nil {
+		// The engine restores the checkpoint before it saves its first one;
+		// until then the gateway would not know the restored sessions.
+		if err := waitFor(ctx, "the operator's first checkpoint", func() bool {
+			_, g, _, err := opts.Checkpoint.Load(ctx)
+			return err == nil && g > gen
+		}); err != nil {
+			return err
+		}
+	}
+	c.gw.Store(gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}}))
 	return nil
 }

@@ -83,7 +83,6 @@ func (r *Runtime) startPod(ctx context.Context, id string, spec podSpec, onExit 
 		"ZIPTRAIL_SHM_DIR=" + filepath.Join(p.shmDir, "objects"),
 	}
 	queueEnv := append(os.Environ(), r.queueProxyEnv(p)...)
-	queueEnv = append(queueEnv, ziptrailEnv...)
 	// The function's ziptrail settings (workflow, function) reach the
 	// sidecar too, as pod annotations do through Knative's pod-info volume.
 	for _, e := range spec.env {
@@ -91,6 +90,10 @@ func (r *Runtime) startPod(ctx context.Context, id string, spec podSpec, onExit 
 			queueEnv = append(queueEnv, e)
 		}
 	}
+	// The pod's own directory comes after the template's (which names
+	// /dev/shm/ziptrail, private in a real pod but shared by every local
+	// pod), so it wins: Go keeps the last of duplicate variables.
+	queueEnv = append(queueEnv, ziptrailEnv...)
 	queueEnv = append(queueEnv, r.opts.SidecarEnv...)
 	userEnv := append(os.Environ(), spec.env...)
 	userEnv = append(userEnv, ziptrailEnv...)

@@ -166,8 +166,11 @@ func (r *Runtime) ensure(ctx context.Context, svc *servingv1.Service) (int, erro
 	}
 
 	// Replace dead pods, add missing ones.
+	r.mu.Lock()
+	pods := cur.pods
+	r.mu.Unlock()
 	var live []*pod
-	for _, p := range cur.pods {
+	for _, p := range pods {
 		if isClosed(p.exited) {
 			go p.Stop(r)
 			continue
@@ -283,6 +286,35 @@ func (r *Runtime) Pods(ns, name string) []string {
 		}
 	}
 	return ips
+}
+
+// TerminatePod deletes the pod with the given IP as the kubelet does when
+// Knative scales a revision down: it stops routing to it, sends SIGTERM to
+// both containers (queue-proxy-zl backs up unread objects then) and SIGKILL
+// after the grace period, and removes it; a replacement pod is started.
+// It returns once the pod is gone. For fault-injection tests.
+func (r *Runtime) TerminatePod(ip string) error {
+	r.mu.Lock()
+	var victim *pod
+	var key types.NamespacedName
+	for k, cur := range r.svcs {
+		for i, p := range cur.pods {
+			if p.IP() == ip {
+				victim, key = p, k
+				cur.pods = append(cur.pods[:i:i], cur.pods[i+1:]...)
+				break
+			}
+		}
+	}
+	r.mu.Unlock()
+	if victim == nil {
+		return fmt.Errorf("no pod with IP %s", ip)
+	}
+	victim.Stop(r)
+	if r.onPod != nil {
+		r.onPod(key)
+	}
+	return nil
 }
 
 // KillUserProcess kills the function process of the pod with the given IP,

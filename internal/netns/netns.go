@@ -132,16 +132,19 @@ func (p *Pod) Command(ctx context.Context, name string, args ...string) *exec.Cm
 func (n *Network) allocate() (netip.Addr, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if len(n.free) > 0 {
-		ip := n.free[len(n.free)-1]
-		n.free = n.free[:len(n.free)-1]
+	// Fresh addresses first, then the longest-free one, as Kubernetes'
+	// host-local IPAM does: a replacement pod must not take the address of
+	// the pod it replaces while references to that pod are still around.
+	ip := n.next
+	if n.Subnet.Contains(ip.Next()) { // keep the broadcast address free
+		n.next = ip.Next()
 		return ip, nil
 	}
-	ip := n.next
-	if !n.Subnet.Contains(ip.Next()) { // keep the broadcast address free
+	if len(n.free) == 0 {
 		return netip.Addr{}, fmt.Errorf("netns: subnet %s is exhausted", n.Subnet)
 	}
-	n.next = ip.Next()
+	ip = n.free[0]
+	n.free = n.free[1:]
 	return ip, nil
 }
 

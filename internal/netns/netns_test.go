@@ -111,3 +111,27 @@ func getWithRetry(t *testing.T, url string) string {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A freed address is reused only once the fresh ones run out, and then the
+// longest-free first, so a replacement pod never takes the address of the
+// pod it replaces while consumers may still hold references to it.
+func TestAllocateReusesAddressesLast(t *testing.T) {
+	n, err := New("zt", netip.MustParsePrefix("10.9.0.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := n.allocate()
+	b, _ := n.allocate()
+	n.free = append(n.free, a, b) // both pods deleted, a first
+	var got []netip.Addr
+	for {
+		ip, err := n.allocate()
+		if err != nil {
+			break
+		}
+		got = append(got, ip)
+	}
+	if len(got) != 253 || got[0].String() != "10.9.0.4" || got[250].String() != "10.9.0.254" || got[251] != a || got[252] != b {
+		t.Fatalf("allocation order: %d addresses, first %v, last three %v", len(got), got[0], got[len(got)-3:])
+	}
+}

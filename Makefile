@@ -19,7 +19,7 @@ generate: ## Generate deepcopy, CRDs, RBAC and protocol code.
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail if generated files are out of date.
-	@git diff --exit-code -- api config internal proto || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }
+	@git diff --exit-code -- api config internal proto charts sdk || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }
 
 .PHONY: build
 build: ## Build all binaries into ./bin.

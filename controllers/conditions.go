@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"unicode/utf8"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -54,5 +56,22 @@ func readyMessage(conds []metav1.Condition) string {
 	if c == nil {
 		return "not reconciled yet"
 	}
-	return c.Reason + ": " + c.Message
+	return eventNote(c.Reason + ": " + c.Message)
+}
+
+// maxEventNote is the API server's limit on an event's note
+// (events.k8s.io/v1); a longer note makes it reject the whole event.
+const maxEventNote = 1024
+
+// eventNote shortens s to fit an event note, cutting on a rune boundary.
+func eventNote(s string) string {
+	if len(s) <= maxEventNote {
+		return s
+	}
+	const more = " …"
+	cut := maxEventNote - len(more)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + more
 }

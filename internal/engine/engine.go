@@ -269,10 +269,16 @@ func (e *Engine) Tick(now time.Time) []Action {
 		sh := &e.shards[i]
 		sh.mu.Lock()
 		for id, s := range sh.sessions {
-			wf := e.workflow(s.wf)
-			if !now.Before(s.deadline) || wf == nil {
+			if !now.Before(s.deadline) {
 				out = append(out, Action{Kind: ActSessionExpired, Workflow: s.wf, Session: id})
 				out = append(out, e.end(sh, s, now)...)
+				continue
+			}
+			wf := e.workflow(s.wf)
+			if wf == nil {
+				// Not loaded yet (an operator restoring a checkpoint while its
+				// reconcilers load workflows) or removed: the session waits
+				// for its workflow until its deadline.
 				continue
 			}
 			for _, t := range wf.triggers {

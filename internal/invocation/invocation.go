@@ -43,6 +43,20 @@ type Object struct {
 	Path string `json:"path,omitempty"`
 }
 
+// MarshalJSON keeps an empty inline object ("inline": "") that omitempty
+// would drop, so the receiver does not mistake it for an object without
+// contents.
+func (o Object) MarshalJSON() ([]byte, error) {
+	type plain Object
+	if o.Ref != "" || o.Inline == nil || len(o.Inline) > 0 {
+		return json.Marshal(plain(o))
+	}
+	return json.Marshal(struct {
+		plain
+		Inline []byte `json:"inline"`
+	}{plain(o), o.Inline})
+}
+
 // Envelope is the body of an invocation.
 type Envelope struct {
 	Namespace  string   `json:"namespace"`

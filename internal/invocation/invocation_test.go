@@ -30,3 +30,19 @@ func TestDecode(t *testing.T) {
 		}
 	}
 }
+
+// An empty object is a valid object: it survives encoding and decoding.
+func TestEmptyInlineObjectRoundTrip(t *testing.T) {
+	env := Envelope{Function: "f", Session: "s", Invocation: "i", Objects: []Object{{Bucket: "b", Key: "k", Inline: []byte{}}}}
+	body, err := json.Marshal(&env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("decode %s: %v", body, err)
+	}
+	if o := got.Objects[0]; o.Inline == nil || len(o.Inline) != 0 {
+		t.Fatalf("empty object came back as %#v", o)
+	}
+}

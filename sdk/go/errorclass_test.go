@@ -49,6 +49,7 @@ func TestErrorClasses(t *testing.T) {
 	foreign := startSidecar(t, sidecarOpts{keys: keys, namespace: "other"})
 	rotated := startSidecar(t, sidecarOpts{keys: keyFile(t, "k2", 5)})
 	small := startSidecar(t, sidecarOpts{keys: keys, env: []string{"ZIPTRAIL_MEMORY_LIMIT=1048576"}})
+	full := startSidecar(t, sidecarOpts{keys: keys, env: []string{"ZIPTRAIL_MEMORY_LIMIT=1048576", "ZIPTRAIL_PUT_TIMEOUT=200ms"}})
 	producer := startSidecar(t, sidecarOpts{keys: keys})
 	ctx := context.Background()
 
@@ -102,6 +103,15 @@ func TestErrorClasses(t *testing.T) {
 			ErrNotFound, localapi.ReasonNotFound, "results/nothing-sent"},
 		{"too large", func() error { _, err := small.client.Put(ctx, make([]byte, 2<<20), 1); return err },
 			ErrTooLarge, localapi.ReasonTooLarge, ""},
+		{"store full", func() error {
+			// An unread object holds 768 KiB of the 1 MiB cap; with no fast
+			// tier to spill to, the next put waits, then gives up.
+			if _, err := full.client.Put(ctx, make([]byte, 768<<10), 1); err != nil {
+				return err
+			}
+			_, err := full.client.Put(ctx, make([]byte, 512<<10), 1)
+			return err
+		}, ErrStoreFull, localapi.ReasonStoreFull, ""},
 		{"persist without a tier", func() error {
 			_, err := b.client.SendObject(ctx, CreateObject("b", "k").SetData([]byte("x")), true)
 			return err

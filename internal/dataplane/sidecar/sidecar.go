@@ -51,6 +51,9 @@ type Config struct {
 	KeyFile                            string // JSON {"active": id, "keys": {id: base64}} for standalone use
 	APISocket                          string // unix socket of the local API for the function; empty disables it
 	MetricsPort                        int    // Prometheus /metrics of the data plane; 0 disables it
+	// PutTimeout bounds how long a put waits for memory in a full pod
+	// (no fast tier to spill to) before it fails with "store full".
+	PutTimeout time.Duration
 	// Tiers: Redis takes spilled objects, S3 the backup of unread objects
 	// when the pod terminates. Nil tiers are disabled.
 	Redis *tier.Redis
@@ -80,6 +83,10 @@ func FromEnv() Config {
 		c.APISocket = filepath.Join(filepath.Dir(c.ShmDir), "sidecar.sock")
 	}
 	c.BackupTimeout = time.Duration(envInt("ZIPTRAIL_BACKUP_TIMEOUT_SECONDS", 25)) * time.Second
+	c.PutTimeout = 30 * time.Second
+	if d, err := time.ParseDuration(os.Getenv("ZIPTRAIL_PUT_TIMEOUT")); err == nil && d > 0 {
+		c.PutTimeout = d
+	}
 	if addr := os.Getenv("ZIPTRAIL_REDIS_ADDR"); addr != "" {
 		c.Redis = &tier.Redis{Client: redis.NewClient(&redis.Options{Addr: addr, Password: os.Getenv("ZIPTRAIL_REDIS_PASSWORD")}),
 			Prefix: "zt:obj:" + c.Namespace + ":"}
@@ -264,7 +271,7 @@ func (s *Sidecar) serveLocalAPI() error {
 		return fmt.Errorf("shared-memory directory: %w", err)
 	}
 	api := &localapi.Server{Store: s.Store, Addr: s.addr(), Dir: s.cfg.ShmDir, Namespace: s.cfg.Namespace, Function: s.cfg.Function,
-		TTL: s.cfg.ObjectTTL, InlineThreshold: s.cfg.InlineThreshold, MaxObjectBytes: s.cfg.MemoryLimit,
+		TTL: s.cfg.ObjectTTL, InlineThreshold: s.cfg.InlineThreshold, MaxObjectBytes: s.cfg.MemoryLimit, PutTimeout: s.cfg.PutTimeout,
 		Keys: func(ctx context.Context) (*ref.Keyring, error) {
 			if err := s.waitKeys(ctx); err != nil {
 				return nil, err
@@ -296,6 +303,13 @@ func (s *Sidecar) serveLocalAPI() error {
 	s.api = api
 	go func() { _ = api.Serve(ln) }()
 	return nil
+}
+
+func (s *Sidecar) putTimeout() time.Duration {
+	if s.cfg.PutTimeout > 0 {
+		return s.cfg.PutTimeout
+	}
+	return 30 * time.Second
 }
 
 func (s *Sidecar) addr() string {
@@ -461,7 +475,7 @@ func (s *Sidecar) externalize(ctx context.Context, env *invocation.Envelope, bod
 		}
 		id := fmt.Sprintf("%s/%s/%s/%d", env.Session, o.Bucket, o.Key, s.seq.Add(1))
 		exp := time.Now().Add(s.cfg.ObjectTTL)
-		putCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		putCtx, cancel := context.WithTimeout(ctx, s.putTimeout())
 		// Outputs may be read by several targets: they live until the
 		// session is collected or the TTL passes.
 		err := s.Store.Put(putCtx, store.Meta{ID: id, Session: env.Session, Bucket: o.Bucket, Key: o.Key, Reads: math.MaxUint32, Expires: exp}, o.Inline)

@@ -257,3 +257,14 @@ def test_persisted_object_is_read_from_another_pod(sidecars: Sidecars, minio):
     assert sent.persisted and sent.transport == "sidecar"
     with ziptrail.get_object("results", "final", session="s9", client=b.client) as got:
         assert bytes(got) == pattern(2 * MiB, 5) and got.source == "s3"
+
+
+def test_store_full(sidecars: Sidecars):
+    """A put into a full pod (no fast tier to spill to) waits for memory,
+    then fails with StoreFullError; the waiting payload file is removed."""
+    full = sidecars.start(ZIPTRAIL_MEMORY_LIMIT=str(MiB), ZIPTRAIL_PUT_TIMEOUT="200ms")
+    full.client.put(pattern(768 * 1024))  # unread: holds 768 KiB of the 1 MiB cap
+    with pytest.raises(ziptrail.StoreFullError) as e:
+        full.client.put(pattern(512 * 1024))
+    assert e.value.reason == "STORE_FULL"
+    assert os.listdir(full.shm_dir) == []

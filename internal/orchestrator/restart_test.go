@@ -2,13 +2,9 @@ package orchestrator
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"net/http/httptest"
-	"net/url"
 	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,31 +18,6 @@ import (
 	"github.com/ziptrail/ziptrail/internal/testservers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
-
-// functions serves each workflow function from a real HTTP server running
-// the Go SDK's function handler; the resolver maps Services to them.
-type functions struct {
-	mu   sync.Mutex
-	urls map[string]string
-}
-
-func (f *functions) URL(_ context.Context, _, svc string) (*url.URL, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	u, ok := f.urls[svc]
-	if !ok {
-		return nil, fmt.Errorf("no function %s", svc)
-	}
-	return url.Parse(u)
-}
-
-func (f *functions) add(t *testing.T, svc string, h ziptrail.Handler) {
-	srv := httptest.NewServer(ziptrail.FunctionHandler(h))
-	t.Cleanup(srv.Close)
-	f.mu.Lock()
-	f.urls[svc] = srv.URL
-	f.mu.Unlock()
-}
 
 // TestOperatorRestartMidSession stops the orchestrator while one branch of a
 // fan-in is still running (its response is lost with the old operator), and
@@ -72,7 +43,7 @@ func TestOperatorRestartMidSession(t *testing.T) {
 		},
 	}
 
-	fns := &functions{urls: map[string]string{}}
+	fns := &testservers.Functions{}
 	var joins, cCalls atomic.Int32
 	releaseC := make(chan struct{})
 	cStarted := make(chan struct{}, 4)
@@ -85,18 +56,18 @@ func TestOperatorRestartMidSession(t *testing.T) {
 			return nil, ziptrail.SendObject(ctx, "parts", name, append(append([]byte{}, inv.Objects[0].Bytes()...), "|"+name...), nil)
 		}
 	}
-	fns.add(t, "fan-split", func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+	fns.Add(t, "fan-split", ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
 		for _, b := range []string{"to-a", "to-b", "to-c"} {
 			if err := ziptrail.SendObject(ctx, b, "x", []byte("in"), nil); err != nil {
 				return nil, err
 			}
 		}
 		return nil, nil
-	})
+	}))
 	for _, n := range []string{"a", "b", "c"} {
-		fns.add(t, "fan-"+n, part(n))
+		fns.Add(t, "fan-"+n, ziptrail.FunctionHandler(part(n)))
 	}
-	fns.add(t, "fan-join", func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+	fns.Add(t, "fan-join", ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
 		joins.Add(1)
 		parts := make([]string, len(inv.Objects))
 		for i, o := range inv.Objects {
@@ -104,7 +75,7 @@ func TestOperatorRestartMidSession(t *testing.T) {
 		}
 		sort.Strings(parts)
 		return nil, ziptrail.SendObject(ctx, "output", "result", []byte(strings.Join(parts, " + ")), nil)
-	})
+	}))
 	defer close(releaseC)
 
 	start := func() (*Orchestrator, context.CancelFunc, chan error) {

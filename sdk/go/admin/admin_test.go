@@ -5,12 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http/httptest"
-	"net/url"
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +22,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/orchestrator"
+	"github.com/ziptrail/ziptrail/internal/testservers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
@@ -133,31 +131,6 @@ func testResources(t *testing.T, env *controlplane.Env, ns string) {
 	}
 }
 
-// functions serves workflow functions (Knative Service <workflow>-<fn>)
-// from Go SDK function servers; the orchestrator resolves through it.
-type functions struct {
-	mu   sync.Mutex
-	urls map[string]string
-}
-
-func (f *functions) URL(_ context.Context, _, svc string) (*url.URL, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	u, ok := f.urls[svc]
-	if !ok {
-		return nil, fmt.Errorf("no function %s", svc)
-	}
-	return url.Parse(u)
-}
-
-func (f *functions) add(t *testing.T, svc string, h ziptrail.Handler) {
-	srv := httptest.NewServer(ziptrail.FunctionHandler(h))
-	t.Cleanup(srv.Close)
-	f.mu.Lock()
-	f.urls[svc] = srv.URL
-	f.mu.Unlock()
-}
-
 // testSessions: a word count through the real engine — map groups words
 // with the SDK's group metadata (DynamicGroup), declares the expected
 // counts with its expected-set metadata (DynamicJoin) — started, watched
@@ -168,8 +141,8 @@ func testSessions(t *testing.T, env *controlplane.Env, ns string) {
 	// instead of hanging it; far above what the sessions need.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	fns := &functions{urls: map[string]string{}}
-	fns.add(t, "wc-map", func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+	fns := &testservers.Functions{}
+	fns.Add(t, "wc-map", ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
 		words := strings.Fields(string(inv.Objects[0].Bytes()))
 		for i, w := range words {
 			if err := ziptrail.CreateObject("pairs", fmt.Sprint(i)).SetData([]byte(w)).SetGroup(w).Send(ctx, false); err != nil {
@@ -178,21 +151,21 @@ func testSessions(t *testing.T, env *controlplane.Env, ns string) {
 		}
 		distinct := slices.Compact(slices.Sorted(slices.Values(words)))
 		return nil, ziptrail.CreateObject("counts", "plan").ExpectKeys(distinct...).DeclareOnly().Send(ctx, false)
-	})
-	fns.add(t, "wc-reduce", func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+	}))
+	fns.Add(t, "wc-reduce", ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
 		return nil, ziptrail.CreateObject("counts", inv.Group).SetData(fmt.Appendf(nil, "%s=%d", inv.Group, len(inv.Objects))).Send(ctx, false)
-	})
-	fns.add(t, "wc-total", func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+	}))
+	fns.Add(t, "wc-total", ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
 		var parts []string
 		for _, o := range inv.Objects {
 			parts = append(parts, string(o.Bytes()))
 		}
 		sort.Strings(parts)
 		return nil, ziptrail.SendObject(ctx, "output", "result", []byte(strings.Join(parts, ",")), nil)
-	})
-	fns.add(t, "broken-boom", func(context.Context, *ziptrail.Invocation) ([]byte, error) {
+	}))
+	fns.Add(t, "broken-boom", ziptrail.FunctionHandler(func(context.Context, *ziptrail.Invocation) ([]byte, error) {
 		return nil, errors.New("boom: the input is not a number")
-	})
+	}))
 
 	orch, err := orchestrator.New(orchestrator.Options{Resolver: fns, Log: logr.Discard()})
 	if err != nil {

@@ -4,7 +4,13 @@
 // the dispatcher, the ingress and every pod's queue-proxy-zl. With trivial
 // functions the time is the orchestration overhead.
 //
-//	go run ./bench/chain [-lengths 2,4,100] [-sessions 20]
+// A Workflow holds at most 256 functions, and this machine cannot host a
+// pod per function of a 1,000-function chain anyway (two processes of tens
+// of MiB each), so -ring measures the 1,000-step chain the design targets
+// differently: explicit triggers pass the object around a ring of
+// -ring-functions pods, one invocation per step, each through the full path.
+//
+//	go run ./bench/chain [-lengths 2,4,100] [-sessions 20] [-ring 1000 -ring-functions 10]
 package main
 
 import (
@@ -18,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,17 +42,46 @@ import (
 
 const handler = "import ziptrail\ndef handle(inv):\n    return inv.objects[0].bytes()\nziptrail.serve(handle)\n"
 
+// ringHandler is step RING_INDEX of a ring of RING_SIZE functions: it counts
+// the step in the object and hands it to the next function's bucket, or to
+// the output bucket after RING_STEPS steps.
+const ringHandler = `import os, ziptrail
+J, F, N = int(os.environ["RING_INDEX"]), int(os.environ["RING_SIZE"]), int(os.environ["RING_STEPS"])
+def handle(inv):
+    n = int(inv.objects[0].bytes()) + 1
+    if n >= N:
+        ziptrail.send_object("output", "result", str(n))
+    else:
+        ziptrail.send_object("h%d" % ((J + 1) % F), str(n), str(n))
+ziptrail.serve(handle)
+`
+
 func main() {
 	lengths := flag.String("lengths", "2,4,100", "chain lengths")
 	n := flag.Int("sessions", 20, "sessions per chain (the first is a warm-up)")
+	ring := flag.Int("ring", 0, "also run a chain of this many steps around a ring of functions (0: no)")
+	ringFunctions := flag.Int("ring-functions", 10, "functions (pods) in the ring")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (operator, engine, router) to the file")
 	flag.Parse()
-	if err := run(*lengths, *n); err != nil {
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chain:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if err := run(*lengths, *n, *ring, *ringFunctions); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "chain:", err)
 		os.Exit(1)
 	}
 }
 
-func run(lengths string, sessions int) error {
+func run(lengths string, sessions, ring, ringFunctions int) error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "ziptrail-chain-")
 	if err != nil {
@@ -68,49 +104,95 @@ func run(lengths string, sessions int) error {
 	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
 		return err
 	}
-	fmt.Println("| chain | sessions | p50 | p95 | per hop (p50) |\n|---|---|---|---|---|")
+	fmt.Println("| chain | sessions | p50 | p95 | per step (p50) |\n|---|---|---|---|---|")
 	for _, ls := range strings.Split(lengths, ",") {
+		if ls == "" {
+			continue
+		}
 		length, err := strconv.Atoi(ls)
 		if err != nil {
 			return err
 		}
-		name := fmt.Sprintf("chain%d", length)
-		wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "bench"}, Spec: v1alpha1.WorkflowSpec{Entry: "f0"}}
-		for i := 0; i < length; i++ {
-			wf.Spec.Functions = append(wf.Spec.Functions, v1alpha1.FunctionSpec{Name: fmt.Sprintf("f%d", i), Image: "unused",
-				Local: &v1alpha1.LocalRuntime{Command: []string{"python3", "-c", handler},
-					Env: []corev1.EnvVar{{Name: "PYTHONPATH", Value: filepath.Join(root, "sdk", "python")}}}})
-			if i > 0 {
-				wf.Spec.Dependencies = append(wf.Spec.Dependencies, v1alpha1.Dependency{From: []string{fmt.Sprintf("f%d", i-1)}, To: []string{fmt.Sprintf("f%d", i)}})
-			}
-		}
-		t := time.Now()
-		if err := c.Client.Create(ctx, wf); err != nil {
+		if err := measure(ctx, c, chainWorkflow(root, length), fmt.Sprintf("%d functions", length), length, sessions); err != nil {
 			return err
 		}
-		if err := waitReady(ctx, c.Client, wf, 10*time.Minute); err != nil {
-			return err
-		}
-		fmt.Fprintf(os.Stderr, "%s: %d functions ready in %s\n", name, length, time.Since(t).Round(time.Millisecond))
-		var lat []time.Duration
-		for s := 0; s < sessions; s++ {
-			t := time.Now()
-			out, err := session(c.GatewayURL, name)
-			if err != nil {
-				return err
-			}
-			if out != "x" {
-				return fmt.Errorf("%s returned %q", name, out)
-			}
-			if s > 0 {
-				lat = append(lat, time.Since(t))
-			}
-		}
-		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-		p50, p95 := percentile(lat, 0.50), percentile(lat, 0.95)
-		fmt.Printf("| %d functions | %d | %s | %s | %s |\n", length, len(lat), p50.Round(10*time.Microsecond), p95.Round(10*time.Microsecond), (p50 / time.Duration(length)).Round(10*time.Microsecond))
-		_ = c.Client.Delete(ctx, wf)
 	}
+	if ring > 0 {
+		label := fmt.Sprintf("%d steps, ring of %d", ring, ringFunctions)
+		if err := measure(ctx, c, ringWorkflow(root, ring, ringFunctions), label, ring, sessions); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func pythonFunction(root, name, code string, env ...corev1.EnvVar) v1alpha1.FunctionSpec {
+	return v1alpha1.FunctionSpec{Name: name, Image: "unused", Local: &v1alpha1.LocalRuntime{Command: []string{"python3", "-c", code},
+		Env: append([]corev1.EnvVar{{Name: "PYTHONPATH", Value: filepath.Join(root, "sdk", "python")}}, env...)}}
+}
+
+// chainWorkflow is f0 -> f1 -> ... -> f(length-1), each returning its input.
+func chainWorkflow(root string, length int) *v1alpha1.Workflow {
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("chain%d", length), Namespace: "bench"}, Spec: v1alpha1.WorkflowSpec{Entry: "f0"}}
+	for i := 0; i < length; i++ {
+		wf.Spec.Functions = append(wf.Spec.Functions, pythonFunction(root, fmt.Sprintf("f%d", i), handler))
+		if i > 0 {
+			wf.Spec.Dependencies = append(wf.Spec.Dependencies, v1alpha1.Dependency{From: []string{fmt.Sprintf("f%d", i-1)}, To: []string{fmt.Sprintf("f%d", i)}})
+		}
+	}
+	return wf
+}
+
+// ringWorkflow is a chain of steps invocations around functions r0..r(size-1):
+// r(j) writes bucket h(j+1 mod size), whose Immediate trigger invokes r(j+1).
+func ringWorkflow(root string, steps, size int) *v1alpha1.Workflow {
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ring%d", steps), Namespace: "bench"},
+		Spec: v1alpha1.WorkflowSpec{Entry: "r0", Buckets: []v1alpha1.NamedBucket{{Name: "output"}}}}
+	for j := 0; j < size; j++ {
+		fn, bucket := fmt.Sprintf("r%d", j), fmt.Sprintf("h%d", j)
+		wf.Spec.Functions = append(wf.Spec.Functions, pythonFunction(root, fn, ringHandler,
+			corev1.EnvVar{Name: "RING_INDEX", Value: strconv.Itoa(j)}, corev1.EnvVar{Name: "RING_SIZE", Value: strconv.Itoa(size)},
+			corev1.EnvVar{Name: "RING_STEPS", Value: strconv.Itoa(steps)}))
+		wf.Spec.Buckets = append(wf.Spec.Buckets, v1alpha1.NamedBucket{Name: bucket})
+		wf.Spec.Triggers = append(wf.Spec.Triggers, v1alpha1.NamedTrigger{Name: "to-" + fn,
+			Spec: v1alpha1.TriggerSpec{Bucket: bucket, Primitive: v1alpha1.Immediate, Targets: []string{fn}}})
+	}
+	return wf
+}
+
+// measure deploys wf, runs sessions of it (input "x" for chains, "0" for
+// rings) and prints one table row; steps is the invocations per session.
+func measure(ctx context.Context, c *localcluster.Cluster, wf *v1alpha1.Workflow, label string, steps, sessions int) error {
+	t := time.Now()
+	if err := c.Client.Create(ctx, wf); err != nil {
+		return err
+	}
+	defer func() { _ = c.Client.Delete(context.Background(), wf) }()
+	if err := waitReady(ctx, c.Client, wf, 10*time.Minute); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "%s: %d functions ready in %s\n", wf.Name, len(wf.Spec.Functions), time.Since(t).Round(time.Millisecond))
+	input, want := "x", "x"
+	if strings.HasPrefix(wf.Name, "ring") {
+		input, want = "0", strconv.Itoa(steps)
+	}
+	var lat []time.Duration
+	for s := 0; s < sessions; s++ {
+		t := time.Now()
+		out, err := session(c.GatewayURL, wf.Name, input)
+		if err != nil {
+			return err
+		}
+		if out != want {
+			return fmt.Errorf("%s returned %q, want %q", wf.Name, out, want)
+		}
+		if s > 0 {
+			lat = append(lat, time.Since(t))
+		}
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	p50, p95 := percentile(lat, 0.50), percentile(lat, 0.95)
+	fmt.Printf("| %s | %d | %s | %s | %s |\n", label, len(lat), p50.Round(10*time.Microsecond), p95.Round(10*time.Microsecond), (p50 / time.Duration(steps)).Round(10*time.Microsecond))
 	return nil
 }
 
@@ -132,8 +214,8 @@ func waitReady(ctx context.Context, c client.Client, wf *v1alpha1.Workflow, time
 	return fmt.Errorf("%s not ready after %s", wf.Name, timeout)
 }
 
-func session(gateway, wf string) (string, error) {
-	resp, err := http.Post(gateway+"/v1/namespaces/bench/workflows/"+wf+"/sessions", "application/octet-stream", strings.NewReader("x"))
+func session(gateway, wf, input string) (string, error) {
+	resp, err := http.Post(gateway+"/v1/namespaces/bench/workflows/"+wf+"/sessions", "application/octet-stream", strings.NewReader(input))
 	if err != nil {
 		return "", err
 	}

@@ -53,6 +53,14 @@ bench: ## Trigger engine benchmarks (single core).
 bench-dataplane: deps ## ziptrail vs raw TCP vs Redis vs S3, one run; writes docs/bench/.
 	$(DEPS_ENV); go run ./bench/dataplane
 
+.PHONY: bench-chain
+bench-chain: deps ## Workflow latency on the local cluster: 2/4/100-function chains and a 1,000-step ring (root).
+	$(DEPS_ENV); go run ./bench/chain -ring 1000
+
+.PHONY: bench-sidecarmem
+bench-sidecarmem: deps ## Resident memory of queue-proxy-zl vs stock queue-proxy (root).
+	$(DEPS_ENV); go run ./bench/sidecarmem
+
 .PHONY: e2e
 e2e: deps ## The local e2e suite alone (part of make test).
 	$(DEPS_ENV); go test -count=1 -timeout 20m ./e2e/...

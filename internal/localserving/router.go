@@ -26,7 +26,11 @@ func NewRouter(rt *Runtime) *Router {
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
 		},
-		FlushInterval: -1, // stream responses as they come
+		// 0: a response of known length goes out in one write; streamed
+		// ones (unknown length, text/event-stream) are still flushed at
+		// once by ReverseProxy. -1 flushed headers and body separately,
+		// two writes and two wake-ups of the caller per invocation.
+		FlushInterval: 0,
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			http.Error(w, "ziptrail local ingress: "+err.Error(), http.StatusBadGateway)
 		},

@@ -28,8 +28,8 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/controlclient"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
@@ -122,7 +122,7 @@ type Sidecar struct {
 	keys   atomic.Pointer[ref.Keyring]
 	server *pull.Server
 	client *pull.Client
-	ctl    *control.Client
+	ctl    *controlclient.Client
 	api    *localapi.Server
 	seq    atomic.Uint64
 	ready  chan struct{} // closed once keys are known
@@ -208,9 +208,9 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		_ = s.server.Serve(ln)
 	}()
 	if s.cfg.OperatorAddr != "" {
-		s.ctl = control.NewClient(s.cfg.OperatorAddr, &controlv1.Hello{Namespace: s.cfg.Namespace, Workflow: s.cfg.Workflow,
+		s.ctl = controlclient.NewClient(s.cfg.OperatorAddr, &controlv1.Hello{Namespace: s.cfg.Namespace, Workflow: s.cfg.Workflow,
 			Function: s.cfg.Function, Pod: s.cfg.Pod, DataplaneAddr: s.addr()},
-			control.Commands{
+			controlclient.Commands{
 				Keys: func(k *controlv1.Keys) { _ = s.setKeys(k) },
 				Drop: func(d *controlv1.DropObjects) { s.Store.DropSession(d.Session) },
 				KeepAlive: func(k *controlv1.KeepAlive) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/controlclient"
 )
 
 type staticKeys struct{}
@@ -39,8 +40,8 @@ func TestClientSurvivesOperatorRestart(t *testing.T) {
 
 	keys := make(chan *controlv1.Keys, 4)
 	drops := make(chan *controlv1.DropObjects, 4)
-	cl := control.NewClient(addr, &controlv1.Hello{Namespace: "ns", Pod: "p1", Function: "f"},
-		control.Commands{Keys: func(k *controlv1.Keys) { keys <- k }, Drop: func(d *controlv1.DropObjects) { drops <- d }})
+	cl := controlclient.NewClient(addr, &controlv1.Hello{Namespace: "ns", Pod: "p1", Function: "f"},
+		controlclient.Commands{Keys: func(k *controlv1.Keys) { keys <- k }, Drop: func(d *controlv1.DropObjects) { drops <- d }})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan struct{})

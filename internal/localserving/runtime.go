@@ -54,6 +54,10 @@ type Runtime struct {
 	mu    sync.Mutex
 	svcs  map[types.NamespacedName]*service
 	onPod func(types.NamespacedName) // re-reconcile after a pod dies
+	// stopping tracks pods terminating in the background (each may take
+	// up to TerminationGrace while queue-proxy drains), so Shutdown can
+	// wait for them before removing the network.
+	stopping sync.WaitGroup
 }
 
 // service is the set of pods of one Knative Service at one generation.
@@ -172,7 +176,7 @@ func (r *Runtime) ensure(ctx context.Context, svc *servingv1.Service) (int, erro
 	var live []*pod
 	for _, p := range pods {
 		if isClosed(p.exited) {
-			go p.Stop(r)
+			r.stopAsync(p)
 			continue
 		}
 		live = append(live, p)
@@ -197,7 +201,7 @@ func (r *Runtime) ensure(ctx context.Context, svc *servingv1.Service) (int, erro
 		live = append(live, p)
 	}
 	for len(live) > instances {
-		go live[len(live)-1].Stop(r)
+		r.stopAsync(live[len(live)-1])
 		live = live[:len(live)-1]
 	}
 	r.mu.Lock()
@@ -206,7 +210,7 @@ func (r *Runtime) ensure(ctx context.Context, svc *servingv1.Service) (int, erro
 	r.mu.Unlock()
 	if len(live) > 0 {
 		for _, p := range old {
-			go p.Stop(r)
+			r.stopAsync(p)
 		}
 	}
 	ready := 0
@@ -218,7 +222,10 @@ func (r *Runtime) ensure(ctx context.Context, svc *servingv1.Service) (int, erro
 	return ready, errors.Join(errs...)
 }
 
-// remove stops every pod of a deleted Service.
+// remove stops every pod of a deleted Service. The pods leave the routing
+// table at once and terminate in the background, as a kubelet does: a
+// reconcile worker must not wait out every pod's drain, or deleting a
+// large Workflow would hold up the start of every other Service.
 func (r *Runtime) remove(key types.NamespacedName) {
 	r.mu.Lock()
 	cur := r.svcs[key]
@@ -227,15 +234,22 @@ func (r *Runtime) remove(key types.NamespacedName) {
 	if cur == nil {
 		return
 	}
-	var wg sync.WaitGroup
 	for _, p := range cur.pods {
-		wg.Add(1)
-		go func() { defer wg.Done(); p.Stop(r) }()
+		r.stopAsync(p)
 	}
-	wg.Wait()
 }
 
-// Shutdown stops every pod and removes the network.
+// stopAsync terminates a pod in the background; Shutdown waits for it.
+func (r *Runtime) stopAsync(p *pod) {
+	r.stopping.Add(1)
+	go func() {
+		defer r.stopping.Done()
+		p.Stop(r)
+	}()
+}
+
+// Shutdown stops every pod, waits for all terminations (also those begun
+// earlier) and removes the network.
 func (r *Runtime) Shutdown(ctx context.Context) error {
 	r.mu.Lock()
 	keys := make([]types.NamespacedName, 0, len(r.svcs))
@@ -243,12 +257,10 @@ func (r *Runtime) Shutdown(ctx context.Context) error {
 		keys = append(keys, k)
 	}
 	r.mu.Unlock()
-	var wg sync.WaitGroup
 	for _, k := range keys {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.remove(k) }()
+		r.remove(k)
 	}
-	wg.Wait()
+	r.stopping.Wait()
 	return r.opts.Network.Cleanup(ctx)
 }
 

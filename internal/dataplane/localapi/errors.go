@@ -50,6 +50,7 @@ var classes = []class{
 	{store.ErrExpired, codes.FailedPrecondition, ReasonExpired},
 	{store.ErrExhausted, codes.FailedPrecondition, ReasonExhausted},
 	{store.ErrTooLarge, codes.ResourceExhausted, ReasonTooLarge},
+	{errStoreFull, codes.ResourceExhausted, ReasonStoreFull},
 	{ErrBadPayload, codes.InvalidArgument, ReasonBadPayload},
 	{errNotReady, codes.Unavailable, ReasonNotReady},
 	// After the specific classes: a gone producer whose object is in no
@@ -60,6 +61,12 @@ var classes = []class{
 }
 
 var errNotReady = errors.New("the sidecar has no reference keys yet")
+
+// errStoreFull ends a wait for memory that outlasted the sidecar's
+// PutTimeout. It is the cause of that timeout's context, which tells it
+// apart from the caller's own deadline: a caller that gave up first gets
+// DEADLINE_EXCEEDED (its timeout), not STORE_FULL.
+var errStoreFull = errors.New("no room in the pod's object store within the put timeout (ZIPTRAIL_PUT_TIMEOUT)")
 
 // toStatus turns an error into a gRPC status carrying its class.
 func toStatus(err error) error {
@@ -75,8 +82,7 @@ func toStatus(err error) error {
 		}
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		// Put waits for memory until its deadline: the pod stayed full.
-		return withReason(codes.ResourceExhausted, ReasonStoreFull, err)
+		return status.Error(codes.DeadlineExceeded, err.Error())
 	}
 	if errors.Is(err, context.Canceled) {
 		return status.Error(codes.Canceled, err.Error())

@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
@@ -497,10 +500,18 @@ func TestPayloadReadWaitsForRoom(t *testing.T) {
 	if err != nil || len(first) != 3<<20 {
 		t.Fatalf("first: %d bytes, %v", len(first), err)
 	}
+	// The sidecar's own bound on the wait ends it: STORE_FULL.
+	s.PutTimeout = 50 * time.Millisecond
+	_, _, err = s.load(ctx, file("second", 2<<20))
+	wantReason(t, "second payload while the first is unstored", toStatus(err), ReasonStoreFull)
+	// The caller's deadline ends it first: a timeout, not STORE_FULL.
+	s.PutTimeout = time.Minute
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	_, _, err = s.load(short, file("second", 2<<20))
 	cancel()
-	wantReason(t, "second payload while the first is unstored", toStatus(err), ReasonStoreFull)
+	if code := status.Code(toStatus(err)); code != codes.DeadlineExceeded {
+		t.Errorf("caller's deadline while waiting for room: %v (code %s), want DeadlineExceeded", err, code)
+	}
 	if _, err := os.Stat(filepath.Join(dir, "second")); err != nil {
 		t.Fatalf("the waiting payload's file was consumed: %v", err)
 	}

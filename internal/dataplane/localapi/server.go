@@ -151,8 +151,10 @@ func (s *Server) load(ctx context.Context, p *sidecarv1.Payload) (data []byte, r
 	s.initOnce.Do(func() { s.inflight = semaphore.NewWeighted(s.limit()) })
 	var held int64
 	data, err = readPayload(ctx, s.Dir, p, s.limit(), func(ctx context.Context, n int64) error {
-		if err := s.inflight.Acquire(ctx, n); err != nil {
-			return fmt.Errorf("store full, waiting to read the object: %w", err)
+		wctx, cancel := s.memoryWait(ctx)
+		defer cancel()
+		if err := s.inflight.Acquire(wctx, n); err != nil {
+			return storeFull(wctx, fmt.Errorf("waiting to read the object: %w", err))
 		}
 		held = n
 		return nil
@@ -176,14 +178,10 @@ func (s *Server) put(ctx context.Context, m store.Meta, data []byte) (string, er
 	if err != nil {
 		return "", err
 	}
-	timeout := s.PutTimeout
-	if timeout <= 0 {
-		timeout = 30 * time.Second
-	}
-	pctx, cancel := context.WithTimeout(ctx, timeout)
+	wctx, cancel := s.memoryWait(ctx)
 	defer cancel()
-	if err := s.Store.Put(pctx, m, data); err != nil {
-		return "", err
+	if err := s.Store.Put(wctx, m, data); err != nil {
+		return "", storeFull(wctx, err)
 	}
 	r, err := kr.Seal(ref.Record{Addr: s.Addr, Key: m.ID, Expires: m.Expires, Reads: m.Reads})
 	if err != nil {
@@ -191,6 +189,25 @@ func (s *Server) put(ctx context.Context, m store.Meta, data []byte) (string, er
 		return "", err
 	}
 	return r, nil
+}
+
+// memoryWait bounds a wait for room in the store by PutTimeout (default
+// 30 s), with errStoreFull as the cause when that bound is what ends it.
+func (s *Server) memoryWait(ctx context.Context) (context.Context, context.CancelFunc) {
+	timeout := s.PutTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	return context.WithTimeoutCause(ctx, timeout, errStoreFull)
+}
+
+// storeFull names a wait that PutTimeout ended; other errors (the
+// caller's deadline or cancellation among them) pass unchanged.
+func storeFull(wctx context.Context, err error) error {
+	if errors.Is(context.Cause(wctx), errStoreFull) {
+		return fmt.Errorf("%w: %v", errStoreFull, err)
+	}
+	return err
 }
 
 func (s *Server) newID(kind string) string {

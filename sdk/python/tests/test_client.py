@@ -236,6 +236,39 @@ def test_timeout(sidecars: Sidecars):
     assert [f for f in os.listdir(full.shm_dir) if f.startswith("put-")] == []
 
 
+def test_failure_after_the_deadline_is_a_timeout(tmp_path):
+    """When the sidecar's copy of the deadline fires first it resets the
+    stream, and gRPC Python reports INTERNAL ("Stream removed") instead of
+    DEADLINE_EXCEEDED (a race seen in CI). The SDK checks the deadline, as
+    the gRPC protocol advises: after it, such a failure is a timeout;
+    before it, the same failure keeps its class."""
+    import grpc
+
+    class StreamRemoved(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.INTERNAL
+
+        def details(self):
+            return "Stream removed"
+
+        def trailing_metadata(self):
+            return None
+
+    def late(request, timeout):
+        time.sleep(timeout)
+        raise StreamRemoved()
+
+    def early(request, timeout):
+        raise StreamRemoved()
+
+    with ziptrail.Client(str(tmp_path / "no.sock"), str(tmp_path)) as c:
+        with pytest.raises(ziptrail.ZiptrailTimeoutError, match="deadline of 0.05s exceeded"):
+            c._call("put", late, None, 0.05)
+        with pytest.raises(ziptrail.ZiptrailError, match="Stream removed") as e:
+            c._call("put", early, None, 30)
+        assert not isinstance(e.value, TimeoutError)
+
+
 # --- the Pheromone library ---------------------------------------------------
 
 def test_send_and_get_object_through_the_sidecar(pair):

@@ -34,11 +34,12 @@ import mmap
 import os
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar, Union
 
-from .errors import FunctionFailedError, InvalidError, ZiptrailError, from_rpc_error
+from .errors import FunctionFailedError, InvalidError, ZiptrailError, ZiptrailTimeoutError, from_rpc_error
 
 if TYPE_CHECKING:
     from ._proto import sidecar_pb2
@@ -239,10 +240,20 @@ class Client:
     def _call(self, op: str, method: Callable[..., T], request: Any, timeout: float | None = None) -> T:
         import grpc
 
+        timeout = timeout if timeout is not None else self.timeout
+        start = time.monotonic()
         try:
-            return method(request, timeout=timeout if timeout is not None else self.timeout)
+            return method(request, timeout=timeout)
         except grpc.RpcError as e:
-            raise from_rpc_error(op, e, self.socket) from None
+            err = from_rpc_error(op, e, self.socket)
+            # The sidecar also tracks the deadline and, when it fires there
+            # first, resets the stream: gRPC then reports CANCELLED or
+            # INTERNAL ("Stream removed"), not DEADLINE_EXCEEDED. As the gRPC
+            # protocol advises, a failure after the deadline is a timeout.
+            if (timeout is not None and time.monotonic() - start >= timeout
+                    and getattr(e, "code", lambda: None)() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL)):
+                err = ZiptrailTimeoutError(op, f"deadline of {timeout:g}s exceeded ({err})")
+            raise err from None
 
     def allocate(self, size: int) -> SharedBuffer:
         """A writable buffer of ``size`` bytes in the shared-memory

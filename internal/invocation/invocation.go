@@ -24,6 +24,10 @@ const (
 	// HeaderRefs lists the envelope's references (comma-separated), for the
 	// activator extension that keeps them alive during a cold start.
 	HeaderRefs = "Ziptrail-Refs"
+	// HeaderErrorReason names the error class (a local API reason such as
+	// PRODUCER_GONE) on a sidecar's 424 answer to an invocation whose
+	// inputs it could not resolve, so the caller's SDK can type the error.
+	HeaderErrorReason = "Ziptrail-Error-Reason"
 )
 
 // MaxEnvelopeBytes bounds a request body: large objects travel by

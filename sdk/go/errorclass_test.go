@@ -99,6 +99,14 @@ func TestErrorClasses(t *testing.T) {
 			ErrExhausted, localapi.ReasonExhausted, ""},
 		{"producer gone", func() error { _, err := b.client.Get(ctx, gone); return err },
 			ErrProducerGone, localapi.ReasonProducerGone, ""},
+		// The callee's sidecar cannot resolve the input: it answers 424
+		// naming the class, and the SDK reports that class.
+		{"invoke with an exhausted reference", func() error { _, err := b.client.InvokeRef(ctx, b.url(), exhausted); return err },
+			ErrExhausted, localapi.ReasonExhausted, "answered 424"},
+		{"invoke with a gone producer's reference", func() error { _, err := b.client.InvokeRef(ctx, b.url(), gone); return err },
+			ErrProducerGone, localapi.ReasonProducerGone, "answered 424"},
+		{"invoke into another namespace", func() error { _, err := a.client.Invoke(ctx, foreign.url(), make([]byte, 1<<20)); return err },
+			ErrBadReference, localapi.ReasonForeign, "answered 424"},
 		{"not found", func() error { _, err := b.client.GetObject(ctx, "results", "nothing-sent"); return err },
 			ErrNotFound, localapi.ReasonNotFound, "results/nothing-sent"},
 		{"too large", func() error { _, err := small.client.Put(ctx, make([]byte, 2<<20), 1); return err },

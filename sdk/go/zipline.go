@@ -114,7 +114,7 @@ func (c *Client) Invoke(ctx context.Context, url string, obj []byte, opts ...Opt
 		discard(p)
 		return nil, rpcError(ctx, "invoke", err)
 	}
-	return response(url, int(resp.GetStatus()), resp.GetContentType(), resp.GetBody())
+	return response(url, int(resp.GetStatus()), resp.GetContentType(), resp.GetErrorReason(), resp.GetBody())
 }
 
 // InvokeRef calls the function at url with an object already put (by its
@@ -169,15 +169,22 @@ func (c *Client) InvokeRef(ctx context.Context, url, ref string, opts ...Option)
 	if len(out) > invocation.MaxEnvelopeBytes {
 		return nil, &Error{Kind: KindTooLarge, Op: "invoke", Err: fmt.Errorf("%s answered more than %d bytes; return large objects by reference", url, invocation.MaxEnvelopeBytes)}
 	}
-	return response(url, hresp.StatusCode, hresp.Header.Get("Content-Type"), out)
+	return response(url, hresp.StatusCode, hresp.Header.Get("Content-Type"), hresp.Header.Get(invocation.HeaderErrorReason), out)
 }
 
-// response decodes a function's answer, unpacking sent objects.
-func response(url string, code int, contentType string, body []byte) (*Response, error) {
+// response decodes a function's answer, unpacking sent objects. reason is
+// the callee sidecar's error class when it could not resolve the inputs:
+// the error then has that class's kind (e.g. ErrProducerGone), not
+// ErrFunctionFailed, since the function never ran.
+func response(url string, code int, contentType, reason string, body []byte) (*Response, error) {
 	r := &Response{StatusCode: code, ContentType: contentType, Body: body}
 	if code/100 != 2 {
 		msg := strings.TrimSpace(string(body[:min(len(body), 1024)]))
-		return r, &Error{Kind: KindFunctionFailed, Op: "invoke", Err: fmt.Errorf("%s answered %d: %s", url, code, msg)}
+		e := &Error{Kind: KindFunctionFailed, Op: "invoke", Err: fmt.Errorf("%s answered %d: %s", url, code, msg)}
+		if kind, ok := reasonKinds[reason]; ok {
+			e.Kind, e.Reason = kind, reason
+		}
+		return r, e
 	}
 	if strings.HasPrefix(contentType, invocation.OutputsContentType) {
 		outs, err := invocation.DecodeOutputs(body)

@@ -98,6 +98,18 @@ func withReason(code codes.Code, reason string, err error) error {
 	return st.Err()
 }
 
+// ReasonOf classifies a Go error of the data plane (a reference, store,
+// pull or tier error) by the same classes the local API reports; "" when
+// it belongs to none.
+func ReasonOf(err error) string {
+	for _, c := range classes {
+		if errors.Is(err, c.err) {
+			return c.reason
+		}
+	}
+	return ""
+}
+
 // Reason returns the class of an error returned by the local API (one of
 // the Reason constants), or "" for other errors.
 func Reason(err error) string {

@@ -499,7 +499,8 @@ func (s *Server) post(ctx context.Context, url string, env *invocation.Envelope)
 	if len(out) > invocation.MaxEnvelopeBytes {
 		return nil, fmt.Errorf("invoke %s: response exceeds %d bytes; return large objects by reference", url, invocation.MaxEnvelopeBytes)
 	}
-	return &sidecarv1.InvokeResponse{Status: int32(hresp.StatusCode), ContentType: hresp.Header.Get("Content-Type"), Body: out}, nil
+	return &sidecarv1.InvokeResponse{Status: int32(hresp.StatusCode), ContentType: hresp.Header.Get("Content-Type"), Body: out,
+		ErrorReason: hresp.Header.Get(invocation.HeaderErrorReason)}, nil
 }
 
 func inlinePayload(b []byte) *sidecarv1.Payload {

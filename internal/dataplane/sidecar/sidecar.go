@@ -385,8 +385,11 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			defer os.RemoveAll(dir) // the function is done with its inputs
 		}
 		if err != nil {
-			// 424: the invocation cannot run without its inputs; the text
-			// names the reference error class.
+			// 424: the invocation cannot run without its inputs; the
+			// header names the error class for the caller's SDK.
+			if reason := localapi.ReasonOf(err); reason != "" {
+				w.Header().Set(invocation.HeaderErrorReason, reason)
+			}
 			http.Error(w, "ziptrail: resolve inputs: "+err.Error(), http.StatusFailedDependency)
 			return
 		}

@@ -236,6 +236,19 @@ def test_timeout(sidecars: Sidecars):
     assert [f for f in os.listdir(full.shm_dir) if f.startswith("put-")] == []
 
 
+def test_invoke_whose_input_the_callee_cannot_resolve(sidecars: Sidecars):
+    """The callee's sidecar (another namespace) refuses the reference of a
+    large input: it answers 424 naming the class, and raise_for_status
+    raises that class (the function never ran), not FunctionFailedError."""
+    a, elsewhere = sidecars.start(), sidecars.start(namespace="elsewhere")
+    resp = a.client.invoke(elsewhere.url, pattern(MiB))
+    assert resp.status == 424 and resp.error_reason == "REF_FOREIGN_NAMESPACE"
+    with pytest.raises(ziptrail.BadReferenceError) as e:
+        resp.raise_for_status(elsewhere.url)
+    assert e.value.reason == "REF_FOREIGN_NAMESPACE" and "answered 424" in str(e.value)
+    assert not isinstance(e.value, ziptrail.FunctionFailedError)
+
+
 def test_failure_after_the_deadline_is_a_timeout(tmp_path):
     """When the sidecar's copy of the deadline fires first it resets the
     stream, and gRPC Python reports INTERNAL ("Stream removed") instead of

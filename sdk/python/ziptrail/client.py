@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar, Union
 
-from .errors import FunctionFailedError, InvalidError, ZiptrailError, ZiptrailTimeoutError, from_rpc_error
+from .errors import FunctionFailedError, InvalidError, ZiptrailError, ZiptrailTimeoutError, from_reason, from_rpc_error
 
 if TYPE_CHECKING:
     from ._proto import sidecar_pb2
@@ -155,6 +155,9 @@ class Response:
     status: int
     content_type: str
     body: bytes
+    #: The callee sidecar's error class when it could not resolve the
+    #: inputs (status 424), e.g. ``PRODUCER_GONE``; the function never ran.
+    error_reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -167,7 +170,10 @@ class Response:
         """Raises FunctionFailedError unless the status is 2xx."""
         if not self.ok:
             snippet = self.body[:512].decode("utf-8", "replace")
-            raise FunctionFailedError("invoke", f"{url or 'the function'} answered {self.status}: {snippet}")
+            message = f"{url or 'the function'} answered {self.status}: {snippet}"
+            if self.error_reason:
+                raise from_reason(self.error_reason, "invoke", message)
+            raise FunctionFailedError("invoke", message)
         return self
 
 
@@ -394,7 +400,7 @@ class Client:
             except BaseException:
                 self._discard(payloads[i])
                 raise
-            return Response(status=r.status, content_type=r.content_type, body=r.body)
+            return Response(status=r.status, content_type=r.content_type, body=r.body, error_reason=r.error_reason)
 
         return _parallel(one, range(len(urls)), max_workers)
 

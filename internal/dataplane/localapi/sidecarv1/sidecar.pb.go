@@ -649,10 +649,13 @@ func (x *InvokeRequest) GetArgs() []byte {
 }
 
 type InvokeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Status        int32                  `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
-	ContentType   string                 `protobuf:"bytes,2,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
-	Body          []byte                 `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Status      int32                  `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
+	ContentType string                 `protobuf:"bytes,2,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	Body        []byte                 `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"`
+	// error_reason is set when the callee's sidecar could not resolve the
+	// invocation's inputs (status 424): the error class, e.g. PRODUCER_GONE.
+	ErrorReason   string `protobuf:"bytes,4,opt,name=error_reason,json=errorReason,proto3" json:"error_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -708,6 +711,13 @@ func (x *InvokeResponse) GetBody() []byte {
 	return nil
 }
 
+func (x *InvokeResponse) GetErrorReason() string {
+	if x != nil {
+		return x.ErrorReason
+	}
+	return ""
+}
+
 var File_ziptrail_sidecar_v1_sidecar_proto protoreflect.FileDescriptor
 
 const file_ziptrail_sidecar_v1_sidecar_proto_rawDesc = "" +
@@ -759,11 +769,12 @@ const file_ziptrail_sidecar_v1_sidecar_proto_rawDesc = "" +
 	"\x06bucket\x18\x04 \x01(\tR\x06bucket\x12\x10\n" +
 	"\x03key\x18\x05 \x01(\tR\x03key\x124\n" +
 	"\x06object\x18\x06 \x01(\v2\x1c.ziptrail.sidecar.v1.PayloadR\x06object\x12\x12\n" +
-	"\x04args\x18\a \x01(\fR\x04args\"_\n" +
+	"\x04args\x18\a \x01(\fR\x04args\"\x82\x01\n" +
 	"\x0eInvokeResponse\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\x05R\x06status\x12!\n" +
 	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x12\x12\n" +
-	"\x04body\x18\x03 \x01(\fR\x04body2\xa5\x03\n" +
+	"\x04body\x18\x03 \x01(\fR\x04body\x12!\n" +
+	"\ferror_reason\x18\x04 \x01(\tR\verrorReason2\xa5\x03\n" +
 	"\aSidecar\x12H\n" +
 	"\x03Put\x12\x1f.ziptrail.sidecar.v1.PutRequest\x1a .ziptrail.sidecar.v1.PutResponse\x12H\n" +
 	"\x03Get\x12\x1f.ziptrail.sidecar.v1.GetRequest\x1a .ziptrail.sidecar.v1.GetResponse\x12]\n" +

@@ -114,11 +114,13 @@ class InvokeRequest(_message.Message):
     def __init__(self, url: _Optional[str] = ..., function: _Optional[str] = ..., session: _Optional[str] = ..., bucket: _Optional[str] = ..., key: _Optional[str] = ..., object: _Optional[_Union[Payload, _Mapping]] = ..., args: _Optional[bytes] = ...) -> None: ...
 
 class InvokeResponse(_message.Message):
-    __slots__ = ("status", "content_type", "body")
+    __slots__ = ("status", "content_type", "body", "error_reason")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
     status: int
     content_type: str
     body: bytes
-    def __init__(self, status: _Optional[int] = ..., content_type: _Optional[str] = ..., body: _Optional[bytes] = ...) -> None: ...
+    error_reason: str
+    def __init__(self, status: _Optional[int] = ..., content_type: _Optional[str] = ..., body: _Optional[bytes] = ..., error_reason: _Optional[str] = ...) -> None: ...

@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -30,16 +29,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 type proc struct {
 	cmd    *exec.Cmd
 	listen string
@@ -57,10 +46,10 @@ func startSidecar(t *testing.T, env []string, upstream string) *proc {
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	sock, shm := filepath.Join(sockDir, "sidecar.sock"), filepath.Join(t.TempDir(), "objects")
-	p := &proc{listen: fmt.Sprintf("127.0.0.1:%d", freePort(t)), exited: make(chan error, 1)}
+	p := &proc{listen: fmt.Sprintf("127.0.0.1:%d", testservers.FreePort(t)), exited: make(chan error, 1)}
 	p.cmd = exec.Command(os.Args[0], "--listen", p.listen, "--upstream", upstream)
 	p.cmd.Env = append(os.Environ(), append(env, "ZT_STANDALONE=1", "SERVING_NAMESPACE=ns", "SERVING_POD_IP=127.0.0.1",
-		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", freePort(t)), "ZIPTRAIL_METRICS_PORT=0",
+		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", testservers.FreePort(t)), "ZIPTRAIL_METRICS_PORT=0",
 		"ZIPTRAIL_SOCKET="+sock, "ZIPTRAIL_SHM_DIR="+shm, "ZIPTRAIL_INLINE_THRESHOLD=1024")...)
 	p.cmd.Stderr = os.Stderr
 	if err := p.cmd.Start(); err != nil {

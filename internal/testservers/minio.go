@@ -34,7 +34,7 @@ func StartMinIO(t TB) *MinIO {
 			t.Fatal("minio not found: run hack/install-deps.sh")
 		}
 	}
-	port, console := freePort(t), freePort(t)
+	port, console := FreePort(t), FreePort(t)
 	m := &MinIO{Endpoint: fmt.Sprintf("127.0.0.1:%d", port), AccessKey: "ziptrail-test", SecretKey: "ziptrail-test-secret"}
 	cmd := exec.Command(bin, "server", "--quiet", "--address", m.Endpoint, "--console-address", fmt.Sprintf("127.0.0.1:%d", console), t.TempDir())
 	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+m.AccessKey, "MINIO_ROOT_PASSWORD="+m.SecretKey, "MINIO_BROWSER=off")

@@ -37,7 +37,7 @@ func StartRedis(t TB) *Redis {
 	if err != nil {
 		t.Fatal("redis-server not found: run hack/install-deps.sh")
 	}
-	port := freePort(t)
+	port := FreePort(t)
 	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -53,7 +53,8 @@ func StartRedis(t TB) *Redis {
 	return r
 }
 
-func freePort(t TB) int {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

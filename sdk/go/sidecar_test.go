@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"encoding/base64"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
 // The SDK is tested against real queue-proxy-zl processes in standalone
@@ -60,16 +61,6 @@ func sidecarBinary(t testing.TB) string {
 	return sidecarBin.path
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // keyFile writes a namespace keyring file with one key (id, 32 x fill).
 func keyFile(t testing.TB, id string, fill byte) string {
 	t.Helper()
@@ -110,19 +101,19 @@ func startSidecar(t *testing.T, o sidecarOpts) *sidecar {
 		o.namespace = "ns"
 	}
 	if o.upstream == "" {
-		o.upstream = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		o.upstream = fmt.Sprintf("http://127.0.0.1:%d", testservers.FreePort(t))
 	}
 	sockDir, err := os.MkdirTemp("", "zt") // unix socket paths are short
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	s := &sidecar{listen: fmt.Sprintf("127.0.0.1:%d", freePort(t)), socket: filepath.Join(sockDir, "sidecar.sock"),
+	s := &sidecar{listen: fmt.Sprintf("127.0.0.1:%d", testservers.FreePort(t)), socket: filepath.Join(sockDir, "sidecar.sock"),
 		shm: filepath.Join(t.TempDir(), "objects"), exited: make(chan error, 1)}
 	s.env = []string{"ZIPTRAIL_SOCKET=" + s.socket, "ZIPTRAIL_SHM_DIR=" + s.shm}
 	s.cmd = exec.Command(sidecarBinary(t), "--standalone", "--listen", s.listen, "--upstream", o.upstream)
 	s.cmd.Env = append(os.Environ(), append([]string{"SERVING_NAMESPACE=" + o.namespace, "SERVING_POD_IP=127.0.0.1",
-		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", freePort(t)), "ZIPTRAIL_METRICS_PORT=0",
+		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", testservers.FreePort(t)), "ZIPTRAIL_METRICS_PORT=0",
 		"ZIPTRAIL_KEY_FILE=" + o.keys, "ZIPTRAIL_INLINE_THRESHOLD=4096"}, append(s.env, o.env...)...)...)
 	s.cmd.Stderr = os.Stderr
 	if err := s.cmd.Start(); err != nil {

@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,20 +15,12 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/testservers"
 )
-
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // start runs a sidecar with a key file, as in standalone mode.
 func start(t *testing.T, keyFile string) *Sidecar {
-	s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: freePort(t), ShmDir: t.TempDir(),
+	s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(),
 		MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

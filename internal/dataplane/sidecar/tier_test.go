@@ -34,7 +34,7 @@ func TestSpillAndShutdownBackup(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := func(mem int64) Config {
-		return Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: freePort(t), ShmDir: t.TempDir(), MemoryLimit: mem,
+		return Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(), MemoryLimit: mem,
 			InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile, BackupTimeout: 20 * time.Second,
 			Redis: &tier.Redis{Client: rds.Client, Prefix: "zt:obj:ns:"},
 			S3:    &tier.S3{Client: s3.Client, Bucket: bucket, Prefix: "ns/"}}

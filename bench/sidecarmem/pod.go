@@ -13,13 +13,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ziptrail/ziptrail/internal/localserving"
 	"github.com/ziptrail/ziptrail/internal/netns"
 )
 
-// Ports inside every pod, as in a Knative pod (and internal/localserving).
+// Ports inside every pod, as in a Knative pod.
 const (
-	userPort  = 8080
-	queuePort = 8012
+	userPort  = localserving.UserPort
+	queuePort = localserving.QueuePort
 )
 
 // pod is one queue-proxy and its user container in their own network
@@ -165,38 +166,18 @@ func (p *pod) waitReady(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-// queueProxyEnv is the environment Knative's revision reconciler gives the
-// queue-proxy container, as in internal/localserving's queueProxyEnv (which
-// is unexported), plus the ziptrail variables a local pod gets. Both
-// binaries get the same environment; stock queue-proxy ignores ZIPTRAIL_*.
-// The data plane gets a key file, as after the operator sent the keys, so
-// its Cap'n Proto server is listening as in a running pod.
+// queueProxyEnv is the local runtime's queue-proxy environment plus the
+// ziptrail variables a local pod gets. Both binaries get the same
+// environment; stock queue-proxy ignores ZIPTRAIL_*. The data plane gets a
+// key file, as after the operator sent the keys, so its Cap'n Proto server
+// is listening as in a running pod.
 func queueProxyEnv(np *netns.Pod, id, dir string) []string {
-	probe := fmt.Sprintf(`{"tcpSocket":{"port":%d,"host":"127.0.0.1"},"successThreshold":1}`, userPort)
 	shm := shmDir(dir, id)
-	return []string{
-		"QUEUE_SERVING_PORT=" + strconv.Itoa(queuePort),
-		"QUEUE_SERVING_TLS_PORT=8112",
-		"USER_PORT=" + strconv.Itoa(userPort),
-		"CONTAINER_CONCURRENCY=0",
-		"REVISION_TIMEOUT_SECONDS=300",
-		"REVISION_RESPONSE_START_TIMEOUT_SECONDS=0",
-		"REVISION_IDLE_TIMEOUT_SECONDS=0",
-		"SERVING_NAMESPACE=bench",
-		"SERVING_SERVICE=echo",
-		"SERVING_CONFIGURATION=echo",
-		"SERVING_REVISION=echo-00001",
-		"SERVING_POD=" + id,
-		"SERVING_POD_IP=" + np.IP.String(),
-		"SERVING_LOGGING_CONFIG=",
-		"SERVING_LOGGING_LEVEL=info",
-		"SERVING_READINESS_PROBE=" + probe,
-		"SYSTEM_NAMESPACE=knative-serving",
-		"METRICS_DOMAIN=knative.dev/internal/serving",
-		"ZIPTRAIL_SOCKET=" + filepath.Join(shm, "sidecar.sock"),
-		"ZIPTRAIL_SHM_DIR=" + filepath.Join(shm, "objects"),
-		"ZIPTRAIL_KEY_FILE=" + filepath.Join(dir, "keys.json"),
-	}
+	return append(localserving.QueueProxyEnv("bench", "echo", "echo-00001", id, np.IP.String(), 0),
+		"ZIPTRAIL_SOCKET="+filepath.Join(shm, "sidecar.sock"),
+		"ZIPTRAIL_SHM_DIR="+filepath.Join(shm, "objects"),
+		"ZIPTRAIL_KEY_FILE="+filepath.Join(dir, "keys.json"),
+	)
 }
 
 // shmDir stands in for the pod's /dev/shm/ziptrail.

@@ -82,7 +82,7 @@ func (r *Runtime) startPod(ctx context.Context, id string, spec podSpec, onExit 
 		"ZIPTRAIL_SOCKET=" + filepath.Join(p.shmDir, "sidecar.sock"),
 		"ZIPTRAIL_SHM_DIR=" + filepath.Join(p.shmDir, "objects"),
 	}
-	queueEnv := append(os.Environ(), r.queueProxyEnv(p)...)
+	queueEnv := append(os.Environ(), QueueProxyEnv(spec.namespace, spec.service, spec.revision, p.id, p.IP(), spec.containerConcurrency)...)
 	// The function's ziptrail settings (workflow, function) reach the
 	// sidecar too, as pod annotations do through Knative's pod-info volume.
 	for _, e := range spec.env {
@@ -145,24 +145,26 @@ func (r *Runtime) startPod(ctx context.Context, id string, spec podSpec, onExit 
 	return p, nil
 }
 
-// queueProxyEnv is the environment Knative's revision reconciler gives the
-// queue-proxy container (see knative.dev/serving pkg/queue/sharedmain).
-func (r *Runtime) queueProxyEnv(p *pod) []string {
+// QueueProxyEnv is the environment Knative's revision reconciler gives the
+// queue-proxy container (see knative.dev/serving pkg/queue/sharedmain) of
+// pod, at podIP, serving revision of a Service; containerConcurrency 0 is
+// unlimited. The user container listens on UserPort.
+func QueueProxyEnv(namespace, service, revision, pod, podIP string, containerConcurrency int64) []string {
 	probe := fmt.Sprintf(`{"tcpSocket":{"port":%d,"host":"127.0.0.1"},"successThreshold":1}`, UserPort)
 	return []string{
 		"QUEUE_SERVING_PORT=" + strconv.Itoa(QueuePort),
 		"QUEUE_SERVING_TLS_PORT=8112",
 		"USER_PORT=" + strconv.Itoa(UserPort),
-		"CONTAINER_CONCURRENCY=" + strconv.FormatInt(p.spec.containerConcurrency, 10),
+		"CONTAINER_CONCURRENCY=" + strconv.FormatInt(containerConcurrency, 10),
 		"REVISION_TIMEOUT_SECONDS=300",
 		"REVISION_RESPONSE_START_TIMEOUT_SECONDS=0",
 		"REVISION_IDLE_TIMEOUT_SECONDS=0",
-		"SERVING_NAMESPACE=" + p.spec.namespace,
-		"SERVING_SERVICE=" + p.spec.service,
-		"SERVING_CONFIGURATION=" + p.spec.service,
-		"SERVING_REVISION=" + p.spec.revision,
-		"SERVING_POD=" + p.id,
-		"SERVING_POD_IP=" + p.IP(),
+		"SERVING_NAMESPACE=" + namespace,
+		"SERVING_SERVICE=" + service,
+		"SERVING_CONFIGURATION=" + service,
+		"SERVING_REVISION=" + revision,
+		"SERVING_POD=" + pod,
+		"SERVING_POD_IP=" + podIP,
 		"SERVING_LOGGING_CONFIG=",
 		"SERVING_LOGGING_LEVEL=info",
 		"SERVING_READINESS_PROBE=" + probe,

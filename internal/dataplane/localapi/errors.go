@@ -76,10 +76,8 @@ func toStatus(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	for _, c := range classes {
-		if errors.Is(err, c.err) {
-			return withReason(c.code, c.reason, err)
-		}
+	if c, ok := classOf(err); ok {
+		return withReason(c.code, c.reason, err)
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return status.Error(codes.DeadlineExceeded, err.Error())
@@ -102,12 +100,18 @@ func withReason(code codes.Code, reason string, err error) error {
 // pull or tier error) by the same classes the local API reports; "" when
 // it belongs to none.
 func ReasonOf(err error) string {
+	c, _ := classOf(err)
+	return c.reason
+}
+
+// classOf is the first of classes that err belongs to.
+func classOf(err error) (class, bool) {
 	for _, c := range classes {
 		if errors.Is(err, c.err) {
-			return c.reason
+			return c, true
 		}
 	}
-	return ""
+	return class{}, false
 }
 
 // Reason returns the class of an error returned by the local API (one of

@@ -113,13 +113,13 @@ func run(lengths string, sessions, ring, ringFunctions int) error {
 		if err != nil {
 			return err
 		}
-		if err := measure(ctx, c, chainWorkflow(root, length), fmt.Sprintf("%d functions", length), length, sessions); err != nil {
+		if err := measure(ctx, c, chainWorkflow(root, length), fmt.Sprintf("%d functions", length), length, sessions, "x", "x"); err != nil {
 			return err
 		}
 	}
 	if ring > 0 {
 		label := fmt.Sprintf("%d steps, ring of %d", ring, ringFunctions)
-		if err := measure(ctx, c, ringWorkflow(root, ring, ringFunctions), label, ring, sessions); err != nil {
+		if err := measure(ctx, c, ringWorkflow(root, ring, ringFunctions), label, ring, sessions, "0", strconv.Itoa(ring)); err != nil {
 			return err
 		}
 	}
@@ -160,9 +160,9 @@ func ringWorkflow(root string, steps, size int) *v1alpha1.Workflow {
 	return wf
 }
 
-// measure deploys wf, runs sessions of it (input "x" for chains, "0" for
-// rings) and prints one table row; steps is the invocations per session.
-func measure(ctx context.Context, c *localcluster.Cluster, wf *v1alpha1.Workflow, label string, steps, sessions int) error {
+// measure deploys wf, runs sessions of it with input, checks each result
+// against want and prints one table row; steps is the invocations per session.
+func measure(ctx context.Context, c *localcluster.Cluster, wf *v1alpha1.Workflow, label string, steps, sessions int, input, want string) error {
 	t := time.Now()
 	if err := c.Client.Create(ctx, wf); err != nil {
 		return err
@@ -172,10 +172,6 @@ func measure(ctx context.Context, c *localcluster.Cluster, wf *v1alpha1.Workflow
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "%s: %d functions ready in %s\n", wf.Name, len(wf.Spec.Functions), time.Since(t).Round(time.Millisecond))
-	input, want := "x", "x"
-	if strings.HasPrefix(wf.Name, "ring") {
-		input, want = "0", strconv.Itoa(steps)
-	}
 	var lat []time.Duration
 	for s := 0; s < sessions; s++ {
 		t := time.Now()

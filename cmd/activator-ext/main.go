@@ -67,6 +67,7 @@ import (
 	"knative.dev/serving/pkg/observability/otel"
 
 	"github.com/ziptrail/ziptrail/internal/activatorext"
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 )
 
 const component = "activator" // keeps Knative's logging/observability config keys
@@ -97,6 +98,10 @@ func main() {
 	var e env
 	if err := envconfig.Process("", &e); err != nil {
 		log.Fatal("environment: ", err)
+	}
+	if e.ZiptrailKeepaliveExtension > pull.DefaultMaxExtend {
+		// Producers refuse such extends: every keep-alive would fail.
+		log.Fatalf("environment: ZIPTRAIL_KEEPALIVE_EXTENSION=%v exceeds the producers' extend limit %v: lower it", e.ZiptrailKeepaliveExtension, pull.DefaultMaxExtend)
 	}
 	kube := kubeclient.Get(ctx)
 	var verr error

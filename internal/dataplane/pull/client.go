@@ -23,6 +23,9 @@ var (
 	ErrNotFound     = store.ErrNotFound
 	ErrExhausted    = store.ErrExhausted
 	ErrExpired      = store.ErrExpired
+	// ErrExtendTooFar: an extend asked for more than the producer's
+	// Server.MaxExtend ahead of now.
+	ErrExtendTooFar = errors.New("extend beyond the producer's limit")
 )
 
 // Client pulls objects from producers; it keeps one connection per producer.
@@ -249,7 +252,7 @@ func (c *Client) producer(ctx context.Context, addr string) (dp.Producer, error)
 // producer's store errors travel as exception text.
 func (c *Client) classify(addr string, err error) error {
 	msg := err.Error()
-	for _, known := range []error{store.ErrExhausted, store.ErrExpired, store.ErrNotFound, ref.ErrTampered, ref.ErrExpired, ref.ErrForeign, ref.ErrUnknownKey, ref.ErrMalformed} {
+	for _, known := range []error{ErrExtendTooFar, store.ErrExhausted, store.ErrExpired, store.ErrNotFound, ref.ErrTampered, ref.ErrExpired, ref.ErrForeign, ref.ErrUnknownKey, ref.ErrMalformed} {
 		if strings.Contains(msg, known.Error()) {
 			return fmt.Errorf("%w (producer %s)", known, addr)
 		}

@@ -28,6 +28,12 @@ type Fallback interface {
 // MaxChunk bounds one read (Cap'n Proto caps a message at 64 MiB).
 const MaxChunk = 8 << 20
 
+// DefaultMaxExtend bounds how far ahead of now one extend may push an
+// object's expiry (the sidecar's default object TTL). A keep-alive extends
+// again before that passes; the reference's own expiry, which no extend
+// moves, ends the object's life at the latest that much later.
+const DefaultMaxExtend = 10 * time.Minute
+
 // Server serves the producer side.
 type Server struct {
 	Store *store.Store
@@ -35,6 +41,9 @@ type Server struct {
 	Now   func() time.Time
 	// Fallback serves objects no longer in memory (spilled to the fast tier).
 	Fallback Fallback
+	// MaxExtend bounds an extend's expiry ahead of now (default
+	// DefaultMaxExtend); a later one is refused with ErrExtendTooFar.
+	MaxExtend time.Duration
 
 	mu    sync.Mutex
 	conns map[*rpc.Conn]struct{}
@@ -94,6 +103,13 @@ func (s *Server) now() time.Time {
 	return time.Now()
 }
 
+func (s *Server) maxExtend() time.Duration {
+	if s.MaxExtend > 0 {
+		return s.MaxExtend
+	}
+	return DefaultMaxExtend
+}
+
 type producer struct{ s *Server }
 
 func (p *producer) Open(_ context.Context, call dp.Producer_open) error {
@@ -147,7 +163,14 @@ func (p *producer) Extend(_ context.Context, call dp.Producer_extend) error {
 	if err != nil {
 		return err
 	}
-	ok := p.s.Store.Extend(rec.Key, time.UnixMilli(call.Args().UntilUnixMs()))
+	until, now, limit := time.UnixMilli(call.Args().UntilUnixMs()), p.s.now(), p.s.maxExtend()
+	if until.After(now.Add(limit)) {
+		// An object held without bound is pod memory lost: refuse
+		// rather than shorten silently, so the caller knows.
+		return fmt.Errorf("%w: asked to keep the object %v from now, at most %v; extend again later instead",
+			ErrExtendTooFar, until.Sub(now).Round(time.Second), limit)
+	}
+	ok := p.s.Store.Extend(rec.Key, until)
 	res, err := call.AllocResults()
 	if err != nil {
 		return err

@@ -140,3 +140,32 @@ func TestConcurrentProducers(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkShuffle4096 closes a 4,096-mapper DynamicGroup: each mapper
+// starts, sends one output and finishes; the last finish fires the groups.
+func BenchmarkShuffle4096(b *testing.B) {
+	const n = 4096
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		e := benchEngine(b, TriggerSpec{Name: "t", Bucket: "shuffle", Primitive: DynamicGroup, Sources: []string{"map"}, Targets: []string{"reduce"}})
+		if _, err := e.StartSession(wfName, "s", Object{}, t0); err != nil {
+			b.Fatal(err)
+		}
+		e.FunctionFinished(wfName, "s", "entry", "s.0", false, t0)
+		for k := 0; k < n; k++ {
+			e.FunctionStarted(wfName, "s", "map", "s.m"+strconv.Itoa(k), nil, t0)
+		}
+		b.StartTimer()
+		fired := 0
+		for k := 0; k < n; k++ {
+			inv := "s.m" + strconv.Itoa(k)
+			e.ObjectReady(wfName, Object{Bucket: "shuffle", Key: strconv.Itoa(k), Session: "s", Invocation: inv, Producer: "map",
+				Metadata: map[string]string{"group": strconv.Itoa(k % 64)}}, t0)
+			fired += len(e.FunctionEnded(wfName, "s", "map", inv, Finish{Outputs: 1}, t0))
+		}
+		if fired != 64 {
+			b.Fatalf("fired %d groups", fired)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1e3, "ms/shuffle")
+}

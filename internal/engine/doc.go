@@ -22,5 +22,14 @@
 // Delivery is at least once upstream (sidecars resend unacknowledged
 // events), so the engine is idempotent: an object key is accepted once per
 // session and bucket, an invocation id is counted once, and nothing fires for
-// a session after it completed or expired (a tombstone remembers it).
+// a session after it completed, expired or failed (a tombstone remembers
+// it).
+//
+// An invocation's outputs may reach the engine after its finish (those a
+// sidecar reports on its own); a finish says how many distinct outputs the
+// invocation sent (Finish.Outputs), and until the engine has counted them
+// all the invocation still counts as running. Primitives that wait for
+// their sources (DynamicGroup, DynamicJoin) therefore never close early.
+// A function that fails with no re-execution rule covering it fails its
+// session: ActSessionFailed with the reason, then its objects are dropped.
 package engine

@@ -7,8 +7,10 @@ import (
 )
 
 // dynamicGroup divides objects into groups named by a metadata entry; once
-// every invocation of the source functions in the session has finished,
-// each group fires the targets once with its objects (MapReduce shuffle).
+// the source functions have run and the session is quiescent (every
+// invocation finished, every output it sent counted, so no mapper can
+// still be dispatched), each group fires the targets once with its objects
+// (MapReduce shuffle).
 type dynamicGroup struct {
 	reruns
 	key     string
@@ -48,9 +50,15 @@ func (p dynamicGroup) NotifySourceFunc(st *State, s SessionView, ev SourceEvent,
 		return nil
 	}
 	for _, src := range p.sources {
-		if s.Invocations(src) == 0 || s.Outstanding(src) > 0 {
+		if s.Invocations(src) == 0 {
 			return nil
 		}
+	}
+	// Not only the mappers known so far: whatever still runs (the splitter
+	// feeding them, a mapper whose outputs are still on their way) may add
+	// a mapper or an output.
+	if !s.Quiescent() {
+		return nil
 	}
 	st.Fired = true
 	st.Pending = nil

@@ -34,6 +34,7 @@ type workflow struct {
 	spec     WorkflowSpec
 	triggers []*trigger
 	byBucket map[string][]*trigger
+	rerun    map[string]bool // functions some re-execution rule covers
 }
 
 type trigger struct {
@@ -43,20 +44,84 @@ type trigger struct {
 
 // session is one running session's state.
 type session struct {
-	id, wf      string
-	started     time.Time
-	deadline    time.Time
-	seq         int                  // invocation counter
-	states      map[string]*State    // per trigger
-	seen        map[string]bool      // bucket/key accepted
+	id, wf   string
+	started  time.Time
+	deadline time.Time
+	seq      int               // invocation counter
+	states   map[string]*State // per trigger
+	// seen holds every accepted bucket/key with the base invocation that
+	// sent it first ("" when unknown), and seenKey(inv, name) for a later
+	// invocation that sent the same name, so outputs are counted once per
+	// invocation.
+	seen        map[string]string
 	invocations map[string]*invState // base invocation id -> state
+	// Counters over invocations, kept as they change, so that primitives
+	// asking about them on every event cost O(1), not O(invocations).
+	byFn             map[string]*fnCount
+	running, failing int // invocations running / failed (see running)
 }
+
+// fnCount counts one function's invocations.
+type fnCount struct{ total, running, failed int }
 
 type invState struct {
 	Function string `json:"function"`
+	Started  bool   `json:"started,omitempty"` // a FunctionStarted arrived
 	Finished bool   `json:"finished"`
 	Failed   bool   `json:"failed,omitempty"`
+	Sent     int    `json:"sent,omitempty"` // outputs it said it sent (Finish.Outputs)
+	Got      int    `json:"got,omitempty"`  // distinct outputs counted
 }
+
+// active reports whether an invocation may still produce output: not
+// finished, or finished with outputs not yet counted; a failed one may
+// still run again when a re-execution is pending (see Outstanding).
+func (inv *invState) active() bool { return !inv.Finished || inv.Got < inv.Sent }
+
+func (inv *invState) failed() bool { return inv.Finished && inv.Failed }
+
+// track adds a new invocation to the session's counters.
+func (s *session) track(id string, inv *invState) {
+	s.invocations[id] = inv
+	c := s.fn(inv.Function)
+	c.total++
+	s.account(c, inv, 1)
+}
+
+// change applies fn to an invocation, keeping the counters right.
+func (s *session) change(inv *invState, fn func()) {
+	c := s.fn(inv.Function)
+	s.account(c, inv, -1)
+	fn()
+	s.account(c, inv, 1)
+}
+
+func (s *session) account(c *fnCount, inv *invState, d int) {
+	if inv.active() {
+		c.running += d
+		s.running += d
+	}
+	if inv.failed() {
+		c.failed += d
+		s.failing += d
+	}
+}
+
+func (s *session) fn(name string) *fnCount {
+	if s.byFn == nil {
+		s.byFn = map[string]*fnCount{}
+	}
+	c := s.byFn[name]
+	if c == nil {
+		c = &fnCount{}
+		s.byFn[name] = c
+	}
+	return c
+}
+
+// seenKey records that invocation inv sent name although another
+// invocation sent it first.
+func seenKey(inv, name string) string { return "\x00" + inv + "\x00" + name }
 
 // New returns an engine with the given number of shards (0: 64).
 func New(shards int) *Engine {
@@ -78,7 +143,7 @@ func (e *Engine) SetWorkflow(spec WorkflowSpec) error {
 	if err := spec.Validate(); err != nil {
 		return err
 	}
-	wf := &workflow{spec: spec, byBucket: map[string][]*trigger{}}
+	wf := &workflow{spec: spec, byBucket: map[string][]*trigger{}, rerun: map[string]bool{}}
 	for _, ts := range spec.Triggers {
 		p, err := newPrimitive(ts)
 		if err != nil {
@@ -87,6 +152,9 @@ func (e *Engine) SetWorkflow(spec WorkflowSpec) error {
 		t := &trigger{spec: ts, prim: p}
 		wf.triggers = append(wf.triggers, t)
 		wf.byBucket[ts.Bucket] = append(wf.byBucket[ts.Bucket], t)
+		for _, r := range ts.Reruns {
+			wf.rerun[r.SourceFunction] = true
+		}
 	}
 	e.wfMu.Lock()
 	defer e.wfMu.Unlock()
@@ -139,7 +207,7 @@ func (e *Engine) StartSession(wfName, id string, input Object, now time.Time) ([
 		return nil, fmt.Errorf("session %s already ended", id)
 	}
 	s := &session{id: id, wf: wfName, started: now, deadline: now.Add(wf.spec.SessionDeadline),
-		states: map[string]*State{}, seen: map[string]bool{}, invocations: map[string]*invState{}}
+		states: map[string]*State{}, seen: map[string]string{}, invocations: map[string]*invState{}}
 	sh.sessions[id] = s
 	input.Session = id
 	if input.Bucket == "" {
@@ -155,7 +223,7 @@ func (e *Engine) StartSession(wfName, id string, input Object, now time.Time) ([
 func (s *session) invoke(wf *workflow, fn, trig string, objs []Object, group string) Action {
 	id := s.id + "." + strconv.Itoa(s.seq)
 	s.seq++
-	s.invocations[id] = &invState{Function: fn}
+	s.track(id, &invState{Function: fn})
 	return Action{Kind: ActInvoke, Workflow: wf.spec.Name, Session: s.id, Function: fn, Trigger: trig, Invocation: id, Objects: objs, Group: group}
 }
 
@@ -172,21 +240,66 @@ func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action 
 	if s == nil {
 		return nil // unknown or ended (tombstoned) session: nothing fires after GC
 	}
-	dedup := obj.Bucket + "/" + obj.Key
-	if s.seen[dedup] {
-		return nil // a resend, or a late duplicate from a re-execution
-	}
-	s.seen[dedup] = true
+	name := obj.Bucket + "/" + obj.Key
+	base := BaseInvocation(obj.Invocation)
+	first, dup := s.seen[name]
+	done := s.count(base, name, dup, first)
 	var out []Action
-	for _, t := range wf.byBucket[obj.Bucket] {
-		for _, f := range t.prim.ActionForNewObject(s.state(t), s, &obj, now) {
-			out = append(out, s.fire(wf, t, f)...)
+	if !dup { // else a resend, or a late duplicate from a re-execution
+		s.seen[name] = base
+		for _, t := range wf.byBucket[obj.Bucket] {
+			for _, f := range t.prim.ActionForNewObject(s.state(t), s, &obj, now) {
+				out = append(out, s.fire(wf, t, f)...)
+			}
+		}
+		if obj.Bucket == wf.spec.OutputBucket {
+			res := obj
+			out = append(out, Action{Kind: ActSessionComplete, Workflow: wf.spec.Name, Session: s.id, Result: &res})
+			return append(out, e.end(sh, s, now)...)
 		}
 	}
-	if obj.Bucket == wf.spec.OutputBucket {
-		res := obj
-		out = append(out, Action{Kind: ActSessionComplete, Workflow: wf.spec.Name, Session: s.id, Result: &res})
-		out = append(out, e.end(sh, s, now)...)
+	if done != nil {
+		// The last output of a finished invocation: to the triggers, it
+		// has finished only now.
+		out = append(out, s.notify(wf, SourceEvent{Function: done.Function, Invocation: base, Finished: true}, now)...)
+	}
+	return out
+}
+
+// count counts an output toward its invocation, once per invocation and
+// name, and returns the invocation when that was the last output it said
+// it sent.
+func (s *session) count(base, name string, dup bool, firstBy string) *invState {
+	if base == "" {
+		return nil
+	}
+	inv := s.invocations[base]
+	if inv == nil {
+		return nil // not dispatched here: nothing waits for its outputs
+	}
+	if dup {
+		if firstBy == base {
+			return nil
+		}
+		k := seenKey(base, name)
+		if _, ok := s.seen[k]; ok {
+			return nil
+		}
+		s.seen[k] = base
+	}
+	s.change(inv, func() { inv.Got++ })
+	if inv.Finished && !inv.Failed && inv.Got == inv.Sent {
+		return inv
+	}
+	return nil
+}
+
+func (s *session) notify(wf *workflow, ev SourceEvent, now time.Time) []Action {
+	var out []Action
+	for _, t := range wf.triggers {
+		for _, f := range t.prim.NotifySourceFunc(s.state(t), s, ev, now) {
+			out = append(out, s.fire(wf, t, f)...)
+		}
 	}
 	return out
 }
@@ -218,15 +331,41 @@ func (e *Engine) end(sh *shard, s *session, now time.Time) []Action {
 // FunctionStarted tells the session's triggers that a function began, with
 // the arguments a re-execution would need.
 func (e *Engine) FunctionStarted(wfName, sessionID, fn, invocation string, args []byte, now time.Time) []Action {
-	return e.sourceEvent(wfName, sessionID, SourceEvent{Function: fn, Invocation: baseInvocation(invocation), Args: args}, invocation, false, now)
+	return e.sourceEvent(wfName, sessionID, SourceEvent{Function: fn, Invocation: BaseInvocation(invocation), Args: args}, invocation, Finish{}, now)
 }
 
-// FunctionFinished tells the session's triggers that a function ended.
+// FunctionFinished tells the session's triggers that a function ended; see
+// FunctionEnded.
 func (e *Engine) FunctionFinished(wfName, sessionID, fn, invocation string, failed bool, now time.Time) []Action {
-	return e.sourceEvent(wfName, sessionID, SourceEvent{Function: fn, Invocation: baseInvocation(invocation), Finished: true}, invocation, failed, now)
+	return e.FunctionEnded(wfName, sessionID, fn, invocation, Finish{Failed: failed}, now)
 }
 
-func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID string, failed bool, now time.Time) []Action {
+// FunctionEnded tells the session's triggers that a function ended. A
+// failure that no re-execution rule covers fails the session: it ends here
+// (ActSessionFailed, then its objects are dropped) and nothing more runs.
+func (e *Engine) FunctionEnded(wfName, sessionID, fn, invocation string, f Finish, now time.Time) []Action {
+	return e.sourceEvent(wfName, sessionID, SourceEvent{Function: fn, Invocation: BaseInvocation(invocation), Finished: true}, invocation, f, now)
+}
+
+// FailSession ends a running session as failed, for a reason found outside
+// the engine (an invocation that could not be dispatched). An ended or
+// unknown session is left alone.
+func (e *Engine) FailSession(sessionID, reason string, now time.Time) []Action {
+	sh := e.shard(sessionID)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s := sh.sessions[sessionID]
+	if s == nil {
+		return nil
+	}
+	return e.fail(sh, s, reason, now)
+}
+
+func (e *Engine) fail(sh *shard, s *session, reason string, now time.Time) []Action {
+	return append([]Action{{Kind: ActSessionFailed, Workflow: s.wf, Session: s.id, Reason: reason}}, e.end(sh, s, now)...)
+}
+
+func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID string, fin Finish, now time.Time) []Action {
 	wf := e.workflow(wfName)
 	if wf == nil {
 		return nil
@@ -241,24 +380,35 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 	inv := s.invocations[ev.Invocation]
 	if inv == nil {
 		inv = &invState{Function: ev.Function}
-		s.invocations[ev.Invocation] = inv
+		s.track(ev.Invocation, inv)
 	}
 	if ev.Finished {
 		if inv.Finished && !inv.Failed {
 			return nil // duplicate
 		}
-		inv.Finished, inv.Failed = true, failed
-	} else if rawID != ev.Invocation {
-		// A re-execution starting: its original is outstanding again.
-		inv.Finished, inv.Failed = false, false
-	}
-	var out []Action
-	for _, t := range wf.triggers {
-		for _, f := range t.prim.NotifySourceFunc(s.state(t), s, ev, now) {
-			out = append(out, s.fire(wf, t, f)...)
+		s.change(inv, func() {
+			inv.Finished, inv.Failed = true, fin.Failed
+			if !fin.Failed {
+				inv.Sent = max(inv.Sent, fin.Outputs)
+			}
+		})
+		if fin.Failed && !wf.rerun[ev.Function] {
+			reason := fmt.Sprintf("function %s failed and no re-execution rule covers it", ev.Function)
+			if fin.Error != "" {
+				reason += ": " + fin.Error
+			}
+			return e.fail(sh, s, reason, now)
+		}
+	} else {
+		// A resent start, or a re-execution's: nothing new to time.
+		ev.Repeat = inv.Started
+		inv.Started = true
+		if rawID != ev.Invocation {
+			// A re-execution starting: its original is outstanding again.
+			s.change(inv, func() { inv.Finished, inv.Failed = false, false })
 		}
 	}
-	return out
+	return s.notify(wf, ev, now)
 }
 
 // Tick advances time: ByTime windows close, late sources are re-executed,
@@ -341,15 +491,33 @@ func (e *Engine) Sessions() int {
 	return n
 }
 
-// Outstanding implements SessionView.
+// Outstanding implements SessionView: invocations of fn not finished, with
+// outputs not yet counted, or failed with a re-execution pending.
 func (s *session) Outstanding(fn string) int {
-	n := 0
-	for _, inv := range s.invocations {
-		if inv.Function == fn && (!inv.Finished || (inv.Failed && s.rerunPending(fn))) {
-			n++
-		}
+	c := s.byFn[fn]
+	if c == nil {
+		return 0
+	}
+	n := c.running
+	if c.failed > 0 && s.rerunPending(fn) {
+		n += c.failed
 	}
 	return n
+}
+
+// Quiescent implements SessionView.
+func (s *session) Quiescent() bool {
+	if s.running > 0 {
+		return false
+	}
+	if s.failing > 0 {
+		for fn, c := range s.byFn {
+			if c.failed > 0 && s.rerunPending(fn) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // rerunPending reports whether any trigger still plans to re-execute fn.
@@ -366,17 +534,14 @@ func (s *session) rerunPending(fn string) bool {
 
 // Invocations implements SessionView.
 func (s *session) Invocations(fn string) int {
-	n := 0
-	for _, inv := range s.invocations {
-		if inv.Function == fn {
-			n++
-		}
+	if c := s.byFn[fn]; c != nil {
+		return c.total
 	}
-	return n
+	return 0
 }
 
-// baseInvocation strips a re-execution suffix: "s.3.r2" -> "s.3".
-func baseInvocation(id string) string {
+// BaseInvocation strips a re-execution suffix: "s.3.r2" -> "s.3".
+func BaseInvocation(id string) string {
 	if i := strings.LastIndex(id, ".r"); i > 0 {
 		if _, err := strconv.Atoi(id[i+2:]); err == nil {
 			return id[:i]

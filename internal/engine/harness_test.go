@@ -20,7 +20,8 @@ type step struct {
 
 // describe formats the actions that matter to a table: trigger firings as
 // "fn[keys]" or "fn{group}[keys]", re-executions as "rerun:fn#attempt",
-// session endings as "complete" / "expired".
+// session endings as "complete" / "expired" / "failed" (a failure's object
+// drop as "drop").
 func describe(acts []Action) []string {
 	var out []string
 	for _, a := range acts {
@@ -45,6 +46,12 @@ func describe(acts []Action) []string {
 			out = append(out, "complete")
 		case ActSessionExpired:
 			out = append(out, "expired")
+		case ActSessionFailed:
+			out = append(out, "failed")
+		case ActDropObjects:
+			if len(out) > 0 && out[len(out)-1] == "failed" { // completions and expiries leave it implicit
+				out = append(out, "drop")
+			}
 		}
 	}
 	return out

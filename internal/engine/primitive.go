@@ -17,6 +17,8 @@ type State struct {
 	Expected      map[string]bool     `json:"expected,omitempty"`      // DynamicJoin: declared keys
 	ExpectedCount int                 `json:"expectedCount,omitempty"` // DynamicJoin: declared count
 	Groups        map[string][]Object `json:"groups,omitempty"`        // DynamicGroup
+	Counts        map[string]int      `json:"counts,omitempty"`        // DynamicJoin: declared count per declaring invocation
+	Declarers     map[string]bool     `json:"declarers,omitempty"`     // DynamicJoin without sources: functions that declared
 	Pending       map[string]*Pending `json:"pending,omitempty"`       // re-execution, by source invocation
 	Custom        json.RawMessage     `json:"custom,omitempty"`
 }
@@ -50,6 +52,9 @@ type SourceEvent struct {
 	Invocation string // base id (re-executions share their original's id)
 	Args       []byte
 	Finished   bool
+	// Repeat marks a start of an invocation that started before: a resent
+	// event, or a re-execution of it.
+	Repeat bool
 }
 
 // SessionView is what a primitive may ask about the rest of its session.
@@ -59,6 +64,11 @@ type SessionView interface {
 	Outstanding(fn string) int
 	// Invocations counts invocations of fn seen in this session.
 	Invocations(fn string) int
+	// Quiescent reports whether no invocation of the session may still
+	// produce output: every one has finished (or failed with no
+	// re-execution pending) and every output it sent has been counted.
+	// Only then can nothing dispatch more work (e.g. a late mapper).
+	Quiescent() bool
 }
 
 // Primitive is the Pheromone trigger interface (Fig. 5). The engine calls
@@ -109,8 +119,11 @@ type reruns struct{ rules []RerunRule }
 
 // notify records a started source invocation; output or finish clear it.
 func (r reruns) notify(st *State, ev SourceEvent, now time.Time) {
-	if ev.Finished {
-		return // finishing without output is exactly what the timeout catches
+	if ev.Finished || ev.Repeat {
+		// Finishing without output is exactly what the timeout catches; a
+		// repeated start (resent, or a re-execution) must not re-arm a
+		// timeout its output already cleared or its rule gave up.
+		return
 	}
 	for i, rule := range r.rules {
 		if rule.SourceFunction != ev.Function {
@@ -130,7 +143,7 @@ func (r reruns) arrived(st *State, obj *Object) {
 	if obj == nil || len(st.Pending) == 0 {
 		return
 	}
-	inv := baseInvocation(obj.Invocation)
+	inv := BaseInvocation(obj.Invocation)
 	for id, p := range st.Pending {
 		switch r.rules[p.Rule].Scope {
 		case PerSession:

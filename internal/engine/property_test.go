@@ -1,22 +1,35 @@
 package engine
 
 import (
+	"bytes"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 )
 
-// TestPropertyExactlyOnce drives many sessions through random arrival
-// orders, duplicates, clock jumps and restarts through Snapshot/Restore, and
-// checks that every expected firing happened exactly once and that nothing
-// fired for a session after it completed.
+// TestPropertyExactlyOnce drives many sessions of one workflow through
+// random interleavings of what functions do — objects (inline, empty or by
+// reference) sent with their response or reported later through a sidecar,
+// resends of every event, starts and finishes, failures, re-executions —
+// with clock jumps and restarts through Snapshot/Restore. It checks that
+// every expected firing happened exactly once with the exact objects and
+// contents, that nothing fired for a session after it completed, that
+// re-executions happen only for late outputs and at most maxAttempts
+// times, and that every session's engine state is gone at the end.
 func TestPropertyExactlyOnce(t *testing.T) {
 	for seed := uint64(1); seed <= 40; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { propertyRun(t, seed) })
 	}
 }
+
+const (
+	propRerunTimeout  = time.Second
+	propRerunAttempts = 2
+)
 
 var propertyTriggers = []TriggerSpec{
 	{Name: "imm", Bucket: "a", Primitive: Immediate, Targets: []string{"f"}},
@@ -25,111 +38,159 @@ var propertyTriggers = []TriggerSpec{
 	{Name: "red", Bucket: "d", Primitive: Redundant, K: 2, N: 4, Targets: []string{"f"}},
 	{Name: "grp", Bucket: "g", Primitive: DynamicGroup, Sources: []string{"map"}, Targets: []string{"f"}},
 	{Name: "time", Bucket: "t", Primitive: ByTime, Window: time.Second, Targets: []string{"f"}},
+	{Name: "join", Bucket: "j", Primitive: DynamicJoin, Sources: []string{"split"}, Targets: []string{"f"}},
+	{Name: "rr", Bucket: "r", Primitive: Immediate, Targets: []string{"f"},
+		Reruns: []RerunRule{{SourceFunction: "work", Scope: PerObject, Timeout: propRerunTimeout, MaxAttempts: propRerunAttempts}}},
+	// Function-oriented dependencies as api/v1alpha1 compiles them, fed
+	// with return values keyed per invocation as the orchestrator does:
+	// Direct from p (Immediate), Periodic from p2 (ByTime), Direct fan-in
+	// from p and p3 (DynamicGroup over the sources, one group).
+	{Name: "dep-0", Bucket: "dep-0", Primitive: Immediate, Targets: []string{"q"}},
+	{Name: "dep-1", Bucket: "dep-1", Primitive: ByTime, Window: time.Second, Targets: []string{"q"}},
+	{Name: "dep-2", Bucket: "dep-2", Primitive: DynamicGroup, GroupMetadataKey: "ziptrail.dependency", Sources: []string{"p", "p3"}, Targets: []string{"q"}},
 }
 
-type ev struct {
-	kind   string // put, end, out
-	bucket string
-	key    string
-	group  string
+// pev is one thing that happens in a session.
+type pev struct {
+	kind    string // put, start, end
+	obj     Object // put
+	fn, inv string // start, end
+	outputs int    // end: distinct outputs the invocation sent
+	failed  bool   // end
+	spawn   [][]pev
 }
 
-func newPropertyEngine(t *testing.T) *Engine {
-	e := New(4)
-	if err := e.SetWorkflow(WorkflowSpec{Name: wfName, Entry: "entry", OutputBucket: "out", SessionDeadline: 24 * time.Hour, Triggers: propertyTriggers}); err != nil {
-		t.Fatal(err)
+// payload is the deterministic content of an object: by reference, empty
+// inline, or inline bytes.
+func payload(session, bucket, key string) (ref string, inline []byte) {
+	h := fnv.New32a()
+	h.Write([]byte(session + "/" + bucket + "/" + key))
+	v := h.Sum32()
+	switch v % 3 {
+	case 0:
+		return "zt1." + key, nil
+	case 1:
+		return "", []byte{}
+	default:
+		return "", []byte(fmt.Sprintf("%x", v)[:1+v%7])
 	}
-	return e
+}
+
+func propObject(session, bucket, key, producer, inv string, meta ...string) Object {
+	ref, inline := payload(session, bucket, key)
+	o := Object{Bucket: bucket, Key: key, Session: session, Ref: ref, Inline: inline, Size: int64(len(inline)), Producer: producer, Invocation: inv}
+	if len(meta) > 0 {
+		o.Metadata = map[string]string{}
+		for i := 0; i+1 < len(meta); i += 2 {
+			o.Metadata[meta[i]] = meta[i+1]
+		}
+	}
+	return o
+}
+
+// expectation is what must fire for one session.
+type expectation struct {
+	imm, batchKeys, timeKeys, dep0, dep1, fanIn map[string]bool
+	set, red, fanInFires                        bool
+	batches                                     int
+	groups                                      map[string]int // group -> objects
+	maps                                        int
+	join                                        map[string]bool // nil: must not fire
+}
+
+// simSession is a session's pending event chains and observations.
+type simSession struct {
+	chains    [][]pev
+	rerunOut  map[string]bool // work invocation -> its re-executions send output
+	delivered map[string]bool // r keys some invocation sent
+	reruns    map[string]int  // base work invocation -> re-executions
+	completed bool
 }
 
 func propertyRun(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, seed*7919))
-	e := newPropertyEngine(t)
-	now := t0
-	const sessions = 12
-	type expect struct {
-		imm, batchKeys, timeKeys map[string]bool
-		set, red                 bool
-		groups                   map[string]int // group -> objects
-		batches                  int
+	newEngine := func() *Engine {
+		e := New(4)
+		if err := e.SetWorkflow(WorkflowSpec{Name: wfName, Entry: "entry", OutputBucket: "out", SessionDeadline: 24 * time.Hour, Triggers: propertyTriggers}); err != nil {
+			t.Fatal(err)
+		}
+		return e
 	}
-	want := map[string]*expect{}
-	queues := map[string][]ev{}
+	e := newEngine()
+	now := t0
+	const sessions = 10
+	want := map[string]*expectation{}
+	sim := map[string]*simSession{}
+	var early map[string][]pev
 	for i := 0; i < sessions; i++ {
 		s := fmt.Sprintf("s%d", i)
 		if _, err := e.StartSession(wfName, s, Object{}, now); err != nil {
 			t.Fatal(err)
 		}
-		e.FunctionStarted(wfName, s, "map", s+".m", nil, now)
-		x := &expect{imm: map[string]bool{}, batchKeys: map[string]bool{}, timeKeys: map[string]bool{}, groups: map[string]int{}}
-		var q []ev
-		for j := 0; j < rng.IntN(5); j++ {
-			k := fmt.Sprintf("a%d", j)
-			x.imm[k] = true
-			q = append(q, ev{kind: "put", bucket: "a", key: k})
-		}
-		setKeys := rng.IntN(5) // 4 means complete
-		for j := 0; j < setKeys; j++ {
-			q = append(q, ev{kind: "put", bucket: "b", key: fmt.Sprintf("k%d", j)})
-		}
-		x.set = setKeys >= 4
-		nc := rng.IntN(8)
-		for j := 0; j < nc; j++ {
-			q = append(q, ev{kind: "put", bucket: "c", key: fmt.Sprintf("c%d", j)})
-		}
-		x.batches = nc / 3
-		nd := rng.IntN(5)
-		for j := 0; j < nd; j++ {
-			q = append(q, ev{kind: "put", bucket: "d", key: fmt.Sprintf("d%d", j)})
-		}
-		x.red = nd >= 2
-		for j := 0; j < rng.IntN(6); j++ {
-			g := fmt.Sprintf("g%d", rng.IntN(3))
-			x.groups[g]++
-			q = append(q, ev{kind: "put", bucket: "g", key: fmt.Sprintf("g-%d", j), group: g})
-		}
-		for j := 0; j < rng.IntN(5); j++ {
-			k := fmt.Sprintf("t%d", j)
-			x.timeKeys[k] = true
-			q = append(q, ev{kind: "put", bucket: "t", key: k})
-		}
-		// Duplicates (sidecar resends) anywhere.
-		for j := 0; j < len(q)/2; j++ {
-			q = append(q, q[rng.IntN(len(q))])
-		}
-		rng.Shuffle(len(q), func(a, b int) { q[a], q[b] = q[b], q[a] })
-		// Ordering the protocol guarantees: a mapper's outputs precede its finish.
-		q = append(q, ev{kind: "end"}, ev{kind: "end"}) // a duplicate finish too
+		e.FunctionStarted(wfName, s, "entry", s+".0", nil, now)
+		x, rerunOut, chains := workload(rng, s)
 		want[s] = x
-		queues[s] = q
+		sim[s] = &simSession{chains: chains[1:], rerunOut: rerunOut, delivered: map[string]bool{}, reruns: map[string]int{}}
+		if early == nil {
+			early = map[string][]pev{}
+		}
+		early[s] = chains[0]
 	}
 
 	fired := map[string]map[string][]string{} // session -> trigger -> keys
 	groupsFired := map[string]map[string]int{}
-	completed := map[string]bool{}
-	record := func(acts []Action) {
+	arrived := map[string]bool{} // session/base work invocation whose output the engine has seen
+	var record func(acts []Action)
+	record = func(acts []Action) {
 		for _, a := range acts {
-			if a.Kind == ActSessionComplete {
-				completed[a.Session] = true
-			}
-			if a.Kind != ActInvoke || a.Trigger == "" {
-				continue
-			}
-			if completed[a.Session] {
-				t.Fatalf("%s fired after session %s completed", a.Trigger, a.Session)
-			}
-			if fired[a.Session] == nil {
-				fired[a.Session] = map[string][]string{}
-				groupsFired[a.Session] = map[string]int{}
-			}
-			for _, o := range a.Objects {
-				fired[a.Session][a.Trigger] = append(fired[a.Session][a.Trigger], o.Key)
-			}
-			if a.Trigger == "grp" {
-				groupsFired[a.Session][a.Group] += len(a.Objects)
-			}
-			if a.Trigger == "set" || a.Trigger == "red" || a.Trigger == "batch" {
-				fired[a.Session][a.Trigger+"#"] = append(fired[a.Session][a.Trigger+"#"], "x")
+			ss := sim[a.Session]
+			switch a.Kind {
+			case ActSessionComplete:
+				ss.completed = true
+				ss.chains = nil
+			case ActSessionFailed, ActSessionExpired:
+				t.Fatalf("session %s ended %s: %s", a.Session, a.Kind, a.Reason)
+			case ActRerun:
+				base := BaseInvocation(a.Invocation)
+				if arrived[a.Session+"/"+base] {
+					t.Fatalf("%s: re-executed %s after its output arrived", a.Session, a.Invocation)
+				}
+				ss.reruns[base]++
+				if ss.reruns[base] > propRerunAttempts || a.Attempt != ss.reruns[base] {
+					t.Fatalf("%s: re-execution %s attempt %d, #%d", a.Session, a.Invocation, a.Attempt, ss.reruns[base])
+				}
+				// The orchestrator starts it; it may send the output.
+				chain := []pev{{kind: "start", fn: a.Function, inv: a.Invocation}}
+				n := 0
+				if ss.rerunOut[base] {
+					chain = append(chain, pev{kind: "put", obj: propObject(a.Session, "r", "w-"+base, "work", a.Invocation)})
+					n = 1
+				}
+				ss.chains = append(ss.chains, append(chain, pev{kind: "end", fn: a.Function, inv: a.Invocation, outputs: n}))
+			case ActInvoke:
+				if ss.completed {
+					t.Fatalf("%s fired after session %s completed", a.Trigger, a.Session)
+				}
+				// As the orchestrator does: started when dispatched, finished later.
+				record(e.FunctionStarted(wfName, a.Session, a.Function, a.Invocation, nil, now))
+				ss.chains = append(ss.chains, []pev{{kind: "end", fn: a.Function, inv: a.Invocation}})
+				if fired[a.Session] == nil {
+					fired[a.Session] = map[string][]string{}
+					groupsFired[a.Session] = map[string]int{}
+				}
+				for _, o := range a.Objects {
+					ref, inline := payload(a.Session, o.Bucket, o.Key)
+					if o.Ref != ref || !bytes.Equal(o.Inline, inline) || (inline == nil) != (o.Inline == nil) {
+						t.Fatalf("%s: %s passed %s/%s with ref %q inline %#v, want %q %#v", a.Session, a.Trigger, o.Bucket, o.Key, o.Ref, o.Inline, ref, inline)
+					}
+					fired[a.Session][a.Trigger] = append(fired[a.Session][a.Trigger], o.Key)
+				}
+				switch a.Trigger {
+				case "grp":
+					groupsFired[a.Session][a.Group] += len(a.Objects)
+				case "set", "red", "batch", "join", "dep-2":
+					fired[a.Session][a.Trigger+"#"] = append(fired[a.Session][a.Trigger+"#"], "x")
+				}
 			}
 		}
 	}
@@ -143,55 +204,82 @@ func propertyRun(t *testing.T, seed uint64) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		e = newPropertyEngine(t)
+		e = newEngine()
 		if err := e.Restore(snap); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	active := make([]string, 0, sessions)
-	for s := range queues {
-		active = append(active, s)
-	}
-	sort.Strings(active)
-	for len(active) > 0 {
-		i := rng.IntN(len(active))
-		s := active[i]
-		q := queues[s]
-		x := q[0]
-		queues[s] = q[1:]
-		now = now.Add(time.Duration(rng.IntN(400)) * time.Millisecond)
+	apply := func(s string, x pev) {
+		ss := sim[s]
 		switch x.kind {
 		case "put":
-			md := map[string]string{}
-			if x.group != "" {
-				md["group"] = x.group
+			if x.obj.Bucket == "r" {
+				ss.delivered[x.obj.Key] = true
+				arrived[s+"/"+BaseInvocation(x.obj.Invocation)] = true
 			}
-			record(e.ObjectReady(wfName, Object{Bucket: x.bucket, Key: x.key, Session: s, Metadata: md, Producer: "map", Invocation: s + ".m"}, now))
+			record(e.ObjectReady(wfName, x.obj, now))
+		case "start":
+			record(e.FunctionStarted(wfName, s, x.fn, x.inv, []byte("args"), now))
 		case "end":
-			record(e.FunctionFinished(wfName, s, "map", s+".m", false, now))
+			record(e.FunctionEnded(wfName, s, x.fn, x.inv, Finish{Failed: x.failed, Outputs: x.outputs}, now))
 		}
-		if rng.IntN(4) == 0 {
-			record(e.Tick(now))
-		}
-		if rng.IntN(20) == 0 {
-			restart()
-		}
-		if len(queues[s]) == 0 {
-			active = append(active[:i], active[i+1:]...)
+		if !ss.completed {
+			ss.chains = append(ss.chains, x.spawn...)
 		}
 	}
-	// Let every ByTime window close, then complete each session and check
-	// that late traffic fires nothing.
-	now = now.Add(2 * time.Second)
-	record(e.Tick(now))
+
+	// step runs events until every chain is done, in random order across
+	// sessions and chains, with ticks and restarts in between.
+	step := func() {
+		for {
+			var active []string
+			for s, ss := range sim {
+				if len(ss.chains) > 0 {
+					active = append(active, s)
+				}
+			}
+			if len(active) == 0 {
+				return
+			}
+			sort.Strings(active)
+			s := active[rng.IntN(len(active))]
+			ss := sim[s]
+			c := rng.IntN(len(ss.chains))
+			x := ss.chains[c][0]
+			if ss.chains[c] = ss.chains[c][1:]; len(ss.chains[c]) == 0 {
+				ss.chains = append(ss.chains[:c], ss.chains[c+1:]...)
+			}
+			now = now.Add(time.Duration(rng.IntN(400)) * time.Millisecond)
+			apply(s, x)
+			if rng.IntN(4) == 0 {
+				record(e.Tick(now))
+			}
+			if rng.IntN(20) == 0 {
+				restart()
+			}
+		}
+	}
+	for s, starts := range early {
+		for _, x := range starts {
+			apply(s, x)
+		}
+	}
+	step()
+	// Let windows close and late sources be re-executed until nothing is
+	// left to do.
+	for round := 0; round < 10; round++ {
+		now = now.Add(propRerunTimeout + time.Second)
+		record(e.Tick(now))
+		step()
+	}
 	for s := range want {
-		record(e.ObjectReady(wfName, Object{Bucket: "out", Key: "result", Session: s}, now))
-		if !completed[s] {
+		record(e.ObjectReady(wfName, Object{Bucket: "out", Key: "result", Session: s, Inline: []byte("r")}, now))
+		if !sim[s].completed {
 			t.Fatalf("session %s did not complete", s)
 		}
-		record(e.ObjectReady(wfName, Object{Bucket: "a", Key: "late", Session: s}, now))
-		record(e.FunctionFinished(wfName, s, "map", s+".m", false, now))
+		record(e.ObjectReady(wfName, propObject(s, "a", "late", "", ""), now))
+		record(e.FunctionFinished(wfName, s, "map", s+".m0", false, now))
 	}
 	record(e.Tick(now.Add(time.Hour)))
 	if n := e.Sessions(); n != 0 {
@@ -222,7 +310,186 @@ func propertyRun(t *testing.T, seed uint64) {
 		if len(groupsFired[s]) != len(x.groups) {
 			t.Errorf("%s: %d groups fired, want %d", s, len(groupsFired[s]), len(x.groups))
 		}
+		if x.join == nil {
+			if len(f["join#"]) != 0 {
+				t.Errorf("%s: DynamicJoin fired %v with nothing declared", s, f["join"])
+			}
+		} else {
+			if len(f["join#"]) != 1 {
+				t.Errorf("%s: DynamicJoin fired %d times, want once", s, len(f["join#"]))
+			}
+			checkKeys(t, s, "join", f["join"], x.join)
+		}
+		checkKeys(t, s, "rr", f["rr"], sim[s].delivered)
+		for inv, n := range sim[s].reruns {
+			if !arrived[s+"/"+inv] && n != propRerunAttempts {
+				t.Errorf("%s: %s never sent its output and was re-executed %d times, want %d", s, inv, n, propRerunAttempts)
+			}
+		}
+		checkKeys(t, s, "dep-0", f["dep-0"], x.dep0)
+		checkKeys(t, s, "dep-1", f["dep-1"], x.dep1)
+		if got := len(f["dep-2#"]); got > 1 || (got == 1) != x.fanInFires {
+			t.Errorf("%s: the fan-in fired %d times, want once iff both sources ran (%v)", s, got, x.fanInFires)
+		}
+		if x.fanInFires {
+			checkKeys(t, s, "dep-2", f["dep-2"], x.fanIn)
+		}
 	}
+}
+
+// workload generates one session's events: the entry invocation starts
+// every source invocation, each of which sends its outputs (with its
+// response, or through its sidecar, reported on their own and possibly
+// after its finish) and finishes; other objects come from outside.
+func workload(rng *rand.Rand, s string) (*expectation, map[string]bool, [][]pev) {
+	x := &expectation{imm: map[string]bool{}, batchKeys: map[string]bool{}, timeKeys: map[string]bool{}, groups: map[string]int{},
+		dep0: map[string]bool{}, dep1: map[string]bool{}, fanIn: map[string]bool{}}
+	var chains [][]pev
+	// resend repeats some events of a chain later in that chain (sidecars
+	// and the control stream deliver at least once).
+	resend := func(c []pev) []pev {
+		for i, n := 0, len(c); i < n; i++ {
+			if rng.IntN(4) == 0 {
+				d := c[i]
+				d.spawn = nil
+				c = append(c, d)
+			}
+		}
+		return c
+	}
+	external := func(bucket, key string, meta ...string) {
+		chains = append(chains, resend([]pev{{kind: "put", obj: propObject(s, bucket, key, "", "", meta...)}}))
+	}
+	for j := 0; j < rng.IntN(5); j++ {
+		k := fmt.Sprintf("a%d", j)
+		x.imm[k] = true
+		external("a", k)
+	}
+	setKeys := rng.IntN(5) // 4 means complete
+	for j := 0; j < setKeys; j++ {
+		external("b", fmt.Sprintf("k%d", j))
+	}
+	x.set = setKeys >= 4
+	nc := rng.IntN(8)
+	for j := 0; j < nc; j++ {
+		external("c", fmt.Sprintf("c%d", j))
+	}
+	x.batches = nc / 3
+	nd := rng.IntN(5)
+	for j := 0; j < nd; j++ {
+		external("d", fmt.Sprintf("d%d", j))
+	}
+	x.red = nd >= 2
+	for j := 0; j < rng.IntN(5); j++ {
+		k := fmt.Sprintf("t%d", j)
+		x.timeKeys[k] = true
+		external("t", k)
+	}
+
+	// invocation builds a source invocation started by the entry: its
+	// chain (outputs with the response, then its end) and, as separate
+	// chains, the outputs reported through its sidecar.
+	var entry, early []pev
+	invocation := func(fn, inv string, outs []Object, failed bool, atOnce bool) {
+		var own []pev
+		var side [][]pev
+		for _, o := range outs {
+			e := pev{kind: "put", obj: o}
+			if rng.IntN(2) == 0 {
+				own = append(own, e)
+			} else {
+				side = append(side, resend([]pev{e}))
+			}
+		}
+		own = resend(append(own, pev{kind: "end", fn: fn, inv: inv, outputs: len(outs), failed: failed}))
+		if rng.IntN(3) == 0 { // a resent start, anywhere after the first
+			side = append(side, []pev{{kind: "start", fn: fn, inv: inv}})
+		}
+		start := pev{kind: "start", fn: fn, inv: inv, spawn: append(side, own)}
+		if atOnce {
+			early = append(early, start)
+		} else {
+			entry = append(entry, start)
+		}
+	}
+
+	// Mappers of the shuffle.
+	x.maps = rng.IntN(4)
+	for m := 0; m < x.maps; m++ {
+		inv := fmt.Sprintf("%s.m%d", s, m)
+		var outs []Object
+		for j := 0; j < rng.IntN(4); j++ {
+			g := fmt.Sprintf("g%d", rng.IntN(3))
+			x.groups[g]++
+			outs = append(outs, propObject(s, "g", fmt.Sprintf("g-%d-%d", m, j), "map", inv, "group", g))
+		}
+		invocation("map", inv, outs, false, false)
+	}
+	// Splitters declaring a dynamic join's members, which arrive from
+	// elsewhere, among strays that are not members. They are dispatched
+	// together (a join waits for the declarers it knows of).
+	splits := rng.IntN(3)
+	if splits > 0 {
+		x.join = map[string]bool{}
+	}
+	for i := 0; i < splits; i++ {
+		inv := fmt.Sprintf("%s.sp%d", s, i)
+		var keys []string
+		for m := 0; m <= rng.IntN(3); m++ {
+			k := fmt.Sprintf("j%d-%d", i, m)
+			keys = append(keys, k)
+			x.join[k] = true
+			external("j", k)
+		}
+		invocation("split", inv, []Object{propObject(s, "j", fmt.Sprintf("plan-%d", i), "split", inv,
+			MetaExpectedKeys, strings.Join(keys, ","), MetaDeclareOnly, "true")}, false, true)
+	}
+	for j := 0; j < rng.IntN(3); j++ {
+		external("j", fmt.Sprintf("stray-%d", j))
+	}
+	// Workers some re-execution rule watches: output in time, late, only
+	// from a re-execution, or never; some fail.
+	rerunOut := map[string]bool{}
+	for w := 0; w < rng.IntN(4); w++ {
+		inv := fmt.Sprintf("%s.w%d", s, w)
+		var outs []Object
+		if rng.IntN(2) == 0 {
+			outs = append(outs, propObject(s, "r", "w-"+inv, "work", inv))
+		}
+		rerunOut[inv] = rng.IntN(2) == 0
+		invocation("work", inv, outs, len(outs) == 0 && rng.IntN(3) == 0, false)
+	}
+	// Return values of the dependencies' sources, one per invocation and
+	// dependency bucket, keyed per invocation.
+	ret := func(fn string, i int, buckets ...string) {
+		inv := fmt.Sprintf("%s.%s%d", s, fn, i)
+		var outs []Object
+		for _, b := range buckets {
+			outs = append(outs, propObject(s, b, fn+"."+inv, fn, inv))
+		}
+		invocation(fn, inv, outs, false, false)
+	}
+	nP, nP2, nP3 := rng.IntN(3), rng.IntN(4), rng.IntN(2)
+	for i := 0; i < nP; i++ {
+		ret("p", i, "dep-0", "dep-2")
+		x.dep0[fmt.Sprintf("p.%s.p%d", s, i)] = true
+		x.fanIn[fmt.Sprintf("p.%s.p%d", s, i)] = true
+	}
+	for i := 0; i < nP2; i++ {
+		ret("p2", i, "dep-1")
+		x.dep1[fmt.Sprintf("p2.%s.p2%d", s, i)] = true
+	}
+	for i := 0; i < nP3; i++ {
+		ret("p3", i, "dep-2")
+		x.fanIn[fmt.Sprintf("p3.%s.p3%d", s, i)] = true
+	}
+	x.fanInFires = nP > 0 && nP3 > 0
+
+	rng.Shuffle(len(entry), func(a, b int) { entry[a], entry[b] = entry[b], entry[a] })
+	entry = append(entry, pev{kind: "end", fn: "entry", inv: s + ".0"})
+	// The early starts come first, all at once.
+	chains = append([][]pev{early}, append(chains, entry)...)
+	return x, rerunOut, chains
 }
 
 func checkKeys(t *testing.T, s, trig string, got []string, want map[string]bool) {

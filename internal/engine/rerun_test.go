@@ -71,3 +71,28 @@ func TestRerunActionCarriesArgs(t *testing.T) {
 		t.Errorf("next deadline %v", next)
 	}
 }
+
+// A resent FunctionStarted (after the output arrived, or after the rule
+// gave up) must not arm a new timeout (issue 15, item 11).
+func TestDuplicateStartArmsNothing(t *testing.T) {
+	trig := TriggerSpec{Name: "t", Bucket: "b", Primitive: Immediate, Targets: []string{"next"},
+		Reruns: []RerunRule{{SourceFunction: "work", Scope: PerObject, Timeout: 100 * time.Millisecond, MaxAttempts: 1}}}
+	ms := time.Millisecond
+	runTable(t, []tableCase{
+		{"after the output", []TriggerSpec{trig}, []step{
+			{do: start("s1")},
+			{do: began("s1", "work", "s1.5")},
+			{at: 10 * ms, do: putFrom("s1", "b", "k", "work", "s1.5"), want: []string{"next[k]"}},
+			{at: 50 * ms, do: began("s1", "work", "s1.5")},
+			{at: 500 * ms, do: tick()},
+		}},
+		{"after the rule gave up", []TriggerSpec{trig}, []step{
+			{do: start("s1")},
+			{do: began("s1", "work", "s1.5")},
+			{at: 100 * ms, do: tick(), want: []string{"rerun:work#1"}},
+			{at: 200 * ms, do: tick()}, // given up
+			{at: 250 * ms, do: began("s1", "work", "s1.5")},
+			{at: 400 * ms, do: tick()},
+		}},
+	})
+}

@@ -47,3 +47,29 @@ func TestRestoredSessionWaitsForItsWorkflow(t *testing.T) {
 		t.Fatalf("past its deadline: expired=%v sessions=%d", expired, e.Sessions())
 	}
 }
+
+// An empty object is an object: it survives a checkpoint (issue 15, item 7).
+func TestEmptyInlineSurvivesSnapshot(t *testing.T) {
+	e := single(t, TriggerSpec{Name: "batch", Bucket: "b", Primitive: ByBatchSize, BatchSize: 2, Targets: []string{"f"}})
+	start("s1")(e, t0)
+	e.ObjectReady(wfName, Object{Bucket: "b", Key: "empty", Session: "s1", Inline: []byte{}}, t0)
+	data, err := e.Snapshot().Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := UnmarshalSnapshot(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := single(t, TriggerSpec{Name: "batch", Bucket: "b", Primitive: ByBatchSize, BatchSize: 2, Targets: []string{"f"}})
+	if err := restored.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	acts := restored.ObjectReady(wfName, Object{Bucket: "b", Key: "full", Session: "s1", Inline: []byte("x")}, t0)
+	if len(acts) != 1 || len(acts[0].Objects) != 2 {
+		t.Fatalf("after restore: %v", describe(acts))
+	}
+	if o := acts[0].Objects[0]; o.Key != "empty" || o.Inline == nil {
+		t.Fatalf("the empty object came back without contents: %#v (snapshot %s)", o, data)
+	}
+}

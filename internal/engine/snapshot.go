@@ -25,7 +25,8 @@ type SessionSnapshot struct {
 	Deadline    time.Time            `json:"deadline"`
 	Seq         int                  `json:"seq"`
 	States      map[string]*State    `json:"states,omitempty"`
-	Seen        []string             `json:"seen,omitempty"`
+	Seen        []string             `json:"seen,omitempty"`   // accepted bucket/keys of no known invocation
+	SeenBy      map[string]string    `json:"seenBy,omitempty"` // the others, with the invocation that sent them
 	Invocations map[string]*invState `json:"invocations,omitempty"`
 }
 
@@ -41,8 +42,15 @@ func (e *Engine) Snapshot() *Snapshot {
 		for _, s := range sh.sessions {
 			ss := SessionSnapshot{ID: s.id, Workflow: s.wf, Started: s.started, Deadline: s.deadline, Seq: s.seq,
 				States: map[string]*State{}, Invocations: map[string]*invState{}}
-			for k := range s.seen {
-				ss.Seen = append(ss.Seen, k)
+			for k, inv := range s.seen {
+				if inv == "" {
+					ss.Seen = append(ss.Seen, k)
+					continue
+				}
+				if ss.SeenBy == nil {
+					ss.SeenBy = map[string]string{}
+				}
+				ss.SeenBy[k] = inv
 			}
 			// Deep copies through JSON keep the snapshot independent of
 			// later mutations.
@@ -92,15 +100,18 @@ func (e *Engine) Restore(snap *Snapshot) error {
 	}
 	for _, ss := range snap.Sessions {
 		s := &session{id: ss.ID, wf: ss.Workflow, started: ss.Started, deadline: ss.Deadline, seq: ss.Seq,
-			states: ss.States, seen: map[string]bool{}, invocations: ss.Invocations}
+			states: ss.States, seen: make(map[string]string, len(ss.Seen)+len(ss.SeenBy)), invocations: map[string]*invState{}}
 		if s.states == nil {
 			s.states = map[string]*State{}
 		}
-		if s.invocations == nil {
-			s.invocations = map[string]*invState{}
+		for id, inv := range ss.Invocations {
+			s.track(id, inv)
 		}
 		for _, k := range ss.Seen {
-			s.seen[k] = true
+			s.seen[k] = ""
+		}
+		for k, inv := range ss.SeenBy {
+			s.seen[k] = inv
 		}
 		sh := e.shard(s.id)
 		sh.mu.Lock()

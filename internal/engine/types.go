@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 )
@@ -16,6 +17,20 @@ type Object struct {
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	Producer   string            `json:"producer,omitempty"`   // producing function
 	Invocation string            `json:"invocation,omitempty"` // producing invocation id
+}
+
+// MarshalJSON keeps an empty inline object ("inline": "") that omitempty
+// would drop: an empty object is an object, and one restored from a
+// checkpoint without contents could not be passed on.
+func (o Object) MarshalJSON() ([]byte, error) {
+	type plain Object
+	if o.Ref != "" || o.Inline == nil || len(o.Inline) > 0 {
+		return json.Marshal(plain(o))
+	}
+	return json.Marshal(struct {
+		plain
+		Inline []byte `json:"inline"`
+	}{plain(o), o.Inline})
 }
 
 // Metadata keys the built-in primitives read.
@@ -39,6 +54,7 @@ const (
 	ActRerun           ActionKind = "Rerun"           // re-invoke a late source Function with its original Args
 	ActSessionComplete ActionKind = "SessionComplete" // Result is the output object
 	ActSessionExpired  ActionKind = "SessionExpired"  // the deadline passed first
+	ActSessionFailed   ActionKind = "SessionFailed"   // Reason says why; nothing more runs
 	ActDropObjects     ActionKind = "DropObjects"     // free every object of Session
 )
 
@@ -55,6 +71,18 @@ type Action struct {
 	Group      string     `json:"group,omitempty"`
 	Attempt    int        `json:"attempt,omitempty"`
 	Result     *Object    `json:"result,omitempty"`
+	Reason     string     `json:"reason,omitempty"` // why a session failed
+}
+
+// Finish is how an invocation ended.
+type Finish struct {
+	Failed bool
+	Error  string // what went wrong, for the session's failure reason
+	// Outputs is how many distinct objects (bucket/key) the invocation
+	// sent, by every path: the engine treats it as still running until it
+	// has counted them all, so that an output reported late (through a
+	// sidecar, after the response) is not missed. Zero: none to wait for.
+	Outputs int
 }
 
 func (a Action) String() string {

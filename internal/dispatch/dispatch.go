@@ -3,7 +3,10 @@
 // autoscaler stay in charge of where and when they run. Concurrency is
 // bounded; transport errors and Knative's transient statuses are retried with
 // backoff; a function that answers with an error is reported, not retried:
-// re-execution is the engine's decision.
+// re-execution is the engine's decision. Invocations waiting for a worker
+// are bounded in number and bytes: past that, an invocation fails at once
+// with ErrQueueFull (reported like any failure, so its session learns)
+// instead of piling up in memory.
 package dispatch
 
 import (
@@ -47,22 +50,30 @@ type Options struct {
 	Client      *http.Client
 	Ingress     string        // host:port to dial for every request (Knative ingress); empty dials the URL's host
 	Concurrency int           // requests in flight at most; default 64
-	Queue       int           // submissions waiting for a slot; default 4096
+	Queue       int           // invocations waiting for a worker at most; default 65536
+	QueueBytes  int64         // their (estimated) bytes at most; default 256 MiB
 	MaxTries    int           // attempts per invocation for transient failures; default 5
 	BaseBackoff time.Duration // first retry delay; default 50ms, doubled each try
 	MaxBackoff  time.Duration // default 5s
 	MaxBody     int64         // response bytes kept; default 1 MiB
-	OnResult    func(Result)  // called once per invocation, from a worker goroutine
+	// OnResult is called once per invocation: from a worker goroutine, or
+	// from SubmitWait's caller for an invocation refused at submission.
+	OnResult func(Result)
 }
 
 // Dispatcher sends invocations from a bounded pool of workers.
 type Dispatcher struct {
-	opts  Options
-	queue chan *invocation.Envelope
-	wg    sync.WaitGroup
+	opts Options
+	wg   sync.WaitGroup
+
+	mu     sync.Mutex
+	queue  []*invocation.Envelope // waiting for a worker, oldest first
+	queued int64                  // their estimated bytes
+	wake   chan struct{}          // signalled when the queue may have work
 }
 
-// ErrQueueFull means the dispatcher is saturated; the caller should retry later.
+// ErrQueueFull means the dispatcher is saturated: the functions do not keep
+// up with the invocations; the caller should retry later.
 var ErrQueueFull = errors.New("dispatch: queue full")
 
 // New returns a dispatcher; Start runs its workers.
@@ -77,7 +88,10 @@ func New(opts Options) (*Dispatcher, error) {
 		opts.Concurrency = 64
 	}
 	if opts.Queue <= 0 {
-		opts.Queue = 4096
+		opts.Queue = 1 << 16
+	}
+	if opts.QueueBytes <= 0 {
+		opts.QueueBytes = 256 << 20
 	}
 	if opts.MaxTries <= 0 {
 		opts.MaxTries = 5
@@ -108,7 +122,7 @@ func New(opts Options) (*Dispatcher, error) {
 		c.Transport = tr
 		opts.Client = &c
 	}
-	return &Dispatcher{opts: opts, queue: make(chan *invocation.Envelope, opts.Queue)}, nil
+	return &Dispatcher{opts: opts, wake: make(chan struct{}, 1)}, nil
 }
 
 // Start runs the workers until ctx ends; Wait blocks until they have exited.
@@ -117,18 +131,21 @@ func (d *Dispatcher) Start(ctx context.Context) {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case env := <-d.queue:
-					inflight.Inc()
-					res := d.send(ctx, env)
-					inflight.Dec()
-					observe(res)
-					if d.opts.OnResult != nil {
-						d.opts.OnResult(res)
+			for ctx.Err() == nil {
+				env := d.next()
+				if env == nil {
+					select {
+					case <-ctx.Done():
+					case <-d.wake:
 					}
+					continue
+				}
+				inflight.Inc()
+				res := d.send(ctx, env)
+				inflight.Dec()
+				observe(res)
+				if d.opts.OnResult != nil {
+					d.opts.OnResult(res)
 				}
 			}
 		}()
@@ -138,31 +155,88 @@ func (d *Dispatcher) Start(ctx context.Context) {
 // Wait blocks until every worker has stopped.
 func (d *Dispatcher) Wait() { d.wg.Wait() }
 
-// SubmitWait queues an invocation, waiting for room in the queue.
+// SubmitWait hands an invocation over for good: it waits for the verdict,
+// never for a worker, and never drops the invocation silently. An invalid
+// envelope, or one that does not fit the queue (Options.Queue and
+// QueueBytes), fails at once: OnResult receives it with the error (Tries
+// 0), on the caller's goroutine, so its session learns; SubmitWait returns
+// the error too. Once ctx has ended (shutdown) nothing is queued or
+// reported and ctx's error is returned.
 func (d *Dispatcher) SubmitWait(ctx context.Context, env *invocation.Envelope) error {
-	if err := env.Validate(); err != nil {
+	if err := ctx.Err(); err != nil {
 		return err
 	}
-	select {
-	case d.queue <- env:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	err := d.Submit(env)
+	if err != nil && d.opts.OnResult != nil {
+		res := Result{Envelope: env, Err: err}
+		observe(res)
+		d.opts.OnResult(res)
 	}
+	return err
 }
 
-// Submit queues an invocation without blocking.
+// Submit queues an invocation without blocking; when it is invalid or the
+// queue is full it returns the error and the invocation stays the caller's.
 func (d *Dispatcher) Submit(env *invocation.Envelope) error {
 	if err := env.Validate(); err != nil {
 		return err
 	}
-	select {
-	case d.queue <- env:
-		return nil
-	default:
+	size := envelopeBytes(env)
+	d.mu.Lock()
+	if len(d.queue) >= d.opts.Queue || d.queued+size > d.opts.QueueBytes {
+		n, b := len(d.queue), d.queued
+		d.mu.Unlock()
 		queueFull.Inc()
-		return ErrQueueFull
+		return fmt.Errorf("%w: %d invocations (%d bytes) wait for the functions already, limits %d and %d bytes; "+
+			"the functions are not keeping up: retry later, or raise their concurrency or scale", ErrQueueFull, n, b, d.opts.Queue, d.opts.QueueBytes)
 	}
+	d.queue = append(d.queue, env)
+	d.queued += size
+	queued.Set(float64(len(d.queue)))
+	d.mu.Unlock()
+	d.signal()
+	return nil
+}
+
+// next takes the oldest queued invocation, nil when there is none; it
+// passes the wake-up on while work remains, for the other workers.
+func (d *Dispatcher) next() *invocation.Envelope {
+	d.mu.Lock()
+	if len(d.queue) == 0 {
+		d.mu.Unlock()
+		return nil
+	}
+	env := d.queue[0]
+	d.queue[0] = nil
+	d.queue = d.queue[1:]
+	d.queued -= envelopeBytes(env)
+	more := len(d.queue) > 0
+	queued.Set(float64(len(d.queue)))
+	d.mu.Unlock()
+	if more {
+		d.signal()
+	}
+	return env
+}
+
+func (d *Dispatcher) signal() {
+	select {
+	case d.wake <- struct{}{}:
+	default: // a wake-up is pending already
+	}
+}
+
+// envelopeBytes estimates what a queued envelope holds in memory.
+func envelopeBytes(env *invocation.Envelope) int64 {
+	n := 256 + len(env.Namespace) + len(env.Workflow) + len(env.Function) + len(env.Session) + len(env.Invocation) +
+		len(env.Trigger) + len(env.Group) + len(env.Args)
+	for _, o := range env.Objects {
+		n += 128 + len(o.Bucket) + len(o.Key) + len(o.Ref) + len(o.Path) + len(o.Inline)
+		for k, v := range o.Metadata {
+			n += 32 + len(k) + len(v)
+		}
+	}
+	return int64(n)
 }
 
 func (d *Dispatcher) send(ctx context.Context, env *invocation.Envelope) Result {

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -202,7 +203,128 @@ func TestSubmitRejectsInvalidAndFull(t *testing.T) {
 	if err := d.Submit(envelope(1)); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Submit(envelope(2)); err != ErrQueueFull {
+	if err := d.Submit(envelope(2)); !errors.Is(err, ErrQueueFull) {
 		t.Errorf("second submit with no workers: %v, want ErrQueueFull", err)
+	}
+}
+
+// TestFloodFailsLoudlyInsteadOfWaiting floods the dispatcher the way the
+// orchestrator hands it invocations (SubmitWait, one after the other) while
+// the functions do not answer. No call may wait for a function: the
+// orchestrator would pile the rest up in memory meanwhile. What does not
+// fit fails at once, through OnResult (its session learns) and SubmitWait's
+// error; once the functions answer, every invocation has exactly one
+// result: nothing is lost.
+func TestFloodFailsLoudlyInsteadOfWaiting(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		fmt.Fprint(w, "ok")
+	}))
+	defer srv.Close()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	const concurrency, queue, flood = 2, 8, 1000
+	results := make(chan Result, flood)
+	d, err := New(Options{Resolver: staticResolver{srv.URL}, Concurrency: concurrency, Queue: queue,
+		OnResult: func(r Result) { results <- r }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); d.Wait() }()
+	d.Start(ctx)
+
+	// A watchdog, not a speed bound: the old dispatcher made the caller
+	// wait for the stalled functions forever.
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	accepted, refused := 0, 0
+	for i := range flood {
+		switch err := d.SubmitWait(wctx, envelope(i)); {
+		case err == nil:
+			accepted++
+		case errors.Is(err, ErrQueueFull):
+			refused++
+			if !strings.Contains(err.Error(), "retry") {
+				t.Fatalf("refusal %q does not tell the user what to do", err)
+			}
+		default:
+			t.Fatalf("SubmitWait of invocation %d with %d accepted: %v: the caller waits for stalled functions while its outbox grows", i, accepted, err)
+		}
+	}
+	if accepted < queue || accepted > queue+concurrency {
+		t.Errorf("%d invocations accepted, want the queue (%d) plus at most the workers (%d)", accepted, queue, concurrency)
+	}
+	// Refusals are reported before SubmitWait returns.
+	for i := range refused {
+		select {
+		case r := <-results:
+			if !errors.Is(r.Err, ErrQueueFull) || r.Tries != 0 {
+				t.Fatalf("refused invocation %s reported as %+v", r.Envelope.Invocation, r)
+			}
+		default:
+			t.Fatalf("only %d of %d refused invocations were reported", i, refused)
+		}
+	}
+	close(release)
+	seen := map[string]bool{}
+	for i := range accepted {
+		var r Result
+		select {
+		case r = <-results:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("only %d of %d accepted invocations answered", i, accepted)
+		}
+		if r.Err != nil || string(r.Body) != "ok" || seen[r.Envelope.Invocation] {
+			t.Fatalf("accepted invocation %s: %+v", r.Envelope.Invocation, r)
+		}
+		seen[r.Envelope.Invocation] = true
+	}
+}
+
+// TestQueueBoundsBytesAndReportsInvalid: large inline inputs fill the queue
+// by bytes long before its count; an invalid envelope handed to SubmitWait
+// is reported too, not only logged by the caller.
+func TestQueueBoundsBytesAndReportsInvalid(t *testing.T) {
+	results := make(chan Result, 64)
+	// Nothing listens and no worker runs: every accepted invocation waits.
+	d, err := New(Options{Resolver: staticResolver{"http://127.0.0.1:1"}, QueueBytes: 4 << 20,
+		OnResult: func(r Result) { results <- r }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := func(i int) *invocation.Envelope {
+		env := envelope(i)
+		env.Objects = []invocation.Object{{Bucket: "input", Key: "input", Inline: make([]byte, 1<<20)}}
+		return env
+	}
+	accepted := 0
+	for i := range 10 {
+		if err := d.SubmitWait(context.Background(), big(i)); err == nil {
+			accepted++
+		} else if !errors.Is(err, ErrQueueFull) || !strings.Contains(err.Error(), "bytes") {
+			t.Fatalf("invocation %d: %v", i, err)
+		}
+	}
+	if accepted != 3 {
+		t.Errorf("%d invocations of 1 MiB queued under a 4 MiB bound, want 3", accepted)
+	}
+	if len(results) != 10-accepted {
+		t.Errorf("%d refusals reported, want %d", len(results), 10-accepted)
+	}
+	for len(results) > 0 {
+		<-results
+	}
+	if err := d.SubmitWait(context.Background(), &invocation.Envelope{Session: "s"}); err == nil {
+		t.Fatal("an envelope without function was accepted")
+	}
+	if r := <-results; r.Err == nil || r.Envelope.Session != "s" {
+		t.Errorf("invalid envelope reported as %+v", r)
 	}
 }

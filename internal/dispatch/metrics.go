@@ -23,12 +23,16 @@ var (
 	})
 	queueFull = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ziptrail_invocation_queue_full_total",
-		Help: "Submissions refused because the dispatch queue was full.",
+		Help: "Invocations refused because the dispatch queue was full.",
+	})
+	queued = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ziptrail_invocations_queued",
+		Help: "Invocations waiting for a dispatch worker.",
 	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(latency, inflight, retries, queueFull)
+	metrics.Registry.MustRegister(latency, inflight, retries, queueFull, queued)
 }
 
 func observe(r Result) {

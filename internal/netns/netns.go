@@ -35,8 +35,8 @@ type Pod struct {
 
 // New returns a network; call Setup before adding pods.
 func New(prefix string, subnet netip.Prefix) (*Network, error) {
-	if len(prefix) == 0 || len(prefix) > 5 {
-		return nil, fmt.Errorf("netns: prefix %q must be 1-5 characters (interface names are limited to 15)", prefix)
+	if len(prefix) == 0 || len(prefix) > 6 {
+		return nil, fmt.Errorf("netns: prefix %q must be 1-6 characters (interface names are limited to 15)", prefix)
 	}
 	if !subnet.Addr().Is4() || subnet.Bits() > 24 {
 		return nil, fmt.Errorf("netns: subnet %s must be IPv4 and /24 or larger", subnet)
@@ -123,6 +123,9 @@ func (n *Network) DeletePod(ctx context.Context, p *Pod) error {
 	n.mu.Unlock()
 	return err
 }
+
+// HostVeth is the name of the pod's veth end on the host (attached to the bridge).
+func (p *Pod) HostVeth() string { return p.veth }
 
 // Command returns cmd prepared to run inside the pod's namespace.
 func (p *Pod) Command(ctx context.Context, name string, args ...string) *exec.Cmd {

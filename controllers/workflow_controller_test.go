@@ -186,7 +186,7 @@ var _ = Describe("Workflow controller", func() {
 	It("compiles function-oriented dependencies into buckets and triggers", func() {
 		wf := loadSample("workflow_dependencies.yaml", ns)
 		Expect(k8s.Create(ctx, wf)).To(Succeed())
-		want := map[string]v1alpha1.Primitive{"pipeline-dep-0": v1alpha1.Immediate, "pipeline-dep-1": v1alpha1.BySet, "pipeline-dep-2": v1alpha1.ByTime}
+		want := map[string]v1alpha1.Primitive{"pipeline-dep-0": v1alpha1.Immediate, "pipeline-dep-1": v1alpha1.DynamicGroup, "pipeline-dep-2": v1alpha1.ByTime}
 		for name, prim := range want {
 			t := &v1alpha1.Trigger{}
 			Eventually(func() error { return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, t) }).Should(Succeed())
@@ -195,7 +195,9 @@ var _ = Describe("Workflow controller", func() {
 		}
 		t := &v1alpha1.Trigger{}
 		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "pipeline-dep-1"}, t)).To(Succeed())
-		Expect(t.Spec.BySet.Keys).To(ConsistOf("resize", "classify"))
+		// A fan-in: every return value of the sources, once all of them ran.
+		Expect(t.Spec.DynamicGroup.Sources).To(ConsistOf("pipeline-resize", "pipeline-classify"))
+		Expect(t.Spec.DynamicGroup.GroupMetadataKey).To(Equal(v1alpha1.DependencyGroupKey))
 		Expect(t.Spec.Targets).To(Equal([]string{"pipeline-report"}))
 	})
 

@@ -5,12 +5,26 @@ import "strconv"
 // DependencyBucket is the bucket a compiled dependency's sources write to.
 func DependencyBucket(i int) string { return "dep-" + strconv.Itoa(i) }
 
+// DependencyGroupKey is the metadata entry the fan-in trigger of a Direct
+// dependency with several sources groups by. Return values carry no such
+// entry, so all of them form one group.
+const DependencyGroupKey = "ziptrail.dev/dependency"
+
+// ReturnKey is the key of a function's return value in its dependency
+// buckets: the function's name and the invocation that returned it (a
+// re-execution's value replaces its original's), so that every invocation's
+// value is an object of its own — a Periodic dependency passes every
+// period's values, a Direct one every output of a source invoked many times.
+func ReturnKey(function, invocation string) string { return function + "." + invocation }
+
 // CompiledTriggers returns the workflow's triggers: the inline ones plus one
 // per function-oriented dependency (Pheromone Appendix A.4), and the buckets
 // the compiled ones need. Each dependency gets its own bucket, which its
-// source functions' return values go to (keyed by the function's name): a
-// Direct dependency with one source fires Immediate, with several it waits
-// for all of them (BySet on the sources' names); a Periodic one is ByTime.
+// source functions' return values go to (keyed by ReturnKey): a Direct
+// dependency with one source fires Immediate, once per return value; with
+// several it is a fan-in that waits for all of them — a DynamicGroup over
+// the sources, firing once with every return value when all their
+// invocations have finished; a Periodic one is ByTime.
 func (s *WorkflowSpec) CompiledTriggers() ([]NamedTrigger, []string) {
 	triggers := append([]NamedTrigger(nil), s.Triggers...)
 	var buckets []string
@@ -23,8 +37,8 @@ func (s *WorkflowSpec) CompiledTriggers() ([]NamedTrigger, []string) {
 			spec.Primitive = ByTime
 			spec.ByTime = &ByTimeParams{Window: *d.Period}
 		case len(d.From) > 1:
-			spec.Primitive = BySet
-			spec.BySet = &BySetParams{Keys: append([]string(nil), d.From...)}
+			spec.Primitive = DynamicGroup
+			spec.DynamicGroup = &DynamicGroupParams{GroupMetadataKey: DependencyGroupKey, Sources: append([]string(nil), d.From...)}
 		default:
 			spec.Primitive = Immediate
 		}

@@ -10,7 +10,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -73,7 +72,6 @@ type workflowInfo struct {
 	ready           bool
 	notReady        string
 	outputs         map[string][]string // function -> dependency buckets of its return value
-	reexecuted      map[string]bool     // functions some re-execution rule covers
 }
 
 // New builds an orchestrator; Run starts it.
@@ -153,14 +151,7 @@ func (o *Orchestrator) SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady s
 	if err := o.engine.SetWorkflow(engineSpec(wf)); err != nil {
 		return err
 	}
-	info := &workflowInfo{namespace: wf.Namespace, name: wf.Name, ready: ready, notReady: notReady,
-		outputs: wf.Spec.OutputBuckets(), reexecuted: map[string]bool{}}
-	triggers, _ := wf.Spec.CompiledTriggers()
-	for _, t := range triggers {
-		for _, r := range t.Spec.Reexecution {
-			info.reexecuted[r.SourceFunction] = true
-		}
-	}
+	info := &workflowInfo{namespace: wf.Namespace, name: wf.Name, ready: ready, notReady: notReady, outputs: wf.Spec.OutputBuckets()}
 	o.mu.Lock()
 	o.workflows[Key(wf.Namespace, wf.Name)] = info
 	o.mu.Unlock()
@@ -247,6 +238,11 @@ func (o *Orchestrator) execute(acts []engine.Action) {
 			_ = o.sessions.Finish(a.Session, sessions.Expired, nil, "the session deadline passed")
 			sessionsEnded.WithLabelValues(string(sessions.Expired)).Inc()
 			o.changed(a.Workflow)
+		case engine.ActSessionFailed:
+			// The engine has ended it: nothing more runs, its objects go.
+			_ = o.sessions.Finish(a.Session, sessions.Failed, nil, a.Reason)
+			sessionsEnded.WithLabelValues(string(sessions.Failed)).Inc()
+			o.changed(a.Workflow)
 		case engine.ActDropObjects:
 			if o.opts.Control != nil {
 				ns, _, _ := strings.Cut(a.Workflow, "/")
@@ -261,24 +257,30 @@ func (o *Orchestrator) execute(acts []engine.Action) {
 // invoke sends an Invoke or Rerun to the function's Knative Service.
 func (o *Orchestrator) invoke(a engine.Action) {
 	ns, wfName, _ := strings.Cut(a.Workflow, "/")
-	objs := a.Objects
+	env := &invocation.Envelope{Namespace: ns, Workflow: wfName, Function: v1alpha1ServiceName(wfName, a.Function), Session: a.Session,
+		Invocation: a.Invocation, Attempt: a.Attempt, Trigger: a.Trigger, Group: a.Group}
 	if a.Kind == engine.ActRerun {
-		// A re-execution gets its original invocation's objects back.
-		if err := json.Unmarshal(a.Args, &objs); err != nil {
-			o.opts.Log.Error(err, "re-execution arguments", "invocation", a.Invocation)
+		// A re-execution gets what its original invocation carried back:
+		// objects, trigger, group.
+		rerun, err := dispatch.RerunEnvelope(*env, a.Args)
+		if err != nil {
+			o.execute(o.engine.FailSession(a.Session, err.Error(), o.opts.Now()))
 			return
 		}
+		env = rerun
 		o.sessions.Log(a.Session, "Rerun", "re-executing %s (attempt %d): its output is late", a.Function, a.Attempt)
 		reexecutions.Inc()
 	} else {
-		o.sessions.Log(a.Session, "Invoked", "%s with %d objects (trigger %s)", a.Function, len(objs), orEntry(a.Trigger))
+		for _, ob := range a.Objects {
+			env.Objects = append(env.Objects, invocation.Object{Bucket: ob.Bucket, Key: ob.Key, Size: ob.Size, Ref: ob.Ref, Inline: ob.Inline, Metadata: ob.Metadata})
+		}
+		o.sessions.Log(a.Session, "Invoked", "%s with %d objects (trigger %s)", a.Function, len(env.Objects), orEntry(a.Trigger))
 	}
-	env := &invocation.Envelope{Namespace: ns, Workflow: wfName, Function: v1alpha1ServiceName(wfName, a.Function), Session: a.Session,
-		Invocation: a.Invocation, Attempt: a.Attempt, Trigger: a.Trigger, Group: a.Group}
-	for _, ob := range objs {
-		env.Objects = append(env.Objects, invocation.Object{Bucket: ob.Bucket, Key: ob.Key, Size: ob.Size, Ref: ob.Ref, Inline: ob.Inline, Metadata: ob.Metadata})
+	args, err := dispatch.RerunArgs(env)
+	if err != nil {
+		o.execute(o.engine.FailSession(a.Session, fmt.Sprintf("invocation %s of %s: %v", a.Invocation, a.Function, err), o.opts.Now()))
+		return
 	}
-	args, _ := json.Marshal(objs)
 	o.execute(o.engine.FunctionStarted(a.Workflow, a.Session, a.Function, a.Invocation, args, o.opts.Now()))
 	_ = o.sessions.Update(a.Session, func(s *sessions.Session) { s.Invocations++ })
 	o.outMu.Lock()
@@ -308,6 +310,9 @@ func (o *Orchestrator) feed(ctx context.Context) {
 					return
 				}
 				o.opts.Log.Error(err, "dispatch", "function", env.Function, "session", env.Session)
+				// It would never finish: the session could only wait for
+				// its deadline.
+				o.execute(o.engine.FailSession(env.Session, fmt.Sprintf("invocation %s of %s could not be sent: %v", env.Invocation, env.Function, err), o.opts.Now()))
 			}
 		}
 	}
@@ -324,46 +329,53 @@ func orEntry(trigger string) string {
 func v1alpha1ServiceName(workflow, function string) string { return workflow + "-" + function }
 
 // onResult feeds a function's response back into the engine: its objects
-// first, then its return value, then that it finished (DynamicGroup counts
-// on outputs preceding the finish).
+// first, then its return value, then that it finished with how many
+// outputs it sent (those its sidecar reports on their own may come later;
+// the engine waits for them). A failure, or a response that cannot be
+// decoded, fails the session unless a re-execution rule covers the function.
 func (o *Orchestrator) onResult(res dispatch.Result) {
 	env := res.Envelope
 	key := Key(env.Namespace, env.Workflow)
 	fn := strings.TrimPrefix(env.Function, env.Workflow+"-")
 	now := o.opts.Now()
 	if res.Err != nil {
-		o.sessions.Log(env.Session, "InvokeFailed", "%s: %v", fn, res.Err)
-		o.execute(o.engine.FunctionFinished(key, env.Session, fn, env.Invocation, true, now))
-		info := o.workflow(key)
-		if info == nil || !info.reexecuted[fn] {
-			_ = o.sessions.Finish(env.Session, sessions.Failed, nil, fmt.Sprintf("function %s failed and no re-execution rule covers it: %v", fn, res.Err))
-			sessionsEnded.WithLabelValues(string(sessions.Failed)).Inc()
-			o.changed(key)
-		}
+		o.invocationFailed(key, env, fn, res.Err, now)
 		return
 	}
 	var outs *invocation.Outputs
 	if strings.HasPrefix(res.Header.Get("Content-Type"), invocation.OutputsContentType) {
 		var err error
 		if outs, err = invocation.DecodeOutputs(res.Body); err != nil {
-			o.sessions.Log(env.Session, "InvokeFailed", "%s: %v", fn, err)
-			o.execute(o.engine.FunctionFinished(key, env.Session, fn, env.Invocation, true, now))
+			o.invocationFailed(key, env, fn, err, now)
 			return
 		}
 	} else {
 		outs = &invocation.Outputs{Return: res.Body}
 	}
+	sent := map[string]bool{} // distinct bucket/keys, as the engine counts them
 	for _, ob := range outs.Objects {
+		sent[ob.Bucket+"/"+ob.Key] = true
 		o.objectReady(key, engine.Object{Bucket: ob.Bucket, Key: ob.Key, Session: env.Session, Size: sizeOf(ob), Ref: ob.Ref, Inline: ob.Inline,
 			Metadata: ob.Metadata, Producer: fn, Invocation: env.Invocation}, now)
 	}
 	if info := o.workflow(key); info != nil {
+		// Every invocation's return value is an object of its own.
+		rk := v1alpha1.ReturnKey(fn, strings.TrimPrefix(engine.BaseInvocation(env.Invocation), env.Session+"."))
 		for _, b := range info.outputs[fn] {
-			o.objectReady(key, engine.Object{Bucket: b, Key: fn, Session: env.Session, Size: int64(len(outs.Return)), Inline: nonNil(outs.Return),
+			sent[b+"/"+rk] = true
+			o.objectReady(key, engine.Object{Bucket: b, Key: rk, Session: env.Session, Size: int64(len(outs.Return)), Inline: nonNil(outs.Return),
 				Producer: fn, Invocation: env.Invocation}, now)
 		}
 	}
-	o.execute(o.engine.FunctionFinished(key, env.Session, fn, env.Invocation, false, now))
+	o.execute(o.engine.FunctionEnded(key, env.Session, fn, env.Invocation,
+		engine.Finish{Outputs: len(sent) + invocation.OutputsSent(res.Header)}, now))
+}
+
+// invocationFailed tells the engine an invocation failed; with no
+// re-execution rule for the function, the engine fails the session.
+func (o *Orchestrator) invocationFailed(key string, env *invocation.Envelope, fn string, err error, now time.Time) {
+	o.sessions.Log(env.Session, "InvokeFailed", "%s: %v", fn, err)
+	o.execute(o.engine.FunctionEnded(key, env.Session, fn, env.Invocation, engine.Finish{Failed: true, Error: err.Error()}, now))
 }
 
 func (o *Orchestrator) objectReady(key string, obj engine.Object, now time.Time) {

@@ -17,7 +17,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${ZIPTRAIL_CACHE:-$HOME/.cache/ziptrail}"
 
 # Pins. Keep these in one place; docs/dependencies.md explains each.
-K8S_VERSION=v1.36.3        # kube-apiserver, kubectl (envtest assets)
+K8S_VERSION=v1.36.3        # kube-apiserver, kubectl (envtest assets), kube-controller-manager, kube-scheduler, kube-proxy
+COREDNS_VERSION=v1.14.7    # cluster DNS of the local cluster (see hack/tools/coredns/go.mod)
 ETCD_VERSION=v3.6.16       # etcd server (see hack/tools/etcd/go.mod)
 CONTROLLER_TOOLS_VERSION=v0.20.1
 CAPNPC_GO_VERSION=v3.1.0-alpha.2
@@ -53,6 +54,8 @@ command -v redis-server >/dev/null || apt_pkgs+=(redis-server)
 command -v capnp >/dev/null || apt_pkgs+=(capnproto)
 command -v ip >/dev/null || apt_pkgs+=(iproute2)
 command -v protoc >/dev/null || apt_pkgs+=(protobuf-compiler)
+command -v iptables >/dev/null || apt_pkgs+=(iptables)   # kube-proxy (iptables mode)
+command -v conntrack >/dev/null || apt_pkgs+=(conntrack) # kube-proxy clears stale UDP (DNS) entries
 if ((${#apt_pkgs[@]})); then
 	log "apt-get install ${apt_pkgs[*]}"
 	SUDO=""
@@ -60,7 +63,7 @@ if ((${#apt_pkgs[@]})); then
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
 else
-	log "debian: redis-server, capnp, ip, protoc present"
+	log "debian: redis-server, capnp, ip, protoc, iptables, conntrack present"
 fi
 
 # --- Go tools built from modules ------------------------------------------
@@ -79,18 +82,21 @@ go_install() { # name version pkg@version
 	ln -sf "$dst" "$BIN/$name"
 }
 
-# kube-apiserver + kubectl from k8s.io/kubernetes with its staging modules
-# replaced by their published versions (hack/tools/k8s/go.mod).
+# kube-apiserver, kubectl and the other components of the local cluster
+# (kube-controller-manager, kube-scheduler, kube-proxy) from k8s.io/kubernetes
+# with its staging modules replaced by their published versions
+# (hack/tools/k8s/go.mod). They share most packages: after kube-apiserver,
+# each builds largely from the Go build cache.
 build_k8s() {
 	local ver=$K8S_VERSION
 	local ldflags
 	ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$ver -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$ver" | cut -d. -f2) -X k8s.io/component-base/version.gitTreeState=clean"
-	for cmd in kube-apiserver kubectl; do
+	for cmd in kube-apiserver kubectl kube-controller-manager kube-scheduler kube-proxy; do
 		if have "$ENVTEST_DIR/$cmd"; then
 			log "$cmd $ver cached"
 			continue
 		fi
-		log "building $cmd $ver from k8s.io/kubernetes (cold: ~7-13 min on 2 cores)"
+		log "building $cmd $ver from k8s.io/kubernetes (cold on 2 cores: kube-apiserver ~9 min, the others 1-5 min each)"
 		local t=$(date +%s)
 		(cd "$ROOT/hack/tools/k8s" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$ENVTEST_DIR/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
 		mv "$ENVTEST_DIR/$cmd.tmp" "$ENVTEST_DIR/$cmd"
@@ -116,6 +122,19 @@ go_install protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION" "google.golang.org/g
 go_install helm "$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 go_install minio "$MINIO_VERSION" "github.com/minio/minio@$MINIO_VERSION"
 
+# CoreDNS with only the plugins the local cluster's DNS uses
+# (hack/tools/coredns/main.go).
+if have "$BIN/coredns-$COREDNS_VERSION"; then
+	log "coredns $COREDNS_VERSION cached"
+else
+	log "building coredns $COREDNS_VERSION (cold: ~2-4 min)"
+	t=$(date +%s)
+	(cd "$ROOT/hack/tools/coredns" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$BIN/coredns-$COREDNS_VERSION.tmp" .)
+	mv "$BIN/coredns-$COREDNS_VERSION.tmp" "$BIN/coredns-$COREDNS_VERSION"
+	log "built coredns in $(($(date +%s) - t))s"
+fi
+ln -sf "$BIN/coredns-$COREDNS_VERSION" "$BIN/coredns"
+
 # --- Python ----------------------------------------------------------------
 stamp="$VENV/.ziptrail-$(echo "${PY_PACKAGES[*]}" | sha256sum | cut -c1-12)"
 if [[ -f "$stamp" ]]; then
@@ -133,6 +152,9 @@ log "versions:"
 log "  kube-apiserver $("$ENVTEST_DIR/kube-apiserver" --version 2>&1 | head -1)"
 log "  etcd           $("$ENVTEST_DIR/etcd" --version 2>&1 | head -1)"
 log "  kubectl        $("$ENVTEST_DIR/kubectl" version --client 2>&1 | head -1)"
+log "  kube-controller-manager, kube-scheduler, kube-proxy $("$ENVTEST_DIR/kube-proxy" --version 2>&1 | head -1)"
+log "  coredns        $("$BIN/coredns" -version 2>&1 | head -1)"
+log "  iptables       $(iptables --version 2>&1)"
 log "  controller-gen $("$BIN/controller-gen" --version 2>&1)"
 log "  capnp          $(capnp --version 2>&1)"
 log "  protoc         $(protoc --version 2>&1) protoc-gen-go $PROTOC_GEN_GO_VERSION protoc-gen-go-grpc $PROTOC_GEN_GO_GRPC_VERSION"

@@ -75,12 +75,8 @@ func Start() (*Env, error) {
 			return nil, fmt.Errorf("%s not found in KUBEBUILDER_ASSETS=%s: run hack/install-deps.sh", bin, assets)
 		}
 	}
-	root := RepoRoot()
 	te := &envtest.Environment{
-		CRDDirectoryPaths: []string{
-			filepath.Join(root, "config", "crd", "bases"),
-			filepath.Join(root, "config", "knative"),
-		},
+		CRDDirectoryPaths:     crdPaths(),
 		ErrorIfCRDPathMissing: true,
 		Scheme:                Scheme(),
 	}
@@ -92,6 +88,23 @@ func Start() (*Env, error) {
 		return nil, fmt.Errorf("start control plane: %w", err)
 	}
 	return &Env{Environment: te, Config: cfg}, nil
+}
+
+// crdPaths are the directories of the CRDs every control plane gets: the
+// ziptrail kinds and Knative Serving's.
+func crdPaths() []string {
+	root := RepoRoot()
+	return []string{filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "config", "knative")}
+}
+
+// InstallCRDs installs the CRDs Start installs into another API server (the
+// full local cluster of internal/localk8s) and waits until they are served.
+func InstallCRDs(cfg *rest.Config) error {
+	_, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: crdPaths(), ErrorIfPathMissing: true, Scheme: Scheme()})
+	if err != nil {
+		return fmt.Errorf("install CRDs: %w", err)
+	}
+	return nil
 }
 
 // Kubeconfig writes a kubeconfig for the admin user into dir and returns its path.

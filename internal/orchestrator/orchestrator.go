@@ -417,6 +417,7 @@ func (o *Orchestrator) FunctionStarted(_ context.Context, from control.Identity,
 
 // FunctionFinished implements control.Events.
 func (o *Orchestrator) FunctionFinished(_ context.Context, from control.Identity, ev *controlv1.FunctionFinished) error {
-	o.execute(o.engine.FunctionFinished(Key(from.Namespace, from.Workflow), ev.Session, ev.Function, ev.InvocationId, ev.Failed, o.opts.Now()))
+	f := engine.Finish{Failed: ev.Failed, Error: ev.Error, Outputs: int(min(ev.OutputsSent, invocation.MaxOutputsSent))}
+	o.execute(o.engine.FunctionEnded(Key(from.Namespace, from.Workflow), ev.Session, ev.Function, ev.InvocationId, f, o.opts.Now()))
 	return nil
 }

@@ -238,17 +238,20 @@ func (x *Hello) GetDataplaneAddr() string {
 
 // ObjectReady: a function put an object into a bucket.
 type ObjectReady struct {
-	state            protoimpl.MessageState `protogen:"open.v1"`
-	Session          string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	Bucket           string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
-	Key              string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
-	Size             int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
-	Ref              string                 `protobuf:"bytes,5,opt,name=ref,proto3" json:"ref,omitempty"`                                                                                     // sealed reference, empty when inline is set
-	Inline           []byte                 `protobuf:"bytes,6,opt,name=inline,proto3" json:"inline,omitempty"`                                                                               // small objects travel inline
-	Metadata         map[string]string      `protobuf:"bytes,7,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // e.g. group for DynamicGroup, expected set for DynamicJoin
-	ProducerFunction string                 `protobuf:"bytes,8,opt,name=producer_function,json=producerFunction,proto3" json:"producer_function,omitempty"`
-	InvocationId     string                 `protobuf:"bytes,9,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
-	Persisted        bool                   `protobuf:"varint,10,opt,name=persisted,proto3" json:"persisted,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Bucket  string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key     string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Size    int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	Ref     string                 `protobuf:"bytes,5,opt,name=ref,proto3" json:"ref,omitempty"` // sealed reference, empty when inline is set
+	// Small objects travel inline. Set (present) even when empty: an empty
+	// object is an object, and a message with neither ref nor inline is
+	// refused.
+	Inline           []byte            `protobuf:"bytes,6,opt,name=inline,proto3,oneof" json:"inline,omitempty"`
+	Metadata         map[string]string `protobuf:"bytes,7,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // e.g. group for DynamicGroup, expected set for DynamicJoin
+	ProducerFunction string            `protobuf:"bytes,8,opt,name=producer_function,json=producerFunction,proto3" json:"producer_function,omitempty"`
+	InvocationId     string            `protobuf:"bytes,9,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
+	Persisted        bool              `protobuf:"varint,10,opt,name=persisted,proto3" json:"persisted,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -422,12 +425,16 @@ func (x *FunctionStarted) GetArgs() []byte {
 }
 
 type FunctionFinished struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	Function      string                 `protobuf:"bytes,2,opt,name=function,proto3" json:"function,omitempty"`
-	InvocationId  string                 `protobuf:"bytes,3,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
-	Failed        bool                   `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`
-	Error         string                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Session      string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Function     string                 `protobuf:"bytes,2,opt,name=function,proto3" json:"function,omitempty"`
+	InvocationId string                 `protobuf:"bytes,3,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
+	Failed       bool                   `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`
+	Error        string                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// How many distinct objects (bucket/key) the invocation sent: the engine
+	// treats it as running until it has counted them all, since object
+	// reports may arrive after the finish.
+	OutputsSent   uint32 `protobuf:"varint,6,opt,name=outputs_sent,json=outputsSent,proto3" json:"outputs_sent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -495,6 +502,13 @@ func (x *FunctionFinished) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *FunctionFinished) GetOutputsSent() uint32 {
+	if x != nil {
+		return x.OutputsSent
+	}
+	return 0
 }
 
 type OperatorMessage struct {
@@ -886,14 +900,14 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\bfunction\x18\x03 \x01(\tR\bfunction\x12\x10\n" +
 	"\x03pod\x18\x04 \x01(\tR\x03pod\x12\x12\n" +
 	"\x04node\x18\x05 \x01(\tR\x04node\x12%\n" +
-	"\x0edataplane_addr\x18\x06 \x01(\tR\rdataplaneAddr\"\x88\x03\n" +
+	"\x0edataplane_addr\x18\x06 \x01(\tR\rdataplaneAddr\"\x98\x03\n" +
 	"\vObjectReady\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x12\n" +
 	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x10\n" +
-	"\x03ref\x18\x05 \x01(\tR\x03ref\x12\x16\n" +
-	"\x06inline\x18\x06 \x01(\fR\x06inline\x12J\n" +
+	"\x03ref\x18\x05 \x01(\tR\x03ref\x12\x1b\n" +
+	"\x06inline\x18\x06 \x01(\fH\x00R\x06inline\x88\x01\x01\x12J\n" +
 	"\bmetadata\x18\a \x03(\v2..ziptrail.control.v1.ObjectReady.MetadataEntryR\bmetadata\x12+\n" +
 	"\x11producer_function\x18\b \x01(\tR\x10producerFunction\x12#\n" +
 	"\rinvocation_id\x18\t \x01(\tR\finvocationId\x12\x1c\n" +
@@ -901,18 +915,20 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	" \x01(\bR\tpersisted\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x80\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\t\n" +
+	"\a_inline\"\x80\x01\n" +
 	"\x0fFunctionStarted\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12#\n" +
 	"\rinvocation_id\x18\x03 \x01(\tR\finvocationId\x12\x12\n" +
-	"\x04args\x18\x04 \x01(\fR\x04args\"\x9b\x01\n" +
+	"\x04args\x18\x04 \x01(\fR\x04args\"\xbe\x01\n" +
 	"\x10FunctionFinished\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12#\n" +
 	"\rinvocation_id\x18\x03 \x01(\tR\finvocationId\x12\x16\n" +
 	"\x06failed\x18\x04 \x01(\bR\x06failed\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\xf0\x01\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12!\n" +
+	"\foutputs_sent\x18\x06 \x01(\rR\voutputsSent\"\xf0\x01\n" +
 	"\x0fOperatorMessage\x12/\n" +
 	"\x04keys\x18\x01 \x01(\v2\x19.ziptrail.control.v1.KeysH\x00R\x04keys\x126\n" +
 	"\x04drop\x18\x02 \x01(\v2 .ziptrail.control.v1.DropObjectsH\x00R\x04drop\x12?\n" +
@@ -995,6 +1011,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 		(*SidecarMessage_FunctionStarted)(nil),
 		(*SidecarMessage_FunctionFinished)(nil),
 	}
+	file_ziptrail_control_v1_control_proto_msgTypes[2].OneofWrappers = []any{}
 	file_ziptrail_control_v1_control_proto_msgTypes[5].OneofWrappers = []any{
 		(*OperatorMessage_Keys)(nil),
 		(*OperatorMessage_Drop)(nil),

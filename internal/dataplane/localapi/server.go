@@ -67,6 +67,7 @@ type Server struct {
 	inflight *semaphore.Weighted // payload bytes read but not yet stored
 	mu       sync.Mutex
 	byName   map[string]string // session/bucket/key -> store id, objects sent here
+	sent     sentOutputs       // objects sent per invocation, for its response
 	grpcSrv  *grpc.Server
 }
 
@@ -356,7 +357,12 @@ func (s *Server) SendObject(ctx context.Context, req *sidecarv1.SendObjectReques
 	ev := &controlv1.ObjectReady{Session: req.GetSession(), Bucket: req.GetBucket(), Key: req.GetKey(), Size: resp.Size,
 		Metadata: req.GetMetadata(), ProducerFunction: s.Function, InvocationId: req.GetInvocationId(), Persisted: resp.Persisted}
 	if len(data) <= s.InlineThreshold {
-		ev.Inline = data // small objects travel with the event
+		// Small objects travel with the event; an empty one stays one
+		// (non-nil, so present on the wire).
+		ev.Inline = data
+		if ev.Inline == nil {
+			ev.Inline = []byte{}
+		}
 	} else {
 		ev.Ref, resp.Ref = r, r
 	}
@@ -364,6 +370,7 @@ func (s *Server) SendObject(ctx context.Context, req *sidecarv1.SendObjectReques
 		if err := s.Report(ev); err != nil {
 			return nil, toStatus(fmt.Errorf("report object %s/%s to the operator: %w", req.GetBucket(), req.GetKey(), err))
 		}
+		s.sent.add(req.GetSession(), req.GetInvocationId(), req.GetBucket(), req.GetKey(), s.now(), s.ttl(0))
 	}
 	return resp, nil
 }

@@ -400,6 +400,9 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 		r2.Header.Set("Content-Length", strconv.Itoa(len(body)))
 		rec := &recorder{header: http.Header{}, code: http.StatusOK}
 		next.ServeHTTP(rec, r2)
+		// Objects the function sent through the local API are reported on
+		// their own: the response says how many, so none is missed.
+		s.api.MarkOutputsSent(rec.header, env.Session, env.Invocation)
 		out := rec.body.Bytes()
 		if rec.code == http.StatusOK && strings.HasPrefix(rec.header.Get("Content-Type"), invocation.OutputsContentType) {
 			if out, err = s.externalize(r.Context(), env, out); err != nil {

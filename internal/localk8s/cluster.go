@@ -525,7 +525,9 @@ func (c *Cluster) Clientset() (*kubernetes.Clientset, error) {
 	return kubernetes.NewForConfig(c.Config)
 }
 
-// agentHealthPort is the port of the node agent's /healthz on the host address.
+// agentHealthPort is the port of the node agent's /healthz on the host
+// address (200 once every node is Ready). Each node's kubelet API listens on
+// its InternalIP, the gateway of its bridge, port 10250.
 const agentHealthPort = 10248
 
 func (c *Cluster) startAgent(ctx context.Context, hc *http.Client, step func(string, ...any)) error {
@@ -541,7 +543,10 @@ func (c *Cluster) startAgent(ctx context.Context, hc *http.Client, step func(str
 		"--kubeconfig=" + c.dir("node-agent.kubeconfig"), "--state-dir=" + c.dir("node"), "--catalog=" + catalog,
 		"--node=" + strings.Join(c.State.Nodes, ","), "--net-prefix=" + c.opts.NetPrefix,
 		"--cluster-dns=" + c.State.DNSIP, "--cluster-domain=" + c.opts.ClusterDomain,
-		"--listen-address=" + c.State.HostIP,
+		"--listen-address=" + c.State.HostIP, "--healthz-port=" + strconv.Itoa(agentHealthPort),
+		// The API server's kubelet client certificate is issued by the
+		// cluster CA: kubectl logs is authenticated and authorized.
+		"--client-ca-file=" + c.pki.caFile(),
 	}
 	c.State.AgentCleanup = append([]string{c.opts.NodeAgent}, append(args, "--cleanup")...)
 	agent := c.component("ziptrail-node", c.opts.NodeAgent, args, "http://"+hostPort(c.State.HostIP, agentHealthPort)+"/healthz")

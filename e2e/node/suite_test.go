@@ -1,0 +1,63 @@
+// Package node is the e2e suite of the local Kubernetes cluster itself
+// (internal/localk8s): plain Kubernetes objects only, no Knative and no
+// ziptrail. It starts its own cluster — etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS and the node
+// agent with two nodes — so it runs as root, and not while `ziptrail local
+// up` runs (one kube-proxy per host).
+package node
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/localk8s"
+)
+
+var (
+	ctx     = context.Background()
+	cluster *localk8s.Cluster
+	cs      *kubernetes.Clientset
+	kubectl string // path of kubectl
+)
+
+func TestNode(t *testing.T) {
+	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(90 * time.Second)
+	SetDefaultEventuallyPollingInterval(250 * time.Millisecond)
+	RunSpecs(t, "local Kubernetes cluster e2e")
+}
+
+var _ = BeforeSuite(func() {
+	dir := GinkgoT().TempDir()
+	agent := filepath.Join(dir, "bin", "ziptrail-node")
+	build := exec.Command("go", "build", "-o", agent, "./cmd/ziptrail-node")
+	build.Dir = controlplane.RepoRoot()
+	out, err := build.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "build ziptrail-node: %s", out)
+	cluster, err = localk8s.Start(ctx, localk8s.Options{
+		StateDir: dir, Nodes: 2, NodeAgent: agent, NetPrefix: "zten",
+		ClusterCIDR: netip.MustParsePrefix("10.221.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.97.0.0/16"),
+		Log: GinkgoWriter,
+	})
+	Expect(err).NotTo(HaveOccurred())
+	cs, err = cluster.Clientset()
+	Expect(err).NotTo(HaveOccurred())
+	kubectl = filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
+	Expect(kubectl).To(BeAnExistingFile(), "kubectl from hack/install-deps.sh")
+})
+
+var _ = AfterSuite(func() {
+	if cluster != nil {
+		Expect(cluster.Stop(context.Background())).To(Succeed())
+	}
+})

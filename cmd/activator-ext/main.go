@@ -165,9 +165,11 @@ func main() {
 	if err != nil {
 		logger.Fatalw("Failed to create ziptrail metrics", zap.Error(err))
 	}
+	// A namespace's key Secret is re-read at most once a keep-alive round
+	// (references name key ids, and anyone can forge those).
 	extender := &activatorext.DataPlaneExtender{Secrets: func(ctx context.Context, ns, name string) (*corev1.Secret, error) {
 		return kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
-	}}
+	}, MinReread: e.ZiptrailKeepaliveInterval}
 	defer extender.Close()
 	keepAlive := &activatorext.Periodic{Extend: extender.Extend, Interval: e.ZiptrailKeepaliveInterval,
 		Extension: e.ZiptrailKeepaliveExtension, Metrics: zmetrics}

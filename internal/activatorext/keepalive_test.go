@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onsi/gomega"
+
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 )
 
@@ -127,6 +129,11 @@ func TestPeriodicDropsGoneObjectsAndRetriesUnreachableProducers(t *testing.T) {
 	if err := <-calls; err == nil || errors.Is(err, ErrGone) {
 		t.Errorf("second round: want only the unreachable producer retried, got %v", err)
 	}
+	// The round counts the failure after the call returned; stopping
+	// before that would (rightly) not count it.
+	gomega.NewWithT(t).Eventually(func() int64 {
+		return count("ziptrail.activator.keepalive.extends", "result", ResultError)
+	}).Should(gomega.Equal(int64(2)))
 	stop()
 	select {
 	case err := <-calls:
@@ -158,7 +165,8 @@ func TestDataPlaneExtenderReloadsRotatedKeys(t *testing.T) {
 	p := startProducer(t)
 	sec := &secrets{}
 	sec.set(testNS, p.keys, "k1")
-	dp := &DataPlaneExtender{Secrets: sec.get}
+	clk := &clock{now: time.Now()}
+	dp := &DataPlaneExtender{Secrets: sec.get, MinReread: 5 * time.Second, Now: clk.Now}
 	defer dp.Close()
 	until := time.Now().Add(time.Minute).Truncate(time.Millisecond)
 	if err := dp.Extend(context.Background(), testNS, p.put(t, "a", time.Now().Add(time.Second)), until); err != nil {
@@ -171,7 +179,15 @@ func TestDataPlaneExtenderReloadsRotatedKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	sec.set(testNS, p.keys, "k2")
-	if err := dp.Extend(context.Background(), testNS, p.put(t, "b", time.Now().Add(time.Second)), until); err != nil {
+	rotated := p.put(t, "b", time.Now().Add(time.Second))
+	// Right after a read, an unknown key id is not read for again: the
+	// extend fails, but as retryable (it may be a rotation).
+	clk.Set(clk.Now().Add(time.Second))
+	if err := dp.Extend(context.Background(), testNS, rotated, until); err == nil || errors.Is(err, ErrGone) || !strings.Contains(err.Error(), "retrying later") {
+		t.Fatalf("a new key id 1 s after the last read: %v, want a retryable error", err)
+	}
+	clk.Set(clk.Now().Add(5 * time.Second))
+	if err := dp.Extend(context.Background(), testNS, rotated, until); err != nil {
 		t.Fatalf("a reference sealed with a rotated key: %v", err)
 	}
 	if got := p.expires(t, "b"); !got.Equal(until) {
@@ -186,9 +202,14 @@ func TestDataPlaneExtenderReloadsRotatedKeys(t *testing.T) {
 	if err == nil || errors.Is(err, ErrGone) || !strings.Contains(err.Error(), "team-b") {
 		t.Errorf("missing key Secret: %v", err)
 	}
-	// A reference opened in the wrong namespace never extends.
+	// The miss is remembered until MinReread has passed.
 	sec.set("team-b", p.keys, "k2")
-	if err := dp.Extend(context.Background(), "team-b", p.put(t, "d", time.Now().Add(time.Second)), until); !errors.Is(err, ErrGone) {
+	if err := dp.Extend(context.Background(), "team-b", p.put(t, "d", time.Now().Add(time.Second)), until); err == nil || sec.reads != 3 {
+		t.Errorf("right after a failed read: %v after %d reads, want the same error without a read", err, sec.reads)
+	}
+	// A reference opened in the wrong namespace never extends.
+	clk.Set(clk.Now().Add(5 * time.Second))
+	if err := dp.Extend(context.Background(), "team-b", p.put(t, "e", time.Now().Add(time.Second)), until); !errors.Is(err, ErrGone) {
 		t.Errorf("foreign reference: want ErrGone, got %v", err)
 	}
 }

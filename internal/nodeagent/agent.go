@@ -500,7 +500,9 @@ func configureNode(n *corev1.Node, ns NodeSpec, ip string, port int) corev1.Reso
 	}
 	n.Status.Capacity = capacity
 	n.Status.Allocatable = capacity.DeepCopy()
-	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: ns.Name}}
+	// Only the InternalIP: the node's name does not resolve, and the API
+	// server's default --kubelet-preferred-address-types tries Hostname first.
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
 	n.Status.DaemonEndpoints = corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(port)}}
 	n.Status.NodeInfo = corev1.NodeSystemInfo{
 		OperatingSystem: "linux", Architecture: runtime.GOARCH, KubeletVersion: "v1.35.7-ziptrail",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -128,3 +129,12 @@ func containsLine(lines []string, sub string) bool {
 	}
 	return false
 }
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+func writeFile(path, data string) error { return os.WriteFile(path, []byte(data), 0o644) }
+
+func removeFile(path string) error { return os.Remove(path) }

@@ -37,6 +37,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/dispatch"
 	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/localk8s"
 	"github.com/ziptrail/ziptrail/internal/localserving"
 	"github.com/ziptrail/ziptrail/internal/netns"
 	"github.com/ziptrail/ziptrail/internal/orchestrator"
@@ -51,7 +52,12 @@ type Options struct {
 	Instances  int          // pods per function; default 1
 	// NoTiers keeps redis-server and MinIO off even when installed.
 	NoTiers    bool
-	SidecarEnv []string    // extra environment for every queue-proxy
+	SidecarEnv []string // extra environment for every queue-proxy
+	// Kubernetes, when set, runs a full Kubernetes cluster
+	// (internal/localk8s: kube-controller-manager, kube-scheduler,
+	// kube-proxy, CoreDNS and the node agent with its nodes) in place of
+	// envtest's kube-apiserver + etcd. Its StateDir defaults to StateDir.
+	Kubernetes *localk8s.Options
 	Log        io.Writer   // progress output; default io.Discard
 	LogLevel   zap.Options // controller logs
 }
@@ -82,6 +88,7 @@ func ReadState(stateDir string) (State, error) {
 type Cluster struct {
 	opts        Options
 	env         *controlplane.Env
+	k8s         *localk8s.Cluster
 	Client      client.Client
 	Config      *rest.Config
 	Kubeconfig  string
@@ -170,12 +177,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&lo)))
 
 	t := time.Now()
-	step("starting kube-apiserver + etcd")
-	if c.env, err = controlplane.Start(); err != nil {
-		return nil, err
-	}
-	c.Config = c.env.Config
-	if c.Kubeconfig, err = c.env.Kubeconfig(opts.StateDir); err != nil {
+	if err := c.startControlPlane(ctx, step); err != nil {
 		return nil, err
 	}
 	if c.Client, err = client.New(c.Config, client.Options{Scheme: controlplane.Scheme()}); err != nil {
@@ -270,6 +272,33 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	return c, nil
 }
 
+// startControlPlane starts envtest's kube-apiserver + etcd, or with
+// Options.Kubernetes the full local Kubernetes cluster, and installs the CRDs.
+func (c *Cluster) startControlPlane(ctx context.Context, step func(string, ...any)) (err error) {
+	if c.opts.Kubernetes == nil {
+		step("starting kube-apiserver + etcd")
+		if c.env, err = controlplane.Start(); err != nil {
+			return err
+		}
+		c.Config = c.env.Config
+		c.Kubeconfig, err = c.env.Kubeconfig(c.opts.StateDir)
+		return err
+	}
+	ko := *c.opts.Kubernetes
+	if ko.StateDir == "" {
+		ko.StateDir = c.opts.StateDir
+	}
+	if ko.Log == nil {
+		ko.Log = c.opts.Log
+	}
+	step("starting Kubernetes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, %d node(s)", ko.Nodes)
+	if c.k8s, err = localk8s.Start(ctx, ko); err != nil {
+		return err
+	}
+	c.Config, c.Kubeconfig = c.k8s.Config, c.k8s.Kubeconfig
+	return controlplane.InstallCRDs(c.Config)
+}
+
 func newManager(cfg *rest.Config) (ctrl.Manager, error) {
 	return ctrl.NewManager(cfg, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
 		// A restarted operator registers its controllers again in this process.
@@ -320,6 +349,9 @@ func (c *Cluster) Down(ctx context.Context) error {
 	}
 	if c.env != nil {
 		errs = append(errs, c.env.Stop())
+	}
+	if c.k8s != nil {
+		errs = append(errs, c.k8s.Stop(ctx))
 	}
 	if err := os.Remove(StateFile(c.opts.StateDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)

@@ -485,8 +485,8 @@ func (c *ctrRuntime) startProbes(ctx context.Context, run *ctrRun) {
 			go w.Run(ctx)
 		}
 		if p := c.spec.ReadinessProbe; p != nil {
-			w := &probe.Worker{Probe: p, Target: c.target(), Initial: false, Report: func(r probe.Result) {
-				if r.Err != nil && ctx.Err() == nil {
+			w := &probe.Worker{Probe: p, Target: c.target(), Initial: false, Eager: eagerReadiness, Report: func(r probe.Result) {
+				if r.Err != nil && !r.Quiet && ctx.Err() == nil {
 					c.event(corev1.EventTypeWarning, "Unhealthy", "Readiness probe failed: %v", r.Err)
 				}
 				if r.Changed && ctx.Err() == nil {
@@ -521,6 +521,10 @@ func (c *ctrRuntime) startProbes(ctx context.Context, run *ctrRun) {
 	}}
 	go w.Run(startupCtx)
 }
+
+// eagerReadiness is the readiness probe interval of a fresh container until
+// its first success (see probe.Worker.Eager).
+const eagerReadiness = 250 * time.Millisecond
 
 func requestKill(run *ctrRun, msg string) {
 	select {

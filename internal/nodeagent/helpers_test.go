@@ -2,6 +2,7 @@ package nodeagent_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -138,3 +139,5 @@ func fileExists(path string) bool {
 func writeFile(path, data string) error { return os.WriteFile(path, []byte(data), 0o644) }
 
 func removeFile(path string) error { return os.Remove(path) }
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }

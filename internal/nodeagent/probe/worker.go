@@ -15,6 +15,9 @@ type Result struct {
 	Changed bool  // Success differs from the previous result
 	Err     error // the failure of this run (nil on success)
 	Failed  bool  // failureThreshold consecutive failures reached
+	// Quiet marks an extra run of the eager phase; report its failure
+	// (events) only once per period.
+	Quiet bool
 }
 
 // Worker runs one probe of one container periodically.
@@ -26,6 +29,11 @@ type Worker struct {
 	Initial bool
 	// Report is called after each run, from the worker's goroutine.
 	Report func(Result)
+	// Eager, when set, is the interval between runs until the probe first
+	// succeeds (if shorter than periodSeconds). The kubelet re-triggers the
+	// readiness probe of a not-yet-ready container on every pod sync, so a
+	// fresh container turns Ready long before a 10 s period ends.
+	Eager time.Duration
 }
 
 // Run probes until ctx ends: first after initialDelaySeconds, then every
@@ -45,8 +53,14 @@ func (w *Worker) Run(ctx context.Context) {
 		return
 	}
 	result, okRun, badRun := w.Initial, 0, 0
-	t := time.NewTicker(period)
+	eager := w.Eager > 0 && w.Eager < period
+	interval := period
+	if eager {
+		interval = w.Eager
+	}
+	t := time.NewTicker(interval)
 	defer t.Stop()
+	var lastLoud time.Time
 	for {
 		runCtx, cancel := context.WithTimeout(ctx, timeout)
 		err := Run(runCtx, FromProbe(p), w.Target)
@@ -66,7 +80,15 @@ func (w *Worker) Run(ctx context.Context) {
 				result = false
 			}
 		}
-		w.Report(Result{Success: result, Changed: result != prev, Err: err, Failed: err != nil && badRun >= failure})
+		quiet := eager && time.Since(lastLoud) < period
+		if !quiet {
+			lastLoud = time.Now()
+		}
+		if eager && err == nil {
+			eager = false
+			t.Reset(period)
+		}
+		w.Report(Result{Success: result, Changed: result != prev, Err: err, Failed: err != nil && badRun >= failure, Quiet: quiet})
 		select {
 		case <-ctx.Done():
 			return

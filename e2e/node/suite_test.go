@@ -46,8 +46,10 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred(), "build ziptrail-node: %s", out)
 	cluster, err = localk8s.Start(ctx, localk8s.Options{
 		StateDir: dir, Nodes: 2, NodeAgent: agent, NetPrefix: "zten",
-		ClusterCIDR: netip.MustParsePrefix("10.221.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.97.0.0/16"),
-		Log: GinkgoWriter,
+		ClusterCIDR: netip.MustParsePrefix("10.224.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.101.0.0/16"),
+		// Another suite (internal/localk8s) may hold the host's one cluster.
+		WaitForHost: 15 * time.Minute,
+		Log:         GinkgoWriter,
 	})
 	Expect(err).NotTo(HaveOccurred())
 	cs, err = cluster.Clientset()

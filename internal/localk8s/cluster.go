@@ -58,6 +58,10 @@ type Options struct {
 	// Catalog is the image catalog for the agent; default
 	// <repo>/config/local/images.yaml.
 	Catalog string
+	// WaitForHost, when positive, waits up to this long for another
+	// cluster running on this host (there can be one) to stop, instead of
+	// failing at once. Test suites that may run in parallel set it.
+	WaitForHost time.Duration
 	// ClusterDomain defaults to cluster.local.
 	ClusterDomain string
 	Log           io.Writer // progress; default io.Discard
@@ -186,7 +190,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := claimHost(ctx, opts.StateDir); err != nil {
+	if err := claimHost(ctx, opts.StateDir, opts.WaitForHost, opts.Log); err != nil {
 		return nil, err
 	}
 	dir := k8sDir(opts.StateDir)
@@ -238,27 +242,54 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	return c, nil
 }
 
-// claimHost records that the cluster of stateDir runs on this host, after
-// removing the leftovers of a cluster whose processes are gone. A cluster
-// that still runs is an error: two kube-proxies would fight over the KUBE-*
-// iptables chains.
-func claimHost(ctx context.Context, stateDir string) error {
+// claimHost records that the cluster of stateDir runs on this host. A
+// cluster whose starting process still runs is an error (two kube-proxies
+// would fight over the KUBE-* iptables chains), or, with wait, waited for;
+// the leftovers of one whose starting process is gone are removed.
+func claimHost(ctx context.Context, stateDir string, wait time.Duration, log io.Writer) error {
 	abs, err := filepath.Abs(stateDir)
 	if err != nil {
 		return err
 	}
-	if data, err := os.ReadFile(ownerFile); err == nil {
-		other := strings.TrimSpace(string(data))
-		if st, err := ReadState(other); err == nil {
-			for _, comp := range st.Components {
-				if comp.alive() {
-					return fmt.Errorf("a local Kubernetes cluster (state dir %s) is already running on this host; stop it first with `ziptrail local down --state-dir %s`", other, other)
-				}
-			}
-			st.down(ctx)
+	deadline := time.Now().Add(wait)
+	for said := false; ; {
+		other, st := hostOwner()
+		if st == nil || other == abs {
+			break
+		}
+		if !st.OwnerAlive() {
+			st.down(ctx) // a crashed run's processes, rules and interfaces
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("a local Kubernetes cluster (state dir %s, started by pid %d) is already running on this host; stop it first (`ziptrail local down --state-dir %s`)", other, st.Owner, other)
+		}
+		if !said {
+			fmt.Fprintf(log, "==> waiting for the local Kubernetes cluster of %s (pid %d) to stop: one cluster per host\n", other, st.Owner)
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
 		}
 	}
 	return os.WriteFile(ownerFile, []byte(abs+"\n"), 0o644)
+}
+
+// hostOwner returns the state directory and state of the cluster recorded
+// as running on this host, if any.
+func hostOwner() (string, *State) {
+	data, err := os.ReadFile(ownerFile)
+	if err != nil {
+		return "", nil
+	}
+	dir := strings.TrimSpace(string(data))
+	st, err := ReadState(dir)
+	if err != nil {
+		return dir, nil
+	}
+	return dir, st
 }
 
 func (c *Cluster) dir(parts ...string) string {
@@ -663,7 +694,7 @@ func (st *State) down(ctx context.Context) {
 // runs (checked against its executable, so a reused pid does not count).
 func (st *State) OwnerAlive() bool {
 	owner := Component{PID: st.Owner, Binary: st.OwnerExe}
-	return st.Owner != os.Getpid() && owner.alive()
+	return owner.alive()
 }
 
 // Health is one component's state for `ziptrail local status`.

@@ -58,6 +58,8 @@ func TestControlPlane(t *testing.T) {
 	opts := Options{
 		StateDir: dir, NetPrefix: "ztkt", Log: testWriter{t},
 		ClusterCIDR: netip.MustParsePrefix("10.222.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.98.0.0/16"),
+		// e2e/node may hold the host's one cluster.
+		WaitForHost: 15 * time.Minute,
 	}
 	c, err := Start(ctx, opts)
 	if err != nil {
@@ -76,7 +78,7 @@ func TestControlPlane(t *testing.T) {
 
 	t.Run("second cluster on the host is refused", func(t *testing.T) {
 		o := opts
-		o.StateDir = t.TempDir()
+		o.StateDir, o.WaitForHost = t.TempDir(), 0
 		_, err := Start(ctx, o)
 		if err == nil || !strings.Contains(err.Error(), "already running") {
 			t.Fatalf("second Start: got %v, want an 'already running' error", err)

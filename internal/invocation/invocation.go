@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // ContentType marks a request body as an Envelope.
@@ -42,17 +43,20 @@ type Object struct {
 	Ref      string            `json:"ref,omitempty"`
 	Inline   []byte            `json:"inline,omitempty"`
 	Metadata map[string]string `json:"metadata,omitempty"`
-	// Path is set by the receiving sidecar: the object's file in the pod's
-	// shared-memory directory, for the SDK to map.
+	// Path is set only by the receiving sidecar, for an object it pulled:
+	// the bare name (see NewInputName) of the file it placed in the pod's
+	// object directory, for the SDK to map. The sidecar refuses envelopes
+	// that arrive with a path, and SDKs open nothing but such names inside
+	// their own object directory (OpenInDir).
 	Path string `json:"path,omitempty"`
 }
 
 // MarshalJSON keeps an empty inline object ("inline": "") that omitempty
 // would drop, so the receiver does not mistake it for an object without
-// contents.
+// contents, or for a reference to resolve (inline bytes come first).
 func (o Object) MarshalJSON() ([]byte, error) {
 	type plain Object
-	if o.Ref != "" || o.Inline == nil || len(o.Inline) > 0 {
+	if o.Inline == nil || len(o.Inline) > 0 {
 		return json.Marshal(plain(o))
 	}
 	return json.Marshal(struct {
@@ -98,8 +102,49 @@ func (e *Envelope) Validate() error {
 		if o.Ref == "" && o.Inline == nil && o.Path == "" {
 			return fmt.Errorf("invocation: object %s/%s has neither a reference nor inline bytes", o.Bucket, o.Key)
 		}
+		if o.Path == "" {
+			continue
+		}
+		if o.Inline != nil {
+			return fmt.Errorf("invocation: object %s/%s has both inline bytes and a path", o.Bucket, o.Key)
+		}
+		if !IsInputName(o.Path) {
+			return fmt.Errorf("invocation: object %s/%s: %w: path %q is not a name the pod's sidecar gives its inputs", o.Bucket, o.Key, ErrBadPath, o.Path)
+		}
 	}
 	return nil
+}
+
+// RefusePaths fails for an envelope with a path in it. A sidecar receives
+// envelopes from outside the pod, which never name files: only the
+// sidecar itself places inputs in the object directory.
+func (e *Envelope) RefusePaths() error {
+	for _, o := range e.Objects {
+		if o.Path != "" {
+			return fmt.Errorf("invocation: object %s/%s names a file path (%q): %w; send a reference or inline bytes, "+
+				"only the pod's own sidecar hands files to the function", o.Bucket, o.Key, o.Path, ErrPathFromOutside)
+		}
+	}
+	return nil
+}
+
+// ErrPathFromOutside: an envelope that reached a sidecar named a file.
+var ErrPathFromOutside = errors.New("paths are not accepted from outside the pod")
+
+// IsEnvelope reports whether a request's Content-Type marks an Envelope
+// (media types compare case-insensitively; parameters may follow).
+func IsEnvelope(contentType string) bool { return hasMediaType(contentType, ContentType) }
+
+// IsOutputs reports whether a response's Content-Type marks Outputs.
+func IsOutputs(contentType string) bool { return hasMediaType(contentType, OutputsContentType) }
+
+func hasMediaType(header, mt string) bool {
+	header = strings.TrimLeft(header, " \t")
+	if len(header) < len(mt) || !strings.EqualFold(header[:len(mt)], mt) {
+		return false
+	}
+	rest := strings.TrimLeft(header[len(mt):], " \t")
+	return rest == "" || rest[0] == ';'
 }
 
 // Decode reads and validates an envelope, refusing bodies over the limit.

@@ -74,6 +74,7 @@ func TestBucketObjects(t *testing.T) {
 
 	// A function behind pod B persists one object and sends another.
 	var b *sidecar
+	shm := functionShm(t)
 	fn := httptest.NewServer(FunctionHandler(func(ctx context.Context, inv *Invocation) ([]byte, error) {
 		if err := CreateObject("models", "m").SetData(inv.Objects[0].Bytes()).Send(ctx, true); err != nil {
 			return nil, err
@@ -81,7 +82,7 @@ func TestBucketObjects(t *testing.T) {
 		return nil, CreateObject("events", "done").SetData([]byte("ok")).SetGroup("e").Send(ctx, false)
 	}))
 	defer fn.Close()
-	b = startSidecar(t, sidecarOpts{keys: keys, upstream: fn.URL, env: tier})
+	b = startSidecar(t, sidecarOpts{keys: keys, upstream: fn.URL, env: tier, shm: shm})
 	SetDefault(b.client) // the function's process shares pod B
 	resp, err := a.client.Invoke(ctx, b.url(), big, WithSession("s3"))
 	if err != nil {

@@ -29,6 +29,9 @@ type Config struct {
 	HTTP *http.Client
 }
 
+// defaultShmDir is queue-proxy-zl's default object directory.
+const defaultShmDir = "/dev/shm/ziptrail/objects"
+
 // ConfigFromEnv reads the environment queue-proxy-zl and the pod share.
 func ConfigFromEnv() Config {
 	c := Config{Socket: os.Getenv("ZIPTRAIL_SOCKET"), ShmDir: os.Getenv("ZIPTRAIL_SHM_DIR")}
@@ -53,7 +56,7 @@ func Connect() (*Client, error) { return NewClient(ConfigFromEnv()) }
 // sidecar shows as ErrUnavailable on the first call.
 func NewClient(cfg Config) (*Client, error) {
 	if cfg.ShmDir == "" {
-		cfg.ShmDir = "/dev/shm/ziptrail/objects"
+		cfg.ShmDir = defaultShmDir
 	}
 	if cfg.Socket == "" {
 		cfg.Socket = filepath.Join(filepath.Dir(cfg.ShmDir), "sidecar.sock")

@@ -33,6 +33,7 @@ func tamper(ref string) string {
 // message that says what happened; no class is confused with another.
 func TestErrorClasses(t *testing.T) {
 	keys := keyFile(t, "k1", 5)
+	shm := functionShm(t)
 	fn := httptest.NewServer(FunctionHandler(func(ctx context.Context, inv *Invocation) ([]byte, error) {
 		switch string(inv.Args) {
 		case "block":
@@ -45,7 +46,7 @@ func TestErrorClasses(t *testing.T) {
 	}))
 	defer fn.Close()
 	a := startSidecar(t, sidecarOpts{keys: keys})
-	b := startSidecar(t, sidecarOpts{keys: keys, upstream: fn.URL})
+	b := startSidecar(t, sidecarOpts{keys: keys, upstream: fn.URL, shm: shm})
 	foreign := startSidecar(t, sidecarOpts{keys: keys, namespace: "other"})
 	rotated := startSidecar(t, sidecarOpts{keys: keyFile(t, "k2", 5)})
 	small := startSidecar(t, sidecarOpts{keys: keys, env: []string{"ZIPTRAIL_MEMORY_LIMIT=1048576"}})

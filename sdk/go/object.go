@@ -62,12 +62,17 @@ func mapFile(path string, unlink bool) (data []byte, mapped bool, err error) {
 	if err != nil {
 		return nil, false, err
 	}
-	if st.Size() == 0 {
+	return mapOpen(f, st.Size())
+}
+
+// mapOpen maps the first size bytes of an open file read-only.
+func mapOpen(f *os.File, size int64) (data []byte, mapped bool, err error) {
+	if size == 0 {
 		return []byte{}, false, nil // mmap refuses empty files
 	}
-	data, err = syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	data, err = syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
-		return nil, false, fmt.Errorf("map %s: %w", path, err)
+		return nil, false, fmt.Errorf("map %s: %w", f.Name(), err)
 	}
 	return data, true, nil
 }

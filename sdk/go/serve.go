@@ -67,8 +67,20 @@ func Serve(ctx context.Context, handler Handler) error {
 }
 
 // FunctionHandler adapts a Handler to HTTP: it decodes the invocation
-// envelope, maps the inputs, calls the handler and unmaps them.
+// envelope, maps the inputs, calls the handler and unmaps them. A
+// malformed envelope gets 400 with the reason.
+//
+// Inputs arrive inline or, when the pod's sidecar pulled them, as files it
+// placed in the object directory (ZIPTRAIL_SHM_DIR, read when the handler
+// is made). Only such files are opened: a bare name of the form the
+// sidecar gives, directly inside that directory, a regular file, not a
+// symlink. An envelope naming any other path (a request straight to this
+// port, bypassing the sidecar) is refused with 400.
 func FunctionHandler(handler Handler) http.Handler {
+	dir := ConfigFromEnv().ShmDir
+	if dir == "" {
+		dir = defaultShmDir
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		env, err := invocation.Decode(r.Body)
 		if err != nil {
@@ -79,9 +91,13 @@ func FunctionHandler(handler Handler) http.Handler {
 			ID: env.Invocation, Attempt: env.Attempt, Trigger: env.Trigger, Group: env.Group, Args: env.Args}
 		defer func() { unmapAll(inv.Objects) }()
 		for _, o := range env.Objects {
-			obj, err := openObject(o)
+			obj, err := openObject(dir, o)
 			if err != nil {
-				http.Error(w, (&Error{Kind: KindNotFound, Op: "open input", Err: err}).Error(), http.StatusInternalServerError)
+				code := http.StatusInternalServerError
+				if IsKind(err, KindInvalid) {
+					code = http.StatusBadRequest
+				}
+				http.Error(w, err.Error(), code)
 				return
 			}
 			inv.Objects = append(inv.Objects, obj)
@@ -109,20 +125,27 @@ func FunctionHandler(handler Handler) http.Handler {
 	})
 }
 
-func openObject(o invocation.Object) (*Object, error) {
+// openObject gives an input's bytes: inline ones as they are, else the
+// file the sidecar placed in dir, mapped (the sidecar owns the file and
+// removes it once the response passed, so it is not unlinked here).
+func openObject(dir string, o invocation.Object) (*Object, error) {
 	obj := &Object{Bucket: o.Bucket, Key: o.Key, Size: o.Size, Metadata: o.Metadata}
-	if o.Path == "" {
-		if o.Ref != "" {
-			return nil, fmt.Errorf("object %s/%s arrived unresolved (reference only): is the pod's sidecar queue-proxy-zl?", o.Bucket, o.Key)
-		}
-		obj.data = o.Inline
+	switch {
+	case o.Inline != nil:
+		obj.data, obj.Size = o.Inline, int64(len(o.Inline))
 		return obj, nil
+	case o.Path == "":
+		return nil, &Error{Kind: KindInvalid, Op: "open input", Err: fmt.Errorf(
+			"object %s/%s arrived unresolved (reference only): is the pod's sidecar queue-proxy-zl?", o.Bucket, o.Key)}
 	}
-	// The sidecar owns the file (it removes the invocation's directory
-	// once the response passed), so it is mapped, not unlinked.
-	data, mapped, err := mapFile(o.Path, false)
+	f, st, err := invocation.OpenInput(dir, o.Path)
 	if err != nil {
-		return nil, err
+		return nil, &Error{Kind: KindInvalid, Op: "open input", Err: fmt.Errorf("object %s/%s: %w", o.Bucket, o.Key, err)}
+	}
+	defer f.Close()
+	data, mapped, err := mapOpen(f, st.Size())
+	if err != nil {
+		return nil, &Error{Kind: KindInternal, Op: "open input", Err: err}
 	}
 	obj.data, obj.mapped, obj.Size = data, mapped, int64(len(data))
 	return obj, nil

@@ -30,8 +30,10 @@ func post(t *testing.T, url string, env any) (int, string) {
 
 func TestFunctionHandler(t *testing.T) {
 	dir := t.TempDir()
+	t.Setenv("ZIPTRAIL_SHM_DIR", dir)
 	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB, mapped
-	if err := os.WriteFile(filepath.Join(dir, "big"), big, 0o600); err != nil {
+	bigName := invocation.NewInputName()                   // as the sidecar names a pulled input
+	if err := os.WriteFile(filepath.Join(dir, bigName), big, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var seen *Invocation
@@ -51,7 +53,7 @@ func TestFunctionHandler(t *testing.T) {
 	env := invocation.Envelope{Namespace: "ns", Function: "map", Session: "s", Invocation: "i", Group: "g1",
 		Objects: []invocation.Object{
 			{Bucket: "chunks", Key: "small", Size: 2, Inline: []byte("hi")},
-			{Bucket: "chunks", Key: "big", Size: int64(len(big)), Path: filepath.Join(dir, "big"), Ref: "zt1.x"},
+			{Bucket: "chunks", Key: "big", Size: int64(len(big)), Path: bigName, Ref: "zt1.x"},
 		}}
 	code, body := post(t, srv.URL, env)
 	if code != 200 || body != "hi:cdef" {
@@ -69,9 +71,16 @@ func TestFunctionHandler(t *testing.T) {
 		"malformed":     {map[string]any{"session": 1}, 400, "malformed envelope"},
 		"handler error": {invocation.Envelope{Function: "f", Session: "s", Invocation: "i", Args: []byte("fail")}, 500, "the handler failed"},
 		"missing file": {invocation.Envelope{Function: "f", Session: "s", Invocation: "i",
-			Objects: []invocation.Object{{Bucket: "b", Key: "k", Path: filepath.Join(dir, "gone")}}}, 500, "NotFound"},
+			Objects: []invocation.Object{{Bucket: "b", Key: "k", Path: invocation.NewInputName()}}}, 400, "no such file"},
 		"unresolved ref": {invocation.Envelope{Function: "f", Session: "s", Invocation: "i",
-			Objects: []invocation.Object{{Bucket: "b", Key: "k", Ref: "zt1.x"}}}, 500, "unresolved"},
+			Objects: []invocation.Object{{Bucket: "b", Key: "k", Ref: "zt1.x"}}}, 400, "unresolved"},
+		"attempt not a number": {map[string]any{"function": "f", "session": "s", "invocation": "i", "attempt": "x"}, 400, "attempt"},
+		"objects not a list":   {map[string]any{"function": "f", "session": "s", "invocation": "i", "objects": "x"}, 400, "objects"},
+		"object not a dict":    {map[string]any{"function": "f", "session": "s", "invocation": "i", "objects": []any{1}}, 400, "Object"},
+		"size not a number": {map[string]any{"function": "f", "session": "s", "invocation": "i",
+			"objects": []any{map[string]any{"bucket": "b", "key": "k", "size": "x", "inline": "eA=="}}}, 400, "size"},
+		"invalid base64": {map[string]any{"function": "f", "session": "s", "invocation": "i",
+			"objects": []any{map[string]any{"bucket": "b", "key": "k", "inline": "not base64!"}}}, 400, "base64"},
 	} {
 		code, body := post(t, srv.URL, tc.env)
 		if code != tc.code || !strings.Contains(body, tc.msg) {

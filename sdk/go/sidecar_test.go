@@ -90,7 +90,18 @@ type sidecarOpts struct {
 	namespace string // default "ns"
 	keys      string // key file; required
 	upstream  string // the user container; default a closed port
+	shm       string // the pod's object directory; default a new one
 	env       []string
+}
+
+// functionShm makes the object directory of a pod whose function runs in
+// this test process (FunctionHandler): it points ZIPTRAIL_SHM_DIR there
+// for the handlers made afterwards; pass it to startSidecar as shm.
+func functionShm(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "objects")
+	t.Setenv("ZIPTRAIL_SHM_DIR", dir)
+	return dir
 }
 
 // startSidecar runs a sidecar and waits until its API socket exists; it
@@ -103,13 +114,16 @@ func startSidecar(t *testing.T, o sidecarOpts) *sidecar {
 	if o.upstream == "" {
 		o.upstream = fmt.Sprintf("http://127.0.0.1:%d", testservers.FreePort(t))
 	}
+	if o.shm == "" {
+		o.shm = filepath.Join(t.TempDir(), "objects")
+	}
 	sockDir, err := os.MkdirTemp("", "zt") // unix socket paths are short
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	s := &sidecar{listen: fmt.Sprintf("127.0.0.1:%d", testservers.FreePort(t)), socket: filepath.Join(sockDir, "sidecar.sock"),
-		shm: filepath.Join(t.TempDir(), "objects"), exited: make(chan error, 1)}
+		shm: o.shm, exited: make(chan error, 1)}
 	s.env = []string{"ZIPTRAIL_SOCKET=" + s.socket, "ZIPTRAIL_SHM_DIR=" + s.shm}
 	s.cmd = exec.Command(sidecarBinary(t), "--standalone", "--listen", s.listen, "--upstream", o.upstream)
 	s.cmd.Env = append(os.Environ(), append([]string{"SERVING_NAMESPACE=" + o.namespace, "SERVING_POD_IP=127.0.0.1",

@@ -164,9 +164,10 @@ func digest(ctx context.Context, inv *Invocation) ([]byte, error) {
 // sidecar pulls it from A, the function reads it mapped, not copied.
 func TestInvoke100MB(t *testing.T) {
 	keys := keyFile(t, "k1", 3)
+	shm := functionShm(t)
 	fn := httptest.NewServer(FunctionHandler(digest))
 	defer fn.Close()
-	a, b := startSidecar(t, sidecarOpts{keys: keys}), startSidecar(t, sidecarOpts{keys: keys, upstream: fn.URL})
+	a, b := startSidecar(t, sidecarOpts{keys: keys}), startSidecar(t, sidecarOpts{keys: keys, upstream: fn.URL, shm: shm})
 	obj := random(t, 100<<20)
 	resp, err := a.client.Invoke(context.Background(), b.url(), obj, WithObjectName("chunks", "big"), WithFunction("digest"), WithArgs([]byte("x")))
 	if err != nil {
@@ -184,10 +185,14 @@ func TestInvoke100MB(t *testing.T) {
 // broadcast puts one object for as many reads as callees, in two pods.
 func TestScatterBroadcast(t *testing.T) {
 	keys := keyFile(t, "k1", 4)
-	fn := httptest.NewServer(FunctionHandler(digest))
-	defer fn.Close()
+	shmB := functionShm(t)
+	fnB := httptest.NewServer(FunctionHandler(digest))
+	defer fnB.Close()
+	shmC := functionShm(t)
+	fnC := httptest.NewServer(FunctionHandler(digest))
+	defer fnC.Close()
 	a := startSidecar(t, sidecarOpts{keys: keys})
-	b, c := startSidecar(t, sidecarOpts{keys: keys, upstream: fn.URL}), startSidecar(t, sidecarOpts{keys: keys, upstream: fn.URL})
+	b, c := startSidecar(t, sidecarOpts{keys: keys, upstream: fnB.URL, shm: shmB}), startSidecar(t, sidecarOpts{keys: keys, upstream: fnC.URL, shm: shmC})
 	ctx := context.Background()
 
 	objs := [][]byte{random(t, 10), random(t, 1<<20), random(t, 2<<20), random(t, 100)}

@@ -6,11 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"syscall"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
 // ErrBadPayload: a request's object is missing or names a file the sidecar
@@ -18,7 +17,8 @@ import (
 var ErrBadPayload = errors.New("bad object payload")
 
 // readPayload returns an object's bytes. A file must be a regular file
-// directly inside dir: the sidecar runs with other privileges than the
+// directly inside dir (invocation.OpenInDir, the rule the SDKs apply to
+// their inputs too): the sidecar runs with other privileges than the
 // function (it holds the reference keys), so a path elsewhere or a symlink
 // is refused instead of followed. The file is removed once read: the
 // sidecar now owns the object. reserve runs with the file's size before
@@ -31,22 +31,11 @@ func readPayload(ctx context.Context, dir string, p *sidecarv1.Payload, limit in
 		}
 		return src.Inline, nil
 	case *sidecarv1.Payload_Path:
-		path, err := insideDir(dir, src.Path)
-		if err != nil {
-			return nil, err
-		}
-		f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+		f, st, err := invocation.OpenInDir(dir, src.Path)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrBadPayload, err)
 		}
 		defer f.Close()
-		st, err := f.Stat()
-		if err != nil {
-			return nil, err
-		}
-		if !st.Mode().IsRegular() {
-			return nil, fmt.Errorf("%w: %s is not a regular file", ErrBadPayload, src.Path)
-		}
 		if st.Size() > limit {
 			return nil, fmt.Errorf("%w: %s is %d bytes, cap %d", store.ErrTooLarge, src.Path, st.Size(), limit)
 		}
@@ -59,23 +48,11 @@ func readPayload(ctx context.Context, dir string, p *sidecarv1.Payload, limit in
 		if _, err := io.ReadFull(f, data); err != nil {
 			return nil, fmt.Errorf("%w: read %s: %v", ErrBadPayload, src.Path, err)
 		}
-		_ = os.Remove(path)
+		_ = os.Remove(f.Name())
 		return data, nil
 	default:
 		return nil, fmt.Errorf("%w: neither inline bytes nor a file", ErrBadPayload)
 	}
-}
-
-// insideDir resolves name to a path directly inside dir.
-func insideDir(dir, name string) (string, error) {
-	if !filepath.IsAbs(name) {
-		name = filepath.Join(dir, name)
-	}
-	clean := filepath.Clean(name)
-	if filepath.Dir(clean) != filepath.Clean(dir) {
-		return "", fmt.Errorf("%w: %s is not directly inside the shared-memory directory %s", ErrBadPayload, name, dir)
-	}
-	return clean, nil
 }
 
 // fileSink creates a file for an object that is returned by path.

@@ -82,7 +82,7 @@ func TestLocalAPIPutGetInvokeBetweenPods(t *testing.T) {
 			http.Error(w, fmt.Sprintf("want one resolved object, got %+v (%v)", env, err), http.StatusBadRequest)
 			return
 		}
-		data, err := os.ReadFile(env.Objects[0].Path)
+		data, err := os.ReadFile(filepath.Join(b.cfg.ShmDir, env.Objects[0].Path))
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return

@@ -19,7 +19,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +26,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/controlclient"
@@ -60,6 +60,11 @@ type Config struct {
 	S3    *tier.S3
 	// BackupTimeout bounds the SIGTERM backup (inside Knative's drain).
 	BackupTimeout time.Duration
+	// MaxOutputsBytes caps one function response with outputs, which is
+	// read whole to turn large objects into references; default
+	// invocation.MaxEnvelopeBytes. All such responses being read share
+	// the larger of MemoryLimit and MaxOutputsBytes.
+	MaxOutputsBytes int64
 }
 
 // FromEnv builds a Config from Knative's and ziptrail's environment.
@@ -83,6 +88,7 @@ func FromEnv() Config {
 		c.APISocket = filepath.Join(filepath.Dir(c.ShmDir), "sidecar.sock")
 	}
 	c.BackupTimeout = time.Duration(envInt("ZIPTRAIL_BACKUP_TIMEOUT_SECONDS", 25)) * time.Second
+	c.MaxOutputsBytes = int64(envInt("ZIPTRAIL_MAX_OUTPUTS_BYTES", invocation.MaxEnvelopeBytes))
 	c.PutTimeout = 30 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("ZIPTRAIL_PUT_TIMEOUT")); err == nil && d > 0 {
 		c.PutTimeout = d
@@ -127,6 +133,9 @@ type Sidecar struct {
 	seq    atomic.Uint64
 	ready  chan struct{} // closed once keys are known
 	once   sync.Once
+
+	outputsOnce sync.Once
+	outputs     *semaphore.Weighted // bytes of function outputs being read
 
 	backedUp chan struct{}
 }
@@ -369,21 +378,32 @@ func (s *Sidecar) waitKeys(ctx context.Context) error {
 
 // Wrap returns the handler chain extension: resolve inputs on the way in,
 // turn large outputs into references on the way out.
+//
+// Trust: an envelope from outside the pod must not name files (it is
+// refused with 400); the inputs this sidecar pulls get fresh random names
+// in the object directory, the only paths the SDKs open.
+//
+// Memory: a response passes through as the function writes it, except a
+// 200 with outputs (OutputsContentType), which is read whole to rewrite
+// its large objects into references: at most MaxOutputsBytes each, and all
+// of them together at most the larger of MemoryLimit and MaxOutputsBytes,
+// waiting up to PutTimeout for room.
 func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasPrefix(r.Header.Get("Content-Type"), invocation.ContentType) {
+		if !invocation.IsEnvelope(r.Header.Get("Content-Type")) {
 			next.ServeHTTP(w, r) // a stock request: exactly as queue-proxy does
 			return
 		}
 		env, err := invocation.Decode(r.Body)
+		if err == nil {
+			err = env.RefusePaths()
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		dir, err := s.resolve(r.Context(), env)
-		if dir != "" {
-			defer os.RemoveAll(dir) // the function is done with its inputs
-		}
+		files, err := s.resolve(r.Context(), env)
+		defer removeAll(files) // the function is done with its inputs
 		if err != nil {
 			// 424: the invocation cannot run without its inputs; the
 			// header names the error class for the caller's SDK.
@@ -393,34 +413,99 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			http.Error(w, "ziptrail: resolve inputs: "+err.Error(), http.StatusFailedDependency)
 			return
 		}
-		body, _ := json.Marshal(env)
+		body, err := json.Marshal(env)
+		if err != nil {
+			http.Error(w, "ziptrail: encode the envelope: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
 		r2 := r.Clone(r.Context())
 		r2.Body = io.NopCloser(bytes.NewReader(body))
 		r2.ContentLength = int64(len(body))
 		r2.Header.Set("Content-Length", strconv.Itoa(len(body)))
-		rec := &recorder{header: http.Header{}, code: http.StatusOK}
-		next.ServeHTTP(rec, r2)
-		// Objects the function sent through the local API are reported on
-		// their own: the response says how many, so none is missed.
-		s.api.MarkOutputsSent(rec.header, env.Session, env.Invocation)
-		out := rec.body.Bytes()
-		if rec.code == http.StatusOK && strings.HasPrefix(rec.header.Get("Content-Type"), invocation.OutputsContentType) {
-			if out, err = s.externalize(r.Context(), env, out); err != nil {
-				http.Error(w, "ziptrail: store outputs: "+err.Error(), http.StatusInsufficientStorage)
-				return
-			}
-		}
-		for k, v := range rec.header {
-			w.Header()[k] = v
-		}
-		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
-		w.WriteHeader(rec.code)
-		_, _ = w.Write(out)
+		s.serveFunction(w, r2, next, env)
 	})
 }
 
-// resolve pulls every referenced input into the shared-memory directory.
-func (s *Sidecar) resolve(ctx context.Context, env *invocation.Envelope) (string, error) {
+// serveFunction runs the function's handler, streaming its response or,
+// for outputs, buffering (bounded) and rewriting it.
+func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next http.Handler, env *invocation.Envelope) {
+	ow := &outputsWriter{w: w, ctx: r.Context(), limit: s.maxOutputs(), budget: s.outputsBudget(), wait: s.putTimeout(),
+		// Objects the function sent through the local API are reported on
+		// their own: the response says how many, so none is missed.
+		head: func(h http.Header) { s.api.MarkOutputsSent(h, env.Session, env.Invocation) }}
+	defer ow.release()
+	func() {
+		// A reverse proxy aborts (panics with ErrAbortHandler) when a
+		// write fails; for outputs this sidecar refused, the caller still
+		// gets the reason below.
+		defer func() {
+			if v := recover(); v != nil && (v != http.ErrAbortHandler || ow.err == nil) {
+				panic(v)
+			}
+		}()
+		next.ServeHTTP(ow, r)
+	}()
+	if !ow.buffering {
+		if !ow.wroteHeader {
+			ow.WriteHeader(http.StatusOK)
+		}
+		return
+	}
+	if ow.err != nil {
+		w.Header().Del("Content-Length")
+		w.Header().Del("Content-Type")
+		code := http.StatusBadGateway
+		if errors.Is(ow.err, errOutputsWait) {
+			code = http.StatusInsufficientStorage
+		}
+		http.Error(w, "ziptrail: function outputs: "+ow.err.Error(), code)
+		return
+	}
+	outs, err := invocation.DecodeOutputs(ow.buf.Bytes())
+	if err != nil {
+		w.Header().Del("Content-Length")
+		w.Header().Del("Content-Type")
+		http.Error(w, "ziptrail: function outputs: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	out, err := s.externalize(r.Context(), env, outs, ow.buf.Bytes())
+	if err != nil {
+		w.Header().Del("Content-Length")
+		w.Header().Del("Content-Type")
+		http.Error(w, "ziptrail: store outputs: "+err.Error(), http.StatusInsufficientStorage)
+		return
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(out)
+}
+
+func removeAll(paths []string) {
+	for _, p := range paths {
+		_ = os.Remove(p)
+	}
+}
+
+// maxOutputs is the cap of one response with outputs: MaxOutputsBytes,
+// default invocation.MaxEnvelopeBytes.
+func (s *Sidecar) maxOutputs() int64 {
+	if s.cfg.MaxOutputsBytes > 0 {
+		return s.cfg.MaxOutputsBytes
+	}
+	return invocation.MaxEnvelopeBytes
+}
+
+// outputsBudget bounds the bytes of all responses with outputs being read
+// at once: the pod's object memory, or one response's cap if that is more
+// (a pod with a fast tier spills outputs larger than its memory).
+func (s *Sidecar) outputsBudget() *semaphore.Weighted {
+	s.outputsOnce.Do(func() { s.outputs = semaphore.NewWeighted(max(s.cfg.MemoryLimit, s.maxOutputs())) })
+	return s.outputs
+}
+
+// resolve pulls every referenced input into a file of its own, with a
+// fresh random name, in the object directory; it returns the files made.
+func (s *Sidecar) resolve(ctx context.Context, env *invocation.Envelope) ([]string, error) {
 	var refs []int
 	for i, o := range env.Objects {
 		if o.Ref != "" && o.Inline == nil {
@@ -428,21 +513,24 @@ func (s *Sidecar) resolve(ctx context.Context, env *invocation.Envelope) (string
 		}
 	}
 	if len(refs) == 0 {
-		return "", nil
+		return nil, nil
 	}
 	if err := s.waitKeys(ctx); err != nil {
-		return "", err
+		return nil, err
 	}
-	dir := filepath.Join(s.cfg.ShmDir, fmt.Sprintf("inv-%d", s.seq.Add(1)))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", err
+	if err := os.MkdirAll(s.cfg.ShmDir, 0o755); err != nil {
+		return nil, fmt.Errorf("object directory: %w", err)
+	}
+	files := make([]string, len(refs))
+	for n, i := range refs {
+		env.Objects[i].Path = invocation.NewInputName()
+		files[n] = filepath.Join(s.cfg.ShmDir, env.Objects[i].Path)
 	}
 	errs := make(chan error, len(refs))
-	for _, i := range refs {
+	for n, i := range refs {
 		go func() {
 			o := &env.Objects[i]
-			path := filepath.Join(dir, strconv.Itoa(i))
-			f, err := os.Create(path)
+			f, err := os.OpenFile(files[n], os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 			if err != nil {
 				errs <- err
 				return
@@ -453,7 +541,6 @@ func (s *Sidecar) resolve(ctx context.Context, env *invocation.Envelope) (string
 				errs <- fmt.Errorf("%s/%s: %w", o.Bucket, o.Key, err)
 				return
 			}
-			o.Path = path
 			errs <- nil
 		}()
 	}
@@ -461,15 +548,21 @@ func (s *Sidecar) resolve(ctx context.Context, env *invocation.Envelope) (string
 	for range refs {
 		all = append(all, <-errs)
 	}
-	return dir, errors.Join(all...)
+	return files, errors.Join(all...)
 }
 
 // externalize moves large inline outputs into the store and references them.
-func (s *Sidecar) externalize(ctx context.Context, env *invocation.Envelope, body []byte) ([]byte, error) {
-	outs, err := invocation.DecodeOutputs(body)
-	if err != nil {
-		return nil, err
-	}
+// body is returned unchanged when no object needs it. On failure nothing
+// stays stored (the caller gets an error, not the references).
+func (s *Sidecar) externalize(ctx context.Context, env *invocation.Envelope, outs *invocation.Outputs, body []byte) (_ []byte, err error) {
+	var stored []string
+	defer func() {
+		if err != nil {
+			for _, id := range stored {
+				s.Store.Remove(id)
+			}
+		}
+	}()
 	changed := false
 	for i := range outs.Objects {
 		o := &outs.Objects[i]
@@ -489,6 +582,7 @@ func (s *Sidecar) externalize(ctx context.Context, env *invocation.Envelope, bod
 		if err != nil {
 			return nil, err
 		}
+		stored = append(stored, id)
 		r, err := s.keys.Load().Seal(ref.Record{Addr: s.addr(), Key: id, Expires: exp, Reads: math.MaxUint32})
 		if err != nil {
 			return nil, err
@@ -502,13 +596,108 @@ func (s *Sidecar) externalize(ctx context.Context, env *invocation.Envelope, bod
 	return json.Marshal(outs)
 }
 
-// recorder buffers the function's response so outputs can be rewritten.
-type recorder struct {
-	header http.Header
-	code   int
-	body   bytes.Buffer
+// errOutputsWait: responses with outputs held the whole budget for
+// longer than the put timeout.
+var errOutputsWait = errors.New("store full: no memory to read them within the put timeout")
+
+// outputsWriter passes the function's response through, except a 200
+// with outputs, which it buffers for externalize: at most limit bytes,
+// reserved from budget (waiting up to wait) before they are read.
+type outputsWriter struct {
+	w      http.ResponseWriter
+	ctx    context.Context
+	limit  int64
+	budget *semaphore.Weighted
+	wait   time.Duration
+	head   func(http.Header) // adds to the response's header as it begins
+
+	wroteHeader, buffering bool
+	buf                    bytes.Buffer
+	held                   int64 // bytes reserved from budget
+	err                    error // why the outputs were refused
 }
 
-func (r *recorder) Header() http.Header         { return r.header }
-func (r *recorder) WriteHeader(code int)        { r.code = code }
-func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
+// Header is the real writer's: nothing is sent before WriteHeader, and
+// trailers set after the body reach the caller.
+func (o *outputsWriter) Header() http.Header { return o.w.Header() }
+
+func (o *outputsWriter) WriteHeader(code int) {
+	if o.wroteHeader {
+		return
+	}
+	o.wroteHeader = true
+	if o.head != nil {
+		o.head(o.w.Header())
+	}
+	if code != http.StatusOK || !invocation.IsOutputs(o.w.Header().Get("Content-Type")) {
+		o.w.WriteHeader(code)
+		return
+	}
+	o.buffering = true
+	if n, err := strconv.ParseInt(o.w.Header().Get("Content-Length"), 10, 64); err == nil && n > 0 {
+		if o.grow(n) == nil {
+			o.buf.Grow(int(n))
+		}
+	}
+}
+
+func (o *outputsWriter) Write(b []byte) (int, error) {
+	if !o.wroteHeader {
+		o.WriteHeader(http.StatusOK)
+	}
+	if !o.buffering {
+		return o.w.Write(b)
+	}
+	if o.err != nil {
+		return 0, o.err
+	}
+	if need := int64(o.buf.Len()+len(b)) - o.held; need > 0 {
+		if err := o.grow(need); err != nil {
+			return 0, err
+		}
+	}
+	return o.buf.Write(b)
+}
+
+// grow reserves n more bytes, within the cap and the budget.
+func (o *outputsWriter) grow(n int64) error {
+	if o.held+n > o.limit {
+		o.err = fmt.Errorf("they exceed %d bytes; send large objects by reference (put) or raise ZIPTRAIL_MAX_OUTPUTS_BYTES", o.limit)
+	} else {
+		ctx, cancel := context.WithTimeoutCause(o.ctx, o.wait, errOutputsWait)
+		err := o.budget.Acquire(ctx, n)
+		cancel()
+		if err == nil {
+			o.held += n
+			return nil
+		}
+		if errors.Is(context.Cause(ctx), errOutputsWait) {
+			o.err = errOutputsWait
+		} else {
+			o.err = fmt.Errorf("waiting for memory to read them: %w", err)
+		}
+	}
+	o.buf = bytes.Buffer{} // refused: free what was read
+	return o.err
+}
+
+// release returns the reservation once the response was sent.
+func (o *outputsWriter) release() {
+	if o.held > 0 {
+		o.budget.Release(o.held)
+		o.held = 0
+	}
+}
+
+// Flush sends what the function wrote so far (streamed responses only).
+func (o *outputsWriter) Flush() {
+	if !o.wroteHeader {
+		o.WriteHeader(http.StatusOK)
+	}
+	if !o.buffering {
+		_ = http.NewResponseController(o.w).Flush()
+	}
+}
+
+// Unwrap gives http.ResponseController the real writer.
+func (o *outputsWriter) Unwrap() http.ResponseWriter { return o.w }

@@ -86,7 +86,7 @@ func TestObjectsTravelByReferenceBetweenPods(t *testing.T) {
 			http.Error(w, err.Error(), 400)
 			return
 		}
-		gotPath = env.Objects[0].Path
+		gotPath = filepath.Join(consumer.cfg.ShmDir, env.Objects[0].Path)
 		got, _ = os.ReadFile(gotPath)
 		w.Write([]byte("ok"))
 	})))

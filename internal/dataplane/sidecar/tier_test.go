@@ -81,7 +81,7 @@ func TestSpillAndShutdownBackup(t *testing.T) {
 				return
 			}
 			for i, o := range env.Objects {
-				got, _ := os.ReadFile(o.Path)
+				got, _ := os.ReadFile(filepath.Join(consumer.cfg.ShmDir, o.Path))
 				if !bytes.Equal(got, objs[i].Inline) {
 					http.Error(w, fmt.Sprintf("%s: object %s differs (%d bytes)", what, o.Key, len(got)), 500)
 					return
@@ -125,7 +125,7 @@ func TestSpillAndShutdownBackup(t *testing.T) {
 	cfn := httptest.NewServer(consumer.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		env, _ := invocation.Decode(r.Body)
 		for _, o := range env.Objects {
-			got, _ := os.ReadFile(o.Path)
+			got, _ := os.ReadFile(filepath.Join(consumer.cfg.ShmDir, o.Path))
 			if len(got) != 500_000 || got[0] != objs[keyIndex(o.Key)].Inline[0] {
 				http.Error(w, "bad content for "+o.Key, 500)
 				return

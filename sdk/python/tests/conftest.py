@@ -107,6 +107,7 @@ class Sidecar:
     socket: str
     shm_dir: str
     namespace: str
+    function_port: int = 0  # the user container's port (straight to the function, no sidecar)
     _client: ziptrail.Client | None = None
 
     @property
@@ -159,7 +160,7 @@ class Sidecars:
                     ZIPTRAIL_SHM_DIR=shm, ZIPTRAIL_KEY_FILE=key_file or self.key_file, **env)
         proc = subprocess.Popen([self.binary, "--standalone", "--listen", listen, "--upstream",
                                  f"http://127.0.0.1:{upstream_port}"], env=penv)
-        sc = Sidecar(proc, listen, sock, shm, namespace)
+        sc = Sidecar(proc, listen, sock, shm, namespace, upstream_port)
         self.started.append(sc)
         wait_for("queue-proxy-zl", lambda: os.path.exists(sock), proc)
         return sc

@@ -1,5 +1,6 @@
 import base64
 import json
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -10,7 +11,7 @@ import ziptrail
 
 
 @pytest.fixture
-def server():
+def server(tmp_path):
     seen = {}
 
     def handler(inv: ziptrail.Invocation):
@@ -22,7 +23,7 @@ def server():
         seen["group"] = inv.group
         return inv.object("chunks", "small").bytes() + b":" + bytes(big.data[-4:])
 
-    srv = ziptrail.make_server(handler, port=0, host="127.0.0.1")
+    srv = ziptrail.make_server(handler, port=0, host="127.0.0.1", shm_dir=str(tmp_path))
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}/", seen
@@ -43,10 +44,11 @@ def post(url, env):
 def test_inputs_inline_and_mapped(server, tmp_path):
     url, seen = server
     big = b"0123456789abcdef" * (1 << 16)
-    (tmp_path / "big").write_bytes(big)
+    name = "in-" + os.urandom(16).hex()  # as the sidecar names a pulled input
+    (tmp_path / name).write_bytes(big)
     env = {"namespace": "ns", "function": "map", "session": "s", "invocation": "i", "group": "g1",
            "objects": [{"bucket": "chunks", "key": "small", "size": 2, "inline": base64.b64encode(b"hi").decode()},
-                       {"bucket": "chunks", "key": "big", "size": len(big), "path": str(tmp_path / "big"), "ref": "zt1.x"}]}
+                       {"bucket": "chunks", "key": "big", "size": len(big), "path": name, "ref": "zt1.x"}]}
     assert post(url, env) == (200, b"hi:cdef")
     assert seen == {"big_is_view": True, "group": "g1"}
 
@@ -54,7 +56,10 @@ def test_inputs_inline_and_mapped(server, tmp_path):
 @pytest.mark.parametrize("env,code,msg", [
     ({"session": 1}, 400, b"session, function and invocation id are required"),
     ({"function": "f", "session": "s", "invocation": "i", "args": base64.b64encode(b"fail").decode()}, 500, b"the handler failed"),
-    ({"function": "f", "session": "s", "invocation": "i", "objects": [{"bucket": "b", "key": "k", "path": "/nonexistent/x"}]}, 400, b"NotFound"),
+    ({"function": "f", "session": "s", "invocation": "i", "objects": [{"bucket": "b", "key": "k", "path": "/nonexistent/x"}]}, 400,
+     b"not a name the pod's sidecar gives"),
+    ({"function": "f", "session": "s", "invocation": "i", "objects": [{"bucket": "b", "key": "k", "path": "in-" + "0" * 32}]}, 400,
+     b"No such file"),
     ({"function": "f", "session": "s", "invocation": "i", "objects": [{"bucket": "b", "key": "k", "ref": "zt1.x"}]}, 400, b"unresolved"),
 ])
 def test_bad_input_gets_clear_errors(server, env, code, msg):

@@ -4,13 +4,17 @@ queue-proxy-zl sidecar hands to the function after resolving references."""
 from __future__ import annotations
 
 import base64
+import binascii
+import errno
 import json
 import mmap
 import os
+import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import NotFoundError, ZiptrailError
+from .errors import InvalidError, ZiptrailError
 
 CONTENT_TYPE = "application/vnd.ziptrail.invocation+json"
 MAX_ENVELOPE_BYTES = 64 << 20
@@ -64,54 +68,145 @@ class Invocation:
             o.close()
 
 
-def _b64(v: Any) -> bytes:
-    return base64.b64decode(v) if v else b""
+#: Names the sidecar gives the inputs it pulls into the object directory:
+#: 128 random bits, so a request that did not pass through the pod's own
+#: sidecar cannot name one (Go: invocation.NewInputName).
+_INPUT_NAME = re.compile(r"in-[0-9a-f]{32}")
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
-def decode(body: bytes) -> Invocation:
-    """Parses and validates an envelope; raises ZiptrailError on bad input."""
+def _bad(message: str) -> InvalidError:
+    return InvalidError("decode", message)
+
+
+def _str(d: dict, name: str, where: str = "", required: bool = False) -> str:
+    v = d.get(name)
+    if v is None:
+        v = ""
+    if not isinstance(v, str):
+        raise _bad(f"{where}{name} must be a string, not {type(v).__name__}")
+    if required and not v:
+        raise _bad(f"{where}{name} is required")
+    return v
+
+
+def _int(d: dict, name: str, where: str = "") -> int:
+    v = d.get(name)
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or not _INT64[0] <= v <= _INT64[1]:
+        raise _bad(f"{where}{name} must be a 64-bit integer, not {v!r:.40}")
+    return v
+
+
+def _b64(d: dict, name: str, where: str = "") -> bytes | None:
+    """Base64 bytes (as Go encodes []byte); None when absent or null."""
+    v = d.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise _bad(f"{where}{name} must be a base64 string, not {type(v).__name__}")
+    try:
+        return base64.b64decode(v, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise _bad(f"{where}{name} is not valid base64: {e}") from None
+
+
+def _shm_dir() -> str:
+    from .client import DEFAULT_SHM_DIR, ENV_SHM_DIR
+
+    return os.environ.get(ENV_SHM_DIR) or DEFAULT_SHM_DIR
+
+
+def decode(body: bytes, shm_dir: str | None = None) -> Invocation:
+    """Parses and validates an envelope and opens its inputs. A malformed
+    envelope raises :class:`InvalidError` naming the cause.
+
+    Inputs arrive inline or, when the pod's sidecar pulled them, as files it
+    placed in the object directory ``shm_dir`` (default
+    ``$ZIPTRAIL_SHM_DIR``). Only such files are opened: a bare name of the
+    form the sidecar gives, directly inside that directory, a regular file,
+    not a symlink; an envelope naming any other path is refused (it did not
+    come through the sidecar)."""
     if len(body) > MAX_ENVELOPE_BYTES:
-        raise ZiptrailError("decode", f"envelope exceeds {MAX_ENVELOPE_BYTES} bytes")
+        raise _bad(f"envelope exceeds {MAX_ENVELOPE_BYTES} bytes; send large objects by reference")
     try:
         env = json.loads(body)
-    except ValueError as e:
-        raise ZiptrailError("decode", f"malformed envelope: {e}") from None
-    if not isinstance(env, dict) or not env.get("session") or not env.get("function") or not env.get("invocation"):
-        raise ZiptrailError("decode", "session, function and invocation id are required")
-    inv = Invocation(namespace=env.get("namespace", ""), function=env["function"], session=env["session"],
-                     id=env["invocation"], attempt=int(env.get("attempt", 0)), workflow=env.get("workflow", ""),
-                     trigger=env.get("trigger", ""), group=env.get("group", ""), args=_b64(env.get("args")))
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting too deep
+        raise _bad(f"malformed envelope: {type(e).__name__}: {e}"[:300]) from None
+    if not isinstance(env, dict):
+        raise _bad(f"malformed envelope: a JSON object is required, not {type(env).__name__}")
+    fields = {n: _str(env, n) for n in ("namespace", "workflow", "trigger", "group")}
+    if not all(isinstance(env.get(n), str) and env.get(n) for n in ("session", "function", "invocation")):
+        raise _bad("session, function and invocation id are required (non-empty strings)")
+    objects = env.get("objects")
+    if objects is None:
+        objects = []
+    if not isinstance(objects, list):
+        raise _bad(f"objects must be a list, not {type(objects).__name__}")
+    inv = Invocation(function=env["function"], session=env["session"], id=env["invocation"], attempt=_int(env, "attempt"),
+                     args=_b64(env, "args") or b"", **fields)
     try:
-        for o in env.get("objects") or []:
-            inv.objects.append(_open(o))
+        specs = [_check(i, o) for i, o in enumerate(objects)]
+        directory = shm_dir if shm_dir is not None else _shm_dir()
+        for spec in specs:
+            inv.objects.append(_open(spec, directory))
     except BaseException:
         inv.close()
         raise
     return inv
 
 
-def _open(o: dict) -> Object:
-    bucket, key = o.get("bucket", ""), o.get("key", "")
+def _check(i: int, o: Any) -> tuple[Object, bytes | None, str, str]:
+    """Validates one object entry: (object, inline bytes, path, ref)."""
+    if not isinstance(o, dict):
+        raise _bad(f"object {i} must be a JSON object, not {type(o).__name__}")
+    where = f"object {i}: "
+    bucket, key = _str(o, "bucket", where), _str(o, "key", where)
     if not bucket or not key:
-        raise ZiptrailError("decode", "every object needs a bucket and a key")
-    obj = Object(bucket=bucket, key=key, size=int(o.get("size", 0)), metadata=o.get("metadata") or {})
-    path = o.get("path")
-    if not path:
-        if o.get("ref") and not o.get("inline"):
-            raise ZiptrailError("decode", f"object {bucket}/{key} arrived unresolved (reference only): is the pod's sidecar queue-proxy-zl?")
-        obj.data = memoryview(_b64(o.get("inline")))
-        obj.size = len(obj.data)
+        raise _bad(f"object {i}: bucket and key are required")
+    where = f"object {bucket}/{key}: "
+    size = _int(o, "size", where)
+    ref, path, inline = _str(o, "ref", where), _str(o, "path", where), _b64(o, "inline", where)
+    metadata = o.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _bad(f"{where}metadata must be a JSON object of strings")
+    if not ref and inline is None and not path:
+        raise _bad(f"{where}object has neither a reference nor inline bytes")
+    if path and inline is not None:
+        raise _bad(f"{where}object has both inline bytes and a path")
+    if path and not _INPUT_NAME.fullmatch(path):
+        raise _bad(f"{where}path {path!r:.80} is not a name the pod's sidecar gives its inputs")
+    return Object(bucket=bucket, key=key, size=size, metadata=dict(metadata)), inline, path, ref
+
+
+def _open(spec: tuple[Object, bytes | None, str, str], shm_dir: str) -> Object:
+    obj, inline, path, ref = spec
+    where = f"{obj.bucket}/{obj.key}"
+    if inline is not None:  # inline bytes come first
+        obj.data, obj.size = memoryview(inline), len(inline)
         return obj
+    if not path:
+        raise _bad(f"object {where} arrived unresolved (reference only): is the pod's sidecar queue-proxy-zl?")
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise NotFoundError("open input", f"{bucket}/{key}: {path} does not exist") from None
+        fd = os.open(os.path.join(shm_dir, path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        reason = "is a symlink" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise _bad(f"object {where}: {path} in the object directory {shm_dir}: {reason}") from None
     try:
-        size = os.fstat(fd).st_size
-        if size:
-            obj._map = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _bad(f"object {where}: {path} is not a regular file")
+        if st.st_size:
+            try:
+                obj._map = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
+            except (OSError, ValueError) as e:
+                raise ZiptrailError("open input", f"{where}: map {path}: {e}") from None
             obj.data = memoryview(obj._map)
-        obj.size = size
+        obj.size = st.st_size
     finally:
         os.close(fd)
     return obj

@@ -10,14 +10,20 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from .errors import ZiptrailError
-from .invocation import Invocation, decode
+from .errors import InvalidError, ZiptrailError
+from .invocation import MAX_ENVELOPE_BYTES, Invocation, _shm_dir, decode
 
 Handler = Callable[[Invocation], bytes | bytearray | memoryview | str | None]
 
 OUTPUTS_CONTENT_TYPE = "application/vnd.ziptrail.outputs+json"
 
 _current = threading.local()
+
+
+class _BadRequest(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def current_invocation() -> Invocation | None:
@@ -60,8 +66,14 @@ def _append_output(bucket: str, key: str, data: bytes | bytearray | memoryview |
     return len(raw)
 
 
-def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """Builds (without starting) the HTTP server behind queue-proxy-zl."""
+def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0",
+                shm_dir: str | None = None) -> ThreadingHTTPServer:
+    """Builds (without starting) the HTTP server behind queue-proxy-zl.
+
+    Inputs the sidecar pulled are read from the pod's object directory
+    ``shm_dir`` (default ``$ZIPTRAIL_SHM_DIR``), and only those: see
+    :func:`ziptrail.decode`. A malformed envelope gets 400 with the reason."""
+    directory = shm_dir if shm_dir is not None else _shm_dir()
 
     class _H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -70,12 +82,17 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
         disable_nagle_algorithm = True
 
         def do_POST(self) -> None:  # noqa: N802 (http.server naming)
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length)
             try:
-                inv = decode(body)
-            except ZiptrailError as e:
+                body = self._body()
+            except _BadRequest as e:
+                self.close_connection = True  # the body was not (all) read
+                return self._reply(e.code, str(e).encode())
+            try:
+                inv = decode(body, directory)
+            except InvalidError as e:
                 return self._reply(400, str(e).encode())
+            except ZiptrailError as e:
+                return self._reply(500, str(e).encode())
             _current.inv = inv
             _current.outputs = []
             try:
@@ -96,6 +113,45 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
             body = json.dumps({"objects": outputs, "return": base64.b64encode(bytes(out)).decode()}).encode()
             self._reply(200, body, OUTPUTS_CONTENT_TYPE)
 
+        def _body(self) -> bytes:
+            """The request body (Content-Length or chunked), at most
+            MAX_ENVELOPE_BYTES."""
+            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                return self._chunked()
+            raw = (self.headers.get("Content-Length") or "0").strip()
+            if not raw.isdigit():
+                raise _BadRequest(400, f"invalid Content-Length {raw!r:.40}")
+            length = int(raw)
+            if length > MAX_ENVELOPE_BYTES:
+                raise _BadRequest(413, f"envelope exceeds {MAX_ENVELOPE_BYTES} bytes; send large objects by reference")
+            body = self.rfile.read(length)
+            if len(body) != length:
+                raise _BadRequest(400, f"body ended after {len(body)} of {length} bytes (Content-Length)")
+            return body
+
+        def _chunked(self) -> bytes:
+            parts, total = [], 0
+            while True:
+                line = self.rfile.readline(1024)
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise _BadRequest(400, "malformed chunked body") from None
+                if size < 0:
+                    raise _BadRequest(400, "malformed chunked body")
+                if size == 0:
+                    break
+                total += size
+                if total > MAX_ENVELOPE_BYTES:
+                    raise _BadRequest(413, f"envelope exceeds {MAX_ENVELOPE_BYTES} bytes; send large objects by reference")
+                chunk = self.rfile.read(size)
+                if len(chunk) != size or self.rfile.readline(1024) not in (b"\r\n", b"\n"):
+                    raise _BadRequest(400, "malformed chunked body")
+                parts.append(chunk)
+            while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):  # trailers
+                pass
+            return b"".join(parts)
+
         def _reply(self, code: int, body: bytes, content_type: str = "application/octet-stream") -> None:
             self.send_response(code)
             self.send_header("Content-Type", content_type)
@@ -109,9 +165,9 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
     return ThreadingHTTPServer((host, port if port is not None else int(os.environ.get("PORT", "8080"))), _H)
 
 
-def serve(handler: Handler, port: int | None = None) -> None:
+def serve(handler: Handler, port: int | None = None, shm_dir: str | None = None) -> None:
     """Runs ``handler`` for every invocation until the process is stopped."""
-    srv = make_server(handler, port)
+    srv = make_server(handler, port, shm_dir=shm_dir)
     try:
         srv.serve_forever()
     finally:

@@ -228,3 +228,38 @@ func logs(ns, name string, opts *corev1.PodLogOptions) (string, error) {
 	b, err := client.CoreV1().Pods(ns).GetLogs(name, opts).DoRaw(context.Background())
 	return string(b), err
 }
+
+// Init containers run to completion, in order, before the containers
+// start; they share the pod's volumes.
+func TestInitContainers(t *testing.T) {
+	g := NewWithT(t)
+	ns := newNamespace(t)
+	pod := echoPod(ns, "init", nodes[0].Name)
+	pod.Spec.Volumes = []corev1.Volume{{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	mount := []corev1.VolumeMount{{Name: "work", MountPath: "/ztn-work"}}
+	pod.Spec.InitContainers = []corev1.Container{
+		{Name: "first", Image: "ziptrail.dev/test/shell", Args: []string{"echo one > /ztn-work/order"}, VolumeMounts: mount},
+		{Name: "second", Image: "ziptrail.dev/test/shell", Args: []string{"sleep 1; echo two >> /ztn-work/order"}, VolumeMounts: mount},
+	}
+	pod.Spec.Containers[0].VolumeMounts = mount
+	create(t, pod)
+	g.Eventually(func(g Gomega) {
+		p := getPod(g, ns, "init")
+		g.Expect(p.Status.Phase).To(Equal(corev1.PodPending))
+		g.Expect(p.Status.InitContainerStatuses).To(HaveLen(2))
+		var initialized corev1.ConditionStatus
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodInitialized {
+				initialized = c.Status
+			}
+		}
+		g.Expect(initialized).To(Equal(corev1.ConditionFalse))
+	}, 30*time.Second, 50*time.Millisecond).Should(Succeed())
+	p := waitReady(t, ns, "init")
+	g.Expect(readFile(p, "/ztn-work/order")).To(Equal("one\ntwo\n"))
+	for _, s := range p.Status.InitContainerStatuses {
+		g.Expect(s.State.Terminated).NotTo(BeNil(), "%s", s.Name)
+		g.Expect(s.State.Terminated.ExitCode).To(BeZero())
+		g.Expect(s.State.Terminated.Reason).To(Equal("Completed"))
+	}
+}

@@ -37,6 +37,15 @@ type Sources struct {
 	ConfigMaps  corev1listers.ConfigMapLister
 	Secrets     corev1listers.SecretLister
 	Allocatable corev1.ResourceList // for resourceFieldRef without a limit
+	// Clock is the time source of token refreshes (nil: time.Now).
+	Clock func() time.Time
+}
+
+func (s *Set) now() time.Time {
+	if s.src.Clock != nil {
+		return s.src.Clock()
+	}
+	return time.Now()
 }
 
 // Set is the volumes of one pod.
@@ -316,7 +325,7 @@ func (s *Set) projected(ctx context.Context, volume string, p *corev1.ProjectedV
 // requesting a new one when there is none or 80% of its lifetime has passed.
 func (s *Set) token(ctx context.Context, volume string, p *corev1.ServiceAccountTokenProjection) ([]byte, error) {
 	key := volume + "/" + p.Path
-	if t, ok := s.tokens[key]; ok && time.Now().Before(t.refreshAt) {
+	if t, ok := s.tokens[key]; ok && s.now().Before(t.refreshAt) {
 		return t.value, nil
 	}
 	expiry := int64(3600)
@@ -338,8 +347,8 @@ func (s *Set) token(ctx context.Context, volume string, p *corev1.ServiceAccount
 	if err != nil {
 		return nil, fmt.Errorf("request a token for service account %s/%s: %w", s.pod.Namespace, sa, err)
 	}
-	now := time.Now()
-	lifetime := resp.Status.ExpirationTimestamp.Sub(now)
+	now := s.now()
+	lifetime := resp.Status.ExpirationTimestamp.Sub(time.Now())
 	if lifetime <= 0 {
 		lifetime = time.Duration(expiry) * time.Second
 	}

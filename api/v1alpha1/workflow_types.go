@@ -193,6 +193,21 @@ type SessionCounts struct {
 	Failed int64 `json:"failed,omitempty"`
 	// +optional
 	Expired int64 `json:"expired,omitempty"`
+	// LastFailure is the most recent failed session and why it failed.
+	// +optional
+	LastFailure *SessionFailure `json:"lastFailure,omitempty"`
+}
+
+// SessionFailure is a failed session and the reason it failed.
+type SessionFailure struct {
+	// Session is the session's id (see `ziptrail sessions`).
+	Session string `json:"session"`
+	// Reason names what failed and why, e.g. the function, its error and
+	// that no re-execution rule covers it; at most 1 KiB.
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason"`
+	// Time is when the session failed.
+	Time metav1.Time `json:"time"`
 }
 
 // WorkflowStatus is the observed state of a Workflow.
@@ -223,6 +238,7 @@ type WorkflowStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Active",type=integer,JSONPath=`.status.sessions.active`
 // +kubebuilder:printcolumn:name="Completed",type=integer,JSONPath=`.status.sessions.completed`
+// +kubebuilder:printcolumn:name="Failed",type=integer,JSONPath=`.status.sessions.failed`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 28",message="metadata.name must be a DNS label of at most 28 characters, so that <workflow>-<function> is a valid Knative Service name"
 type Workflow struct {

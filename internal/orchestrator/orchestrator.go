@@ -182,12 +182,6 @@ func (o *Orchestrator) changed(key string) {
 	}
 }
 
-// SessionCounts implements the Workflow reconciler's session counter.
-func (o *Orchestrator) SessionCounts(namespace, name string) v1alpha1.SessionCounts {
-	c := o.sessions.Counts(namespace, name)
-	return v1alpha1.SessionCounts{Active: c[sessions.Running], Completed: c[sessions.Completed], Failed: c[sessions.Failed], Expired: c[sessions.Expired]}
-}
-
 func (o *Orchestrator) workflow(key string) *workflowInfo {
 	o.mu.RLock()
 	defer o.mu.RUnlock()

@@ -219,6 +219,29 @@ func (r *Registry) Counts(namespace, workflow string) map[State]int64 {
 	return c
 }
 
+// LastFailed returns the workflow's most recently failed session (its
+// Error says why), or false when none failed within Retention.
+func (r *Registry) LastFailed(namespace, workflow string) (Session, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var last *Session
+	for _, e := range r.sessions {
+		s := &e.s
+		if s.Namespace != namespace || s.Workflow != workflow || s.State != Failed || s.Ended == nil {
+			continue
+		}
+		if last == nil || s.Ended.After(*last.Ended) || (s.Ended.Equal(*last.Ended) && s.ID > last.ID) {
+			last = s
+		}
+	}
+	if last == nil {
+		return Session{}, false
+	}
+	s := clone(*last)
+	s.Events = nil
+	return s, true
+}
+
 // Prune forgets sessions that ended longer than Retention ago.
 func (r *Registry) Prune() int {
 	r.mu.Lock()

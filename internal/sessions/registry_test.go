@@ -67,3 +67,35 @@ func TestRegistryLifecycle(t *testing.T) {
 		t.Errorf("running session must survive pruning")
 	}
 }
+
+// The workflow's status shows its last failure and why (issue 15, item 8).
+func TestLastFailed(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := NewRegistry()
+	r.Now = func() time.Time { return now }
+	if _, ok := r.LastFailed("ns", "wf"); ok {
+		t.Fatal("a failure before any session")
+	}
+	for _, id := range []string{"a", "b", "c", "other"} {
+		wf := "wf"
+		if id == "other" {
+			wf = "wf2"
+		}
+		if err := r.Start(id, "ns", wf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = r.Finish("a", Failed, nil, "function f failed: first")
+	now = now.Add(time.Second)
+	_ = r.Finish("b", Failed, nil, "function g failed: second")
+	now = now.Add(time.Second)
+	_ = r.Finish("c", Completed, nil, "")
+	_ = r.Finish("other", Failed, nil, "another workflow's")
+	s, ok := r.LastFailed("ns", "wf")
+	if !ok || s.ID != "b" || s.Error != "function g failed: second" {
+		t.Fatalf("last failure %+v %v, want b's", s, ok)
+	}
+	if _, ok := r.LastFailed("other-ns", "wf"); ok {
+		t.Error("a failure leaked into another namespace")
+	}
+}

@@ -12,10 +12,10 @@ import (
 // declaration-only object (MetaDeclareOnly) is not itself a member.
 //
 // Declared keys are the members: other objects of the bucket are neither
-// passed on nor counted. Several producers may declare: keys add up, and so
-// do the counts of different invocations (one invocation's count is its
-// largest). The join waits until no declaring function still runs, so a
-// second producer's declaration is never cut off by the first one's
+// passed on nor counted. Several producers may declare: their keys add up;
+// a count is the total (members commonly each carry it), the largest
+// declared wins. The join waits until no declaring function still runs, so
+// a second producer's declaration is never cut off by the first one's
 // members: the declaring functions are the trigger's sources, or, with no
 // sources, the functions that declared so far.
 type dynamicJoin struct {
@@ -63,14 +63,7 @@ func (p dynamicJoin) declare(st *State, obj *Object) {
 		}
 	}
 	if n, err := strconv.Atoi(obj.Metadata[MetaExpectedCount]); err == nil && n > 0 {
-		inv := BaseInvocation(obj.Invocation)
-		if st.Counts == nil {
-			st.Counts = map[string]int{}
-		}
-		if old := st.Counts[inv]; n > old {
-			st.Counts[inv] = n
-			st.ExpectedCount += n - old
-		}
+		st.ExpectedCount = max(st.ExpectedCount, n)
 		declared = true
 	}
 	if declared && len(p.sources) == 0 && obj.Producer != "" {

@@ -67,15 +67,17 @@ func TestDynamicJoinEdgeCases(t *testing.T) {
 			{do: put("s1", "b", "q1")},
 			{do: ended("s1", "split", "s1.6", false), want: []string{"merge[p1 q1]"}},
 		}},
-		{"two producers' declared counts add up", []TriggerSpec{trig}, []step{
+		{"members that each declare the total: the join waits for every producer", []TriggerSpec{trig}, []step{
 			{do: start("s1")},
 			{do: began("s1", "split", "s1.5")},
 			{do: began("s1", "split", "s1.6")},
-			{do: putFrom("s1", "b", "p1", "split", "s1.5", MetaExpectedCount, "2")},
-			{do: putFrom("s1", "b", "p2", "split", "s1.5", MetaExpectedCount, "2")},
+			{do: began("s1", "split", "s1.7")},
+			{do: putFrom("s1", "b", "p1", "split", "s1.5", MetaExpectedCount, "3")},
 			{do: ended("s1", "split", "s1.5", false)},
-			{do: putFrom("s1", "b", "q1", "split", "s1.6", MetaExpectedCount, "1")},
-			{do: ended("s1", "split", "s1.6", false), want: []string{"merge[p1 p2 q1]"}},
+			{do: putFrom("s1", "b", "p2", "split", "s1.6", MetaExpectedCount, "3")},
+			{do: putFrom("s1", "b", "p3", "split", "s1.7", MetaExpectedCount, "3")},
+			{do: ended("s1", "split", "s1.6", false)},
+			{do: ended("s1", "split", "s1.7", false), want: []string{"merge[p1 p2 p3]"}},
 		}},
 		{"a duplicate start after the output arrived re-executes nothing", []TriggerSpec{rerun}, []step{
 			{do: start("s1")},

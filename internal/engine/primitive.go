@@ -17,7 +17,6 @@ type State struct {
 	Expected      map[string]bool     `json:"expected,omitempty"`      // DynamicJoin: declared keys
 	ExpectedCount int                 `json:"expectedCount,omitempty"` // DynamicJoin: declared count
 	Groups        map[string][]Object `json:"groups,omitempty"`        // DynamicGroup
-	Counts        map[string]int      `json:"counts,omitempty"`        // DynamicJoin: declared count per declaring invocation
 	Declarers     map[string]bool     `json:"declarers,omitempty"`     // DynamicJoin without sources: functions that declared
 	Pending       map[string]*Pending `json:"pending,omitempty"`       // re-execution, by source invocation
 	Custom        json.RawMessage     `json:"custom,omitempty"`

@@ -270,7 +270,7 @@ func (c *ctrRuntime) start() (*ctrRun, bool) {
 		c.waitFailure("CreateContainerConfigError", "", err.Error())
 		return nil, false
 	}
-	spec := sandbox.Spec{Argv: proc.Argv, Env: dedupEnv(env), WorkingDir: proc.WorkingDir, Mounts: mounts}
+	spec := sandbox.Spec{Argv: proc.Argv, Env: dedupEnv(env), WorkingDir: proc.WorkingDir, Mounts: mounts, Hostname: hostname(pod)}
 	c.pr.mu.Lock()
 	index := c.restartCount
 	if c.run != nil {

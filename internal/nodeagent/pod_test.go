@@ -79,6 +79,7 @@ func TestPodRunsReadyWithIP(t *testing.T) {
 		g.Expect(httpGet(echoURL(pod, "/env?name=POD_IP"))).To(Equal(pod.Status.PodIP))
 		g.Expect(httpGet(echoURL(pod, "/env?name=HOST_IP"))).To(Equal(pod.Status.HostIP))
 		g.Expect(httpGet(echoURL(pod, "/env?name=POD_NAME"))).To(Equal(name))
+		g.Expect(readFile(pod, "/proc/sys/kernel/hostname")).To(Equal(name + "\n"))
 		g.Expect(readFile(pod, "/etc/resolv.conf")).To(Equal(
 			"nameserver 10.0.0.10\nsearch " + ns + ".svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"))
 		g.Expect(readFile(pod, "/etc/hosts")).To(ContainSubstring(pod.Status.PodIP + "\t" + name))

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"syscall"
@@ -36,6 +37,8 @@ type Spec struct {
 	Env        []string `json:"env"`
 	WorkingDir string   `json:"workingDir"`
 	Mounts     []Mount  `json:"mounts"`
+	// Hostname, when set, is the container's host name (own UTS namespace).
+	Hostname string `json:"hostname,omitempty"`
 	// CreatedLog is a file the init appends every mount point it had to
 	// create on the host's filesystem to, so the agent can remove them.
 	CreatedLog string `json:"createdLog,omitempty"`
@@ -67,6 +70,16 @@ func runInit(specPath string, override []string) error {
 	}
 	if len(s.Argv) == 0 {
 		return fmt.Errorf("no command to run")
+	}
+	// Namespaces created here belong to this thread; exec from it.
+	runtime.LockOSThread()
+	if s.Hostname != "" {
+		if err := syscall.Unshare(syscall.CLONE_NEWUTS); err != nil {
+			return fmt.Errorf("new UTS namespace: %w", err)
+		}
+		if err := syscall.Sethostname([]byte(s.Hostname)); err != nil {
+			return fmt.Errorf("set hostname: %w", err)
+		}
 	}
 	// Parents first, so a mount point inside another volume is created in
 	// that volume's directory.

@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -400,14 +402,17 @@ func (c *ctrRuntime) wait(run *ctrRun) int {
 	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		code = 128 + int(ws.Signal())
 	}
-	reason := "Completed"
+	reason, message := "Completed", ""
 	if code != 0 {
 		reason = "Error"
+		if c.spec.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError {
+			message = c.logTail(run.index)
+		}
 	}
 	c.setState(func() {
 		c.ready = false
 		c.state = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
-			ExitCode: int32(code), Reason: reason, StartedAt: metav1.NewTime(run.started), FinishedAt: metav1.Now(), ContainerID: c.containerID}}
+			ExitCode: int32(code), Reason: reason, Message: message, StartedAt: metav1.NewTime(run.started), FinishedAt: metav1.Now(), ContainerID: c.containerID}}
 	})
 	return code
 }
@@ -531,4 +536,26 @@ func requestKill(run *ctrRun, msg string) {
 	case run.kill <- msg:
 	default:
 	}
+}
+
+// logTail is the end of a run's output, as the kubelet reports it for
+// terminationMessagePolicy FallbackToLogsOnError: the last 80 lines, at
+// most 2048 bytes.
+func (c *ctrRuntime) logTail(index int32) string {
+	c.pr.mu.Lock()
+	sb := c.pr.sb
+	c.pr.mu.Unlock()
+	f, err := os.Open(sb.LogPath(c.spec.Name, index))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if err := seekTail(f, 80); err != nil {
+		return ""
+	}
+	b, _ := io.ReadAll(f)
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return string(b)
 }

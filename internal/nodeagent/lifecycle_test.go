@@ -173,6 +173,7 @@ func TestRestartPolicyNever(t *testing.T) {
 		pod := echoPod(ns, name, nodes[0].Name)
 		pod.Spec.RestartPolicy = corev1.RestartPolicyNever
 		pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env, corev1.EnvVar{Name: "EXIT_CODE", Value: code})
+		pod.Spec.Containers[0].TerminationMessagePolicy = corev1.TerminationMessageFallbackToLogsOnError
 		create(t, pod)
 	}
 	g.Eventually(func(g Gomega) {
@@ -181,6 +182,8 @@ func TestRestartPolicyNever(t *testing.T) {
 		p = getPod(g, ns, "bad")
 		g.Expect(p.Status.Phase).To(Equal(corev1.PodFailed))
 		g.Expect(p.Status.ContainerStatuses[0].State.Terminated.ExitCode).To(Equal(int32(3)))
+		// FallbackToLogsOnError: the end of the output is the message.
+		g.Expect(p.Status.ContainerStatuses[0].State.Terminated.Message).To(HaveSuffix("exiting with code 3\n"))
 		g.Expect(p.Status.ContainerStatuses[0].RestartCount).To(BeZero())
 	}, 2*time.Minute, 200*time.Millisecond).Should(Succeed())
 }

@@ -368,7 +368,7 @@ func (c *ctrRuntime) mounts() ([]sandbox.Mount, error) {
 		if !filepath.IsAbs(vm.MountPath) {
 			return nil, fmt.Errorf("volumeMount %s: mountPath %q must be absolute", vm.Name, vm.MountPath)
 		}
-		mounts = append(mounts, sandbox.Mount{Source: src, Target: filepath.Clean(vm.MountPath), ReadOnly: vm.ReadOnly})
+		mounts = append(mounts, sandbox.Mount{Source: src, Target: filepath.Clean(vm.MountPath), ReadOnly: vm.ReadOnly || vols.ReadOnly(vm.Name)})
 	}
 	return mounts, nil
 }

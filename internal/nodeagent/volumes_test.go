@@ -89,6 +89,9 @@ func TestConfigMapAndSecret(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(mounts).To(MatchRegexp(`(?m)^tmpfs /ztn-scratch tmpfs `))
 	g.Expect(mounts).To(MatchRegexp(`(?m) /etc/ztn-test/sec \S+ ro,`))
+	// ConfigMap volumes are read-only even without readOnly: true, as the kubelet mounts them.
+	g.Expect(mounts).To(MatchRegexp(`(?m) /etc/ztn-test/cfg \S+ ro,`))
+	g.Expect(mounts).To(MatchRegexp(`(?m) /ztn-scratch tmpfs rw,`))
 
 	cm, err := client.CoreV1().ConfigMaps(ns).Get(ctx, "cfg", metav1.GetOptions{})
 	g.Expect(err).NotTo(HaveOccurred())

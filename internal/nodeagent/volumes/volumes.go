@@ -96,6 +96,19 @@ func (s *Set) Path(name string) (string, error) {
 	return "", fmt.Errorf("volume %q is not defined in the pod", name)
 }
 
+// ReadOnly reports whether the kubelet always mounts a volume read-only
+// (the API-projected kinds: configMap, secret, downwardAPI, projected).
+func (s *Set) ReadOnly(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, v := range s.pod.Spec.Volumes {
+		if v.Name == name {
+			return v.ConfigMap != nil || v.Secret != nil || v.DownwardAPI != nil || v.Projected != nil
+		}
+	}
+	return false
+}
+
 // Sync creates or refreshes every volume. It fails (and should be retried)
 // when a required ConfigMap, Secret or key is missing or a token cannot be
 // minted; the kubelet then keeps the pod in ContainerCreating.

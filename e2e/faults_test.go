@@ -23,7 +23,7 @@ import (
 
 // startSession starts a session through the gateway without waiting for it.
 func startSession(ns, wf, input string) string {
-	resp, err := http.Post(fmt.Sprintf("%s/v1/namespaces/%s/workflows/%s/sessions", gatewayURL(), ns, wf), "application/octet-stream", strings.NewReader(input))
+	resp, err := gw.Post(fmt.Sprintf("%s/v1/namespaces/%s/workflows/%s/sessions", gatewayURL(), ns, wf), "application/octet-stream", strings.NewReader(input))
 	Expect(err).NotTo(HaveOccurred())
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
@@ -35,7 +35,7 @@ func startSession(ns, wf, input string) string {
 
 // getSession reads a session's state through the gateway.
 func getSession(g Gomega, ns, id string) sessions.Session {
-	resp, err := http.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gatewayURL(), ns, id))
+	resp, err := gw.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gatewayURL(), ns, id))
 	g.Expect(err).NotTo(HaveOccurred())
 	defer resp.Body.Close()
 	g.Expect(resp.StatusCode).To(Equal(http.StatusOK))
@@ -46,7 +46,7 @@ func getSession(g Gomega, ns, id string) sessions.Session {
 
 // sessionResult waits for a session's result through the gateway.
 func sessionResult(ns, id string) string {
-	resp, err := http.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result?wait=2m", gatewayURL(), ns, id))
+	resp, err := gw.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result?wait=2m", gatewayURL(), ns, id))
 	Expect(err).NotTo(HaveOccurred())
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)

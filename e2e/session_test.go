@@ -8,11 +8,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -38,6 +41,43 @@ func gatewayURL() string {
 	return "http://" + envOr("E2E_GATEWAY", "127.0.0.1:8088")
 }
 
+// gw is the session gateway's HTTP client: it sends a bearer token the
+// gateway accepts.
+var gw = &http.Client{Transport: bearer{}}
+
+type bearer struct{}
+
+func (bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+gatewayToken())
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+var (
+	tokenOnce sync.Once
+	token     string
+)
+
+// gatewayToken is the local cluster's admin token; on another cluster, a
+// token of a ServiceAccount bound to the chart's ziptrail-session-runner
+// ClusterRole in every namespace.
+func gatewayToken() string {
+	if cluster != nil {
+		return cluster.GatewayToken
+	}
+	tokenOnce.Do(func() {
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "e2e-gateway"}}
+		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, sa))).To(Succeed())
+		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "e2e-gateway"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "ziptrail-session-runner"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: "e2e-gateway"}}}))).To(Succeed())
+		tr := &authv1.TokenRequest{}
+		Expect(k8s.SubResource("token").Create(ctx, sa, tr)).To(Succeed())
+		token = tr.Status.Token
+	})
+	return token
+}
+
 func waitWorkflowReady(wf *v1alpha1.Workflow) {
 	Eventually(func(g Gomega) {
 		got := &v1alpha1.Workflow{}
@@ -48,7 +88,7 @@ func waitWorkflowReady(wf *v1alpha1.Workflow) {
 
 // runSession starts a session through the gateway and waits for its result.
 func runSession(ns, wf, input string) (string, sessions.Session) {
-	resp, err := http.Post(fmt.Sprintf("%s/v1/namespaces/%s/workflows/%s/sessions", gatewayURL(), ns, wf), "application/octet-stream", strings.NewReader(input))
+	resp, err := gw.Post(fmt.Sprintf("%s/v1/namespaces/%s/workflows/%s/sessions", gatewayURL(), ns, wf), "application/octet-stream", strings.NewReader(input))
 	Expect(err).NotTo(HaveOccurred())
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -56,11 +96,11 @@ func runSession(ns, wf, input string) (string, sessions.Session) {
 	var s sessions.Session
 	Expect(json.Unmarshal(body, &s)).To(Succeed())
 
-	resp, err = http.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result?wait=2m", gatewayURL(), ns, s.ID))
+	resp, err = gw.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result?wait=2m", gatewayURL(), ns, s.ID))
 	Expect(err).NotTo(HaveOccurred())
 	result, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	st, err := http.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gatewayURL(), ns, s.ID))
+	st, err := gw.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gatewayURL(), ns, s.ID))
 	Expect(err).NotTo(HaveOccurred())
 	defer st.Body.Close()
 	Expect(json.NewDecoder(st.Body).Decode(&s)).To(Succeed())
@@ -117,14 +157,14 @@ var _ = Describe("the ziptrail CLI", func() {
 			Expect(cmd.Run()).To(Succeed(), "ziptrail %v: %s", args, stderr.String())
 			return stdout.String(), stderr.String()
 		}
-		result, progress := run("hello", "run", "cli", "--input", "-", "-n", ns, "--gateway", gatewayURL())
+		result, progress := run("hello", "run", "cli", "--input", "-", "-n", ns, "--gateway", gatewayURL(), "--token", gatewayToken())
 		Expect(result).To(Equal("HELLO!\n"))
 		Expect(progress).To(ContainSubstring("==> session cli-"))
 		Expect(progress).To(MatchRegexp(`Invoked\s+first with 1 objects`))
 		Expect(progress).To(MatchRegexp(`Invoked\s+second with 1 objects`))
 		Expect(progress).To(ContainSubstring("==> Completed in "))
 
-		table, _ := run("", "sessions", "cli", "-n", ns, "--gateway", gatewayURL())
+		table, _ := run("", "sessions", "cli", "-n", ns, "--gateway", gatewayURL(), "--token", gatewayToken())
 		lines := strings.Split(strings.TrimSpace(table), "\n")
 		Expect(lines).To(HaveLen(2), table)
 		Expect(strings.Fields(lines[1])[1:5]).To(Equal([]string{"cli", "Completed", "2", "2"}), table)

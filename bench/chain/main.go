@@ -175,7 +175,7 @@ func measure(ctx context.Context, c *localcluster.Cluster, wf *v1alpha1.Workflow
 	var lat []time.Duration
 	for s := 0; s < sessions; s++ {
 		t := time.Now()
-		out, err := session(c.GatewayURL, wf.Name, input)
+		out, err := session(c.GatewayURL, c.GatewayToken, wf.Name, input)
 		if err != nil {
 			return err
 		}
@@ -210,8 +210,16 @@ func waitReady(ctx context.Context, c client.Client, wf *v1alpha1.Workflow, time
 	return fmt.Errorf("%s not ready after %s", wf.Name, timeout)
 }
 
-func session(gateway, wf, input string) (string, error) {
-	resp, err := http.Post(gateway+"/v1/namespaces/bench/workflows/"+wf+"/sessions", "application/octet-stream", strings.NewReader(input))
+func session(gateway, token, wf, input string) (string, error) {
+	do := func(method, url string, body io.Reader) (*http.Response, error) {
+		req, err := http.NewRequest(method, url, body)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		return http.DefaultClient.Do(req)
+	}
+	resp, err := do(http.MethodPost, gateway+"/v1/namespaces/bench/workflows/"+wf+"/sessions", strings.NewReader(input))
 	if err != nil {
 		return "", err
 	}
@@ -221,7 +229,7 @@ func session(gateway, wf, input string) (string, error) {
 		return "", fmt.Errorf("start: %s %s", resp.Status, body)
 	}
 	id := strings.Split(strings.Split(string(body), `"id":"`)[1], `"`)[0]
-	r, err := http.Get(gateway + "/v1/namespaces/bench/sessions/" + id + "/result?wait=1m")
+	r, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+id+"/result?wait=1m", nil)
 	if err != nil {
 		return "", err
 	}

@@ -1,6 +1,8 @@
 // Command operator runs ziptrail's control plane: the Workflow, Bucket and
 // Trigger reconcilers, and — on the elected leader only — the trigger engine
-// with its dispatcher, the sidecars' control stream and the session gateway.
+// with its dispatcher, the sidecars' control stream, the session gateway
+// (Kubernetes authentication and authorization on every request) and the
+// data-plane store of large session inputs.
 package main
 
 import (
@@ -45,6 +47,8 @@ type config struct {
 	s3Endpoint                                       string
 	ingress                                          string
 	concurrency                                      int
+	inputsAddr, inputsAdvertise                      string
+	inputStoreBytes, maxInputBytes                   int64
 }
 
 func main() {
@@ -62,6 +66,10 @@ func main() {
 	flag.StringVar(&c.s3Endpoint, "s3-endpoint", os.Getenv("ZIPTRAIL_S3_ENDPOINT"), "host:port of the S3-compatible slow tier (empty: tier disabled)")
 	flag.StringVar(&c.ingress, "ingress", "", "host:port to send every invocation to, routed by Host (default: the Services' cluster-local addresses)")
 	flag.IntVar(&c.concurrency, "dispatch-concurrency", 256, "invocations in flight at most")
+	flag.StringVar(&c.inputsAddr, "inputs-bind-address", ":9194", "data-plane address serving large session inputs to the workflows' sidecars")
+	flag.StringVar(&c.inputsAdvertise, "inputs-advertise-address", "", "host:port pods reach the inputs address at (default: $POD_IP and the port of --inputs-bind-address)")
+	flag.Int64Var(&c.inputStoreBytes, "input-store-bytes", 256<<20, "memory held at most for the inputs of running sessions (inputs over 64 KiB); starts beyond it are refused with 503")
+	flag.Int64Var(&c.maxInputBytes, "max-input-bytes", 64<<20, "largest session input the gateway accepts (413 beyond)")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -101,17 +109,25 @@ func run(c config) error {
 	if c.redisAddr != "" {
 		store = &checkpoint.Store{Client: redis.NewClient(&redis.Options{Addr: c.redisAddr, Password: c.redisPassword}), Key: c.checkpointKey}
 	}
+	advertise, err := advertiseAddr(c.inputsAdvertise, c.inputsAddr)
+	if err != nil {
+		return err
+	}
+	keys := &control.SecretKeys{Client: mgr.GetClient()}
+	inputs := orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: advertise, Cap: c.inputStoreBytes})
 	orch, err := orchestrator.New(orchestrator.Options{
 		Resolver:    dispatch.ServiceResolver{Reader: mgr.GetClient()},
 		Ingress:     c.ingress,
 		Checkpoint:  store,
 		Concurrency: c.concurrency,
 		Log:         ctrl.Log.WithName("orchestrator"),
+		Keys:        keys,
+		Inputs:      inputs,
 	})
 	if err != nil {
 		return err
 	}
-	srv := control.NewServer(orch, &control.SecretKeys{Client: mgr.GetClient()})
+	srv := control.NewServer(orch, keys)
 	srv.Log = func(err error) { log.Error(err, "control stream") }
 	orch.SetControl(srv)
 
@@ -130,7 +146,13 @@ func run(c config) error {
 	})); err != nil {
 		return err
 	}
-	gw := gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}})
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		return serveUntil(ctx, c.inputsAddr, inputs.Serve, func() { _ = inputs.Close() })
+	})); err != nil {
+		return err
+	}
+	gw := gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
+		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}, MaxInput: c.maxInputBytes})
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		hs := &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
 		return serveUntil(ctx, c.gatewayAddr, hs.Serve, func() { _ = hs.Shutdown(context.Background()) })
@@ -138,8 +160,9 @@ func run(c config) error {
 		return err
 	}
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		gs := grpc.NewServer()
-		gatewayv1.RegisterGatewayServer(gs, &gateway.GRPC{H: gw})
+		g := &gateway.GRPC{H: gw}
+		gs := grpc.NewServer(g.ServerOptions()...)
+		gatewayv1.RegisterGatewayServer(gs, g)
 		return serveUntil(ctx, c.gatewayGRPCAddr, gs.Serve, func() { gs.GracefulStop() })
 	})); err != nil {
 		return err
@@ -161,6 +184,23 @@ func run(c config) error {
 		return err
 	}
 	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// advertiseAddr is the address pods reach a listener at: the flag, or the
+// pod's IP ($POD_IP, from the downward API) with the listener's port.
+func advertiseAddr(flagValue, bind string) (string, error) {
+	if flagValue != "" {
+		return flagValue, nil
+	}
+	_, port, err := net.SplitHostPort(bind)
+	if err != nil {
+		return "", fmt.Errorf("--inputs-bind-address %q: %w", bind, err)
+	}
+	ip := os.Getenv("POD_IP")
+	if ip == "" {
+		return "", errors.New("set --inputs-advertise-address (or $POD_IP): the address the workflows' sidecars pull large session inputs from")
+	}
+	return net.JoinHostPort(ip, port), nil
 }
 
 // serveUntil listens on addr and serves until ctx ends.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 )
 
@@ -92,7 +93,8 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 
 	step("running a session: word count of %s (%d bytes)", *input, len(text))
 	t := time.Now()
-	res, sess, err := runSession(ctx, c.GatewayURL, "demo", "wordcount", text)
+	hc := &http.Client{Transport: gateway.TokenCredentials(c.GatewayToken).Transport(nil)}
+	res, sess, err := runSession(ctx, hc, c.GatewayURL, "demo", "wordcount", text)
 	if err != nil {
 		return err
 	}
@@ -206,10 +208,10 @@ type sessionInfo struct {
 }
 
 // runSession starts a session through the gateway and waits for its result.
-func runSession(ctx context.Context, gateway, ns, wf string, input []byte) ([]byte, sessionInfo, error) {
+func runSession(ctx context.Context, hc *http.Client, gateway, ns, wf string, input []byte) ([]byte, sessionInfo, error) {
 	var s sessionInfo
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("%s/v1/namespaces/%s/workflows/%s/sessions", gateway, ns, wf), strings.NewReader(string(input)))
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, s, err
 	}
@@ -222,13 +224,14 @@ func runSession(ctx context.Context, gateway, ns, wf string, input []byte) ([]by
 		return nil, s, err
 	}
 	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result?wait=10m", gateway, ns, s.ID), nil)
-	resp, err = http.DefaultClient.Do(req)
+	resp, err = hc.Do(req)
 	if err != nil {
 		return nil, s, err
 	}
 	result, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if r, err := http.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gateway, ns, s.ID)); err == nil {
+	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gateway, ns, s.ID), nil)
+	if r, err := hc.Do(req); err == nil {
 		_ = json.NewDecoder(r.Body).Decode(&s)
 		r.Body.Close()
 	}

@@ -3,114 +3,203 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
-	"fmt"
 	"io"
+	"math"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
-	"sync"
 	"testing"
+	"time"
 
+	"github.com/go-logr/logr"
+	authv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/invocation"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/orchestrator"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
-// engine plays the trigger engine behind the real gateway: a session of
-// "upper" invokes one function and completes with its input upper-cased.
-type engine struct {
-	reg *sessions.Registry
-	mu  sync.Mutex
-	n   int
+// cliEnv is a real API server, the operator's orchestrator with a workflow
+// "upper" (one function returning its input upper-cased, 5 times), and the real gateway,
+// recorded in a state dir as `ziptrail local up` does; kubeconfigs of a
+// ServiceAccount with the session-runner role and of one without.
+type cliEnv struct {
+	state, url           string
+	allowed, denied, tok string
+	certKubeconfig       string
+	fns                  *testservers.Functions
+	orch                 *orchestrator.Orchestrator
+	keys                 *control.SecretKeys
 }
 
-func (e *engine) StartSession(_ context.Context, ns, wf string, input []byte) (string, error) {
-	if wf != "upper" {
-		return "", fmt.Errorf("%w: %s/%s", gateway.ErrWorkflowNotFound, ns, wf)
-	}
-	e.mu.Lock()
-	e.n++
-	id := fmt.Sprintf("upper-%d", e.n)
-	e.mu.Unlock()
-	if err := e.reg.Start(id, ns, wf); err != nil {
-		return "", err
-	}
-	// The event stream replays the whole log, so the client sees every
-	// event however early the session ends.
-	go func() {
-		e.reg.Log(id, "Invoked", "shout with 1 objects (trigger entry)")
-		_ = e.reg.Update(id, func(s *sessions.Session) { s.Invocations++; s.Objects++ })
-		out := bytes.ToUpper(input)
-		_ = e.reg.Finish(id, sessions.Completed, &sessions.Result{Bucket: "output", Key: "result", Size: int64(len(out)), Inline: out}, "")
-	}()
-	return id, nil
-}
-
-type inline struct{}
-
-func (inline) OpenResult(_ context.Context, _ string, r *sessions.Result) (io.ReadCloser, error) {
-	return io.NopCloser(bytes.NewReader(r.Inline)), nil
-}
-
-// startGateway serves the real session gateway and records its address in a
-// state dir, as `ziptrail local up` does.
-func startGateway(t *testing.T) (stateDir string) {
-	reg := sessions.NewRegistry()
-	srv := httptest.NewServer(gateway.New(&gateway.Handler{Starter: &engine{reg: reg}, Sessions: reg, Results: inline{}}))
-	t.Cleanup(srv.Close)
-	stateDir = t.TempDir()
-	data, _ := json.Marshal(localcluster.State{GatewayURL: srv.URL})
-	if err := os.WriteFile(localcluster.StateFile(stateDir), data, 0o644); err != nil {
+func startGateway(t *testing.T) cliEnv {
+	env, err := controlplane.Start()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return stateDir
+	t.Cleanup(func() { _ = env.Stop() })
+	ctx := context.Background()
+	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(controlplane.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := &rbacv1.ClusterRole{}
+	if err := yaml.Unmarshal(data, role); err != nil {
+		t.Fatal(err)
+	}
+	objs := []client.Object{role, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "dev"}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "guest"}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "dev-sessions"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "team-a", Name: "dev"}}}}
+	for _, o := range objs {
+		if err := k8s.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	kubeconfig := func(sa string) (string, string) {
+		tr, err := cs.CoreV1().ServiceAccounts("team-a").CreateToken(ctx, sa, &authv1.TokenRequest{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kc := clientcmdapi.NewConfig()
+		kc.Clusters["local"] = &clientcmdapi.Cluster{Server: env.Config.Host, CertificateAuthorityData: env.Config.CAData}
+		kc.AuthInfos[sa] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
+		kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: sa}
+		kc.CurrentContext = "local"
+		path := filepath.Join(dir, sa+".kubeconfig")
+		if err := clientcmd.WriteToFile(*kc, path); err != nil {
+			t.Fatal(err)
+		}
+		return path, tr.Status.Token
+	}
+	var e cliEnv
+	e.allowed, e.tok = kubeconfig("dev")
+	e.denied, _ = kubeconfig("guest")
+	if e.certKubeconfig, err = env.Kubeconfig(dir); err != nil {
+		t.Fatal(err)
+	}
+
+	fns := &testservers.Functions{}
+	fns.Add(t, "upper-run", ziptrail.FunctionHandler(func(_ context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+		return bytes.Repeat(bytes.ToUpper(inv.Objects[0].Bytes()), 5), nil
+	}))
+	e.fns, e.keys = fns, &control.SecretKeys{Client: k8s}
+	orch, err := orchestrator.New(orchestrator.Options{Resolver: fns, Log: logr.Discard(), Keys: e.keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	octx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- orch.Run(octx) }()
+	t.Cleanup(func() { stop(); <-done })
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "upper"},
+		Spec: v1alpha1.WorkflowSpec{Entry: "run", Functions: []v1alpha1.FunctionSpec{{Name: "run", Image: "example.com/run"}}}}
+	if err := orch.SetWorkflow(wf, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	e.orch = orch
+	srv := httptest.NewServer(gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(), Auth: &gateway.KubeAuth{Client: k8s}}))
+	t.Cleanup(srv.Close)
+	e.state, e.url = t.TempDir(), srv.URL
+	state, _ := json.Marshal(localcluster.State{GatewayURL: srv.URL, Kubeconfig: e.allowed})
+	if err := os.WriteFile(localcluster.StateFile(e.state), state, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", "") // the tests choose
+	return e
 }
 
 func TestRunAndSessions(t *testing.T) {
-	state := startGateway(t)
+	e := startGateway(t)
 	ctx := context.Background()
+	// A 60 kB input and a 300 kB result: they stream both ways.
 	in := filepath.Join(t.TempDir(), "in.txt")
-	if err := os.WriteFile(in, []byte("hello ziptrail"), 0o644); err != nil {
+	text := strings.Repeat("hello ziptrail ", 4_000)
+	if err := os.WriteFile(in, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
+	// The running local cluster's kubeconfig.
 	var out, progress bytes.Buffer
-	if err := runRun(ctx, []string{"upper", "--input", in, "-n", "team-a", "--state-dir", state}, nil, &out, &progress); err != nil {
+	if err := runRun(ctx, []string{"upper", "--input", in, "-n", "team-a", "--state-dir", e.state}, nil, &out, &progress); err != nil {
 		t.Fatalf("run: %v\n%s", err, progress.String())
 	}
-	if out.String() != "HELLO ZIPTRAIL\n" {
-		t.Errorf("result %q", out.String())
+	if out.String() != strings.Repeat(strings.ToUpper(text), 5)+"\n" {
+		t.Errorf("result: %d bytes, want %d", out.Len(), 5*len(text)+1)
 	}
-	for _, want := range []string{"==> session upper-1 of team-a/upper started (14 bytes of input)", "Invoked      shout with 1 objects",
-		"Completed", "==> Completed in ", "1 invocations, 1 objects; result 14 bytes"} {
+	for _, want := range []string{"==> session upper-", " of team-a/upper started (60000 bytes of input)", "Invoked      run with 1 objects",
+		"Completed", "==> Completed in ", "1 invocations, 1 objects; result 300000 bytes"} {
 		if !strings.Contains(progress.String(), want) {
 			t.Errorf("progress lacks %q:\n%s", want, progress.String())
 		}
 	}
 
-	// stdin, flags before the workflow, quiet.
+	// stdin, flags before the workflow, quiet; a bearer token instead.
 	out.Reset()
 	progress.Reset()
-	if err := runRun(ctx, []string{"-q", "--state-dir", state, "-n", "team-a", "--input", "-", "upper"}, strings.NewReader("again"), &out, &progress); err != nil {
+	if err := runRun(ctx, []string{"-q", "--gateway", e.url, "--token", e.tok, "-n", "team-a", "--input", "-", "upper"}, strings.NewReader("again"), &out, &progress); err != nil {
 		t.Fatal(err)
 	}
-	if out.String() != "AGAIN\n" || progress.Len() != 0 {
+	if out.String() != "AGAINAGAINAGAINAGAINAGAIN\n" || progress.Len() != 0 {
 		t.Errorf("quiet run: result %q, progress %q", out.String(), progress.String())
 	}
 
-	err := runRun(ctx, []string{"nope", "--state-dir", state}, nil, &out, &progress)
-	if err == nil || !strings.Contains(err.Error(), "workflow not found: default/nope") {
+	err := runRun(ctx, []string{"nope", "-n", "team-a", "--state-dir", e.state}, nil, &out, &progress)
+	if err == nil || !strings.Contains(err.Error(), "workflow not found: team-a/nope") {
 		t.Errorf("unknown workflow: %v", err)
 	}
 
+	// Without the role, or without a token: refused with the reason.
+	err = runRun(ctx, []string{"upper", "-n", "team-a", "--state-dir", e.state, "--kubeconfig", e.denied}, nil, &out, &progress)
+	if err == nil || !strings.Contains(err.Error(), `"system:serviceaccount:team-a:guest" may not create`) || !strings.Contains(err.Error(), "ziptrail-session-runner") {
+		t.Errorf("ServiceAccount without the role: %v", err)
+	}
+	err = runRun(ctx, []string{"upper", "-n", "team-a", "--gateway", e.url, "--kubeconfig", e.certKubeconfig}, nil, &out, &progress)
+	if err == nil || !strings.Contains(err.Error(), "no bearer token") || !strings.Contains(err.Error(), "kubectl create token") {
+		t.Errorf("client-certificate kubeconfig: %v", err)
+	}
+
 	out.Reset()
-	if err := runSessions(ctx, []string{"-n", "team-a", "--state-dir", state}, &out, &progress); err != nil {
+	if err := runSessions(ctx, []string{"-n", "team-a", "--state-dir", e.state}, &out, &progress); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 3 || !strings.HasPrefix(lines[0], "SESSION") || !strings.HasPrefix(lines[1], "upper-2 ") || !strings.HasPrefix(lines[2], "upper-1 ") {
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "SESSION") || !strings.HasPrefix(lines[1], "upper-") || !strings.HasPrefix(lines[2], "upper-") {
 		t.Fatalf("sessions table, newest first:\n%s", out.String())
 	}
 	if f := strings.Fields(lines[2]); f[1] != "upper" || f[2] != "Completed" || f[3] != "1" || f[4] != "1" {
@@ -118,11 +207,14 @@ func TestRunAndSessions(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := runSessions(ctx, []string{"other", "-n", "team-a", "--state-dir", state}, &out, &progress); err != nil {
+	if err := runSessions(ctx, []string{"other", "-n", "team-a", "--state-dir", e.state}, &out, &progress); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "no sessions") {
 		t.Errorf("filtered by workflow: %q", out.String())
+	}
+	if err := runSessions(ctx, []string{"-n", "team-a", "--state-dir", e.state, "--kubeconfig", e.denied}, &out, &progress); err == nil || !strings.Contains(err.Error(), "may not list") {
+		t.Errorf("listing without the role: %v", err)
 	}
 }
 
@@ -130,5 +222,105 @@ func TestRunWithoutCluster(t *testing.T) {
 	err := runRun(context.Background(), []string{"upper", "--state-dir", t.TempDir()}, nil, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "ziptrail local up") {
 		t.Errorf("want a hint to start the local cluster, got %v", err)
+	}
+}
+
+// TestRunStreams1GiBResult: `ziptrail run` writes a 1 GiB result, held by
+// reference in its producer's data plane, to stdout as it arrives: neither
+// the gateway nor the CLI (both in this process) holds it.
+func TestRunStreams1GiBResult(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves 1 GiB")
+	}
+	const size = 1 << 30
+	e := startGateway(t)
+	ctx := context.Background()
+	// The producer: a data-plane server holding the result, sealed with
+	// team-a's keys as its sidecar would; the function returns the reference.
+	keys, err := e.keys.Keys(ctx, "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets := map[string][]byte{}
+	for _, k := range keys.Keys {
+		secrets[k.Id] = k.Secret
+	}
+	kr, err := ref.NewKeyring("team-a", secrets, keys.ActiveKeyId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i*7 + i>>11)
+	}
+	// The CLI ends a result without a trailing newline with one.
+	wh := sha256.New()
+	wh.Write(data)
+	wh.Write([]byte{'\n'})
+	want := wh.Sum(nil)
+	st := store.New(size+1, nil)
+	if err := st.Put(ctx, store.Meta{ID: "huge", Bucket: "output", Key: "result", Reads: math.MaxUint32, Expires: time.Now().Add(time.Hour)}, data); err != nil {
+		t.Fatal(err)
+	}
+	data = nil
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &pull.Server{Store: st, Keys: kr}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	rf, err := kr.Seal(ref.Record{Addr: ln.Addr().String(), Key: "huge", Expires: time.Now().Add(time.Hour), Reads: math.MaxUint32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.fns.Add(t, "huge-run", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", invocation.OutputsContentType)
+		_ = json.NewEncoder(w).Encode(invocation.Outputs{Objects: []invocation.Object{{Bucket: "output", Key: "result", Size: size, Ref: rf}}})
+	}))
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "huge"},
+		Spec: v1alpha1.WorkflowSpec{Entry: "run", Functions: []v1alpha1.FunctionSpec{{Name: "run", Image: "example.com/run"}}}}
+	if err := e.orch.SetWorkflow(wf, true, ""); err != nil {
+		t.Fatal(err)
+	}
+
+	// The collector runs at 5% heap growth, so the heap in use is what is
+	// retained (the 1 GiB store would otherwise let a GiB of garbage pile up).
+	defer debug.SetGCPercent(debug.SetGCPercent(5))
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	base, peak := m.HeapInuse, m.HeapInuse
+	stop, sampled := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			peak = max(peak, m.HeapInuse)
+		}
+	}()
+	h := sha256.New()
+	var progress bytes.Buffer
+	err = runRun(ctx, []string{"huge", "-n", "team-a", "--state-dir", e.state}, nil, h, &progress)
+	close(stop)
+	<-sampled
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, progress.String())
+	}
+	if got := h.Sum(nil); !bytes.Equal(got, want) || !strings.Contains(progress.String(), "result 1073741824 bytes") {
+		t.Errorf("result digest or size wrong:\n%s", progress.String())
+	}
+	grew := int64(peak) - int64(base)
+	t.Logf("heap in use grew by at most %.1f MiB while the CLI received 1 GiB", float64(grew)/(1<<20))
+	if grew > 256<<20 {
+		t.Errorf("the heap grew by %d MiB while the CLI received a 1 GiB result: it is being buffered", grew>>20)
 	}
 }

@@ -1,12 +1,21 @@
 // Package gateway is the session gateway's HTTP API: start a session of a
 // Workflow with an input, query its state and progress, stream its events,
-// and fetch its result. The SDK admin clients and the CLI use it.
+// and fetch its result. The SDK admin clients and the CLI use it; grpc.go
+// serves the same operations over gRPC.
 //
 //	POST /v1/namespaces/{ns}/workflows/{wf}/sessions     body: input     -> 201 Session
 //	GET  /v1/namespaces/{ns}/sessions[?workflow=wf]                       -> 200 [Session]
 //	GET  /v1/namespaces/{ns}/sessions/{id}                                -> 200 Session
 //	GET  /v1/namespaces/{ns}/sessions/{id}/result[?wait=30s]              -> 200 bytes | 202 | 409 | 410
 //	GET  /v1/namespaces/{ns}/sessions/{id}/events                         -> text/event-stream
+//
+// Every request carries Kubernetes credentials (Authorization: Bearer
+// <token>), authenticated with TokenReview and authorized with
+// SubjectAccessReview on the sessions subresource of workflows.ziptrail.dev
+// in the request's namespace (see auth.go): 401 without a valid token, 403
+// with the reason when not allowed. Results stream from wherever they are
+// held (inline, or pulled by reference from the producer's pod) to the
+// client without being buffered whole.
 package gateway
 
 import (
@@ -16,26 +25,42 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
 // Starter starts a session of a workflow (the trigger engine's adapter).
+// input holds size bytes (-1: unknown until read); the Starter decides how
+// the input travels (inline, or held by reference) and enforces its caps.
 type Starter interface {
-	StartSession(ctx context.Context, namespace, workflow string, input []byte) (id string, err error)
+	Start(ctx context.Context, namespace, workflow string, input io.Reader, size int64) (id string, err error)
 }
 
 // ResultReader opens a completed session's result object, pulling it from
-// its producer or a storage tier when it is not inline.
+// its producer when it is held by reference. The reader yields exactly
+// r.Size bytes, streamed: a large result is never held whole.
 type ResultReader interface {
 	OpenResult(ctx context.Context, namespace string, r *sessions.Result) (io.ReadCloser, error)
 }
 
-// Error kinds a Starter may wrap so the gateway answers with the right status.
+// Error kinds a Starter or ResultReader may wrap so the gateway answers
+// with the right status.
 var (
 	ErrWorkflowNotFound = errors.New("workflow not found")
 	ErrWorkflowNotReady = errors.New("workflow not ready")
+	// ErrInputTooLarge: the input exceeds the largest input accepted.
+	ErrInputTooLarge = errors.New("input too large")
+	// ErrInputsFull: the memory reserved for session inputs is in use;
+	// retry once running sessions finish.
+	ErrInputsFull = errors.New("session inputs are using all the memory reserved for them")
+	// ErrLengthRequired: a large input was sent without its length.
+	ErrLengthRequired = errors.New("input length required")
+	// ErrResultGone: the result object is no longer held anywhere.
+	ErrResultGone = errors.New("result no longer available")
 )
 
 // Handler serves the API.
@@ -43,7 +68,10 @@ type Handler struct {
 	Starter  Starter
 	Sessions *sessions.Registry
 	Results  ResultReader
-	MaxInput int64         // request body limit; default 64 MiB
+	// Auth authenticates and authorizes every request; nil refuses every
+	// request (the gateway never runs open).
+	Auth     Authorizer
+	MaxInput int64         // largest input accepted; default 64 MiB
 	MaxWait  time.Duration // longest ?wait=; default 10m
 	mux      *http.ServeMux
 }
@@ -62,32 +90,83 @@ func New(h *Handler) *Handler {
 	h.mux.HandleFunc("GET /v1/namespaces/{ns}/sessions/{id}", h.get)
 	h.mux.HandleFunc("GET /v1/namespaces/{ns}/sessions/{id}/result", h.result)
 	h.mux.HandleFunc("GET /v1/namespaces/{ns}/sessions/{id}/events", h.events)
+	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: %s %s (see the package documentation of the session gateway)", r.Method, r.URL.Path)
+	})
 	return h
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
 
+// allow authorizes a request, answering it when refused.
+func (h *Handler) allow(ctx context.Context, token string, a Attributes) error {
+	if h.Auth == nil {
+		return &AuthError{Code: http.StatusServiceUnavailable, Msg: "the session gateway has no authorizer configured"}
+	}
+	if _, err := h.Auth.Authorize(ctx, token, a); err != nil {
+		return authError(err)
+	}
+	return nil
+}
+
+func (h *Handler) allowHTTP(w http.ResponseWriter, r *http.Request, a Attributes) bool {
+	if err := h.allow(r.Context(), bearer(r.Header.Get("Authorization")), a); err != nil {
+		ae := authError(err)
+		if ae.Code == http.StatusUnauthorized {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ziptrail session gateway"`)
+		}
+		writeError(w, ae.Code, "%s", ae.Msg)
+		return false
+	}
+	return true
+}
+
+// checkNames validates the names a request carries before anything else
+// sees them.
+func checkNames(ns, wf string) error {
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return fmt.Errorf("invalid namespace %q: %s", truncate(ns), errs[0])
+	}
+	if wf != "" {
+		if errs := validation.IsDNS1123Subdomain(wf); len(errs) > 0 {
+			return fmt.Errorf("invalid workflow name %q: %s", truncate(wf), errs[0])
+		}
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
+
 func (h *Handler) start(w http.ResponseWriter, r *http.Request) {
-	input, err := io.ReadAll(io.LimitReader(r.Body, h.MaxInput+1))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "read input: %v", err)
-		return
-	}
-	if int64(len(input)) > h.MaxInput {
-		writeError(w, http.StatusRequestEntityTooLarge, "input exceeds %d bytes: put large inputs into a bucket and pass a reference", h.MaxInput)
-		return
-	}
 	ns, wf := r.PathValue("ns"), r.PathValue("wf")
-	id, err := h.Starter.StartSession(r.Context(), ns, wf, input)
-	switch {
-	case errors.Is(err, ErrWorkflowNotFound):
-		writeError(w, http.StatusNotFound, "%v", err)
+	if err := checkNames(ns, wf); err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
 		return
-	case errors.Is(err, ErrWorkflowNotReady):
-		writeError(w, http.StatusConflict, "%v", err)
+	}
+	if !h.allowHTTP(w, r, Attributes{Verb: "create", Namespace: ns, Workflow: wf}) {
 		return
-	case err != nil:
-		writeError(w, http.StatusInternalServerError, "start session: %v", err)
+	}
+	if r.ContentLength > h.MaxInput {
+		writeError(w, http.StatusRequestEntityTooLarge, "input of %d bytes exceeds the gateway's limit of %d bytes: put large data into a bucket and pass its key", r.ContentLength, h.MaxInput)
+		return
+	}
+	body := http.MaxBytesReader(w, r.Body, h.MaxInput)
+	id, err := h.Starter.Start(r.Context(), ns, wf, body, r.ContentLength)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			err = fmt.Errorf("%w: more than the gateway's limit of %d bytes: put large data into a bucket and pass its key", ErrInputTooLarge, h.MaxInput)
+		}
+		code := startStatus(err)
+		if code == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "5")
+		}
+		writeError(w, code, "%v", err)
 		return
 	}
 	s, err := h.Sessions.Get(id)
@@ -99,15 +178,71 @@ func (h *Handler) start(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s)
 }
 
-func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, h.Sessions.List(r.PathValue("ns"), r.URL.Query().Get("workflow")))
+// startStatus is the HTTP status of a StartSession error.
+func startStatus(err error) int {
+	switch {
+	case errors.Is(err, ErrWorkflowNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, ErrWorkflowNotReady):
+		return http.StatusConflict
+	case errors.Is(err, ErrInputTooLarge):
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, ErrLengthRequired):
+		return http.StatusLengthRequired
+	case errors.Is(err, ErrInputsFull):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
 }
 
-// session finds a session and checks it belongs to the namespace in the path.
+func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
+	ns, wf := r.PathValue("ns"), r.URL.Query().Get("workflow")
+	if err := checkNames(ns, wf); err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if !h.allowHTTP(w, r, Attributes{Verb: "list", Namespace: ns, Workflow: wf}) {
+		return
+	}
+	list := h.Sessions.List(ns, wf)
+	if list == nil {
+		list = []sessions.Session{}
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// lookup finds a session of a namespace and authorizes reading it: get on
+// the sessions of its workflow. An unknown session is authorized against
+// the whole namespace, so a caller without access learns nothing of which
+// sessions exist.
+func (h *Handler) lookup(ctx context.Context, token, ns, id string) (sessions.Session, int, error) {
+	if err := checkNames(ns, ""); err != nil {
+		return sessions.Session{}, http.StatusBadRequest, err
+	}
+	s, err := h.Sessions.Get(id)
+	found := err == nil && s.Namespace == ns
+	a := Attributes{Verb: "get", Namespace: ns}
+	if found {
+		a.Workflow = s.Workflow
+	}
+	if err := h.allow(ctx, token, a); err != nil {
+		return s, authError(err).Code, err
+	}
+	if !found {
+		return s, http.StatusNotFound, fmt.Errorf("session %s not found in namespace %s", truncate(id), ns)
+	}
+	return s, http.StatusOK, nil
+}
+
+// session finds and authorizes the session of the path, answering the
+// request when it cannot.
 func (h *Handler) session(w http.ResponseWriter, r *http.Request) (sessions.Session, bool) {
-	s, err := h.Sessions.Get(r.PathValue("id"))
-	if err != nil || s.Namespace != r.PathValue("ns") {
-		writeError(w, http.StatusNotFound, "session %s not found in namespace %s", r.PathValue("id"), r.PathValue("ns"))
+	s, code, err := h.lookup(r.Context(), bearer(r.Header.Get("Authorization")), r.PathValue("ns"), r.PathValue("id"))
+	if err != nil {
+		if code == http.StatusUnauthorized {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ziptrail session gateway"`)
+		}
+		writeError(w, code, "%v", err)
 		return s, false
 	}
 	return s, true
@@ -127,7 +262,7 @@ func (h *Handler) result(w http.ResponseWriter, r *http.Request) {
 	if waitArg := r.URL.Query().Get("wait"); waitArg != "" && !s.State.Ended() {
 		wait, err := time.ParseDuration(waitArg)
 		if err != nil || wait < 0 {
-			writeError(w, http.StatusBadRequest, "wait must be a duration like 30s: %q", waitArg)
+			writeError(w, http.StatusBadRequest, "wait must be a duration like 30s: %q", truncate(waitArg))
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), min(wait, h.MaxWait))
@@ -152,18 +287,24 @@ func (h *Handler) result(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := h.Results.OpenResult(r.Context(), s.Namespace, s.Result)
 	if err != nil {
-		writeError(w, http.StatusBadGateway, "read result %s/%s: %v", s.Result.Bucket, s.Result.Key, err)
+		code := http.StatusBadGateway
+		if errors.Is(err, ErrResultGone) {
+			code = http.StatusGone
+		}
+		writeError(w, code, "read result %s/%s of session %s: %v", s.Result.Bucket, s.Result.Key, s.ID, err)
 		return
 	}
 	defer body.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Ziptrail-Result-Bucket", s.Result.Bucket)
 	w.Header().Set("Ziptrail-Result-Key", s.Result.Key)
-	if s.Result.Size > 0 {
-		w.Header().Set("Content-Length", fmt.Sprint(s.Result.Size))
-	}
+	w.Header().Set("Content-Length", strconv.FormatInt(s.Result.Size, 10))
 	w.WriteHeader(http.StatusOK)
-	_, _ = io.Copy(w, body)
+	if n, err := io.Copy(w, body); err != nil || n != s.Result.Size {
+		// Headers are out: break the connection so the client sees a
+		// truncated body instead of a short result that looks complete.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // events streams progress as server-sent events until the session ends.

@@ -1,22 +1,41 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
+// MaxInlineResult is the largest result WaitSession returns in its answer;
+// larger ones stream through ReadResult.
+const MaxInlineResult = 1 << 20
+
+// resultChunk is the size of ReadResult's messages.
+const resultChunk = 256 << 10
+
 // GRPC serves the gateway over gRPC with the same semantics as the HTTP API.
+// The server must accept messages of Handler.MaxInput plus a little (see
+// ServerOptions).
 type GRPC struct {
 	gatewayv1.UnimplementedGatewayServer
 	H *Handler
+}
+
+// ServerOptions are the grpc.Server options the gateway needs: inputs up
+// to Handler.MaxInput arrive in one StartSession message.
+func (g *GRPC) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(int(g.H.MaxInput) + 1<<20)}
 }
 
 func toProto(s sessions.Session) *gatewayv1.Session {
@@ -26,43 +45,78 @@ func toProto(s sessions.Session) *gatewayv1.Session {
 		p.EndedUnixMs = s.Ended.UnixMilli()
 	}
 	if s.Result != nil {
-		p.ResultBucket, p.ResultKey = s.Result.Bucket, s.Result.Key
+		p.ResultBucket, p.ResultKey, p.ResultSize = s.Result.Bucket, s.Result.Key, s.Result.Size
 	}
 	return p
 }
 
-func (g *GRPC) lookup(ns, id string) (sessions.Session, error) {
-	s, err := g.H.Sessions.Get(id)
-	if err != nil || s.Namespace != ns {
-		return s, status.Errorf(codes.NotFound, "session %s not found in namespace %s", id, ns)
+// grpcCode maps the gateway's HTTP statuses to gRPC codes.
+func grpcCode(httpCode int) codes.Code {
+	switch httpCode {
+	case http.StatusBadRequest:
+		return codes.InvalidArgument
+	case http.StatusUnauthorized:
+		return codes.Unauthenticated
+	case http.StatusForbidden:
+		return codes.PermissionDenied
+	case http.StatusNotFound:
+		return codes.NotFound
+	case http.StatusConflict, http.StatusLengthRequired:
+		return codes.FailedPrecondition
+	case http.StatusRequestEntityTooLarge:
+		return codes.ResourceExhausted
+	case http.StatusServiceUnavailable, http.StatusBadGateway:
+		return codes.Unavailable
+	case http.StatusGone:
+		return codes.NotFound
+	}
+	return codes.Internal
+}
+
+// token reads the bearer token of a call.
+func token(ctx context.Context) string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		if t := bearer(v); t != "" {
+			return t
+		}
+	}
+	return ""
+}
+
+func (g *GRPC) lookup(ctx context.Context, ns, id string) (sessions.Session, error) {
+	s, code, err := g.H.lookup(ctx, token(ctx), ns, id)
+	if err != nil {
+		return s, status.Error(grpcCode(code), err.Error())
 	}
 	return s, nil
 }
 
 // StartSession implements gatewayv1.GatewayServer.
 func (g *GRPC) StartSession(ctx context.Context, req *gatewayv1.StartSessionRequest) (*gatewayv1.Session, error) {
+	if err := checkNames(req.Namespace, req.Workflow); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := g.H.allow(ctx, token(ctx), Attributes{Verb: "create", Namespace: req.Namespace, Workflow: req.Workflow}); err != nil {
+		return nil, status.Error(grpcCode(authError(err).Code), err.Error())
+	}
 	if int64(len(req.Input)) > g.H.MaxInput {
-		return nil, status.Errorf(codes.ResourceExhausted, "input exceeds %d bytes", g.H.MaxInput)
+		return nil, status.Errorf(codes.ResourceExhausted, "input of %d bytes exceeds the gateway's limit of %d bytes: put large data into a bucket and pass its key", len(req.Input), g.H.MaxInput)
 	}
-	id, err := g.H.Starter.StartSession(ctx, req.Namespace, req.Workflow, req.Input)
-	switch {
-	case errors.Is(err, ErrWorkflowNotFound):
-		return nil, status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, ErrWorkflowNotReady):
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
-	case err != nil:
-		return nil, status.Error(codes.Internal, err.Error())
-	}
-	s, err := g.lookup(req.Namespace, id)
+	id, err := g.H.Starter.Start(ctx, req.Namespace, req.Workflow, bytes.NewReader(req.Input), int64(len(req.Input)))
 	if err != nil {
-		return nil, err
+		return nil, status.Error(grpcCode(startStatus(err)), err.Error())
+	}
+	s, err := g.H.Sessions.Get(id)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "session %s started but is not tracked: %v", id, err)
 	}
 	return toProto(s), nil
 }
 
 // GetSession implements gatewayv1.GatewayServer.
-func (g *GRPC) GetSession(_ context.Context, req *gatewayv1.SessionRef) (*gatewayv1.Session, error) {
-	s, err := g.lookup(req.Namespace, req.Id)
+func (g *GRPC) GetSession(ctx context.Context, req *gatewayv1.SessionRef) (*gatewayv1.Session, error) {
+	s, err := g.lookup(ctx, req.Namespace, req.Id)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +125,7 @@ func (g *GRPC) GetSession(_ context.Context, req *gatewayv1.SessionRef) (*gatewa
 
 // WaitSession implements gatewayv1.GatewayServer.
 func (g *GRPC) WaitSession(ctx context.Context, req *gatewayv1.WaitSessionRequest) (*gatewayv1.SessionResult, error) {
-	if _, err := g.lookup(req.Namespace, req.Id); err != nil {
+	if _, err := g.lookup(ctx, req.Namespace, req.Id); err != nil {
 		return nil, err
 	}
 	wait := min(time.Duration(req.TimeoutMs)*time.Millisecond, g.H.MaxWait)
@@ -82,21 +136,83 @@ func (g *GRPC) WaitSession(ctx context.Context, req *gatewayv1.WaitSessionReques
 	if s.State != sessions.Completed || s.Result == nil {
 		return out, nil
 	}
+	if s.Result.Size > MaxInlineResult {
+		out.ResultStreamed = true
+		return out, nil
+	}
 	body, err := g.H.Results.OpenResult(ctx, s.Namespace, s.Result)
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "read result %s/%s: %v", s.Result.Bucket, s.Result.Key, err)
+		return nil, resultError(s, err)
 	}
 	defer body.Close()
-	if out.Result, err = io.ReadAll(body); err != nil {
-		return nil, status.Error(codes.Unavailable, err.Error())
+	buf := make([]byte, s.Result.Size)
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "read result %s/%s of session %s: %v", s.Result.Bucket, s.Result.Key, s.ID, err)
 	}
+	out.Result = buf
 	return out, nil
+}
+
+func resultError(s sessions.Session, err error) error {
+	code := codes.Unavailable
+	if errors.Is(err, ErrResultGone) {
+		code = codes.NotFound
+	}
+	return status.Errorf(code, "read result %s/%s of session %s: %v", s.Result.Bucket, s.Result.Key, s.ID, err)
+}
+
+// ReadResult implements gatewayv1.GatewayServer: the result in chunks, read
+// from where it is held as the client takes them.
+func (g *GRPC) ReadResult(req *gatewayv1.SessionRef, stream gatewayv1.Gateway_ReadResultServer) error {
+	ctx := stream.Context()
+	s, err := g.lookup(ctx, req.Namespace, req.Id)
+	if err != nil {
+		return err
+	}
+	switch s.State {
+	case sessions.Running:
+		return status.Errorf(codes.FailedPrecondition, "session %s is still running: wait for it first (WaitSession)", s.ID)
+	case sessions.Failed:
+		return status.Errorf(codes.FailedPrecondition, "session %s failed: %s", s.ID, s.Error)
+	case sessions.Expired:
+		return status.Errorf(codes.NotFound, "session %s expired before it completed", s.ID)
+	}
+	if s.Result == nil {
+		return status.Errorf(codes.Internal, "session %s completed without a result object", s.ID)
+	}
+	body, err := g.H.Results.OpenResult(ctx, s.Namespace, s.Result)
+	if err != nil {
+		return resultError(s, err)
+	}
+	defer body.Close()
+	var sent int64
+	for {
+		// A fresh buffer per message: gRPC may still hold a sent one
+		// (stats handlers), so none is reused.
+		buf := make([]byte, min(resultChunk, max(s.Result.Size-sent, 1)))
+		n, err := io.ReadFull(body, buf)
+		if n > 0 {
+			if serr := stream.Send(&gatewayv1.ResultChunk{Data: buf[:n]}); serr != nil {
+				return serr
+			}
+			sent += int64(n)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			if sent != s.Result.Size {
+				return status.Errorf(codes.Unavailable, "result of session %s ended after %d of %d bytes", s.ID, sent, s.Result.Size)
+			}
+			return nil
+		}
+		if err != nil {
+			return status.Errorf(codes.Unavailable, "read result %s/%s of session %s after %d bytes: %v", s.Result.Bucket, s.Result.Key, s.ID, sent, err)
+		}
+	}
 }
 
 // WatchSession implements gatewayv1.GatewayServer: progress events until
 // the session ends.
 func (g *GRPC) WatchSession(req *gatewayv1.SessionRef, stream gatewayv1.Gateway_WatchSessionServer) error {
-	if _, err := g.lookup(req.Namespace, req.Id); err != nil {
+	if _, err := g.lookup(stream.Context(), req.Namespace, req.Id); err != nil {
 		return err
 	}
 	sent := 0

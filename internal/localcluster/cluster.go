@@ -101,6 +101,11 @@ type Cluster struct {
 	S3AccessKey string
 	S3SecretKey string
 	S3Bucket    string
+	// GatewayToken is a bearer token (of ServiceAccount
+	// kube-system/ziptrail-admin, a cluster admin) that the gateway
+	// accepts; Kubeconfig's user carries it too.
+	GatewayToken string
+	InputsAddr   string // large session inputs, on the pod network's gateway
 
 	ingressPort int
 	serving     *runner // the local serving runtime's reconciler: "Knative"
@@ -133,6 +138,7 @@ type operatorRun struct {
 	runner
 	orch    *orchestrator.Orchestrator
 	control *grpc.Server
+	inputs  *orchestrator.Inputs
 }
 
 // Up starts everything and returns once the controllers run.
@@ -214,6 +220,19 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	c.ControlAddr = controlLn.Addr().String()
 	opts.SidecarEnv = append(opts.SidecarEnv, "ZIPTRAIL_OPERATOR_ADDR="+c.ControlAddr)
+	// Large session inputs are served to the pods from the bridge address
+	// too, at a port that stays across operator restarts.
+	inputsLn, err := net.Listen("tcp", net.JoinHostPort(c.network.Gateway().String(), "0"))
+	if err != nil {
+		controlLn.Close()
+		return nil, err
+	}
+	c.InputsAddr = inputsLn.Addr().String()
+	inputsLn.Close()
+	if err := c.gatewayCredentials(ctx); err != nil {
+		controlLn.Close()
+		return nil, err
+	}
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -384,6 +403,7 @@ func (c *Cluster) stopOperator() error {
 	c.gw.Store(nil)
 	err := op.stop()
 	op.control.Stop()
+	_ = op.inputs.Close()
 	return err
 }
 
@@ -408,10 +428,27 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		cl.Close()
 		return err
 	}
+	keys := &control.SecretKeys{Client: mgr.GetClient()}
+	inputsLn, err := net.Listen("tcp", c.InputsAddr)
+	if err != nil {
+		cl.Close()
+		return err
+	}
+	inputs := orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: c.InputsAddr})
+	go func() { _ = inputs.Serve(inputsLn) }()
+	started := false
+	defer func() {
+		if !started { // else stopOperator closes it
+			_ = inputsLn.Close()
+			_ = inputs.Close()
+		}
+	}()
 	opts := orchestrator.Options{
 		Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()},
 		Ingress:  fmt.Sprintf("127.0.0.1:%d", c.ingressPort),
 		Log:      ctrl.Log.WithName("orchestrator"),
+		Keys:     keys,
+		Inputs:   inputs,
 	}
 	if c.tiers.redis != nil {
 		opts.Checkpoint = &checkpoint.Store{Client: c.tiers.redis, Key: "ziptrail:engine"}
@@ -435,7 +472,7 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		wf := &wfs.Items[i]
 		_ = orch.SetWorkflow(wf, meta.IsStatusConditionTrue(wf.Status.Conditions, v1alpha1.ConditionReady), "") // the reconciler reports errors
 	}
-	srv := control.NewServer(orch, &control.SecretKeys{Client: mgr.GetClient()})
+	srv := control.NewServer(orch, keys)
 	orch.SetControl(srv)
 	if err := mgr.Add(manager.RunnableFunc(orch.Run)); err != nil {
 		cl.Close()
@@ -456,7 +493,8 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 			return fmt.Errorf("read the engine checkpoint: %w", err)
 		}
 	}
-	c.operator = &operatorRun{runner: *start(ctx, mgr), orch: orch, control: gs}
+	c.operator = &operatorRun{runner: *start(ctx, mgr), orch: orch, control: gs, inputs: inputs}
+	started = true
 	if opts.Checkpoint != nil {
 		// The engine restores the checkpoint before it saves its first one;
 		// until then the gateway would not know the restored sessions.
@@ -467,6 +505,7 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 			return err
 		}
 	}
-	c.gw.Store(gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}}))
+	c.gw.Store(gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
+		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}}))
 	return nil
 }

@@ -7,11 +7,13 @@
 package orchestrator
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"time"
@@ -44,6 +46,19 @@ type Options struct {
 	Concurrency        int
 	Log                logr.Logger
 	Now                func() time.Time
+	// Keys are the namespaces' reference keys (control.SecretKeys): the
+	// gateway needs them to read results held by reference.
+	Keys KeySource
+	// Inputs holds session inputs over InlineInput (nil: such inputs are
+	// refused with gateway.ErrInputTooLarge).
+	Inputs *Inputs
+	// InlineInput is the largest input that travels inline; default
+	// DefaultInlineInput (64 KiB).
+	InlineInput int64
+	// ResultHold is how long a completed session's objects stay in their
+	// pods for its result, held by reference, to be read; reading it whole
+	// frees them at once. Default 10m (the sidecars' object TTL).
+	ResultHold time.Duration
 }
 
 // Orchestrator connects the engine to the rest of the operator.
@@ -65,6 +80,13 @@ type Orchestrator struct {
 	outSig chan struct{}
 
 	changes chan event.TypedGenericEvent[*v1alpha1.Workflow]
+
+	keys *keyrings // reference keys and data-plane clients, per namespace
+	// heldMu guards held: completed sessions whose result is held by
+	// reference, so their objects stay until the result is read.
+	heldMu   sync.Mutex
+	held     map[string]*heldResult // by session
+	heldRefs map[string]string      // result reference -> session
 }
 
 type workflowInfo struct {
@@ -85,8 +107,15 @@ func New(opts Options) (*Orchestrator, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.InlineInput <= 0 {
+		opts.InlineInput = DefaultInlineInput
+	}
+	if opts.ResultHold <= 0 {
+		opts.ResultHold = 10 * time.Minute
+	}
 	o := &Orchestrator{opts: opts, engine: engine.New(0), sessions: sessions.NewRegistry(), workflows: map[string]*workflowInfo{}, outSig: make(chan struct{}, 1),
-		changes: make(chan event.TypedGenericEvent[*v1alpha1.Workflow], 1024)}
+		changes: make(chan event.TypedGenericEvent[*v1alpha1.Workflow], 1024), keys: &keyrings{src: opts.Keys},
+		held: map[string]*heldResult{}, heldRefs: map[string]string{}}
 	o.sessions.Now = opts.Now
 	d, err := dispatch.New(dispatch.Options{Resolver: opts.Resolver, Ingress: opts.Ingress, Concurrency: opts.Concurrency,
 		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult})
@@ -125,6 +154,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			o.dispatcher.Wait()
+			o.keys.close()
 			if o.opts.Checkpoint != nil {
 				// A last save so a clean handover loses nothing.
 				_ = o.save(context.WithoutCancel(ctx))
@@ -142,6 +172,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 			}
 		case <-prune.C:
 			o.sessions.Prune()
+			o.releaseResults(false)
 		}
 	}
 }
@@ -188,8 +219,14 @@ func (o *Orchestrator) workflow(key string) *workflowInfo {
 	return o.workflows[key]
 }
 
-// StartSession implements gateway.Starter.
+// StartSession starts a session with an input in memory; see Start.
 func (o *Orchestrator) StartSession(ctx context.Context, namespace, name string, input []byte) (string, error) {
+	return o.Start(ctx, namespace, name, bytes.NewReader(input), int64(len(input)))
+}
+
+// Start implements gateway.Starter: inputs up to InlineInput travel inline,
+// larger ones are held in Inputs and travel by reference.
+func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input io.Reader, size int64) (string, error) {
 	key := Key(namespace, name)
 	info := o.workflow(key)
 	if info == nil {
@@ -201,11 +238,20 @@ func (o *Orchestrator) StartSession(ctx context.Context, namespace, name string,
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	id := name + "-" + hex.EncodeToString(b[:])
-	if err := o.sessions.Start(id, namespace, name); err != nil {
+	in, err := o.readInput(ctx, namespace, id, input, size)
+	if err != nil {
 		return "", err
 	}
-	acts, err := o.engine.StartSession(key, id, engine.Object{Bucket: "input", Key: "input", Inline: input, Size: int64(len(input))}, o.opts.Now())
+	if in.Ref == "" {
+		in.Inline = nonNil(in.Inline)
+	}
+	if err := o.sessions.Start(id, namespace, name); err != nil {
+		o.dropInput(id)
+		return "", err
+	}
+	acts, err := o.engine.StartSession(key, id, in, o.opts.Now())
 	if err != nil {
+		o.dropInput(id)
 		_ = o.sessions.Finish(id, sessions.Failed, nil, err.Error())
 		return "", err
 	}
@@ -226,6 +272,7 @@ func (o *Orchestrator) execute(acts []engine.Action) {
 				res.Size = int64(len(res.Inline))
 			}
 			_ = o.sessions.Finish(a.Session, sessions.Completed, res, "")
+			o.holdResult(a.Workflow, a.Session, res)
 			sessionsEnded.WithLabelValues(string(sessions.Completed)).Inc()
 			o.changed(a.Workflow)
 		case engine.ActSessionExpired:
@@ -238,11 +285,10 @@ func (o *Orchestrator) execute(acts []engine.Action) {
 			sessionsEnded.WithLabelValues(string(sessions.Failed)).Inc()
 			o.changed(a.Workflow)
 		case engine.ActDropObjects:
-			if o.opts.Control != nil {
+			o.dropInput(a.Session)
+			if !o.dropPending(a.Session) { // else once its result is read
 				ns, _, _ := strings.Cut(a.Workflow, "/")
-				if err := o.opts.Control.Drop(ns, a.Session, nil); err != nil {
-					o.opts.Log.Error(err, "drop session objects", "session", a.Session)
-				}
+				o.dropObjects(ns, a.Session)
 			}
 		}
 	}

@@ -41,6 +41,9 @@ type Server struct {
 	Now   func() time.Time
 	// Fallback serves objects no longer in memory (spilled to the fast tier).
 	Fallback Fallback
+	// OpenRef, when set, opens references instead of Keys: a server holding
+	// objects of several namespaces (the operator's session inputs).
+	OpenRef func(r string, now time.Time) (ref.Record, error)
 	// MaxExtend bounds an extend's expiry ahead of now (default
 	// DefaultMaxExtend); a later one is refused with ErrExtendTooFar.
 	MaxExtend time.Duration
@@ -96,6 +99,13 @@ func (s *Server) Close() error {
 	return err
 }
 
+func (s *Server) open(r string) (ref.Record, error) {
+	if s.OpenRef != nil {
+		return s.OpenRef(r, s.now())
+	}
+	return s.Keys.Open(r, s.now())
+}
+
 func (s *Server) now() time.Time {
 	if s.Now != nil {
 		return s.Now()
@@ -117,7 +127,7 @@ func (p *producer) Open(_ context.Context, call dp.Producer_open) error {
 	if err != nil {
 		return err
 	}
-	rec, err := p.s.Keys.Open(r, p.s.now())
+	rec, err := p.s.open(r)
 	if err != nil {
 		return err
 	}
@@ -159,7 +169,7 @@ func (p *producer) Extend(_ context.Context, call dp.Producer_extend) error {
 	if err != nil {
 		return err
 	}
-	rec, err := p.s.Keys.Open(r, p.s.now())
+	rec, err := p.s.open(r)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
@@ -35,8 +36,18 @@ type Options struct {
 	Namespace string
 	// Gateway is the operator's session gateway (gRPC), host:port, e.g.
 	// "ziptrail-gateway.ziptrail-system:8089". Empty disables sessions.
+	// Every call carries the REST config's credentials (its bearer token,
+	// token file or exec/auth-provider plugin), which the gateway checks
+	// with TokenReview and SubjectAccessReview: bind the user to the
+	// ClusterRole ziptrail-session-runner in the namespace.
 	Gateway string
-	// GatewayDialOptions replace the default (plaintext) dial options.
+	// GatewayToken, when set, is the bearer token sent to the gateway
+	// instead of the REST config's credentials (e.g. for a kubeconfig that
+	// authenticates with a client certificate, which the gateway cannot
+	// check: `kubectl create token <serviceaccount>`).
+	GatewayToken string
+	// GatewayDialOptions replace the default (plaintext) dial options; the
+	// credentials are added to them.
 	GatewayDialOptions []grpc.DialOption
 }
 
@@ -83,7 +94,13 @@ func New(cfg *rest.Config, opts Options) (*Client, error) {
 		c.Namespace = "default"
 	}
 	if opts.Gateway != "" {
-		if c.conn, err = dialGateway(opts); err != nil {
+		creds := gateway.TokenCredentials(opts.GatewayToken)
+		if opts.GatewayToken == "" {
+			if creds, err = gateway.NewCredentials(cfg); err != nil {
+				return nil, &ziptrail.Error{Kind: ziptrail.KindInvalid, Op: "connect", Err: err}
+			}
+		}
+		if c.conn, err = dialGateway(opts, creds); err != nil {
 			return nil, &ziptrail.Error{Kind: ziptrail.KindUnavailable, Op: "connect", Err: err}
 		}
 		c.gw = gatewayv1.NewGatewayClient(c.conn)

@@ -1,9 +1,11 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"sort"
@@ -13,9 +15,13 @@ import (
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
@@ -163,6 +169,10 @@ func testSessions(t *testing.T, env *controlplane.Env, ns string) {
 		sort.Strings(parts)
 		return nil, ziptrail.SendObject(ctx, "output", "result", []byte(strings.Join(parts, ",")), nil)
 	}))
+	big := bytes.Repeat([]byte("0123456789abcdef"), 3<<16) // 3 MiB
+	fns.Add(t, "big-make", ziptrail.FunctionHandler(func(context.Context, *ziptrail.Invocation) ([]byte, error) {
+		return big, nil
+	}))
 	fns.Add(t, "broken-boom", ziptrail.FunctionHandler(func(context.Context, *ziptrail.Invocation) ([]byte, error) {
 		return nil, errors.New("boom: the input is not a number")
 	}))
@@ -175,8 +185,13 @@ func testSessions(t *testing.T, env *controlplane.Env, ns string) {
 	done := make(chan error, 1)
 	go func() { done <- orch.Run(octx) }()
 	t.Cleanup(func() { stop(); <-done })
-	gs := grpc.NewServer()
-	gatewayv1.RegisterGatewayServer(gs, &gateway.GRPC{H: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}})})
+	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gateway.GRPC{H: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(), Auth: &gateway.KubeAuth{Client: k8s}})}
+	gs := grpc.NewServer(g.ServerOptions()...)
+	gatewayv1.RegisterGatewayServer(gs, g)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +199,10 @@ func testSessions(t *testing.T, env *controlplane.Env, ns string) {
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
 
-	c, err := New(env.Config, Options{Namespace: ns, Gateway: ln.Addr().String()})
+	// A user of the namespace: a kubeconfig with a ServiceAccount's token,
+	// allowed to manage the namespace's workflows and run their sessions.
+	devConfig, devToken := userConfig(t, k8s, env, ns, "dev", true)
+	c, err := New(devConfig, Options{Namespace: ns, Gateway: ln.Addr().String()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,6 +223,7 @@ func testSessions(t *testing.T, env *controlplane.Env, ns string) {
 					DynamicJoin: &v1alpha1.DynamicJoinParams{}}},
 			}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "broken"}, Spec: v1alpha1.WorkflowSpec{Entry: "boom", Functions: image("boom")}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "big"}, Spec: v1alpha1.WorkflowSpec{Entry: "make", Functions: image("make")}},
 	}
 	for _, wf := range workflows {
 		if err := c.Apply(ctx, wf); err != nil {
@@ -264,8 +283,86 @@ func testSessions(t *testing.T, env *controlplane.Env, ns string) {
 	if _, err := c.GetSession(ctx, "no-such-session"); !errors.Is(err, ziptrail.ErrNotFound) {
 		t.Errorf("unknown session: %v", err)
 	}
+	// A result over 1 MiB streams (Wait reads it whole, OpenResult as a
+	// stream).
+	res, err = c.RunSession(ctx, "big", nil)
+	if err != nil || !bytes.Equal(res.Output, big) || res.Session.ResultSize != int64(len(big)) {
+		t.Fatalf("3 MiB result: %+v, %v", res.Session, err)
+	}
+	s, err = c.StartSession(ctx, "big", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range c.Watch(ctx, s.ID) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	rd, err := c.OpenResult(ctx, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamed, err := io.ReadAll(rd)
+	rd.Close()
+	if err != nil || !bytes.Equal(streamed, big) {
+		t.Errorf("OpenResult: %d bytes, %v", len(streamed), err)
+	}
+
+	// Credentials: a user without the session role is refused with the
+	// reason; a client-certificate kubeconfig has no token to send.
+	guestConfig, _ := userConfig(t, k8s, env, ns, "guest", false)
+	guest, err := New(guestConfig, Options{Namespace: ns, Gateway: ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer guest.Close()
+	if _, err := guest.StartSession(ctx, "wc", nil); !errors.Is(err, ziptrail.ErrUnavailable) || !strings.Contains(err.Error(), "ziptrail-session-runner") {
+		t.Errorf("user without the role: %v", err)
+	}
+	certUser, err := New(env.Config, Options{Namespace: ns, Gateway: ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer certUser.Close()
+	if _, err := certUser.GetSession(ctx, s.ID); err == nil || !strings.Contains(err.Error(), "no bearer token") {
+		t.Errorf("client-certificate kubeconfig: %v", err)
+	}
+	byToken, err := New(env.Config, Options{Namespace: ns, Gateway: ln.Addr().String(), GatewayToken: devToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer byToken.Close()
+	if got, err := byToken.GetSession(ctx, s.ID); err != nil || got.State != Completed {
+		t.Errorf("GatewayToken: %+v %v", got, err)
+	}
+
 	noGateway, _ := New(env.Config, Options{Namespace: ns})
 	if _, err := noGateway.StartSession(ctx, "wc", nil); !errors.Is(err, ziptrail.ErrInvalid) {
 		t.Errorf("without a gateway: %v", err)
 	}
+}
+
+// userConfig is the REST config of a user of ns: a ServiceAccount's token
+// and no client certificate, as in a user's kubeconfig. An admin may do
+// anything in ns (sessions included); others nothing.
+func userConfig(t *testing.T, k8s client.Client, env *controlplane.Env, ns, name string, admin bool) (*rest.Config, string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}); err != nil {
+		t.Fatal(err)
+	}
+	if admin {
+		rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-admin"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "cluster-admin"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: name}}}
+		if err := k8s.Create(ctx, rb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr := &authv1.TokenRequest{}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	if err := k8s.SubResource("token").Create(ctx, sa, tr); err != nil {
+		t.Fatal(err)
+	}
+	return &rest.Config{Host: env.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: env.Config.CAData}, BearerToken: tr.Status.Token}, tr.Status.Token
 }

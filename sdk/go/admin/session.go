@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
@@ -33,8 +34,9 @@ type Session struct {
 	Started, Ended          time.Time
 	Invocations, Objects    int
 	Error                   string // why it failed
-	// The output object of a completed session.
+	// The output object of a completed session, and its size.
 	ResultBucket, ResultKey string
+	ResultSize              int64
 }
 
 // Done reports whether the session reached a final state.
@@ -54,13 +56,14 @@ type Result struct {
 	Output  []byte
 }
 
-func dialGateway(opts Options) (*grpc.ClientConn, error) {
-	dial := opts.GatewayDialOptions
+func dialGateway(opts Options, creds *gateway.Credentials) (*grpc.ClientConn, error) {
+	dial := append([]grpc.DialOption(nil), opts.GatewayDialOptions...)
 	if dial == nil {
 		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	// Inputs and results travel inline, up to the envelope limit.
-	dial = append(dial, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(invocation.MaxEnvelopeBytes+1<<20),
+	// Inputs travel in one message, up to the gateway's limit; results
+	// over 1 MiB stream in chunks (OpenResult).
+	dial = append(dial, grpc.WithPerRPCCredentials(creds.PerRPC()), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20),
 		grpc.MaxCallSendMsgSize(invocation.MaxEnvelopeBytes+1<<20)))
 	return grpc.NewClient(opts.Gateway, dial...)
 }
@@ -156,7 +159,15 @@ func (c *Client) Wait(ctx context.Context, id string) (*Result, error) {
 		s := session(r.GetSession())
 		switch s.State {
 		case Completed:
-			return &Result{Session: s, Output: r.GetResult()}, nil
+			if !r.GetResultStreamed() {
+				return &Result{Session: s, Output: r.GetResult()}, nil
+			}
+			// Too large for one message: it streams.
+			out, err := c.readAll(ctx, id, s.ResultSize)
+			if err != nil {
+				return &Result{Session: s}, err
+			}
+			return &Result{Session: s, Output: out}, nil
 		case Failed:
 			return &Result{Session: s}, &ziptrail.Error{Kind: ziptrail.KindFunctionFailed, Op: "wait session", Err: fmt.Errorf("session %s failed: %s", id, s.Error)}
 		case Expired:
@@ -166,6 +177,71 @@ func (c *Client) Wait(ctx context.Context, id string) (*Result, error) {
 			return &Result{Session: s}, &ziptrail.Error{Kind: ziptrail.KindTimeout, Op: "wait session", Err: fmt.Errorf("session %s still running: %w", id, ctx.Err())}
 		}
 	}
+}
+
+// OpenResult streams a completed session's result, of any size, from where
+// it is held (use Wait first: a session still running is an ErrUnavailable).
+// The reader yields the whole result or an error; close it when done.
+func (c *Client) OpenResult(ctx context.Context, id string) (io.ReadCloser, error) {
+	gw, err := c.gateway("read result")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	stream, err := gw.ReadResult(ctx, &gatewayv1.SessionRef{Namespace: c.Namespace, Id: id})
+	if err != nil {
+		cancel()
+		return nil, gatewayError(ctx, "read result", err)
+	}
+	return &resultReader{ctx: ctx, cancel: cancel, stream: stream}, nil
+}
+
+// resultReader turns ReadResult's chunks into a reader.
+type resultReader struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	stream gatewayv1.Gateway_ReadResultClient
+	buf    []byte
+	err    error
+}
+
+func (r *resultReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		chunk, err := r.stream.Recv()
+		switch {
+		case err == io.EOF:
+			r.err = io.EOF
+		case err != nil:
+			r.err = gatewayError(r.ctx, "read result", err)
+		default:
+			r.buf = chunk.GetData()
+		}
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+func (r *resultReader) Close() error {
+	r.cancel()
+	return nil
+}
+
+// readAll reads a streamed result into memory.
+func (c *Client) readAll(ctx context.Context, id string, size int64) ([]byte, error) {
+	rd, err := c.OpenResult(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+	out := make([]byte, size)
+	if _, err := io.ReadFull(rd, out); err != nil {
+		return nil, &ziptrail.Error{Kind: ziptrail.KindUnavailable, Op: "read result", Err: fmt.Errorf("session %s: %w", id, err)}
+	}
+	return out, nil
 }
 
 // RunSession starts a session and waits for its result; see StartSession
@@ -181,7 +257,7 @@ func (c *Client) RunSession(ctx context.Context, workflow string, input []byte) 
 func session(p *gatewayv1.Session) *Session {
 	s := &Session{ID: p.GetId(), Namespace: p.GetNamespace(), Workflow: p.GetWorkflow(), State: p.GetState(),
 		Started: time.UnixMilli(p.GetStartedUnixMs()), Invocations: int(p.GetInvocations()), Objects: int(p.GetObjects()),
-		Error: p.GetError(), ResultBucket: p.GetResultBucket(), ResultKey: p.GetResultKey()}
+		Error: p.GetError(), ResultBucket: p.GetResultBucket(), ResultKey: p.GetResultKey(), ResultSize: p.GetResultSize()}
 	if p.GetEndedUnixMs() != 0 {
 		s.Ended = time.UnixMilli(p.GetEndedUnixMs())
 	}
@@ -194,8 +270,13 @@ var gatewayKinds = map[codes.Code]ziptrail.Kind{
 	codes.ResourceExhausted:  ziptrail.KindTooLarge,
 	codes.InvalidArgument:    ziptrail.KindInvalid,
 	codes.Unavailable:        ziptrail.KindUnavailable,
-	codes.DeadlineExceeded:   ziptrail.KindTimeout,
-	codes.Canceled:           ziptrail.KindTimeout,
+	// No valid credentials, or not allowed (the message says which, and
+	// the role to bind), as the admin client classifies the API server's
+	// 401 and 403.
+	codes.Unauthenticated:  ziptrail.KindUnavailable,
+	codes.PermissionDenied: ziptrail.KindUnavailable,
+	codes.DeadlineExceeded: ziptrail.KindTimeout,
+	codes.Canceled:         ziptrail.KindTimeout,
 }
 
 // gatewayError classifies a gateway call's error by its gRPC code.

@@ -21,11 +21,16 @@ admin_mod = pytest.importorskip("ziptrail.admin", reason="needs the kubernetes p
 from ziptrail.admin import Admin, Event, Sessions  # noqa: E402
 
 
+BIG = bytes(range(256)) * (12 << 10)  # 3 MiB
+
+
 def handler(inv: ziptrail.Invocation) -> bytes:
     """The workflows' functions: "<wf>-upper" upper-cases its input into
-    the output bucket; "<wf>-crash" fails."""
+    the output bucket; "<wf>-crash" fails; "<wf>-big" returns 3 MiB."""
     if inv.function.endswith("-crash"):
         raise RuntimeError("crashed on purpose")
+    if inv.function.endswith("-big"):
+        return BIG
     data = inv.objects[0].bytes()
     ziptrail.send_object("output", "result", data.upper())
     return b""
@@ -112,7 +117,7 @@ def test_workflow_session_runs_through_the_gateway(admin: Admin, control_plane):
     the function, streams its progress and returns its result."""
     admin.apply_workflow("shout", workflow("upper"))
     admin.wait_ready("Workflow", "shout", timeout=60)
-    sessions = Sessions(control_plane[1], namespace="default")
+    sessions = Sessions(control_plane[1], namespace="default", kubeconfig=control_plane[0])
     events: list[Event] = []
     result = sessions.run("shout", b"hello pheromone", timeout=60, on_event=events.append)
     assert result == b"HELLO PHEROMONE"
@@ -129,7 +134,7 @@ def test_session_errors(admin: Admin, control_plane):
     unreachable gateway is UnavailableError."""
     admin.apply_workflow("broken", workflow("crash"))
     admin.wait_ready("Workflow", "broken", timeout=60)
-    sessions = Sessions(control_plane[1], namespace="default")
+    sessions = Sessions(control_plane[1], namespace="default", kubeconfig=control_plane[0])
     with pytest.raises(ziptrail.FunctionFailedError, match="crashed on purpose"):
         sessions.run("broken", b"x", timeout=60)
     with pytest.raises(ziptrail.NotFoundError, match="workflow not found"):
@@ -139,3 +144,48 @@ def test_session_errors(admin: Admin, control_plane):
     with pytest.raises(ziptrail.UnavailableError):
         Sessions(f"http://127.0.0.1:{free_port()}").start("x")
     admin.delete("Workflow", "broken", wait=60)
+
+
+def test_session_credentials_and_large_results(admin: Admin, control_plane, tmp_path: Path):
+    """The gateway checks Kubernetes credentials: no token is refused
+    (401), a ServiceAccount without the ziptrail-session-runner role too
+    (403, naming the role); the kubeconfig's token or one given works. A
+    3 MiB result streams into a file with result_to."""
+    from kubernetes import client
+
+    admin.apply_workflow("large", {"entry": "big", "functions": [{"name": "big", "image": "example.com/fn:1"}]})
+    admin.wait_ready("Workflow", "large", timeout=60)
+    with pytest.raises(ziptrail.ZiptrailError, match="not authenticated.*bearer token"):
+        Sessions(control_plane[1], token="").start("large")
+    with pytest.raises(ziptrail.ZiptrailError, match="not authenticated"):
+        Sessions(control_plane[1], token="forged").start("large")
+
+    core = client.CoreV1Api(admin.api_client)
+    core.create_namespaced_service_account("default", {"metadata": {"name": "guest"}})
+    token = core.create_namespaced_service_account_token("guest", "default", {"spec": {}}).status.token
+    with pytest.raises(ziptrail.ZiptrailError, match="not allowed.*system:serviceaccount:default:guest.*ziptrail-session-runner"):
+        Sessions(control_plane[1], token=token).start("large")
+    client.RbacAuthorizationV1Api(admin.api_client).create_namespaced_role_binding("default", {
+        "metadata": {"name": "guest-sessions"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ziptrail-session-runner"},
+        "subjects": [{"kind": "ServiceAccount", "name": "guest", "namespace": "default"}]})
+
+    guest = Sessions(control_plane[1], token=token)
+    started = []
+
+    def allowed() -> bool:
+        try:
+            started.append(guest.start("large"))
+            return True
+        except ziptrail.ZiptrailError:
+            return False  # the gateway keeps a denial for 2s
+    wait_for("the role binding to count", allowed)
+
+    s = started[0]
+    out = tmp_path / "result.bin"
+    with open(out, "wb") as f:
+        assert guest.result_to(s.id, f, timeout=60) == len(BIG)
+    assert out.read_bytes() == BIG
+    s = guest.start("large")
+    assert guest.result(s.id, timeout=60) == BIG
+    admin.delete("Workflow", "large", wait=60)

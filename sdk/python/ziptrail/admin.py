@@ -9,6 +9,13 @@ workflow sessions through the operator's session gateway (HTTP, stdlib only).
     run = Sessions("http://ziptrail-gateway:8088", namespace="demo")
     result = run.run("wordcount", b"input text", timeout=300,
                      on_event=lambda e: print(e.kind, e.message))
+    with open("out.bin", "wb") as f:                  # a result of any size
+        run.result_to(session_id, f)
+
+The gateway authenticates every request with Kubernetes credentials (a
+bearer token: the kubeconfig's, the pod's ServiceAccount token, or
+``token=``) and authorizes it with RBAC: bind the user to the ClusterRole
+``ziptrail-session-runner`` in the namespace.
 
 Every failure is a :class:`ziptrail.ZiptrailError`: NotFoundError,
 ConflictError, InvalidError (with the API server's validation message),
@@ -18,6 +25,8 @@ session), ExpiredError (an expired session).
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
 import os
 import time
@@ -25,7 +34,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from .errors import (ConflictError, ExpiredError, FunctionFailedError, InvalidError, NotFoundError, UnavailableError,
                      ZiptrailError, ZiptrailTimeoutError)
@@ -35,6 +44,10 @@ VERSION = "v1alpha1"
 #: kind -> plural (config/crd/bases)
 PLURALS = {"Bucket": "buckets", "Trigger": "triggers", "Workflow": "workflows"}
 ENV_GATEWAY = "ZIPTRAIL_GATEWAY"
+ENV_TOKEN = "ZIPTRAIL_TOKEN"
+SA_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+#: bytes per read when a result streams
+CHUNK = 256 << 10
 
 
 def _api_error(op: str, kind: str, name: str, e: Any) -> ZiptrailError:
@@ -262,28 +275,85 @@ class Session:
                    events=[Event(e.get("kind", ""), e.get("message", ""), e.get("time", "")) for e in d.get("events") or []])
 
 
+class _Credentials:
+    """The bearer token sent to the gateway: ``token`` (``""``: none),
+    else ``$ZIPTRAIL_TOKEN``, else the kubeconfig's (``kubeconfig``/``context``,
+    default ``$KUBECONFIG`` or ``~/.kube/config``; needs the kubernetes
+    package; exec plugins are refreshed as the kubernetes client refreshes
+    them), else the pod's ServiceAccount token. None found: requests go
+    without, and the gateway's 401 says what it needs."""
+
+    def __init__(self, token: str | None, kubeconfig: str | None, context: str | None) -> None:
+        if token is None:
+            token = os.environ.get(ENV_TOKEN) or None
+        self._token = token  # "": send none
+        self._kubeconfig, self._context = kubeconfig, context
+        self._config: Any = None
+        self._loaded = False
+
+    def header(self) -> str | None:
+        if self._token is not None:
+            return f"Bearer {self._token}" if self._token else None
+        if not self._loaded:
+            self._loaded = True
+            self._config = self._load_kubeconfig()
+        if self._config is not None:
+            hook = getattr(self._config, "refresh_api_key_hook", None)
+            if hook is not None:
+                hook(self._config)
+            auth = (self._config.api_key or {}).get("authorization") or (self._config.api_key or {}).get("BearerToken")
+            if auth:
+                return auth if auth.lower().startswith("bearer ") else f"Bearer {auth}"
+        if self._kubeconfig is None and os.path.exists(SA_TOKEN_FILE):
+            with open(SA_TOKEN_FILE, encoding="utf-8") as f:  # re-read: the kubelet rotates it
+                return f"Bearer {f.read().strip()}"
+        return None
+
+    def _load_kubeconfig(self) -> Any:
+        try:
+            from kubernetes import client, config
+        except ImportError:
+            return None
+        cfg = client.Configuration()
+        try:
+            config.load_kube_config(config_file=self._kubeconfig, context=self._context, client_configuration=cfg)
+        except (config.ConfigException, OSError, TypeError):
+            if self._kubeconfig is not None:
+                raise InvalidError("sessions", f"cannot load the kubeconfig {self._kubeconfig}") from None
+            return None
+        return cfg
+
+
 class Sessions:
     """Runs workflow sessions through the operator's session gateway
-    (``url`` defaults to ``$ZIPTRAIL_GATEWAY``)."""
+    (``url`` defaults to ``$ZIPTRAIL_GATEWAY``). Every request carries a
+    Kubernetes bearer token (see :class:`_Credentials`: ``token=``,
+    ``$ZIPTRAIL_TOKEN``, the kubeconfig's, the pod's ServiceAccount's)."""
 
-    def __init__(self, url: str | None = None, namespace: str = "default", *, timeout: float = 30) -> None:
+    def __init__(self, url: str | None = None, namespace: str = "default", *, timeout: float = 30,
+                 token: str | None = None, kubeconfig: str | None = None, context: str | None = None) -> None:
         url = url or os.environ.get(ENV_GATEWAY, "")
         if not url:
             raise InvalidError("sessions", f"no gateway URL: pass one or set {ENV_GATEWAY}")
         self.url = url.rstrip("/")
         self.namespace = namespace
         self.timeout = timeout  # per HTTP request, besides waits
+        self._creds = _Credentials(token, kubeconfig, context)
 
     def _path(self, *parts: str) -> str:
         return f"{self.url}/v1/namespaces/{urllib.parse.quote(self.namespace)}/" + "/".join(urllib.parse.quote(p) for p in parts)
 
-    def _request(self, op: str, method: str, url: str, body: bytes | None = None, timeout: float | None = None) -> tuple[int, dict[str, str], bytes]:
-        req = urllib.request.Request(url, data=body, method=method)
+    def _open(self, op: str, method: str, url: str, body: bytes | None = None, timeout: float | None = None,
+              headers: dict[str, str] | None = None) -> Any:
+        """Sends a request and returns the open response (2xx), or raises."""
+        req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
         if body is not None:
             req.add_header("Content-Type", "application/octet-stream")
+        auth = self._creds.header()
+        if auth:
+            req.add_header("Authorization", auth)
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
-                return r.status, dict(r.headers), r.read()
+            return urllib.request.urlopen(req, timeout=timeout)
         except urllib.error.HTTPError as e:
             data = e.read()
             try:
@@ -295,6 +365,10 @@ class Sessions:
             if isinstance(e, TimeoutError) or "timed out" in str(e):
                 raise ZiptrailTimeoutError(op, f"the gateway at {self.url} did not answer in time: {e}") from None
             raise UnavailableError(op, f"cannot reach the gateway at {self.url}: {e}") from None
+
+    def _request(self, op: str, method: str, url: str, body: bytes | None = None, timeout: float | None = None) -> tuple[int, dict[str, str], bytes]:
+        with self._open(op, method, url, body, timeout or self.timeout) as r:
+            return r.status, dict(r.headers), r.read()
 
     def start(self, workflow: str, input: bytes | str = b"") -> Session:
         """Starts a session of a workflow with an input."""
@@ -313,13 +387,7 @@ class Sessions:
 
     def events(self, session_id: str) -> Iterator[Event]:
         """Streams the session's progress (server-sent events) until it ends."""
-        req = urllib.request.Request(self._path("sessions", session_id, "events"), headers={"Accept": "text/event-stream"})
-        try:
-            resp = urllib.request.urlopen(req, timeout=None)
-        except urllib.error.HTTPError as e:
-            raise _gateway_error("events", e.code, e.read().decode("utf-8", "replace")) from None
-        except (urllib.error.URLError, OSError) as e:
-            raise UnavailableError("events", f"cannot reach the gateway at {self.url}: {e}") from None
+        resp = self._open("events", "GET", self._path("sessions", session_id, "events"), headers={"Accept": "text/event-stream"})
         with resp:
             kind, data = "", ""
             for raw in resp:
@@ -335,15 +403,25 @@ class Sessions:
 
     def result(self, session_id: str, timeout: float | None = None) -> bytes:
         """Waits for the session's result (``timeout`` seconds, None: as long
-        as it runs). Raises FunctionFailedError when the session failed,
-        ExpiredError when it expired, ZiptrailTimeoutError when still running."""
+        as it runs) and returns it. Raises FunctionFailedError when the
+        session failed, ExpiredError when it expired, ZiptrailTimeoutError
+        when still running. For large results, result_to streams instead."""
+        out = io.BytesIO()
+        self.result_to(session_id, out, timeout)
+        return out.getvalue()
+
+    def result_to(self, session_id: str, out: BinaryIO, timeout: float | None = None) -> int:
+        """Waits for the session's result like :meth:`result` and writes it
+        to ``out`` (a binary file) as it arrives, in chunks: a result of any
+        size passes without being held in memory. Returns its size."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
             url = self._path("sessions", session_id, "result") + f"?wait={wait:.3f}s"
-            status, _, body = self._request("result", "GET", url, timeout=wait + self.timeout)
-            if status == 200:
-                return body
+            with self._open("result", "GET", url, timeout=wait + self.timeout) as r:
+                if r.status == 200:
+                    return _copy(r, out, int(r.headers.get("Content-Length", "-1")), session_id)
+                r.read()
             if deadline is not None and time.monotonic() >= deadline:
                 raise ZiptrailTimeoutError("result", f"session {session_id} still running after {timeout}s")
 
@@ -371,6 +449,22 @@ class Sessions:
         return self.result(s.id, timeout)
 
 
+def _copy(src: Any, out: BinaryIO, size: int, session_id: str) -> int:
+    n = 0
+    try:
+        while True:
+            chunk = src.read(CHUNK)
+            if not chunk:
+                break
+            out.write(chunk)
+            n += len(chunk)
+    except (OSError, http.client.HTTPException) as e:
+        raise UnavailableError("result", f"result of session {session_id} cut off after {n} bytes: {e}") from None
+    if size >= 0 and n != size:
+        raise UnavailableError("result", f"result of session {session_id} cut off after {n} of {size} bytes")
+    return n
+
+
 def _gateway_error(op: str, code: int, message: str) -> ZiptrailError:
     if code == 404:
         return NotFoundError(op, message)
@@ -380,6 +474,12 @@ def _gateway_error(op: str, code: int, message: str) -> ZiptrailError:
         return UnavailableError(op, message)  # workflow not ready
     if code == 410:
         return ExpiredError(op, message)
-    if code in (400, 413):
+    if code in (400, 411, 413):
         return InvalidError(op, message)
+    if code == 401:
+        return ZiptrailError(op, f"not authenticated: {message} (pass token= or a kubeconfig whose user has a token)")
+    if code == 403:
+        return ZiptrailError(op, f"not allowed: {message}")
+    if code == 503:
+        return UnavailableError(op, message)
     return ZiptrailError(op, f"gateway answered {code}: {message}")

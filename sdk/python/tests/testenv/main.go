@@ -36,9 +36,11 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/ziptrail/ziptrail/controllers"
+	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/dispatch"
 	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/localcluster"
 	"github.com/ziptrail/ziptrail/internal/orchestrator"
 )
 
@@ -68,6 +70,15 @@ func run(dir, gatewayAddr, functionURL string) error {
 	if err != nil {
 		return err
 	}
+	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		return err
+	}
+	// The gateway checks bearer tokens: the kubeconfig's user gets an
+	// admin ServiceAccount's token next to its client certificate.
+	if _, err := localcluster.GatewayCredentials(context.Background(), k8s, env.Config, kubeconfig); err != nil {
+		return err
+	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
 	go func() { // the test closes stdin (or dies): stop
@@ -85,10 +96,6 @@ func run(dir, gatewayAddr, functionURL string) error {
 		u, err := apis.ParseURL(functionURL)
 		if err != nil {
 			return fmt.Errorf("--function-url: %w", err)
-		}
-		k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
-		if err != nil {
-			return err
 		}
 		go playKnative(ctx, k8s, u)
 	}
@@ -108,7 +115,8 @@ func startOperator(ctx context.Context, env *controlplane.Env, addr string, errc
 	if err != nil {
 		return err
 	}
-	orch, err := orchestrator.New(orchestrator.Options{Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()}, Log: logr.Discard()})
+	keys := &control.SecretKeys{Client: mgr.GetClient()}
+	orch, err := orchestrator.New(orchestrator.Options{Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()}, Log: logr.Discard(), Keys: keys})
 	if err != nil {
 		return err
 	}
@@ -119,7 +127,8 @@ func startOperator(ctx context.Context, env *controlplane.Env, addr string, errc
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orchestrator.Results{}}),
+	hs := &http.Server{Handler: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
+		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}}),
 		ReadHeaderTimeout: 10 * time.Second}
 	go func() { errc <- mgr.Start(ctx) }()
 	go func() { errc <- orch.Run(ctx) }()

@@ -1,0 +1,117 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
+	"github.com/ziptrail/ziptrail/internal/sessions"
+)
+
+// TestAuth plays users against the gateway over HTTP and gRPC with real
+// ServiceAccount tokens checked by a real API server: no token or a forged
+// one is 401; a ServiceAccount without the session-runner role is 403 with
+// the reason; one bound to it in its namespace runs and reads sessions
+// there; a token bound in namespace b cannot read a's sessions.
+func TestAuth(t *testing.T) {
+	f := newFixture(t, nil)
+	f.namespace(t, "a")
+	f.namespace(t, "b")
+	runnerA := f.serviceAccount(t, "a", "runner", "a")
+	nobodyA := f.serviceAccount(t, "a", "nobody", "")
+	runnerB := f.serviceAccount(t, "b", "runner", "b")
+	f.workflow(t, "a", "echo", echo)
+	f.workflow(t, "b", "echo", echo)
+	ctx := context.Background()
+	start := "/v1/namespaces/a/workflows/echo/sessions"
+
+	// Strangers.
+	for name, token := range map[string]string{"no token": "", "forged token": "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhZG1pbiJ9.c2ln"} {
+		resp, body := f.do(t, token, http.MethodPost, start, strings.NewReader("hi"))
+		if resp.StatusCode != http.StatusUnauthorized || !contains(body, `"error"`) {
+			t.Errorf("%s: start answered %d %s, want 401", name, resp.StatusCode, body)
+		}
+		resp, body = f.do(t, token, http.MethodGet, "/v1/namespaces/a/sessions", nil)
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s: list answered %d %s, want 401", name, resp.StatusCode, body)
+		}
+	}
+
+	// Authenticated, but without the role.
+	resp, body := f.do(t, nobodyA, http.MethodPost, start, strings.NewReader("hi"))
+	if resp.StatusCode != http.StatusForbidden || !contains(body, "system:serviceaccount:a:nobody", "create", "ziptrail-session-runner") {
+		t.Fatalf("ServiceAccount without the role: start answered %d %s, want 403 naming the user, the verb and the role to bind", resp.StatusCode, body)
+	}
+	if n := len(f.orch.Sessions().List("a", "")); n != 0 {
+		t.Errorf("a refused request started %d sessions", n)
+	}
+	if _, err := f.gw.StartSession(withToken(ctx, nobodyA), &gatewayv1.StartSessionRequest{Namespace: "a", Workflow: "echo", Input: []byte("hi")}); status.Code(err) != codes.PermissionDenied ||
+		!strings.Contains(err.Error(), "ziptrail-session-runner") {
+		t.Errorf("gRPC start without the role: %v, want PermissionDenied with the reason", err)
+	}
+
+	// With the role, in its namespace.
+	resp, body = f.do(t, runnerA, http.MethodPost, start, strings.NewReader("hello a"))
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("runner of a: start answered %d %s", resp.StatusCode, body)
+	}
+	var s sessions.Session
+	if err := json.Unmarshal([]byte(body), &s); err != nil {
+		t.Fatal(err)
+	}
+	resp, body = f.do(t, runnerA, http.MethodGet, "/v1/namespaces/a/sessions/"+s.ID+"/result?wait=1m", nil)
+	if resp.StatusCode != http.StatusOK || body != "hello a" {
+		t.Fatalf("runner of a: result %d %q", resp.StatusCode, body)
+	}
+	gs, err := f.gw.StartSession(withToken(ctx, runnerA), &gatewayv1.StartSessionRequest{Namespace: "a", Workflow: "echo", Input: []byte("by grpc")})
+	if err != nil {
+		t.Fatalf("gRPC start with the role: %v", err)
+	}
+	if r, err := f.gw.WaitSession(withToken(ctx, runnerA), &gatewayv1.WaitSessionRequest{Namespace: "a", Id: gs.Id, TimeoutMs: 60_000}); err != nil || string(r.Result) != "by grpc" {
+		t.Fatalf("gRPC wait with the role: %v %v", r, err)
+	}
+
+	// A token of namespace b reads nothing of a, and learns nothing either.
+	for _, path := range []string{"/v1/namespaces/a/sessions/" + s.ID, "/v1/namespaces/a/sessions/" + s.ID + "/result",
+		"/v1/namespaces/a/sessions/" + s.ID + "/events", "/v1/namespaces/a/sessions", "/v1/namespaces/a/sessions/no-such-session"} {
+		resp, body := f.do(t, runnerB, http.MethodGet, path, nil)
+		if resp.StatusCode != http.StatusForbidden || strings.Contains(body, "hello a") || strings.Contains(body, `"id"`) {
+			t.Errorf("b's token: GET %s answered %d %s, want 403", path, resp.StatusCode, body)
+		}
+	}
+	if resp, body := f.do(t, runnerB, http.MethodPost, start, strings.NewReader("x")); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("b's token: start in a answered %d %s", resp.StatusCode, body)
+	}
+	for name, call := range map[string]func() error{
+		"get": func() error {
+			_, err := f.gw.GetSession(withToken(ctx, runnerB), &gatewayv1.SessionRef{Namespace: "a", Id: gs.Id})
+			return err
+		},
+		"wait": func() error {
+			_, err := f.gw.WaitSession(withToken(ctx, runnerB), &gatewayv1.WaitSessionRequest{Namespace: "a", Id: gs.Id})
+			return err
+		},
+		"watch": func() error {
+			st, err := f.gw.WatchSession(withToken(ctx, runnerB), &gatewayv1.SessionRef{Namespace: "a", Id: gs.Id})
+			if err != nil {
+				return err
+			}
+			_, err = st.Recv()
+			return err
+		},
+	} {
+		if err := call(); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("b's token: gRPC %s of a's session: %v, want PermissionDenied", name, err)
+		}
+	}
+	// b's runner works in b.
+	if resp, body := f.do(t, runnerB, http.MethodPost, "/v1/namespaces/b/workflows/echo/sessions", strings.NewReader("x")); resp.StatusCode != http.StatusCreated {
+		t.Errorf("b's token in b: %d %s", resp.StatusCode, body)
+	}
+}

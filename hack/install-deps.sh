@@ -26,7 +26,7 @@ HELM_VERSION=v3.22.0
 PROTOC_GEN_GO_VERSION=v1.36.12     # matches google.golang.org/protobuf in go.mod
 PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
-PY_PACKAGES=(pytest==9.2.0 grpcio==1.85.1 grpcio-tools==1.85.1 grpcio-status==1.85.1 protobuf==7.36.2 googleapis-common-protos==1.76.0 kubernetes==37.0.2)
+PY_PACKAGES=(pytest==9.2.0 grpcio==1.85.1 grpcio-tools==1.85.1 grpcio-status==1.85.1 protobuf==7.36.2 googleapis-common-protos==1.76.0 kubernetes==37.0.2 hypothesis==6.170.15)
 
 ENVTEST_DIR="$CACHE/k8s/$K8S_VERSION-etcd-$ETCD_VERSION"
 BIN="$CACHE/bin"

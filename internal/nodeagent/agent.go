@@ -405,6 +405,8 @@ func (a *Agent) Stop() error {
 	}
 	ctx := context.Background()
 	var errs []error
+	// Nothing of ours may outlive the agent.
+	errs = append(errs, killNamespaces(ctx, a.cfg.NetPrefix))
 	for _, n := range a.networks {
 		errs = append(errs, n.Cleanup(ctx))
 	}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,10 +42,10 @@ func TestBinaryLifecycle(t *testing.T) {
 	args := []string{"--kubeconfig", kubeconfig, "--state-dir", state, "--catalog", filepath.Join(catalogDir, "images.yaml"),
 		"--node", "ztm-node-0=10.221.8.0/24", "--net-prefix", "ztm", "--cluster-dns", "10.0.0.10",
 		"--cluster-domain", "cluster.local", "--listen-address", "127.0.0.1", "--healthz-port", "10349", "--kubelet-port", "10351"}
-	start := func() (*exec.Cmd, *strings.Builder) {
-		var logs strings.Builder
+	start := func() (*exec.Cmd, *syncBuffer) {
+		logs := &syncBuffer{}
 		cmd := exec.Command(bin, args...)
-		cmd.Stdout, cmd.Stderr = &logs, &logs
+		cmd.Stdout, cmd.Stderr = logs, logs
 		g.Expect(cmd.Start()).To(Succeed())
 		g.Eventually(func() (int, error) {
 			resp, err := http.Get("http://127.0.0.1:10349/healthz")
@@ -54,8 +55,8 @@ func TestBinaryLifecycle(t *testing.T) {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			return resp.StatusCode, nil
-		}, 60*time.Second, 200*time.Millisecond).Should(Equal(http.StatusOK), "agent output:\n%s", &logs)
-		return cmd, &logs
+		}, 60*time.Second, 200*time.Millisecond).Should(Equal(http.StatusOK), "agent output:\n%s", logs)
+		return cmd, logs
 	}
 	leftovers := func() []string {
 		var found []string
@@ -98,4 +99,22 @@ func TestBinaryLifecycle(t *testing.T) {
 	g.Expect(leftovers()).To(BeEmpty(), "agent output:\n%s", logs)
 	_, err = httpGet(echoURL(p, "/"))
 	g.Expect(err).To(HaveOccurred(), "the container survived --cleanup")
+}
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -60,9 +60,10 @@ type Provider struct {
 	allocatable corev1.ResourceList
 	startTime   time.Time
 
-	mu    sync.Mutex
-	pods  map[string]*podRuntime    // namespace/name -> current pod
-	byUID map[types.UID]*podRuntime // every pod with a sandbox, including terminating ones
+	mu      sync.Mutex
+	closing bool                      // shutting down: no new pods
+	pods    map[string]*podRuntime    // namespace/name -> current pod
+	byUID   map[types.UID]*podRuntime // every pod with a sandbox, including terminating ones
 
 	notifyMu sync.Mutex
 	notifyCb func(*corev1.Pod)
@@ -87,6 +88,11 @@ func key(ns, name string) string { return ns + "/" + name }
 func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closing {
+		// Not an error: the core would mark the pod failed. The next run
+		// of the agent starts it.
+		return nil
+	}
 	k := key(pod.Namespace, pod.Name)
 	if cur, ok := p.pods[k]; ok {
 		if cur.uid == pod.UID {
@@ -250,6 +256,7 @@ func (p *Provider) shutdown(maxGrace time.Duration) {
 	p.muted = true
 	p.notifyMu.Unlock()
 	p.mu.Lock()
+	p.closing = true
 	prs := make([]*podRuntime, 0, len(p.byUID))
 	for _, pr := range p.byUID {
 		prs = append(prs, pr)

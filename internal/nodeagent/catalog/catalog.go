@@ -191,7 +191,7 @@ func (c *Catalog) goBinary(ctx context.Context, pkg string) (string, bool, error
 	out := filepath.Join(c.binDir, name)
 	c.mu.Lock()
 	b, ok := c.builds[pkg]
-	if !ok || (b.err != nil && isDone(b.done)) {
+	if !ok || (isDone(b.done) && b.err != nil) { // err is only read once the build is done
 		b = &build{done: make(chan struct{}), path: out}
 		c.builds[pkg] = b
 		c.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -138,6 +139,34 @@ func TestGoPackageBuild(t *testing.T) {
 	}
 	if p, err = c.Resolve(context.Background(), img, nil, nil, ""); err != nil || p.Built {
 		t.Fatalf("second resolve must use the cache: %+v %v", p, err)
+	}
+	// Concurrent first uses wait for one build.
+	write("ok2/main.go", "package main\nfunc main() {}\n")
+	c.images = append(c.images, Image{Image: "ok2", GoPackage: "./ok2"})
+	img2, _ := c.Lookup("ok2")
+	var wg sync.WaitGroup
+	built := make(chan bool, 3)
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := c.Resolve(context.Background(), img2, nil, nil, "")
+			if err != nil {
+				t.Error(err)
+			}
+			built <- p.Built
+		}()
+	}
+	wg.Wait()
+	close(built)
+	n := 0
+	for b := range built {
+		if b {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d of 3 concurrent resolves built the package; want 1", n)
 	}
 	img, _ = c.Lookup("broken")
 	if _, err := c.Resolve(context.Background(), img, nil, nil, ""); err == nil || !strings.Contains(err.Error(), "undefined") {

@@ -1,0 +1,105 @@
+// Command ziptrail-ingress is the local cluster's Knative networking layer
+// (KIngress): one process that is both the controller for Ingresses of the
+// class ziptrail.ingress.networking.knative.dev and the gateway that serves
+// them (internal/kingress). Knative Serving uses it when config-network has
+// `ingress-class: ziptrail.ingress.networking.knative.dev`.
+//
+//	ziptrail-ingress --kubeconfig ~/.cache/ziptrail/local/kubeconfig \
+//	    --http-address :8080 --cluster-local-address :8081 --admin-address :8090
+//
+// --public-service and --private-service name the Services in front of the
+// two listeners; they are reported as the Ingresses' DomainInternal, which
+// Knative Serving turns into each route's cluster-local ExternalName Service.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ziptrail/ziptrail/internal/kingress"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "ziptrail-ingress:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		kubeconfig = flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster; in-cluster configuration when empty")
+		httpAddr   = flag.String("http-address", ":8080", "listen address of the external gateway (ExternalIP rules)")
+		localAddr  = flag.String("cluster-local-address", ":8081", "listen address of the cluster-local gateway (ClusterLocal and ExternalIP rules)")
+		adminAddr  = flag.String("admin-address", ":8090", "listen address of /healthz and /readyz; empty to disable")
+		class      = flag.String("ingress-class", kingress.ClassName, "ingress class served (annotation networking.knative.dev/ingress.class)")
+		public     = flag.String("public-service", "ziptrail-ingress.knative-serving.svc.cluster.local", "DomainInternal reported for the public load balancer")
+		private    = flag.String("private-service", "ziptrail-ingress-internal.knative-serving.svc.cluster.local", "DomainInternal reported for the private load balancer")
+		threads    = flag.Int("threads", 2, "reconciler workers")
+		verbose    = flag.Bool("v", false, "debug logging")
+	)
+	flag.Parse()
+
+	cfg, err := restConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	level := zapcore.InfoLevel
+	if *verbose {
+		level = zapcore.DebugLevel
+	}
+	zc := zap.NewProductionConfig()
+	zc.Level = zap.NewAtomicLevelAt(level)
+	logger, err := zc.Build()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = logger.Sync() }()
+
+	ext, err := net.Listen("tcp", *httpAddr)
+	if err != nil {
+		return fmt.Errorf("--http-address: %w", err)
+	}
+	loc, err := net.Listen("tcp", *localAddr)
+	if err != nil {
+		return fmt.Errorf("--cluster-local-address: %w", err)
+	}
+	var admin net.Listener
+	if *adminAddr != "" {
+		if admin, err = net.Listen("tcp", *adminAddr); err != nil {
+			return fmt.Errorf("--admin-address: %w", err)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return kingress.Run(ctx, kingress.Options{
+		Config: cfg, External: ext, Local: loc, Admin: admin,
+		Class: *class, PublicService: *public, PrivateService: *private,
+		Logger: logger.Sugar(), Threads: *threads,
+	})
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no --kubeconfig and not in a cluster: %w", err)
+		}
+		return cfg, nil
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,161 @@
+package kingress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Proxy is the data path of one listener (external or cluster-local): it
+// routes by the Table published last and forwards to the backends' ready
+// endpoints. Its zero Table answers 404 to everything.
+type Proxy struct {
+	name   string
+	table  atomic.Pointer[Table]
+	h1, h2 *httputil.ReverseProxy
+	logger *zap.SugaredLogger
+}
+
+// target is what ServeHTTP decided, handed to the reverse proxy's Rewrite
+// and to the dialer through the request context.
+type target struct {
+	addrs []string
+	first int
+	host  string // Host header to send
+	b     *Backend
+}
+
+type targetKey struct{}
+
+// NewProxy returns the data path of the listener called name (used in
+// error messages).
+func NewProxy(name string, logger *zap.SugaredLogger) *Proxy {
+	p := &Proxy{name: name, logger: logger}
+	p.table.Store(newTable())
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return dialTarget(ctx, dialer, network, addr)
+	}
+	h1 := &http.Transport{
+		DialContext:           dial,
+		MaxIdleConns:          1000,
+		MaxIdleConnsPerHost:   100,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+	}
+	h2 := &http.Transport{
+		DialContext:        dial,
+		IdleConnTimeout:    90 * time.Second,
+		DisableCompression: true,
+		Protocols:          new(http.Protocols),
+	}
+	h2.Protocols.SetUnencryptedHTTP2(true)
+	p.h1 = p.reverseProxy(h1)
+	p.h2 = p.reverseProxy(h2)
+	return p
+}
+
+func (p *Proxy) reverseProxy(t http.RoundTripper) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Transport: t,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			tg := pr.In.Context().Value(targetKey{}).(*target)
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = tg.addrs[tg.first]
+			pr.Out.Host = tg.host
+			if xff := pr.In.Header["X-Forwarded-For"]; xff != nil {
+				pr.Out.Header["X-Forwarded-For"] = xff
+			}
+			pr.SetXForwarded()
+		},
+		ErrorHandler: p.proxyError,
+	}
+}
+
+// SetTable publishes a new routing snapshot.
+func (p *Proxy) SetTable(t *Table) { p.table.Store(t) }
+
+// ServeHTTP routes one request.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rt, hostKnown := p.table.Load().lookup(r)
+	if rt == nil {
+		if !hostKnown {
+			http.Error(w, fmt.Sprintf("no ingress on the %s listener serves host %q", p.name, normalizeHost(r.Host)), http.StatusNotFound)
+		} else {
+			http.Error(w, fmt.Sprintf("no ingress path of host %q matches %q", normalizeHost(r.Host), r.URL.Path), http.StatusNotFound)
+		}
+		return
+	}
+	s := rt.pick()
+	ep := s.backend.current()
+	if len(ep.addrs) == 0 {
+		http.Error(w, ep.problem, http.StatusServiceUnavailable)
+		return
+	}
+	for _, h := range s.appendHeaders {
+		r.Header.Set(h.name, h.value)
+	}
+	for _, h := range rt.appendHeaders {
+		r.Header.Set(h.name, h.value)
+	}
+	tg := &target{addrs: ep.addrs, first: int(s.backend.next.Add(1) % uint32(len(ep.addrs))), host: r.Host, b: s.backend}
+	if rt.rewriteHost != "" {
+		tg.host = rt.rewriteHost
+	}
+	r = r.WithContext(context.WithValue(r.Context(), targetKey{}, tg))
+	if ep.h2c {
+		p.h2.ServeHTTP(w, r)
+	} else {
+		p.h1.ServeHTTP(w, r)
+	}
+}
+
+// proxyError answers 502 when no endpoint could be reached, naming the
+// Service, and stays quiet when the client went away.
+func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(r.Context().Err(), context.Canceled) {
+		w.WriteHeader(499)
+		return
+	}
+	tg, _ := r.Context().Value(targetKey{}).(*target)
+	name := "backend"
+	if tg != nil {
+		name = "service " + tg.b.key.String()
+	}
+	p.logger.Debugw("proxy error", "backend", name, "error", err)
+	http.Error(w, fmt.Sprintf("%s: %v", name, err), http.StatusBadGateway)
+}
+
+// dialTarget dials the endpoint the request was assigned and, when that
+// connection is refused, the request's other endpoints in turn: nothing of
+// the request has been sent yet, so this is safe for any method.
+func dialTarget(ctx context.Context, d *net.Dialer, network, addr string) (net.Conn, error) {
+	conn, err := d.DialContext(ctx, network, addr)
+	tg, _ := ctx.Value(targetKey{}).(*target)
+	if err == nil || tg == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+		return conn, err
+	}
+	for i := 1; i < len(tg.addrs); i++ {
+		alt := tg.addrs[(tg.first+i)%len(tg.addrs)]
+		if alt == addr {
+			continue
+		}
+		c, e := d.DialContext(ctx, network, alt)
+		if e == nil {
+			return c, nil
+		}
+		if !errors.Is(e, syscall.ECONNREFUSED) {
+			return nil, e
+		}
+	}
+	return nil, err
+}

@@ -31,7 +31,7 @@ type Reconciler struct {
 	}
 	publicLB, privateLB []v1alpha1.LoadBalancerIngressStatus
 
-	mu      sync.Mutex
+	mu         sync.Mutex
 	programmed map[types.NamespacedName]*ingressRoutes
 }
 

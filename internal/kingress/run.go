@@ -18,8 +18,8 @@ import (
 	ingressinformer "knative.dev/networking/pkg/client/injection/informers/networking/v1alpha1/ingress"
 	ingressreconciler "knative.dev/networking/pkg/client/injection/reconciler/networking/v1alpha1/ingress"
 	"knative.dev/networking/pkg/status"
-	endpointsliceinformer "knative.dev/pkg/client/injection/kube/informers/discovery/v1/endpointslice"
 	serviceinformer "knative.dev/pkg/client/injection/kube/informers/core/v1/service"
+	endpointsliceinformer "knative.dev/pkg/client/injection/kube/informers/discovery/v1/endpointslice"
 	"knative.dev/pkg/controller"
 	"knative.dev/pkg/injection"
 	"knative.dev/pkg/kmeta"
@@ -92,7 +92,9 @@ func Run(ctx context.Context, o Options) error {
 
 	var impl *controller.Impl
 	prober := status.NewProber(o.Logger.Named("prober"), &selfTargetLister{external: extAddr, local: locAddr},
-		func(ing *v1alpha1.Ingress) { impl.EnqueueKey(types.NamespacedName{Namespace: ing.Namespace, Name: ing.Name}) })
+		func(ing *v1alpha1.Ingress) {
+			impl.EnqueueKey(types.NamespacedName{Namespace: ing.Namespace, Name: ing.Name})
+		})
 	r.prober = prober
 	impl = ingressreconciler.NewImpl(ctx, r, o.Class)
 

@@ -349,10 +349,9 @@ func (o *Orchestrator) feed(ctx context.Context) {
 				if ctx.Err() != nil {
 					return
 				}
+				// The dispatcher reported it through onResult: the engine
+				// re-executes it or fails its session.
 				o.opts.Log.Error(err, "dispatch", "function", env.Function, "session", env.Session)
-				// It would never finish: the session could only wait for
-				// its deadline.
-				o.execute(o.engine.FailSession(env.Session, fmt.Sprintf("invocation %s of %s could not be sent: %v", env.Invocation, env.Function, err), o.opts.Now()))
 			}
 		}
 	}

@@ -31,8 +31,14 @@ type Reconciler struct {
 	}
 	publicLB, privateLB []v1alpha1.LoadBalancerIngressStatus
 
+	// enqueue re-reconciles an Ingress (the controller's EnqueueKey).
+	enqueue func(types.NamespacedName)
+
 	mu         sync.Mutex
 	programmed map[types.NamespacedName]*ingressRoutes
+	// conflicted are the Ingresses refused for a host another one holds;
+	// they are retried when an Ingress goes away.
+	conflicted map[types.NamespacedName]bool
 }
 
 var (
@@ -81,10 +87,14 @@ func (r *Reconciler) ObserveDeletion(ctx context.Context, key types.NamespacedNa
 	r.prober.CancelIngressProbingByKey(key)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	delete(r.conflicted, key)
 	if _, ok := r.programmed[key]; ok {
 		delete(r.programmed, key)
 		r.publishLocked()
 		logging.FromContext(ctx).Infow("ingress removed", "ingress", key.String())
+		for k := range r.conflicted {
+			r.enqueue(k)
+		}
 	}
 	return nil
 }
@@ -115,15 +125,18 @@ func (r *Reconciler) program(ing *v1alpha1.Ingress) error {
 		}
 		for _, h := range ext {
 			if _, ok := other.external[h]; ok {
+				r.conflicted[ir.key] = true
 				return &domainConflict{host: h, owner: k.String()}
 			}
 		}
 		for _, h := range loc {
 			if _, ok := other.local[h]; ok {
+				r.conflicted[ir.key] = true
 				return &domainConflict{host: h, owner: k.String()}
 			}
 		}
 	}
+	delete(r.conflicted, ir.key)
 	r.programmed[ir.key] = ir
 	r.publishLocked()
 	return nil

@@ -82,6 +82,7 @@ func Run(ctx context.Context, o Options) error {
 		external:   NewProxy("external", o.Logger),
 		local:      NewProxy("cluster-local", o.Logger),
 		programmed: map[types.NamespacedName]*ingressRoutes{},
+		conflicted: map[types.NamespacedName]bool{},
 	}
 	if o.PublicService != "" {
 		r.publicLB = []v1alpha1.LoadBalancerIngressStatus{{DomainInternal: o.PublicService}}
@@ -97,6 +98,7 @@ func Run(ctx context.Context, o Options) error {
 		})
 	r.prober = prober
 	impl = ingressreconciler.NewImpl(ctx, r, o.Class)
+	r.enqueue = impl.EnqueueKey
 
 	ingInformer := ingressinformer.Get(ctx)
 	classFilter := pkgreconciler.AnnotationFilterFunc(ingressreconciler.ClassAnnotationKey, o.Class, false)

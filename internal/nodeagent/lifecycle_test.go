@@ -270,3 +270,20 @@ func TestInitContainers(t *testing.T) {
 		g.Expect(s.State.Terminated.Reason).To(Equal("Completed"))
 	}
 }
+
+// activeDeadlineSeconds fails the pod (DeadlineExceeded) and stops its
+// containers.
+func TestActiveDeadline(t *testing.T) {
+	g := NewWithT(t)
+	ns := newNamespace(t)
+	pod := echoPod(ns, "deadline", nodes[1].Name)
+	d := int64(3)
+	pod.Spec.ActiveDeadlineSeconds = &d
+	create(t, pod)
+	g.Eventually(func(g Gomega) {
+		p := getPod(g, ns, "deadline")
+		g.Expect(p.Status.Phase).To(Equal(corev1.PodFailed))
+		g.Expect(p.Status.Reason).To(Equal("DeadlineExceeded"))
+		g.Expect(p.Status.ContainerStatuses[0].State.Terminated).NotTo(BeNil())
+	}, 60*time.Second, 200*time.Millisecond).Should(Succeed())
+}

@@ -30,23 +30,24 @@ type podRuntime struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed once torn down
 
-	mu            sync.Mutex
-	pod           *corev1.Pod
-	startTime     metav1.Time
-	sb            *sandbox.Sandbox
-	vols          *volumes.Set
-	conds         map[corev1.PodConditionType]*corev1.PodCondition
-	initDone      bool
-	failReason    string // the pod failed as a whole (phase Failed)
-	failMessage   string
-	terminating   bool
-	deadline      time.Time     // end of the grace period while terminating
-	shorten       chan struct{} // closed (and replaced) when the deadline moves earlier
-	finished      bool
-	inits, ctrs   []*ctrRuntime
-	volumeErr     string
-	sandboxErr    string
-	sandboxFailed int
+	mu               sync.Mutex
+	pod              *corev1.Pod
+	startTime        metav1.Time
+	sb               *sandbox.Sandbox
+	vols             *volumes.Set
+	conds            map[corev1.PodConditionType]*corev1.PodCondition
+	initDone         bool
+	failReason       string // the pod failed as a whole (phase Failed)
+	failMessage      string
+	deadlineExceeded bool
+	terminating      bool
+	deadline         time.Time     // end of the grace period while terminating
+	shorten          chan struct{} // closed (and replaced) when the deadline moves earlier
+	finished         bool
+	inits, ctrs      []*ctrRuntime
+	volumeErr        string
+	sandboxErr       string
+	sandboxFailed    int
 }
 
 func newPodRuntime(p *Provider, pod *corev1.Pod) *podRuntime {
@@ -104,6 +105,9 @@ func (pr *podRuntime) run() {
 		<-pr.ctx.Done()
 		return
 	}
+	if d := pr.pod.Spec.ActiveDeadlineSeconds; d != nil {
+		go pr.enforceDeadline(time.Duration(*d) * time.Second)
+	}
 	if !pr.createSandbox() || !pr.setupVolumes() {
 		return
 	}
@@ -128,6 +132,28 @@ func (pr *podRuntime) run() {
 	}
 	wg.Wait()
 	<-pr.ctx.Done()
+}
+
+const deadlineMessage = "Pod was active on the node longer than the specified deadline"
+
+// enforceDeadline fails the pod once it has been active for longer than
+// spec.activeDeadlineSeconds (counted from its start, as the kubelet does)
+// and stops its containers.
+func (pr *podRuntime) enforceDeadline(d time.Duration) {
+	t := time.NewTimer(time.Until(pr.startTime.Add(d)))
+	defer t.Stop()
+	select {
+	case <-pr.ctx.Done():
+		return
+	case <-t.C:
+	}
+	// The Failed phase is only pushed with the containers' final states
+	// (finish): the core ignores status updates once a pod is Failed.
+	pr.mu.Lock()
+	pr.deadlineExceeded = true
+	pr.mu.Unlock()
+	pr.event(corev1.EventTypeWarning, "DeadlineExceeded", "%s", deadlineMessage)
+	pr.terminate(pr.graceFromSpec(), "active deadline exceeded")
 }
 
 // retry waits before the next attempt of a failed step; false when the pod
@@ -320,6 +346,9 @@ func (pr *podRuntime) finish() {
 	}
 	pr.mu.Lock()
 	pr.finished = true
+	if pr.deadlineExceeded {
+		pr.failReason, pr.failMessage = "DeadlineExceeded", deadlineMessage
+	}
 	for _, c := range append(append([]*ctrRuntime{}, pr.inits...), pr.ctrs...) {
 		c.finalState()
 	}

@@ -46,6 +46,7 @@ func run() error {
 		public     = flag.String("public-service", "ziptrail-ingress.knative-serving.svc.cluster.local", "DomainInternal reported for the public load balancer")
 		private    = flag.String("private-service", "ziptrail-ingress-internal.knative-serving.svc.cluster.local", "DomainInternal reported for the private load balancer")
 		threads    = flag.Int("threads", 2, "reconciler workers")
+		maxHeader  = flag.Int("max-header-bytes", kingress.DefaultMaxHeaderBytes, "largest request line + headers accepted (larger get 431)")
 		verbose    = flag.Bool("v", false, "debug logging")
 	)
 	flag.Parse()
@@ -85,7 +86,7 @@ func run() error {
 	return kingress.Run(ctx, kingress.Options{
 		Config: cfg, External: ext, Local: loc, Admin: admin,
 		Class: *class, PublicService: *public, PrivateService: *private,
-		Logger: logger.Sugar(), Threads: *threads,
+		Logger: logger.Sugar(), Threads: *threads, MaxHeaderBytes: *maxHeader,
 	})
 }
 

@@ -150,6 +150,14 @@ type backend struct {
 
 func newBackend(t testing.TB, name string, handler http.Handler) *backend {
 	t.Helper()
+	b := startBackend(t, name, handler)
+	t.Cleanup(func() { _ = b.srv.Close() })
+	return b
+}
+
+// startBackend is newBackend for a backend that lives until the process ends.
+func startBackend(t testing.TB, name string, handler http.Handler) *backend {
+	t.Helper()
 	b := &backend{name: name}
 	if handler == nil {
 		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -181,7 +189,6 @@ func newBackend(t testing.TB, name string, handler http.Handler) *backend {
 		inner.ServeHTTP(w, r)
 	})}
 	go func() { _ = b.srv.Serve(l) }()
-	t.Cleanup(func() { _ = b.srv.Close() })
 	return b
 }
 
@@ -236,6 +243,16 @@ func setEndpoints(t testing.TB, ns, name string, ready bool, addrs ...*net.TCPAd
 	}
 	if err != nil {
 		t.Fatalf("endpointslice: %v", err)
+	}
+}
+
+// endpointSlice is one slice of the Service svc with one endpoint.
+func endpointSlice(ns, name, svc, portName string, port int32, ip string, ready bool) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
 	}
 }
 

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -31,6 +33,22 @@ type target struct {
 	first int
 	host  string // Host header to send
 	b     *Backend
+	body  *bodyReader
+}
+
+// bodyReader remembers why reading the client's body failed, so that a
+// malformed body is the client's 400, not the backend's 502.
+type bodyReader struct {
+	io.ReadCloser
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
 }
 
 type targetKey struct{}
@@ -78,8 +96,18 @@ func (p *Proxy) reverseProxy(t http.RoundTripper) *httputil.ReverseProxy {
 			pr.SetXForwarded()
 		},
 		ErrorHandler: p.proxyError,
+		BufferPool:   bufferPool{},
 	}
 }
+
+// bufferPool recycles the 32 KiB buffers the reverse proxy copies bodies
+// through, so a request costs no buffer allocation.
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *buffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { buffers.Put(&b) }
 
 // SetTable publishes a new routing snapshot.
 func (p *Proxy) SetTable(t *Table) { p.table.Store(t) }
@@ -111,6 +139,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if rt.rewriteHost != "" {
 		tg.host = rt.rewriteHost
 	}
+	if r.Body != nil && r.Body != http.NoBody {
+		tg.body = &bodyReader{ReadCloser: r.Body}
+		r.Body = tg.body
+	}
 	r = r.WithContext(context.WithValue(r.Context(), targetKey{}, tg))
 	if ep.h2c {
 		p.h2.ServeHTTP(w, r)
@@ -127,6 +159,10 @@ func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	tg, _ := r.Context().Value(targetKey{}).(*target)
+	if tg != nil && tg.body != nil && tg.body.err != nil {
+		http.Error(w, "malformed request body: "+tg.body.err.Error(), http.StatusBadRequest)
+		return
+	}
 	name := "backend"
 	if tg != nil {
 		name = "service " + tg.b.key.String()

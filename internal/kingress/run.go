@@ -45,7 +45,14 @@ type Options struct {
 	Logger *zap.SugaredLogger
 	// Threads is the number of reconciler workers (2 when 0).
 	Threads int
+	// MaxHeaderBytes bounds a request's line and headers
+	// (DefaultMaxHeaderBytes when 0); larger ones get 431.
+	MaxHeaderBytes int
 }
+
+// DefaultMaxHeaderBytes is 64 KiB, about Envoy's default limit (60 KiB),
+// so requests that pass here also pass a Kourier gateway.
+const DefaultMaxHeaderBytes = 64 << 10
 
 // Run serves KIngresses until ctx ends: it syncs the informers, programs the
 // proxies with every Ingress of the class that exists already (so a restart
@@ -59,6 +66,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop().Sugar()
+	}
+	if o.MaxHeaderBytes <= 0 {
+		o.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
 	if o.Threads <= 0 {
 		o.Threads = 2
@@ -139,7 +149,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 
 	readyCh := make(chan struct{})
-	servers := []*http.Server{newServer(r.external), newServer(r.local)}
+	servers := []*http.Server{newServer(r.external, o.MaxHeaderBytes), newServer(r.local, o.MaxHeaderBytes)}
 	listeners := []net.Listener{o.External, o.Local}
 	if o.Admin != nil {
 		mux := http.NewServeMux()
@@ -186,12 +196,12 @@ func Run(ctx context.Context, o Options) error {
 // knowledge), bounded headers and a header read timeout; bodies are not
 // timed, as Knative enforces request timeouts in the activator and the
 // queue-proxy.
-func newServer(h http.Handler) *http.Server {
+func newServer(h http.Handler, maxHeaderBytes int) *http.Server {
 	s := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       5 * time.Minute,
-		MaxHeaderBytes:    1 << 20,
+		MaxHeaderBytes:    maxHeaderBytes,
 		Protocols:         new(http.Protocols),
 	}
 	s.Protocols.SetHTTP1(true)

@@ -238,8 +238,8 @@ func (c *ctrRuntime) start() (*ctrRun, bool) {
 		c.waitFailure("ErrImagePull", "ImagePullBackOff", err.Error())
 		return nil, false
 	}
-	if img.GoPackage != "" {
-		c.event(corev1.EventTypeNormal, "Pulling", "Pulling image %q (Go package %s)", c.spec.Image, img.GoPackage)
+	if !cat.Present(img) {
+		c.event(corev1.EventTypeNormal, "Pulling", "Pulling image %q (building Go package %s)", c.spec.Image, img.GoPackage)
 	}
 	t0 := time.Now()
 	ips := c.pr.ips()

@@ -185,10 +185,23 @@ func (c *Catalog) abs(dir string) string {
 	return filepath.Join(c.Root, dir)
 }
 
+// Present reports whether an image can start without a build (it is not a
+// Go package, or its binary is cached).
+func (c *Catalog) Present(img Image) bool {
+	if img.GoPackage == "" {
+		return true
+	}
+	_, err := os.Stat(c.binPath(img.GoPackage))
+	return err == nil
+}
+
+func (c *Catalog) binPath(pkg string) string {
+	return filepath.Join(c.binDir, strings.NewReplacer("/", "_", ".", "_", "@", "_").Replace(strings.TrimPrefix(pkg, "./")))
+}
+
 // goBinary returns the cached binary of a Go package, building it when absent.
 func (c *Catalog) goBinary(ctx context.Context, pkg string) (string, bool, error) {
-	name := strings.NewReplacer("/", "_", ".", "_", "@", "_").Replace(strings.TrimPrefix(pkg, "./"))
-	out := filepath.Join(c.binDir, name)
+	out := c.binPath(pkg)
 	c.mu.Lock()
 	b, ok := c.builds[pkg]
 	if !ok || (isDone(b.done) && b.err != nil) { // err is only read once the build is done

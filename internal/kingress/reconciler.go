@@ -112,12 +112,14 @@ func (r *Reconciler) program(ing *v1alpha1.Ingress) error {
 	if _, err := ingress.InsertProbe(work); err != nil {
 		return err
 	}
+	// Translate under the lock: publishLocked forgets unused Backends, and
+	// must not drop one a concurrent translation has just taken.
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	ir, err := translate(work, r.backends)
 	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	ext, loc := ir.hostsOf()
 	for k, other := range r.programmed {
 		if k == ir.key {

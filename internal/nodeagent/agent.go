@@ -232,8 +232,13 @@ func sweepLinks(ctx context.Context, prefix string) error {
 		}
 		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
 		if re.MatchString(name) {
-			if err := exec.CommandContext(ctx, "ip", "link", "del", name).Run(); err != nil {
-				errs = append(errs, fmt.Errorf("ip link del %s: %w", name, err))
+			if out, err := exec.CommandContext(ctx, "ip", "link", "del", name).CombinedOutput(); err != nil {
+				// A veth goes by itself (asynchronously) once its
+				// namespace is deleted: only a link that is still
+				// there is an error.
+				if exec.CommandContext(ctx, "ip", "link", "show", name).Run() == nil {
+					errs = append(errs, fmt.Errorf("ip link del %s: %w: %s", name, err, strings.TrimSpace(string(out))))
+				}
 			}
 		}
 	}

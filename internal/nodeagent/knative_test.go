@@ -43,7 +43,7 @@ func TestKnativeShapedPod(t *testing.T) {
 					Lifecycle: &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{
 						Path: "/hook?name=wait-for-drain", Port: intstr.FromInt32(8022)}}},
 					TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-					VolumeMounts: []corev1.VolumeMount{{Name: "kube-api-access-x", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true}},
+					VolumeMounts:             []corev1.VolumeMount{{Name: "kube-api-access-x", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true}},
 				},
 				{
 					Name: "queue-proxy", Image: echoImage,

@@ -227,6 +227,35 @@ var _ = Describe("Deployments and Services", func() {
 		}).Should(Succeed())
 	})
 
+	It("lets a pod reach the API server through the kubernetes Service, verified with the mounted CA and authenticated by its token", func() {
+		ns := newNamespace()
+		sa := "/var/run/secrets/kubernetes.io/serviceaccount"
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "in-cluster", Namespace: ns},
+			Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{
+					Name: "client", Image: echoImage,
+					// What rest.InClusterConfig does: the Service's env, the
+					// token and the CA of the ServiceAccount admission's volume.
+					Command: []string{"sh", "-c", `wget -q -O - --ca-certificate=` + sa + `/ca.crt ` +
+						`--header="Authorization: Bearer $(cat ` + sa + `/token)" ` +
+						`https://kubernetes.default.svc/api && echo && ` +
+						`wget -q -O - --ca-certificate=` + sa + `/ca.crt https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/readyz`},
+				}},
+			},
+		}
+		_, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(func() corev1.PodPhase {
+			p, err := cs.CoreV1().Pods(ns).Get(ctx, "in-cluster", metav1.GetOptions{})
+			Expect(err).NotTo(HaveOccurred())
+			return p.Status.Phase
+		}).Should(Or(Equal(corev1.PodSucceeded), Equal(corev1.PodFailed)))
+		logs := podLogs(ns, "in-cluster")
+		Expect(logs).To(And(MatchRegexp(`"kind":\s*"APIVersions"`), HaveSuffix("ok")), logs)
+	})
+
 	It("takes a pod whose readiness probe fails out of the Service's EndpointSlice, and back when it passes", func() {
 		ns := newNamespace()
 		c := echo()

@@ -83,6 +83,12 @@ func TestControlPlane(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "already running") {
 			t.Fatalf("second Start: got %v, want an 'already running' error", err)
 		}
+		// The same state directory again (`local up` twice) must not take
+		// the running cluster down either; the specs below use it.
+		o.StateDir = dir
+		if _, err := Start(ctx, o); err == nil || !strings.Contains(err.Error(), "already running") {
+			t.Fatalf("Start with the running cluster's state dir: got %v, want an 'already running' error", err)
+		}
 	})
 
 	ns := "lk8s"

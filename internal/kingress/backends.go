@@ -3,7 +3,9 @@ package kingress
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -33,6 +35,9 @@ type endpoints struct {
 	h2c   bool
 	// problem explains an empty addrs to the client (503 body).
 	problem string
+	// via are the in-cluster Services (namespace/name) an ExternalName
+	// Service led to: their changes re-resolve this backend too.
+	via []string
 }
 
 // Backend is one Service port that routes send to. Its endpoints are
@@ -81,8 +86,9 @@ func (bs *Backends) get(namespace, name string, port intstr.IntOrString) *Backen
 func (bs *Backends) Refresh(namespace, name string) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
+	nn := namespace + "/" + name
 	for k, b := range bs.m {
-		if k.namespace == namespace && k.name == name {
+		if (k.namespace == namespace && k.name == name) || slices.Contains(b.current().via, nn) {
 			b.state.Store(bs.resolve(k))
 		}
 	}
@@ -103,6 +109,13 @@ func (bs *Backends) retain(used map[*Backend]bool) {
 // by k.port gives the port name, the EndpointSlices' port of that name gives
 // the number, and every ready endpoint address is used.
 func (bs *Backends) resolve(k backendKey) *endpoints {
+	return bs.resolveDepth(k, 0)
+}
+
+// maxExternalNameHops bounds chains of ExternalName Services.
+const maxExternalNameHops = 4
+
+func (bs *Backends) resolveDepth(k backendKey, depth int) *endpoints {
 	svc, err := bs.services.Services(k.namespace).Get(k.name)
 	if apierrors.IsNotFound(err) {
 		return &endpoints{problem: fmt.Sprintf("service %s/%s does not exist", k.namespace, k.name)}
@@ -122,6 +135,18 @@ func (bs *Backends) resolve(k backendKey) *endpoints {
 	}
 	ep := &endpoints{h2c: isH2C(sp)}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		// An in-cluster name (name.ns.svc[.domain]) is resolved from the
+		// API, as this gateway may not use the cluster's DNS; any other
+		// name is dialled as is.
+		if name, ns, ok := clusterServiceName(svc.Spec.ExternalName); ok {
+			if depth >= maxExternalNameHops {
+				return &endpoints{problem: fmt.Sprintf("service %s/%s: too many ExternalName hops", k.namespace, k.name)}
+			}
+			inner := bs.resolveDepth(backendKey{namespace: ns, name: name, port: intstr.FromInt32(sp.Port)}, depth+1)
+			out := *inner
+			out.via = append([]string{ns + "/" + name}, inner.via...)
+			return &out
+		}
 		ep.addrs = []string{net.JoinHostPort(svc.Spec.ExternalName, strconv.Itoa(int(sp.Port)))}
 		return ep
 	}
@@ -157,6 +182,16 @@ func (bs *Backends) resolve(k backendKey) *endpoints {
 		ep.problem = fmt.Sprintf("service %s/%s port %s has no ready endpoints", k.namespace, k.name, k.port.String())
 	}
 	return ep
+}
+
+// clusterServiceName splits an in-cluster Service host name
+// (name.namespace.svc, optionally followed by the cluster domain).
+func clusterServiceName(host string) (name, namespace string, ok bool) {
+	parts := strings.Split(strings.TrimSuffix(strings.ToLower(host), "."), ".")
+	if len(parts) < 3 || parts[2] != "svc" || parts[0] == "" || parts[1] == "" {
+		return "", "", false
+	}
+	return parts[0], parts[1], true
 }
 
 func derefName(s *string) string {

@@ -1,9 +1,14 @@
 package kingress
 
 import (
+	"context"
 	"net/http"
 	"testing"
+	"time"
 
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"knative.dev/networking/pkg/apis/networking/v1alpha1"
 )
 
@@ -179,4 +184,32 @@ func TestVisibility(t *testing.T) {
 			t.Errorf("%s, external host: %d %q, want b", addr, code, body)
 		}
 	}
+}
+
+// TestExternalNameToClusterService: a split to an ExternalName Service that
+// names an in-cluster Service (as Knative's host-rewrite and route
+// placeholder Services do) reaches that Service's endpoints without cluster
+// DNS, and follows their changes.
+func TestExternalNameToClusterService(t *testing.T) {
+	ns := namespace(t)
+	a, b := newBackend(t, "a", nil), newBackend(t, "b", nil)
+	publish(t, ns, "svc-a", true, a.addr)
+	ext := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ext"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "svc-a." + ns + ".svc.cluster.local",
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	}
+	if _, err := kube.CoreV1().Services(ns).Create(context.Background(), ext, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := path("", splitTo(ns, "ext", 100, nil))
+	p.RewriteHost = "svc-a." + ns + ".svc.cluster.local"
+	createIngress(t, ns, "extname", rule(v1alpha1.IngressVisibilityExternalIP, []string{"vanity.example.com"}, p))
+	waitReady(t, ns, "extname")
+	if code, e, body := get(t, extAddr, "vanity.example.com", "/", nil); code != http.StatusOK || e.Name != "a" || e.Host != p.RewriteHost {
+		t.Fatalf("through the ExternalName Service: %d %q, want a with Host %s", code, body, p.RewriteHost)
+	}
+	setEndpoints(t, ns, "svc-a", true, b.addr)
+	NewWithT(t).Eventually(func() string { _, e, _ := get(t, extAddr, "vanity.example.com", "/", nil); return e.Name }).
+		WithTimeout(30 * time.Second).WithPolling(20 * time.Millisecond).Should(Equal("b"))
 }

@@ -96,8 +96,10 @@ func TestKnativeShapedPod(t *testing.T) {
 	g.Expect(qp("/env?name=SERVING_NAMESPACE")).To(Equal(ns))
 	g.Expect(qp("/file?path=/etc/podinfo/annotations")).To(Equal(
 		"autoscaling.knative.dev/min-scale=\"1\"\nserving.knative.dev/creator=\"admin\""))
-	// enableServiceLinks: false still leaves the master service's variables (none exist here).
-	g.Expect(user("/env?name=K_REVISION")).To(Equal("hello-00001"))
+	// The user container has no readiness probe of its own (Knative moves
+	// it into queue-proxy), so Ready does not mean it listens yet.
+	g.Eventually(func() (string, error) { return httpGet("http://" + p.Status.PodIP + ":8080/env?name=K_REVISION") },
+		30*time.Second, 100*time.Millisecond).Should(Equal("hello-00001"))
 	g.Expect(user("/file?path=/var/run/secrets/kubernetes.io/serviceaccount/namespace")).To(Equal(ns))
 	g.Expect(user("/file?path=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")).To(HavePrefix("-----BEGIN CERTIFICATE-----"))
 	g.Expect(strings.Count(user("/file?path=/var/run/secrets/kubernetes.io/serviceaccount/token"), ".")).To(Equal(2))

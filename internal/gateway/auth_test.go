@@ -3,13 +3,22 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
@@ -113,5 +122,85 @@ func TestAuth(t *testing.T) {
 	// b's runner works in b.
 	if resp, body := f.do(t, runnerB, http.MethodPost, "/v1/namespaces/b/workflows/echo/sessions", strings.NewReader("x")); resp.StatusCode != http.StatusCreated {
 		t.Errorf("b's token in b: %d %s", resp.StatusCode, body)
+	}
+}
+
+// reviews counts the reviews the gateway asks the API server for.
+type reviews struct {
+	client.Client
+	n atomic.Int64
+}
+
+func (r *reviews) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	r.n.Add(1)
+	return r.Client.Create(ctx, obj, opts...)
+}
+
+// TestAuthDecisionCache: a decision is reused for its TTL (one TokenReview
+// and one SubjectAccessReview for many requests); a revoked binding stops
+// working once the TTL has passed, a new one once the shorter denial TTL
+// has.
+func TestAuthDecisionCache(t *testing.T) {
+	f := newFixture(t, nil)
+	f.namespace(t, "a")
+	token := f.serviceAccount(t, "a", "runner", "a")
+	ctx := context.Background()
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	rc := &reviews{Client: f.k8s}
+	auth := &gateway.KubeAuth{Client: rc, Now: clock, TTL: 10 * time.Second, DenyTTL: 2 * time.Second}
+	start := gateway.Attributes{Verb: "create", Namespace: "a", Workflow: "echo"}
+
+	for range 20 {
+		if user, err := auth.Authorize(ctx, token, start); err != nil || user != "system:serviceaccount:a:runner" {
+			t.Fatalf("runner: %q %v", user, err)
+		}
+	}
+	if n := rc.n.Load(); n != 2 {
+		t.Errorf("20 requests asked the API server %d times, want 2 (one TokenReview, one SubjectAccessReview)", n)
+	}
+
+	// Revoked: still allowed while the decision is fresh, refused after.
+	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "a-runner-sessions"}}
+	if err := f.k8s.Delete(ctx, rb); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := auth.Authorize(ctx, token, start); err != nil {
+		t.Errorf("within the TTL: %v", err)
+	}
+	advance(11 * time.Second)
+	refused := func() bool {
+		_, err := auth.Authorize(ctx, token, start)
+		var ae *gateway.AuthError
+		if errors.As(err, &ae) && ae.Code == http.StatusForbidden {
+			return true
+		}
+		advance(3 * time.Second) // the API server's RBAC cache may lag: ask again
+		return false
+	}
+	waitFor(t, "the revoked binding to be refused", refused)
+
+	// Bound again: refused while the denial is fresh, allowed after.
+	f.bind(t, "a", "runner", "a")
+	if _, err := auth.Authorize(ctx, token, start); err == nil {
+		t.Errorf("within the denial TTL: allowed")
+	}
+	waitFor(t, "the new binding to count", func() bool {
+		advance(3 * time.Second)
+		_, err := auth.Authorize(ctx, token, start)
+		return err == nil
+	})
+
+	// A rejected token stays rejected; the cache stays bounded.
+	small := &gateway.KubeAuth{Client: f.k8s, MaxEntries: 4}
+	for i := range 10 {
+		if _, err := small.Authorize(ctx, fmt.Sprintf("forged-%d", i), start); err == nil {
+			t.Fatal("a forged token was accepted")
+		}
+	}
+	if _, err := small.Authorize(ctx, token, start); err != nil {
+		t.Errorf("after the cache turned over: %v", err)
 	}
 }

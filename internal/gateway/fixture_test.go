@@ -21,6 +21,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
@@ -50,25 +51,37 @@ type fixture struct {
 	fns  *testservers.Functions
 	url  string // HTTP gateway
 	gw   gatewayv1.GatewayClient
+	h    *gateway.Handler // the gateway itself
+	g    *gateway.GRPC
 
 	controlAddr string
 }
 
 // newFixture starts everything; configure, when set, completes the
 // orchestrator's options.
-func newFixture(t *testing.T, configure func(*fixture, *orchestrator.Options)) *fixture {
+func newFixture(t testing.TB, configure func(*fixture, *orchestrator.Options)) *fixture {
 	t.Helper()
-	ctrllog.SetLogger(logr.Discard())
 	env, err := controlplane.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
-	f := &fixture{env: env, fns: &testservers.Functions{}}
-	if f.k8s, err = client.New(env.Config, client.Options{Scheme: controlplane.Scheme()}); err != nil {
+	f := fixtureOn(t, env.Config, configure)
+	f.env = env
+	return f
+}
+
+// fixtureOn starts everything but the control plane, which cfg reaches
+// (as an admin); objects that exist already are reused.
+func fixtureOn(t testing.TB, cfg *rest.Config, configure func(*fixture, *orchestrator.Options)) *fixture {
+	t.Helper()
+	ctrllog.SetLogger(logr.Discard())
+	f := &fixture{fns: &testservers.Functions{}}
+	var err error
+	if f.k8s, err = client.New(cfg, client.Options{Scheme: controlplane.Scheme()}); err != nil {
 		t.Fatal(err)
 	}
-	if f.cs, err = kubernetes.NewForConfig(env.Config); err != nil {
+	if f.cs, err = kubernetes.NewForConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
 	// The ClusterRole the chart ships for users.
@@ -80,7 +93,7 @@ func newFixture(t *testing.T, configure func(*fixture, *orchestrator.Options)) *
 	if err := yaml.Unmarshal(data, &role); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.k8s.Create(context.Background(), &role); err != nil {
+	if err := client.IgnoreAlreadyExists(f.k8s.Create(context.Background(), &role)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -111,10 +124,12 @@ func newFixture(t *testing.T, configure func(*fixture, *orchestrator.Options)) *
 	t.Cleanup(func() { stop(); <-done })
 
 	h := newGateway(f)
+	f.h = h
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
 	g := &gateway.GRPC{H: h}
+	f.g = g
 	gs := grpc.NewServer(g.ServerOptions()...)
 	gatewayv1.RegisterGatewayServer(gs, g)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -144,7 +159,7 @@ const maxInput = 8 << 20
 // sidecarFunction serves a one-function workflow whose function is handler
 // (a Go SDK function server) behind a real sidecar (queue-proxy-zl's data
 // plane, in process) connected to the operator's control stream.
-func (f *fixture) sidecarFunction(t *testing.T, ns, wf string, handler ziptrail.Handler) *sidecar.Sidecar {
+func (f *fixture) sidecarFunction(t testing.TB, ns, wf string, handler ziptrail.Handler) *sidecar.Sidecar {
 	t.Helper()
 	sc := f.sidecar(t, ns, wf, "run", handler)
 	f.load(t, &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: wf},
@@ -155,7 +170,7 @@ func (f *fixture) sidecarFunction(t *testing.T, ns, wf string, handler ziptrail.
 // sidecar serves function fn of workflow wf (a Go SDK function server)
 // behind a real sidecar (queue-proxy-zl's data plane, in process)
 // connected to the operator's control stream.
-func (f *fixture) sidecar(t *testing.T, ns, wf, fn string, handler ziptrail.Handler) *sidecar.Sidecar {
+func (f *fixture) sidecar(t testing.TB, ns, wf, fn string, handler ziptrail.Handler) *sidecar.Sidecar {
 	t.Helper()
 	shm := t.TempDir()
 	t.Setenv("ZIPTRAIL_SHM_DIR", shm) // where FunctionHandler accepts inputs from
@@ -173,7 +188,7 @@ func (f *fixture) sidecar(t *testing.T, ns, wf, fn string, handler ziptrail.Hand
 
 // load loads a workflow, as the Workflow reconciler does once its
 // Services are ready.
-func (f *fixture) load(t *testing.T, wf *v1alpha1.Workflow) {
+func (f *fixture) load(t testing.TB, wf *v1alpha1.Workflow) {
 	t.Helper()
 	if err := f.orch.SetWorkflow(wf, true, ""); err != nil {
 		t.Fatal(err)
@@ -181,19 +196,19 @@ func (f *fixture) load(t *testing.T, wf *v1alpha1.Workflow) {
 }
 
 // namespace creates a namespace.
-func (f *fixture) namespace(t *testing.T, name string) {
+func (f *fixture) namespace(t testing.TB, name string) {
 	t.Helper()
-	if err := f.k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+	if err := client.IgnoreAlreadyExists(f.k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // serviceAccount creates a ServiceAccount, binds it to the session-runner
 // ClusterRole in bindIn (none when empty) and returns a token for it.
-func (f *fixture) serviceAccount(t *testing.T, ns, name, bindIn string) string {
+func (f *fixture) serviceAccount(t testing.TB, ns, name, bindIn string) string {
 	t.Helper()
 	ctx := context.Background()
-	if err := f.k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}); err != nil {
+	if err := client.IgnoreAlreadyExists(f.k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})); err != nil {
 		t.Fatal(err)
 	}
 	if bindIn != "" {
@@ -208,19 +223,19 @@ func (f *fixture) serviceAccount(t *testing.T, ns, name, bindIn string) string {
 
 // bind binds a ServiceAccount to the session-runner ClusterRole in a
 // namespace.
-func (f *fixture) bind(t *testing.T, ns, name, in string) {
+func (f *fixture) bind(t testing.TB, ns, name, in string) {
 	t.Helper()
 	rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: in, Name: ns + "-" + name + "-sessions"},
 		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "ziptrail-session-runner"},
 		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: name}}}
-	if err := f.k8s.Create(context.Background(), rb); err != nil {
+	if err := client.IgnoreAlreadyExists(f.k8s.Create(context.Background(), rb)); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // workflow loads a one-function workflow whose function is h, as the
 // Workflow reconciler does once its Service is ready.
-func (f *fixture) workflow(t *testing.T, ns, name string, h http.Handler) {
+func (f *fixture) workflow(t testing.TB, ns, name string, h http.Handler) {
 	t.Helper()
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1alpha1.WorkflowSpec{Entry: "run", Functions: []v1alpha1.FunctionSpec{{Name: "run", Image: "example.com/run"}}}}
@@ -231,7 +246,7 @@ func (f *fixture) workflow(t *testing.T, ns, name string, h http.Handler) {
 }
 
 // do sends an HTTP request with a bearer token (none when empty).
-func (f *fixture) do(t *testing.T, token, method, path string, body io.Reader) (*http.Response, string) {
+func (f *fixture) do(t testing.TB, token, method, path string, body io.Reader) (*http.Response, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, f.url+path, body)
 	if err != nil {

@@ -41,6 +41,7 @@ func run() error {
 		kubeconfig = flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster; in-cluster configuration when empty")
 		httpAddr   = flag.String("http-address", ":8080", "listen address of the external gateway (ExternalIP rules)")
 		localAddr  = flag.String("cluster-local-address", ":8081", "listen address of the cluster-local gateway (ClusterLocal and ExternalIP rules)")
+		httpsAddr  = flag.String("https-address", "", "listen address of the external gateway over TLS (spec.tls certificates by SNI; enables httpOption Redirected); empty to disable")
 		adminAddr  = flag.String("admin-address", ":8090", "listen address of /healthz and /readyz; empty to disable")
 		class      = flag.String("ingress-class", kingress.ClassName, "ingress class served (annotation networking.knative.dev/ingress.class)")
 		public     = flag.String("public-service", "ziptrail-ingress.knative-serving.svc.cluster.local", "DomainInternal reported for the public load balancer")
@@ -75,7 +76,12 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("--cluster-local-address: %w", err)
 	}
-	var admin net.Listener
+	var admin, secure net.Listener
+	if *httpsAddr != "" {
+		if secure, err = net.Listen("tcp", *httpsAddr); err != nil {
+			return fmt.Errorf("--https-address: %w", err)
+		}
+	}
 	if *adminAddr != "" {
 		if admin, err = net.Listen("tcp", *adminAddr); err != nil {
 			return fmt.Errorf("--admin-address: %w", err)
@@ -84,7 +90,7 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return kingress.Run(ctx, kingress.Options{
-		Config: cfg, External: ext, Local: loc, Admin: admin,
+		Config: cfg, External: ext, Local: loc, Admin: admin, HTTPS: secure,
 		Class: *class, PublicService: *public, PrivateService: *private,
 		Logger: logger.Sugar(), Threads: *threads, MaxHeaderBytes: *maxHeader,
 	})

@@ -36,6 +36,7 @@ var (
 	netcs   netclient.Interface
 	extAddr string // external listener
 	locAddr string // cluster-local listener
+	tlsAddr string // external HTTPS listener
 )
 
 func TestMain(m *testing.M) {
@@ -69,13 +70,14 @@ func runMain(m *testing.M) int {
 
 	ext, _ := net.Listen("tcp", "127.0.0.1:0")
 	loc, _ := net.Listen("tcp", "127.0.0.1:0")
-	extAddr, locAddr = ext.Addr().String(), loc.Addr().String()
+	sec, _ := net.Listen("tcp", "127.0.0.1:0")
+	extAddr, locAddr, tlsAddr = ext.Addr().String(), loc.Addr().String(), sec.Addr().String()
 	logger, _ := zap.NewDevelopment(zap.IncreaseLevel(zap.WarnLevel))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, Options{
-			Config: restCfg, External: ext, Local: loc,
+			Config: restCfg, External: ext, Local: loc, HTTPS: sec,
 			PublicService:  "ziptrail-ingress.knative-serving.svc.cluster.local",
 			PrivateService: "ziptrail-ingress-internal.knative-serving.svc.cluster.local",
 			Logger:         logger.Sugar(),

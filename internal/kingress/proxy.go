@@ -20,10 +20,13 @@ import (
 // routes by the Table published last and forwards to the backends' ready
 // endpoints. Its zero Table answers 404 to everything.
 type Proxy struct {
-	name   string
-	table  atomic.Pointer[Table]
-	h1, h2 *httputil.ReverseProxy
-	logger *zap.SugaredLogger
+	name string
+	// redirects makes routes with redirectHTTP answer 301 to https: set
+	// on the plain-HTTP external listener only.
+	redirects bool
+	table     atomic.Pointer[Table]
+	h1, h2    *httputil.ReverseProxy
+	logger    *zap.SugaredLogger
 }
 
 // target is what ServeHTTP decided, handed to the reverse proxy's Rewrite
@@ -57,6 +60,19 @@ type targetKey struct{}
 // error messages).
 func NewProxy(name string, logger *zap.SugaredLogger) *Proxy {
 	p := &Proxy{name: name, logger: logger}
+	p.init()
+	return p
+}
+
+// sibling returns a proxy of another name for the same routes (the HTTPS
+// side of the external listener), sharing p's transports.
+func (p *Proxy) sibling(name string) *Proxy {
+	q := &Proxy{name: name, logger: p.logger, h1: p.h1, h2: p.h2}
+	q.table.Store(p.table.Load())
+	return q
+}
+
+func (p *Proxy) init() {
 	p.table.Store(newTable())
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -79,7 +95,6 @@ func NewProxy(name string, logger *zap.SugaredLogger) *Proxy {
 	h2.Protocols.SetUnencryptedHTTP2(true)
 	p.h1 = p.reverseProxy(h1)
 	p.h2 = p.reverseProxy(h2)
-	return p
 }
 
 func (p *Proxy) reverseProxy(t http.RoundTripper) *httputil.ReverseProxy {
@@ -121,6 +136,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else {
 			http.Error(w, fmt.Sprintf("no ingress path of host %q matches %q", normalizeHost(r.Host), r.URL.Path), http.StatusNotFound)
 		}
+		return
+	}
+	// Knative's readiness probes are not redirected: they must reach the
+	// backend to get the spec's hash echoed.
+	if rt.redirectHTTP && p.redirects && r.Header.Get("K-Network-Probe") == "" {
+		u := *r.URL
+		u.Scheme, u.Host = "https", normalizeHost(r.Host)
+		http.Redirect(w, r, u.String(), http.StatusMovedPermanently)
 		return
 	}
 	s := rt.pick()

@@ -25,7 +25,10 @@ const ClassName = "ziptrail.ingress.networking.knative.dev"
 type Reconciler struct {
 	backends        *Backends
 	external, local *Proxy
-	prober          interface {
+	// secure serves the external routes over HTTPS with certs (optional).
+	secure *Proxy
+	certs  *certStore
+	prober interface {
 		IsReady(context.Context, *v1alpha1.Ingress) (bool, error)
 		CancelIngressProbingByKey(types.NamespacedName)
 	}
@@ -167,7 +170,20 @@ func (r *Reconciler) publishLocked() {
 			}
 		}
 	}
-	r.external.SetTable(newTable(ext...))
+	extTable := newTable(ext...)
+	r.external.SetTable(extTable)
 	r.local.SetTable(newTable(loc...))
+	if r.secure != nil {
+		r.secure.SetTable(extTable)
+	}
+	if r.certs != nil {
+		hosts := map[string]types.NamespacedName{}
+		for _, k := range keys {
+			for h, s := range r.programmed[k].tls {
+				hosts[h] = s
+			}
+		}
+		r.certs.set(hosts)
+	}
 	r.backends.retain(used)
 }

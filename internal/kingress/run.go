@@ -2,6 +2,7 @@ package kingress
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -18,6 +19,7 @@ import (
 	ingressinformer "knative.dev/networking/pkg/client/injection/informers/networking/v1alpha1/ingress"
 	ingressreconciler "knative.dev/networking/pkg/client/injection/reconciler/networking/v1alpha1/ingress"
 	"knative.dev/networking/pkg/status"
+	secretinformer "knative.dev/pkg/client/injection/kube/informers/core/v1/secret"
 	serviceinformer "knative.dev/pkg/client/injection/kube/informers/core/v1/service"
 	endpointsliceinformer "knative.dev/pkg/client/injection/kube/informers/discovery/v1/endpointslice"
 	"knative.dev/pkg/controller"
@@ -34,6 +36,10 @@ type Options struct {
 	// External and Local are the listeners of the external and the
 	// cluster-local gateway. Admin (optional) serves /healthz and /readyz.
 	External, Local, Admin net.Listener
+	// HTTPS (optional) serves the external routes over TLS, with the
+	// certificates of the Ingresses' spec.tls Secrets chosen by SNI. With
+	// it, spec.httpOption Redirected makes External answer 301 to https.
+	HTTPS net.Listener
 	// Class is the ingress class served; ClassName when empty.
 	Class string
 	// PublicService and PrivateService are the DomainInternal host names
@@ -94,6 +100,11 @@ func Run(ctx context.Context, o Options) error {
 		programmed: map[types.NamespacedName]*ingressRoutes{},
 		conflicted: map[types.NamespacedName]bool{},
 	}
+	if o.HTTPS != nil {
+		r.external.redirects = true
+		r.secure = r.external.sibling("external HTTPS")
+		r.certs = newCertStore(secretinformer.Get(ctx).Lister())
+	}
 	if o.PublicService != "" {
 		r.publicLB = []v1alpha1.LoadBalancerIngressStatus{{DomainInternal: o.PublicService}}
 	}
@@ -151,6 +162,13 @@ func Run(ctx context.Context, o Options) error {
 	readyCh := make(chan struct{})
 	servers := []*http.Server{newServer(r.external, o.MaxHeaderBytes), newServer(r.local, o.MaxHeaderBytes)}
 	listeners := []net.Listener{o.External, o.Local}
+	if o.HTTPS != nil {
+		s := newServer(r.secure, o.MaxHeaderBytes)
+		s.TLSConfig = &tls.Config{GetCertificate: r.certs.GetCertificate, MinVersion: tls.VersionTLS12,
+			NextProtos: []string{"h2", "http/1.1"}}
+		servers = append(servers, s)
+		listeners = append(listeners, tls.NewListener(o.HTTPS, s.TLSConfig))
+	}
 	if o.Admin != nil {
 		mux := http.NewServeMux()
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -206,6 +224,7 @@ func newServer(h http.Handler, maxHeaderBytes int) *http.Server {
 	}
 	s.Protocols.SetHTTP1(true)
 	s.Protocols.SetUnencryptedHTTP2(true)
+	s.Protocols.SetHTTP2(true) // on the HTTPS listener
 	return s
 }
 

@@ -32,6 +32,9 @@ type route struct {
 	rewriteHost   string
 	splits        []split
 	totalPercent  int
+	// redirectHTTP answers plain-HTTP requests on the external listener
+	// with a 301 to https (spec.httpOption: Redirected).
+	redirectHTTP bool
 }
 
 // matches reports whether the request's path and headers select this route.

@@ -17,6 +17,8 @@ type ingressRoutes struct {
 	key      types.NamespacedName
 	external map[string][]*route
 	local    map[string][]*route
+	// tls maps the hosts of spec.tls to their certificate's Secret.
+	tls map[string]types.NamespacedName
 }
 
 // translate turns an Ingress (defaulted, with the probe paths inserted) into
@@ -26,7 +28,17 @@ type ingressRoutes struct {
 // name.ns).
 func translate(ing *v1alpha1.Ingress, backends *Backends) (*ingressRoutes, error) {
 	key := types.NamespacedName{Namespace: ing.Namespace, Name: ing.Name}
-	out := &ingressRoutes{key: key, external: map[string][]*route{}, local: map[string][]*route{}}
+	out := &ingressRoutes{key: key, external: map[string][]*route{}, local: map[string][]*route{}, tls: map[string]types.NamespacedName{}}
+	for _, t := range ing.Spec.TLS {
+		ns := t.SecretNamespace
+		if ns == "" {
+			ns = ing.Namespace
+		}
+		for _, h := range t.Hosts {
+			out.tls[normalizeHost(h)] = types.NamespacedName{Namespace: ns, Name: t.SecretName}
+		}
+	}
+	redirect := ing.Spec.HTTPOption == v1alpha1.HTTPOptionRedirected
 	for i, rule := range ing.Spec.Rules {
 		if rule.HTTP == nil {
 			return nil, fmt.Errorf("rule %d has no http block", i)
@@ -37,6 +49,7 @@ func translate(ing *v1alpha1.Ingress, backends *Backends) (*ingressRoutes, error
 			if err != nil {
 				return nil, fmt.Errorf("rule %d path %d: %w", i, j, err)
 			}
+			rt.redirectHTTP = redirect && rule.Visibility != v1alpha1.IngressVisibilityClusterLocal
 			routes = append(routes, rt)
 		}
 		hosts := sets.List(ingress.ExpandedHosts(sets.New(rule.Hosts...)))

@@ -7,7 +7,7 @@
 // the pinned module). Run as root:
 //
 //	eval "$(hack/install-deps.sh --env)"
-//	go test -tags e2e -timeout 60m ./internal/kingress/conformance/ -args --enable-beta --enable-alpha [--skip-tests=tls]
+//	go test -tags e2e -timeout 60m ./internal/kingress/conformance/ -args --enable-beta --enable-alpha
 package conformance
 
 import (
@@ -114,17 +114,21 @@ func run(m *testing.M) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	if err := gatewayService(ctx, cs, "ziptrail-ingress", corev1.ServiceTypeNodePort, hostIP, ext.Addr().(*net.TCPAddr).Port); err != nil {
+	sec, err := net.Listen("tcp", net.JoinHostPort(hostIP, "0"))
+	if err != nil {
 		return 1, err
 	}
-	if err := gatewayService(ctx, cs, "ziptrail-ingress-internal", corev1.ServiceTypeClusterIP, hostIP, loc.Addr().(*net.TCPAddr).Port); err != nil {
+	if err := gatewayService(ctx, cs, "ziptrail-ingress", corev1.ServiceTypeNodePort, hostIP, ext.Addr().(*net.TCPAddr).Port, sec.Addr().(*net.TCPAddr).Port); err != nil {
+		return 1, err
+	}
+	if err := gatewayService(ctx, cs, "ziptrail-ingress-internal", corev1.ServiceTypeClusterIP, hostIP, loc.Addr().(*net.TCPAddr).Port, 0); err != nil {
 		return 1, err
 	}
 	logger, _ := zap.NewDevelopment()
 	done := make(chan error, 1)
 	go func() {
 		done <- kingress.Run(ctx, kingress.Options{
-			Config: cluster.Config, External: ext, Local: loc,
+			Config: cluster.Config, External: ext, Local: loc, HTTPS: sec,
 			PublicService:  "ziptrail-ingress.knative-serving.svc.cluster.local",
 			PrivateService: "ziptrail-ingress-internal.knative-serving.svc.cluster.local",
 			Logger:         logger.Sugar().Named("kingress"),
@@ -150,13 +154,18 @@ func run(m *testing.M) (int, error) {
 }
 
 // gatewayService makes the Service knative-serving/name point at the
-// gateway listener hostIP:port (selectorless, with its own EndpointSlice).
-func gatewayService(ctx context.Context, cs kubernetes.Interface, name string, typ corev1.ServiceType, hostIP string, port int) error {
+// gateway listeners hostIP:port (port 80) and hostIP:tlsPort (port 443, when
+// not 0): selectorless, with its own EndpointSlice.
+func gatewayService(ctx context.Context, cs kubernetes.Interface, name string, typ corev1.ServiceType, hostIP string, port, tlsPort int) error {
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "knative-serving", Name: name},
 		Spec: corev1.ServiceSpec{Type: typ, Ports: []corev1.ServicePort{{
 			Name: "http2", Port: 80, TargetPort: intstr.FromInt(port),
 		}}},
+	}
+	tlsName, tp := "https", int32(tlsPort)
+	if tlsPort != 0 {
+		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: tlsName, Port: 443, TargetPort: intstr.FromInt(tlsPort)})
 	}
 	if _, err := cs.CoreV1().Services("knative-serving").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("service %s: %w", name, err)
@@ -168,6 +177,9 @@ func gatewayService(ctx context.Context, cs kubernetes.Interface, name string, t
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &p}},
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{hostIP}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+	}
+	if tlsPort != 0 {
+		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: &tlsName, Port: &tp})
 	}
 	if _, err := cs.DiscoveryV1().EndpointSlices("knative-serving").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("endpointslice of %s: %w", name, err)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -131,6 +132,54 @@ var _ = Describe("sessions through the trigger engine", func() {
 		Expect(result).To(Equal("in|first|second|third"))
 		Expect(s.State).To(Equal(sessions.Completed))
 		Expect(s.Invocations).To(Equal(3))
+	})
+})
+
+var _ = Describe("large inputs and results through the gateway", func() {
+	It("holds a 1 MiB input in the operator for the entry pod to pull and streams a 2 MiB result from the producer pod", func() {
+		// The trigger never fires: it only keeps mirror's return value out
+		// of the output bucket, where its sent object (by reference) goes.
+		ns := deploy("large", v1alpha1.WorkflowSpec{Entry: "mirror", Functions: []v1alpha1.FunctionSpec{
+			pyFunction("mirror", "def handle(inv):\n    data = inv.objects[0].bytes()\n    ziptrail.send_object('output', 'result', data[::-1] + data)\n    return b''"),
+		}, Triggers: []v1alpha1.NamedTrigger{trig("unused", "unused", v1alpha1.TriggerSpec{Primitive: v1alpha1.Immediate, Targets: []string{"mirror"}})}})
+		input := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB: held by the operator, pulled by the pod's sidecar
+		resp, err := gw.Post(fmt.Sprintf("%s/v1/namespaces/%s/workflows/large/sessions", gatewayURL(), ns), "application/octet-stream", strings.NewReader(input))
+		Expect(err).NotTo(HaveOccurred())
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		Expect(resp.StatusCode).To(Equal(http.StatusCreated), string(body))
+		var s sessions.Session
+		Expect(json.Unmarshal(body, &s)).To(Succeed())
+		resp, err = gw.Get(fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result?wait=2m", gatewayURL(), ns, s.ID))
+		Expect(err).NotTo(HaveOccurred())
+		defer resp.Body.Close()
+		result, err := io.ReadAll(resp.Body)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(resp.StatusCode).To(Equal(http.StatusOK), "%.300s", result)
+		reversed := []byte(input)
+		slices.Reverse(reversed)
+		Expect(len(result)).To(Equal(2 * len(input)))
+		Expect(string(result) == string(reversed)+input).To(BeTrue(), "the result differs from the input reversed, then the input")
+	})
+
+	It("refuses a caller without credentials or without the session role", func() {
+		ns := newNamespace()
+		resp, err := http.Post(fmt.Sprintf("%s/v1/namespaces/%s/workflows/any/sessions", gatewayURL(), ns), "application/octet-stream", strings.NewReader("x"))
+		Expect(err).NotTo(HaveOccurred())
+		resp.Body.Close()
+		Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized))
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "guest"}}
+		Expect(k8s.Create(ctx, sa)).To(Succeed())
+		tr := &authv1.TokenRequest{}
+		Expect(k8s.SubResource("token").Create(ctx, sa, tr)).To(Succeed())
+		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions", gatewayURL(), ns), nil)
+		req.Header.Set("Authorization", "Bearer "+tr.Status.Token)
+		resp, err = http.DefaultClient.Do(req)
+		Expect(err).NotTo(HaveOccurred())
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		Expect(resp.StatusCode).To(Equal(http.StatusForbidden), string(body))
+		Expect(string(body)).To(ContainSubstring("ziptrail-session-runner"))
 	})
 })
 

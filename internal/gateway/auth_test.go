@@ -52,6 +52,14 @@ func TestAuth(t *testing.T) {
 		}
 	}
 
+	// Over gRPC, an anonymous call is refused before its message is read.
+	if _, err := f.gw.StartSession(ctx, &gatewayv1.StartSessionRequest{Namespace: "a", Workflow: "echo", Input: make([]byte, 4<<20)}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("anonymous gRPC start: %v, want Unauthenticated", err)
+	}
+	if _, err := f.gw.GetSession(withToken(ctx, "forged"), &gatewayv1.SessionRef{Namespace: "a", Id: "x"}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("gRPC with a forged token: %v, want Unauthenticated", err)
+	}
+
 	// Authenticated, but without the role.
 	resp, body := f.do(t, nobodyA, http.MethodPost, start, strings.NewReader("hi"))
 	if resp.StatusCode != http.StatusForbidden || !contains(body, "system:serviceaccount:a:nobody", "create", "ziptrail-session-runner") {

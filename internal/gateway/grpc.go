@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/sessions"
@@ -33,9 +34,21 @@ type GRPC struct {
 }
 
 // ServerOptions are the grpc.Server options the gateway needs: inputs up
-// to Handler.MaxInput arrive in one StartSession message.
+// to Handler.MaxInput arrive in one StartSession message, and a call
+// without a bearer token is refused before its message is read (so nobody
+// anonymous makes the server take in such messages).
 func (g *GRPC) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(int(g.H.MaxInput) + 1<<20)}
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(int(g.H.MaxInput) + 1<<20), grpc.InTapHandle(requireBearer)}
+}
+
+// requireBearer runs before a call's message is read.
+func requireBearer(ctx context.Context, info *tap.Info) (context.Context, error) {
+	for _, v := range info.Header.Get("authorization") {
+		if bearer(v) != "" {
+			return ctx, nil
+		}
+	}
+	return ctx, status.Error(codes.Unauthenticated, "the session gateway needs Kubernetes credentials: send a bearer token (authorization: Bearer <token>)")
 }
 
 func toProto(s sessions.Session) *gatewayv1.Session {

@@ -23,17 +23,19 @@ func TestDownwardAPIVolume(t *testing.T) {
 			{Path: "annotations", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations"}},
 			{Path: "fn", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['ziptrail.dev/function']"}},
 		}}}}}
-	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "podinfo", MountPath: "/etc/podinfo", ReadOnly: true}}
+	// Knative's path is /etc/podinfo; this one is the suite's own, so the
+	// removal of the mount point below is not confused by other agents.
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "podinfo", MountPath: "/etc/ztn-podinfo/info", ReadOnly: true}}
 	create(t, pod)
 	p := waitReady(t, ns, "podinfo")
-	g.Expect(readFile(p, "/etc/podinfo/annotations")).To(Equal(
+	g.Expect(readFile(p, "/etc/ztn-podinfo/info/annotations")).To(Equal(
 		"b=\"quote \\\" and \\\\ backslash\"\nziptrail.dev/function=\"count\""))
-	g.Expect(readFile(p, "/etc/podinfo/fn")).To(Equal("count"))
+	g.Expect(readFile(p, "/etc/ztn-podinfo/info/fn")).To(Equal("count"))
 
 	p.Annotations["ziptrail.dev/function"] = "merge"
 	_, err := client.CoreV1().Pods(ns).Update(context.Background(), p, metav1.UpdateOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Eventually(func() (string, error) { return readFile(p, "/etc/podinfo/fn") }, 30*time.Second, 200*time.Millisecond).Should(Equal("merge"))
+	g.Eventually(func() (string, error) { return readFile(p, "/etc/ztn-podinfo/info/fn") }, 30*time.Second, 200*time.Millisecond).Should(Equal("merge"))
 
 	// Mount points the agent created on the host's filesystem go with the pod.
 	g.Expect(client.CoreV1().Pods(ns).Delete(context.Background(), "podinfo", metav1.DeleteOptions{})).To(Succeed())
@@ -41,7 +43,7 @@ func TestDownwardAPIVolume(t *testing.T) {
 		_, err := client.CoreV1().Pods(ns).Get(context.Background(), "podinfo", metav1.GetOptions{})
 		return err != nil
 	}, 30*time.Second, 200*time.Millisecond).Should(BeTrue())
-	g.Eventually(func() bool { return fileExists("/etc/podinfo") }, 10*time.Second, 200*time.Millisecond).Should(BeFalse())
+	g.Eventually(func() bool { return fileExists("/etc/ztn-podinfo") }, 10*time.Second, 200*time.Millisecond).Should(BeFalse())
 }
 
 // ConfigMap and Secret volumes, env from ConfigMap/Secret keys and envFrom;

@@ -261,8 +261,18 @@ func removePending() {
 		paths = append(paths, p)
 	}
 	sort.Slice(paths, func(i, j int) bool { return len(paths[i]) > len(paths[j]) })
+	// Another agent on the host (a test suite next to `local up`) may
+	// mount at the same path: removing a directory that is a mount point
+	// in another mount namespace would detach that container's volume.
+	elsewhere := mountedAnywhere(paths)
+	var kept []string // still pending: their parents wait too
 	for _, p := range paths {
-		inUse := false
+		inUse := elsewhere[p]
+		for _, k := range kept {
+			if strings.HasPrefix(k, p+"/") {
+				inUse = true
+			}
+		}
 		for t := range live {
 			if t == p || strings.HasPrefix(t, p+"/") {
 				inUse = true
@@ -270,12 +280,61 @@ func removePending() {
 			}
 		}
 		if inUse {
+			kept = append(kept, p)
 			continue
 		}
 		if removeIfEmpty(p) {
 			delete(pending, p)
+		} else {
+			kept = append(kept, p)
 		}
 	}
+}
+
+// mountedAnywhere reports which of paths are mount points in any
+// process's mount namespace on the host.
+func mountedAnywhere(paths []string) map[string]bool {
+	found := map[string]bool{}
+	if len(paths) == 0 {
+		return found
+	}
+	// Mount points are recorded with symlinks resolved (/var/run → /run).
+	want := make(map[string]string, len(paths))
+	for _, p := range paths {
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			real = p
+		}
+		want[real] = p
+	}
+	procs, _ := os.ReadDir("/proc")
+	seen := map[string]bool{}
+	for _, d := range procs {
+		if d.Name()[0] < '0' || d.Name()[0] > '9' {
+			continue
+		}
+		ns, err := os.Readlink("/proc/" + d.Name() + "/ns/mnt")
+		if err != nil || seen[ns] {
+			continue
+		}
+		seen[ns] = true
+		f, err := os.Open("/proc/" + d.Name() + "/mountinfo")
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 5 {
+				continue
+			}
+			if p, ok := want[unescape(fields[4])]; ok {
+				found[p] = true
+			}
+		}
+		f.Close()
+	}
+	return found
 }
 
 // removeIfEmpty removes an empty directory or empty regular file; it reports

@@ -10,6 +10,8 @@
 // --public-service and --private-service name the Services in front of the
 // two listeners; they are reported as the Ingresses' DomainInternal, which
 // Knative Serving turns into each route's cluster-local ExternalName Service.
+// On the local cluster the gateway runs on the host: --advertise-ip HostIP
+// makes those Services point at its listeners.
 package main
 
 import (
@@ -23,6 +25,7 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -46,6 +49,8 @@ func run() error {
 		class      = flag.String("ingress-class", kingress.ClassName, "ingress class served (annotation networking.knative.dev/ingress.class)")
 		public     = flag.String("public-service", "ziptrail-ingress.knative-serving.svc.cluster.local", "DomainInternal reported for the public load balancer")
 		private    = flag.String("private-service", "ziptrail-ingress-internal.knative-serving.svc.cluster.local", "DomainInternal reported for the private load balancer")
+		advertise  = flag.String("advertise-ip", "", "when set, create/update the --public-service and --private-service Services with EndpointSlices pointing at this IP and the listeners' ports (a gateway on the host of the local cluster)")
+		publicType = flag.String("public-service-type", "ClusterIP", "type of the advertised public Service: ClusterIP or NodePort")
 		threads    = flag.Int("threads", 2, "reconciler workers")
 		maxHeader  = flag.Int("max-header-bytes", kingress.DefaultMaxHeaderBytes, "largest request line + headers accepted (larger get 431)")
 		verbose    = flag.Bool("v", false, "debug logging")
@@ -87,12 +92,16 @@ func run() error {
 			return fmt.Errorf("--admin-address: %w", err)
 		}
 	}
+	var adv *kingress.Advertise
+	if *advertise != "" {
+		adv = &kingress.Advertise{IP: *advertise, PublicType: corev1.ServiceType(*publicType)}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return kingress.Run(ctx, kingress.Options{
 		Config: cfg, External: ext, Local: loc, Admin: admin, HTTPS: secure,
 		Class: *class, PublicService: *public, PrivateService: *private,
-		Logger: logger.Sugar(), Threads: *threads, MaxHeaderBytes: *maxHeader,
+		Logger: logger.Sugar(), Threads: *threads, MaxHeaderBytes: *maxHeader, Advertise: adv,
 	})
 }
 

@@ -19,6 +19,7 @@ import (
 	ingressinformer "knative.dev/networking/pkg/client/injection/informers/networking/v1alpha1/ingress"
 	ingressreconciler "knative.dev/networking/pkg/client/injection/reconciler/networking/v1alpha1/ingress"
 	"knative.dev/networking/pkg/status"
+	kubeclient "knative.dev/pkg/client/injection/kube/client"
 	secretinformer "knative.dev/pkg/client/injection/kube/informers/core/v1/secret"
 	serviceinformer "knative.dev/pkg/client/injection/kube/informers/core/v1/service"
 	endpointsliceinformer "knative.dev/pkg/client/injection/kube/informers/discovery/v1/endpointslice"
@@ -51,6 +52,9 @@ type Options struct {
 	Logger *zap.SugaredLogger
 	// Threads is the number of reconciler workers (2 when 0).
 	Threads int
+	// Advertise (optional) points the PublicService and PrivateService
+	// Services at the listeners, for a gateway outside the cluster's pods.
+	Advertise *Advertise
 	// MaxHeaderBytes bounds a request's line and headers
 	// (DefaultMaxHeaderBytes when 0); larger ones get 431.
 	MaxHeaderBytes int
@@ -157,6 +161,11 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if err := r.prime(ctx, ingInformer.Lister().List, classFilter); err != nil {
 		return err
+	}
+	if o.Advertise != nil {
+		if err := advertise(ctx, kubeclient.Get(ctx), o.Advertise, &o); err != nil {
+			return err
+		}
 	}
 
 	readyCh := make(chan struct{})

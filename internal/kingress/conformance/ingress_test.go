@@ -25,11 +25,8 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 	"knative.dev/networking/test/conformance/ingress"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -104,7 +101,8 @@ func run(m *testing.M) (int, error) {
 	}
 
 	// The gateway runs on the host, on HostIP, which pods and the host
-	// both reach; the Services the Ingress status names point at it.
+	// both reach; it points the Services the Ingress status names at its
+	// listeners (the public one as a NodePort for --ingressendpoint).
 	hostIP := cluster.State.HostIP
 	ext, err := net.Listen("tcp", net.JoinHostPort(hostIP, "0"))
 	if err != nil {
@@ -118,12 +116,6 @@ func run(m *testing.M) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	if err := gatewayService(ctx, cs, "ziptrail-ingress", corev1.ServiceTypeNodePort, hostIP, ext.Addr().(*net.TCPAddr).Port, sec.Addr().(*net.TCPAddr).Port); err != nil {
-		return 1, err
-	}
-	if err := gatewayService(ctx, cs, "ziptrail-ingress-internal", corev1.ServiceTypeClusterIP, hostIP, loc.Addr().(*net.TCPAddr).Port, 0); err != nil {
-		return 1, err
-	}
 	logger, _ := zap.NewDevelopment()
 	done := make(chan error, 1)
 	go func() {
@@ -132,6 +124,7 @@ func run(m *testing.M) (int, error) {
 			PublicService:  "ziptrail-ingress.knative-serving.svc.cluster.local",
 			PrivateService: "ziptrail-ingress-internal.knative-serving.svc.cluster.local",
 			Logger:         logger.Sugar().Named("kingress"),
+			Advertise:      &kingress.Advertise{IP: hostIP, PublicType: corev1.ServiceTypeNodePort},
 		})
 	}()
 
@@ -151,40 +144,6 @@ func run(m *testing.M) (int, error) {
 		return 1, err
 	}
 	return code, nil
-}
-
-// gatewayService makes the Service knative-serving/name point at the
-// gateway listeners hostIP:port (port 80) and hostIP:tlsPort (port 443, when
-// not 0): selectorless, with its own EndpointSlice.
-func gatewayService(ctx context.Context, cs kubernetes.Interface, name string, typ corev1.ServiceType, hostIP string, port, tlsPort int) error {
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "knative-serving", Name: name},
-		Spec: corev1.ServiceSpec{Type: typ, Ports: []corev1.ServicePort{{
-			Name: "http2", Port: 80, TargetPort: intstr.FromInt(port),
-		}}},
-	}
-	tlsName, tp := "https", int32(tlsPort)
-	if tlsPort != 0 {
-		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: tlsName, Port: 443, TargetPort: intstr.FromInt(tlsPort)})
-	}
-	if _, err := cs.CoreV1().Services("knative-serving").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("service %s: %w", name, err)
-	}
-	portName, p, ready := "http2", int32(port), true
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "knative-serving", Name: name + "-gateway", Labels: map[string]string{
-			discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "ziptrail-ingress"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &p}},
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{hostIP}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
-	}
-	if tlsPort != 0 {
-		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: &tlsName, Port: &tp})
-	}
-	if _, err := cs.DiscoveryV1().EndpointSlices("knative-serving").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("endpointslice of %s: %w", name, err)
-	}
-	return nil
 }
 
 // ingressCRD is Knative networking's Ingress CRD from the pinned module.

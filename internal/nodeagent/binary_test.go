@@ -85,9 +85,14 @@ func TestBinaryLifecycle(t *testing.T) {
 	g.Expect(leftovers()).To(BeEmpty())
 
 	// A crash leaves the sandbox behind; --cleanup removes it.
+	firstID := p.Status.ContainerStatuses[0].ContainerID
 	cmd, logs = start()
-	// The pod is still bound to the node: the new run starts it again.
-	p = waitReady(t, ns, "via-binary")
+	// The pod is still bound to the node: the new run starts it again (the
+	// API still shows the first run's status until the new one is pushed).
+	g.Eventually(func(g Gomega) {
+		p = waitReady(t, ns, "via-binary")
+		g.Expect(p.Status.ContainerStatuses[0].ContainerID).NotTo(Equal(firstID))
+	}, 2*time.Minute, 200*time.Millisecond).Should(Succeed())
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
 	g.Expect(leftovers()).NotTo(BeEmpty())

@@ -256,6 +256,35 @@ var _ = Describe("Deployments and Services", func() {
 		Expect(logs).To(And(MatchRegexp(`"kind":\s*"APIVersions"`), HaveSuffix("ok")), logs)
 	})
 
+	It("lets a pod reach itself through its own Service (hairpin)", func() {
+		ns := newNamespace()
+		server := echo()
+		server.ReadinessProbe = readinessProbe()
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "hair", Namespace: ns, Labels: map[string]string{"app": "hair"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{server, {
+				Name: "client", Image: echoImage,
+				Command: []string{"sh", "-c", "until wget -q -T 2 -O - http://mirror/self; do sleep 1; done; exec sleep 3600"},
+			}}, TerminationGracePeriodSeconds: ptr.To(int64(1))},
+		}
+		_, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+			// Not the pod's own name, which its /etc/hosts maps to its IP.
+			ObjectMeta: metav1.ObjectMeta{Name: "mirror", Namespace: ns},
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "hair"},
+				Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+		}, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(func() string {
+			data, err := cs.CoreV1().Pods(ns).GetLogs("hair", &corev1.PodLogOptions{Container: "client"}).DoRaw(ctx)
+			if err != nil {
+				return err.Error()
+			}
+			return string(data)
+		}).Should(MatchRegexp(`echo from hair \(\S+\) /self`))
+	})
+
 	It("takes a pod whose readiness probe fails out of the Service's EndpointSlice, and back when it passes", func() {
 		ns := newNamespace()
 		c := echo()

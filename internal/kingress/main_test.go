@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -258,14 +259,16 @@ func endpointSlice(ns, name, svc, portName string, port int32, ip string, ready 
 	}
 }
 
-// namespace creates a fresh namespace for one test.
+var nsCount atomic.Int32
+
+// namespace creates a fresh namespace for one test (also with -count=N).
 func namespace(t testing.TB) string {
 	t.Helper()
 	ns := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	if len(ns) > 50 {
 		ns = ns[:50]
 	}
-	ns = strings.Trim(ns, "-")
+	ns = fmt.Sprintf("%s-%d", strings.Trim(ns, "-"), nsCount.Add(1))
 	if _, err := kube.CoreV1().Namespaces().Create(context.Background(),
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create namespace: %v", err)
@@ -293,7 +296,16 @@ func createIngress(t testing.TB, ns, name string, rules ...v1alpha1.IngressRule)
 	if err != nil {
 		t.Fatalf("create ingress: %v", err)
 	}
+	deleteAtEnd(t, ns, name)
 	return out
+}
+
+// deleteAtEnd deletes the Ingress when the test ends, so that its hosts
+// are free for the next test (or the next -count run).
+func deleteAtEnd(t testing.TB, ns, name string) {
+	t.Cleanup(func() {
+		_ = netcs.NetworkingV1alpha1().Ingresses(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 }
 
 // waitReady waits until the Ingress is Ready for its current generation.

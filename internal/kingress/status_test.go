@@ -124,6 +124,7 @@ func TestIngressClassConflictAndDeletion(t *testing.T) {
 		_, err := netcs.NetworkingV1alpha1().Ingresses(ns).Create(context.Background(), &v1alpha1.Ingress{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: ann}, Spec: spec}, metav1.CreateOptions{})
 		g.Expect(err).NotTo(HaveOccurred())
+		deleteAtEnd(t, ns, name)
 	}
 	createIngress(t, ns, "first", spec.Rules...)
 	waitReady(t, ns, "first")

@@ -71,6 +71,7 @@ func TestTLSAndRedirect(t *testing.T) {
 	if _, err := netcs.NetworkingV1alpha1().Ingresses(ns).Create(context.Background(), ing, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	deleteAtEnd(t, ns, "tls")
 	waitReady(t, ns, "tls")
 
 	hc := &http.Client{Transport: &http.Transport{

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,16 +40,17 @@ func TestBinaryLifecycle(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(os.WriteFile(filepath.Join(state, "images", filepath.Base(echo[0])), data, 0o755)).To(Succeed())
 	}
+	healthz := freePort()
 	args := []string{"--kubeconfig", kubeconfig, "--state-dir", state, "--catalog", filepath.Join(catalogDir, "images.yaml"),
 		"--node", "ztm-node-0=10.221.8.0/24", "--net-prefix", "ztm", "--cluster-dns", "10.0.0.10",
-		"--cluster-domain", "cluster.local", "--listen-address", "127.0.0.1", "--healthz-port", "10349", "--kubelet-port", "10351"}
+		"--cluster-domain", "cluster.local", "--listen-address", "127.0.0.1", "--healthz-port", strconv.Itoa(healthz), "--kubelet-port", strconv.Itoa(freePort())}
 	start := func() (*exec.Cmd, *syncBuffer) {
 		logs := &syncBuffer{}
 		cmd := exec.Command(bin, args...)
 		cmd.Stdout, cmd.Stderr = logs, logs
 		g.Expect(cmd.Start()).To(Succeed())
 		g.Eventually(func() (int, error) {
-			resp, err := http.Get("http://127.0.0.1:10349/healthz")
+			resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(healthz) + "/healthz")
 			if err != nil {
 				return 0, err
 			}

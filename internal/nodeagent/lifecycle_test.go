@@ -214,7 +214,7 @@ func TestLogsThroughKubeletAPI(t *testing.T) {
 	g.Expect(apierrors.IsBadRequest(err)).To(BeTrue(), "%v", err)
 
 	// Straight to the kubelet port without credentials: refused.
-	url := fmt.Sprintf("https://%s:10350/containerLogs/%s/logs/echo", nodes[0].PodCIDR.Addr().Next(), ns)
+	url := fmt.Sprintf("https://%s:%d/containerLogs/%s/logs/echo", nodes[0].PodCIDR.Addr().Next(), kubeletPort, ns)
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // self-signed kubelet cert
 	resp, err := hc.Get(url)
 	g.Expect(err).NotTo(HaveOccurred())

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -106,11 +107,14 @@ images:
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// Free ports, not fixed ones: another run of these tests (or anything
+	// else on the host) may hold a fixed port.
+	kubeletPort = freePort()
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := nodeagent.Config{
 		Kubeconfig: kubeconfig, StateDir: stateDir, CatalogPath: catalogPath, Nodes: nodes,
 		NetPrefix: netPrefix, ClusterDNS: "10.0.0.10", ClusterDomain: "cluster.local",
-		ListenAddress: "127.0.0.1", HealthzPort: 10348, KubeletPort: 10350, ClientCAFile: clientCA,
+		ListenAddress: "127.0.0.1", HealthzPort: freePort(), KubeletPort: kubeletPort, ClientCAFile: clientCA,
 		Backoff: testBackoff, ShutdownGracePeriod: 5 * time.Second,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
@@ -209,4 +213,17 @@ func newNamespace(t *testing.T) string {
 		_ = client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
 	})
 	return ns.Name
+}
+
+// kubeletPort is the agent's kubelet API port, chosen free in TestMain.
+var kubeletPort int
+
+// freePort returns a TCP port that was free a moment ago.
+func freePort() int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -34,7 +34,7 @@ func TestNodesRegister(t *testing.T) {
 		}
 		g.Expect(conds).To(HaveKeyWithValue(corev1.NodeReady, corev1.ConditionTrue))
 		g.Expect(conds).To(HaveKeyWithValue(corev1.NodeNetworkUnavailable, corev1.ConditionFalse))
-		g.Expect(n.Status.DaemonEndpoints.KubeletEndpoint.Port).To(Equal(int32(10350)))
+		g.Expect(n.Status.DaemonEndpoints.KubeletEndpoint.Port).To(Equal(int32(kubeletPort)))
 		var internal string
 		for _, a := range n.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 
@@ -122,4 +123,23 @@ func (e *Env) Kubeconfig(dir string) (string, error) {
 		return "", err
 	}
 	return path, nil
+}
+
+// FindBinary looks for a server binary on PATH, then in $ZIPTRAIL_CACHE/bin
+// (default ~/.cache/ziptrail/bin), where hack/install-deps.sh builds MinIO
+// and CoreDNS. It returns "" when neither has it.
+func FindBinary(name string) string {
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	cache := os.Getenv("ZIPTRAIL_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "ziptrail")
+	}
+	p := filepath.Join(cache, "bin", name)
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
 }

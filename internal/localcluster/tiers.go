@@ -17,6 +17,8 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ziptrail/ziptrail/internal/controlplane"
 )
 
 // Credentials and bucket of the local slow tier. The server only listens on
@@ -38,32 +40,13 @@ type tierServers struct {
 	procs                 []*exec.Cmd
 }
 
-// findBinary looks on PATH, then in $ZIPTRAIL_CACHE/bin (where
-// hack/install-deps.sh builds MinIO).
-func findBinary(name string) string {
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	cache := os.Getenv("ZIPTRAIL_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache", "ziptrail")
-	}
-	if p := filepath.Join(cache, "bin", name); fileExists(p) {
-		return p
-	}
-	return ""
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
-
 // startTiers starts the installed tier servers on host (the bridge address).
 // A missing binary leaves that tier off; a binary that fails to start is an
 // error.
 func startTiers(ctx context.Context, stateDir, host string, step func(string, ...any)) (*tierServers, error) {
 	t := &tierServers{}
 	killLeftovers(stateDir)
-	if bin := findBinary("redis-server"); bin != "" {
+	if bin := controlplane.FindBinary("redis-server"); bin != "" {
 		port, err := freePort(host)
 		if err != nil {
 			return t, err
@@ -87,7 +70,7 @@ func startTiers(ctx context.Context, stateDir, host string, step func(string, ..
 	} else {
 		step("redis-server not installed: no fast tier, no engine checkpoints")
 	}
-	if bin := findBinary("minio"); bin != "" {
+	if bin := controlplane.FindBinary("minio"); bin != "" {
 		port, err := freePort(host)
 		if err != nil {
 			return t, err

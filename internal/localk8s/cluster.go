@@ -30,6 +30,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ziptrail/ziptrail/internal/controlplane"
 )
 
 // Options configure a cluster. Zero values get the defaults of `ziptrail
@@ -135,7 +137,7 @@ func (o *Options) defaults() error {
 		}
 	}
 	if o.CoreDNS == "" {
-		o.CoreDNS = findBinary("coredns")
+		o.CoreDNS = controlplane.FindBinary("coredns")
 	}
 	if o.CoreDNS == "" {
 		return errors.New("coredns not found on PATH or in $ZIPTRAIL_CACHE/bin: run hack/install-deps.sh")

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -152,25 +150,6 @@ func (c *Cluster) coreDNS() (*Component, error) {
 	// /ready answers once the kubernetes plugin has synced its caches.
 	return c.component("coredns", c.opts.CoreDNS, []string{"-conf", path}, "http://"+hostPort("127.0.0.1", rp)+"/ready"), nil
 }
-
-// findBinary looks on PATH, then in $ZIPTRAIL_CACHE/bin (where
-// hack/install-deps.sh builds CoreDNS).
-func findBinary(name string) string {
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	cache := os.Getenv("ZIPTRAIL_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache", "ziptrail")
-	}
-	if p := filepath.Join(cache, "bin", name); fileExists(p) {
-		return p
-	}
-	return ""
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 func repoRoot() string { return controlplane.RepoRoot() }
 

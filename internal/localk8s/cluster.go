@@ -369,6 +369,15 @@ func (c *Cluster) launch(ctx context.Context, hc *http.Client, comp *Component, 
 	return comp.waitHealthy(ctx, hc, timeout)
 }
 
+// Launch starts another host process as a component of the cluster (the
+// Knative installer's ingress gateway): recorded in the state file, so that
+// Stop and `ziptrail local down` stop it first, and waited for until its
+// health URL answers 200 (https health URLs are checked against the
+// cluster's CA).
+func (c *Cluster) Launch(ctx context.Context, name, binary string, args []string, health string, timeout time.Duration, env ...string) error {
+	return c.launch(ctx, healthClient(c.pki.caPEM()), c.component(name, binary, args, health), timeout, env...)
+}
+
 func (c *Cluster) startEtcd(ctx context.Context, hc *http.Client, step func(string, ...any)) error {
 	cp, err := freePort("127.0.0.1")
 	if err != nil {

@@ -136,7 +136,8 @@ func childMeta(wf *v1alpha1.Workflow, name string) metav1.ObjectMeta {
 }
 
 // desiredService builds the Knative Service of one function: the user's
-// template (if any) with image, env, resources and scale bounds applied, plus
+// template (if any) with image, command, args, env, resources and scale
+// bounds applied to its first container, plus
 // what the ziptrail sidecar and SDK need.
 func desiredService(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec) (*servingv1.Service, error) {
 	svc := &servingv1.Service{ObjectMeta: childMeta(wf, ServiceName(wf.Name, f.Name))}
@@ -153,6 +154,12 @@ func desiredService(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec) (*servingv1
 	c := &tmpl.Spec.Containers[0]
 	if f.Image != "" {
 		c.Image = f.Image
+	}
+	if len(f.Command) > 0 {
+		c.Command = append([]string(nil), f.Command...)
+	}
+	if len(f.Args) > 0 {
+		c.Args = append([]string(nil), f.Args...)
 	}
 	if f.Resources != nil {
 		c.Resources = *f.Resources
@@ -182,9 +189,6 @@ func desiredService(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec) (*servingv1
 		tmpl.Annotations["autoscaling.knative.dev/max-scale"] = strconv.Itoa(int(*f.MaxScale))
 	}
 	tmpl.Annotations[v1alpha1.AnnotationBuckets] = bucketAnnotation(wf)
-	if err := setLocalAnnotations(tmpl.Annotations, f.Local); err != nil {
-		return nil, fmt.Errorf("function %q: %w", f.Name, err)
-	}
 	return svc, nil
 }
 
@@ -218,35 +222,4 @@ func mergeEnv(env, add []corev1.EnvVar) []corev1.EnvVar {
 		}
 	}
 	return env
-}
-
-// setLocalAnnotations tells the local cluster's serving runtime how to run a
-// function without a container runtime. Real Knative ignores them.
-func setLocalAnnotations(ann map[string]string, local *v1alpha1.LocalRuntime) error {
-	if local == nil {
-		return nil
-	}
-	cmd, err := json.Marshal(local.Command)
-	if err != nil {
-		return err
-	}
-	ann[v1alpha1.AnnotationLocalCommand] = string(cmd)
-	if local.WorkingDir != "" {
-		ann[v1alpha1.AnnotationLocalWorkDir] = local.WorkingDir
-	}
-	if len(local.Env) > 0 {
-		env := make([]string, 0, len(local.Env))
-		for _, e := range local.Env {
-			if e.ValueFrom != nil {
-				return fmt.Errorf("local env %s uses valueFrom, which the local cluster cannot resolve", e.Name)
-			}
-			env = append(env, e.Name+"="+e.Value)
-		}
-		raw, err := json.Marshal(env)
-		if err != nil {
-			return err
-		}
-		ann[v1alpha1.AnnotationLocalEnv] = string(raw)
-	}
-	return nil
 }

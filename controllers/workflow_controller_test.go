@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"knative.dev/pkg/apis"
 	duckv1 "knative.dev/pkg/apis/duck/v1"
@@ -27,7 +28,7 @@ func loadSample(name, ns string) *v1alpha1.Workflow {
 	data, err := os.ReadFile(filepath.Join(controlplane.RepoRoot(), "config", "samples", name))
 	Expect(err).NotTo(HaveOccurred())
 	wf := &v1alpha1.Workflow{}
-	Expect(yaml.Unmarshal(data, wf)).To(Succeed())
+	Expect(yaml.UnmarshalStrict(data, wf)).To(Succeed(), "sample %s", name)
 	wf.Namespace = ns
 	return wf
 }
@@ -87,7 +88,12 @@ var _ = Describe("Workflow controller", func() {
 		mapSvc := &servingv1.Service{}
 		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "wordcount-map"}, mapSvc)).To(Succeed())
 		Expect(mapSvc.Spec.Template.Annotations).To(HaveKeyWithValue("autoscaling.knative.dev/max-scale", "16"))
-		Expect(mapSvc.Spec.Template.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationLocalCommand, `["python3","wordcount.py","map"]`))
+		// The role is the container's argument; the image's entrypoint runs it.
+		Expect(mapSvc.Spec.Template.Spec.Containers[0].Command).To(BeEmpty())
+		Expect(mapSvc.Spec.Template.Spec.Containers[0].Args).To(Equal([]string{"map"}))
+		for k := range mapSvc.Spec.Template.Annotations {
+			Expect(k).NotTo(HavePrefix("ziptrail.dev/local-"), "no local-runtime annotations on the revision template")
+		}
 
 		for _, b := range []string{"chunks", "shuffle", "counts", "output"} {
 			Eventually(func() error {
@@ -158,6 +164,84 @@ var _ = Describe("Workflow controller", func() {
 			g.Expect(t.Spec.Targets).To(ConsistOf("adevents-query-event-info", "adevents-alert"))
 		}).Should(Succeed())
 		Eventually(func() []string { return eventReasons(ns, "adevents") }).Should(ContainElements("Updated", "Deleted"))
+	})
+
+	It("puts a function's command, args and env on the user container, also over a template", func() {
+		env := []corev1.EnvVar{{Name: "MODE", Value: "fast"}, {Name: "FROM_TEMPLATE", Value: "overridden"}}
+		wf := &v1alpha1.Workflow{
+			ObjectMeta: metav1.ObjectMeta{Name: "cmds", Namespace: ns},
+			Spec: v1alpha1.WorkflowSpec{
+				Entry: "plain",
+				Functions: []v1alpha1.FunctionSpec{
+					{Name: "plain", Image: "ghcr.io/ziptrail/python:3", Command: []string{"python3", "-c", "print(1)"}, Args: []string{"a", "b"}, Env: env},
+					{Name: "argsonly", Image: "ghcr.io/ziptrail/examples-wordcount:latest", Args: []string{"split"}},
+					{Name: "templated", Command: []string{"/bin/fn"}, Env: env, Template: &runtime.RawExtension{Raw: []byte(`{
+						"metadata": {"annotations": {"example.dev/keep": "yes"}},
+						"spec": {"containers": [{
+							"image": "ghcr.io/example/fn:1",
+							"command": ["/bin/old"],
+							"args": ["--from-template"],
+							"workingDir": "/srv",
+							"env": [{"name": "FROM_TEMPLATE", "value": "template"}, {"name": "KEPT", "value": "1"}]
+						}]}}`)}},
+				},
+				Dependencies: []v1alpha1.Dependency{{From: []string{"plain"}, To: []string{"argsonly", "templated"}}},
+			},
+		}
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		container := func(fn string) corev1.Container {
+			svc := &servingv1.Service{}
+			Eventually(func() error {
+				return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "cmds-" + fn}, svc)
+			}).Should(Succeed())
+			Expect(svc.Spec.Template.Spec.Containers).To(HaveLen(1))
+			return svc.Spec.Template.Spec.Containers[0]
+		}
+		envOf := func(c corev1.Container) map[string]string {
+			m := map[string]string{}
+			for _, e := range c.Env {
+				m[e.Name] = e.Value
+			}
+			return m
+		}
+
+		c := container("plain")
+		Expect(c.Image).To(Equal("ghcr.io/ziptrail/python:3"))
+		Expect(c.Command).To(Equal([]string{"python3", "-c", "print(1)"}))
+		Expect(c.Args).To(Equal([]string{"a", "b"}))
+		Expect(envOf(c)).To(HaveKeyWithValue("MODE", "fast"))
+		Expect(envOf(c)).To(HaveKeyWithValue(controllers.EnvFunction, "plain"))
+
+		c = container("argsonly")
+		Expect(c.Command).To(BeEmpty(), "without a command the image's entrypoint runs")
+		Expect(c.Args).To(Equal([]string{"split"}))
+
+		By("applying command and env on top of the template's container, keeping what the function does not set")
+		c = container("templated")
+		Expect(c.Image).To(Equal("ghcr.io/example/fn:1"))
+		Expect(c.Command).To(Equal([]string{"/bin/fn"}))
+		Expect(c.Args).To(Equal([]string{"--from-template"}))
+		Expect(c.WorkingDir).To(Equal("/srv"))
+		Expect(envOf(c)).To(And(HaveKeyWithValue("MODE", "fast"), HaveKeyWithValue("FROM_TEMPLATE", "overridden"), HaveKeyWithValue("KEPT", "1")))
+		Expect(envOf(c)).To(HaveKeyWithValue(controllers.EnvWorkflow, "cmds"))
+
+		By("propagating a change of args")
+		Eventually(func() error {
+			got := &v1alpha1.Workflow{}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(wf), got); err != nil {
+				return err
+			}
+			got.Spec.Functions[1].Args = []string{"map"}
+			got.Spec.Functions[2].Args = []string{"--fn"}
+			return k8s.Update(ctx, got)
+		}).Should(Succeed())
+		Eventually(func(g Gomega) {
+			for fn, want := range map[string][]string{"argsonly": {"map"}, "templated": {"--fn"}} {
+				svc := &servingv1.Service{}
+				g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "cmds-" + fn}, svc)).To(Succeed())
+				g.Expect(svc.Spec.Template.Spec.Containers[0].Args).To(Equal(want), fn)
+			}
+		}).Should(Succeed())
 	})
 
 	It("surfaces references to undefined functions and buckets as a condition", func() {

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/nodeagent/catalog"
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
@@ -71,41 +71,23 @@ func sampleObjects() map[string][]client.Object {
 }
 
 // loadSample reads examples/<name>/workflow.yaml for a run in namespace ns.
-// Local working directories are relative to where `ziptrail local up` runs
-// (the repository root); the spec's runtime runs in this package's
-// directory, so they are made absolute. Go functions (`go run ./fn ROLE`)
-// use goBinary's prebuilt binary instead: one build per sample, not one per
-// pod.
+// It is applied as written: the local cluster runs each function's image as
+// the image catalog (config/local/images.yaml) says, in the sample's
+// directory, building a Go sample's package once.
 func loadSample(name, ns string) *v1alpha1.Workflow {
-	root := controlplane.RepoRoot()
-	data, err := os.ReadFile(filepath.Join(root, "examples", name, "workflow.yaml"))
+	data, err := os.ReadFile(filepath.Join(controlplane.RepoRoot(), "examples", name, "workflow.yaml"))
 	Expect(err).NotTo(HaveOccurred())
 	wf := &v1alpha1.Workflow{}
 	Expect(yaml.UnmarshalStrict(data, wf)).To(Succeed())
 	wf.Namespace = ns
-	for i := range wf.Spec.Functions {
-		l := wf.Spec.Functions[i].Local
-		l.WorkingDir = filepath.Join(root, l.WorkingDir)
-		if len(l.Command) == 4 && l.Command[0] == "go" && l.Command[1] == "run" {
-			l.Command = []string{goBinary(filepath.Join(l.WorkingDir, l.Command[2])), l.Command[3]}
-		}
-	}
 	return wf
 }
 
-var goBinaries = map[string]string{}
-
-func goBinary(pkg string) string {
-	if bin, ok := goBinaries[pkg]; ok {
-		return bin
-	}
-	bin := filepath.Join(GinkgoT().TempDir(), "fn")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir = pkg
-	out, err := cmd.CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), "go build %s: %s", pkg, out)
-	goBinaries[pkg] = bin
-	return bin
+// imageCatalog is the catalog the local cluster runs images from.
+func imageCatalog() *catalog.Catalog {
+	c, err := catalog.Load(filepath.Join(controlplane.RepoRoot(), "config", "local", "images.yaml"), GinkgoT().TempDir())
+	Expect(err).NotTo(HaveOccurred())
+	return c
 }
 
 // runSample deploys a sample and runs one session per input file.
@@ -135,6 +117,7 @@ var _ = Describe("the samples under examples/", func() {
 		samples := sampleObjects()
 		Expect(len(samples)).To(BeNumerically(">=", 7))
 		root := controlplane.RepoRoot()
+		images := imageCatalog()
 		for file, objs := range samples {
 			ns := newNamespace()
 			for _, obj := range objs {
@@ -144,18 +127,27 @@ var _ = Describe("the samples under examples/", func() {
 				if !ok {
 					continue
 				}
-				// What the local cluster runs must exist.
+				// What the local cluster runs must exist: the image is in
+				// the catalog, its program is there, and the function's
+				// argument is one of the program's roles.
 				for _, fn := range wf.Spec.Functions {
-					Expect(fn.Local).NotTo(BeNil(), "%s: function %s has no local command", file, fn.Name)
-					dir := filepath.Join(root, fn.Local.WorkingDir)
+					img, err := images.Lookup(fn.Image)
+					Expect(err).NotTo(HaveOccurred(), "%s: function %s", file, fn.Name)
+					Expect(fn.Command).To(BeEmpty(), "%s: function %s runs its image's entrypoint", file, fn.Name)
+					Expect(fn.Args).To(HaveLen(1), "%s: function %s: args: [ROLE]", file, fn.Name)
+					dir := filepath.Join(images.Root, img.WorkingDir)
 					Expect(dir).To(BeADirectory(), "%s: function %s", file, fn.Name)
-					switch cmd := fn.Local.Command; cmd[0] {
-					case "python3":
-						Expect(filepath.Join(dir, cmd[1])).To(BeARegularFile(), "%s: function %s", file, fn.Name)
-					case "go":
-						Expect(cmd).To(HaveLen(4), "%s: go run ./PKG ROLE", file)
-						Expect(filepath.Join(dir, cmd[2], "main.go")).To(BeARegularFile(), "%s: function %s", file, fn.Name)
+					var program string
+					if img.GoPackage != "" {
+						program = filepath.Join(images.Root, img.GoPackage, "main.go")
+					} else {
+						Expect(img.Entrypoint).To(HaveLen(2), "%s: image %s: [python3, PROGRAM]", file, fn.Image)
+						program = filepath.Join(dir, img.Entrypoint[1])
 					}
+					Expect(program).To(BeARegularFile(), "%s: function %s", file, fn.Name)
+					src, err := os.ReadFile(program)
+					Expect(err).NotTo(HaveOccurred())
+					Expect(string(src)).To(ContainSubstring(strconv.Quote(fn.Args[0])), "%s: function %s: %s has no role %q", file, fn.Name, program, fn.Args[0])
 				}
 			}
 			Expect(filepath.Join(root, filepath.Dir(file), "README.md")).To(BeARegularFile())

@@ -26,12 +26,14 @@ import (
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
+// pythonImage is the image catalog's generic Python (config/local/images.yaml):
+// python3 in the repository root with the SDK on PYTHONPATH.
+const pythonImage = "ghcr.io/ziptrail/python:3"
+
 // pyFunction runs a Python handler with the repository's SDK.
 func pyFunction(name, body string) v1alpha1.FunctionSpec {
 	src := "import ziptrail\n" + body + "\nziptrail.serve(handle)\n"
-	return v1alpha1.FunctionSpec{Name: name, Image: "ghcr.io/ziptrail/examples-python:latest",
-		Local: &v1alpha1.LocalRuntime{Command: []string{"python3", "-c", src},
-			Env: []corev1.EnvVar{{Name: "PYTHONPATH", Value: filepath.Join(controlplane.RepoRoot(), "sdk", "python")}}}}
+	return v1alpha1.FunctionSpec{Name: name, Image: pythonImage, Command: []string{"python3", "-c", src}}
 }
 
 // gatewayURL is the session gateway of the target.

@@ -21,13 +21,8 @@ var _ = Describe("the word count sample (DynamicGroup shuffle, DynamicJoin gathe
 		data, err := os.ReadFile(filepath.Join(root, "examples", "wordcount", "workflow.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		wf := &v1alpha1.Workflow{}
-		Expect(yaml.Unmarshal(data, wf)).To(Succeed())
+		Expect(yaml.UnmarshalStrict(data, wf)).To(Succeed())
 		wf.Namespace = newNamespace()
-		for i := range wf.Spec.Functions { // the runtime runs from the test's directory
-			l := wf.Spec.Functions[i].Local
-			l.WorkingDir = filepath.Join(root, l.WorkingDir)
-			l.Env[0].Value = filepath.Join(root, "sdk", "python")
-		}
 		Expect(k8s.Create(ctx, wf)).To(Succeed())
 		waitWorkflowReady(wf)
 

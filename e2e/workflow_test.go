@@ -66,8 +66,7 @@ var _ = Describe("a Workflow on the cluster", func() {
 	It("deploys every function as a Knative Service that becomes ready and serves through the ingress", func() {
 		ns := newNamespace()
 		fn := func(name string) v1alpha1.FunctionSpec {
-			return v1alpha1.FunctionSpec{Name: name, Image: "ghcr.io/ziptrail/examples-echo:latest",
-				Local: &v1alpha1.LocalRuntime{Command: []string{"python3", "-c", pyEcho}}}
+			return v1alpha1.FunctionSpec{Name: name, Image: pythonImage, Command: []string{"python3", "-c", pyEcho}}
 		}
 		wf := &v1alpha1.Workflow{
 			ObjectMeta: metav1.ObjectMeta{Name: "chain", Namespace: ns},

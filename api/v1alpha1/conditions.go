@@ -40,9 +40,4 @@ const (
 	AnnotationBuckets = "ziptrail.dev/buckets"
 	// AnnotationMemoryLimit is the pod's object-store memory cap.
 	AnnotationMemoryLimit = "ziptrail.dev/memory-limit"
-	// AnnotationLocalCommand, AnnotationLocalWorkDir and AnnotationLocalEnv
-	// carry a function's `local` block to the local cluster's runtime.
-	AnnotationLocalCommand = "ziptrail.dev/local-command"
-	AnnotationLocalWorkDir = "ziptrail.dev/local-workdir"
-	AnnotationLocalEnv     = "ziptrail.dev/local-env"
 )

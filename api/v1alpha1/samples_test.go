@@ -9,7 +9,9 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
@@ -54,7 +56,9 @@ var _ = Describe("samples", func() {
 			obj := &unstructured.Unstructured{}
 			Expect(yaml.Unmarshal(data, &obj.Object)).To(Succeed())
 			obj.SetNamespace(ns)
-			Expect(k8s.Create(ctx, obj)).To(Succeed(), "sample %s", filepath.Base(p))
+			// Strict, as kubectl apply: a field the API does not have
+			// (such as the removed `local` block) fails the sample.
+			Expect(k8s.Create(ctx, obj, client.FieldValidation(metav1.FieldValidationStrict))).To(Succeed(), "sample %s", filepath.Base(p))
 		}
 		var wf v1alpha1.Workflow
 		Expect(k8s.Get(ctx, key(ns, "wordcount"), &wf)).To(Succeed())

@@ -1,13 +1,21 @@
 package v1alpha1_test
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
 )
 
 func key(ns, name string) types.NamespacedName {
@@ -96,7 +104,7 @@ var _ = Describe("schema validation", func() {
 		Entry("two functions with one name", invalid{workflow + "spec: {entry: a, functions: [{name: a, image: x}, {name: a, image: y}], dependencies: [{from: [a], to: [a]}]}",
 			"spec.functions[1]", "Duplicate value"}),
 		Entry("a function with nothing to run", invalid{workflow + "spec: {entry: a, functions: [{name: a}]}",
-			"spec.functions[0]", "a function needs an image, a template or a local command"}),
+			"spec.functions[0]", "a function needs an image or a template"}),
 		Entry("a Periodic dependency without a period", invalid{workflow + "spec: {entry: a, functions: [{name: a, image: x}, {name: b, image: x}], dependencies: [{from: [a], to: [b], type: Periodic}]}",
 			"spec.dependencies[0].period", "period is required for a Periodic dependency"}),
 		Entry("several functions and no wiring", invalid{workflow + "spec: {entry: a, functions: [{name: a, image: x}, {name: b, image: x}]}",
@@ -106,4 +114,74 @@ var _ = Describe("schema validation", func() {
 		Entry("an inline trigger that is invalid", invalid{workflow + "spec: {entry: a, functions: [{name: a, image: x}], triggers: [{name: t, spec: {bucket: b, primitive: Redundant, targets: [a], redundant: {k: 9, outOf: 2}}}]}",
 			"spec.triggers[0].spec.redundant.k", "k must not exceed outOf"}),
 	)
+})
+
+// The local-runtime block (`local: {command, workingDir, env}`) is gone from
+// the API: a function runs like a container (image, command, args, env) and
+// the local cluster finds how to run an image in its image catalog. A
+// manifest still carrying it must not be half-applied without a word.
+var _ = Describe("a Workflow with the removed local block", func() {
+	const withLocal = workflow + `spec:
+  entry: a
+  functions:
+    - name: a
+      image: ghcr.io/ziptrail/python:3
+      local: {command: [python3, fn.py], workingDir: examples/a}
+`
+	It("is refused under strict field validation, naming the field", func() {
+		obj := &unstructured.Unstructured{}
+		Expect(yaml.Unmarshal([]byte(withLocal), &obj.Object)).To(Succeed())
+		obj.SetNamespace(newNamespace())
+		err := k8s.Create(ctx, obj, client.FieldValidation(metav1.FieldValidationStrict))
+		Expect(err).To(HaveOccurred(), "the API server accepted an unknown field under Strict")
+		Expect(apierrors.IsBadRequest(err)).To(BeTrue(), "want 400 BadRequest, got %v", err)
+		Expect(err.Error()).To(ContainSubstring(`unknown field "spec.functions[0].local"`))
+	})
+
+	It("is refused by kubectl apply (strict by default) with a clear error", func() {
+		ns := newNamespace()
+		dir := GinkgoT().TempDir()
+		kubeconfig, err := env.Kubeconfig(dir)
+		Expect(err).NotTo(HaveOccurred())
+		manifest := filepath.Join(dir, "workflow.yaml")
+		Expect(os.WriteFile(manifest, []byte(withLocal), 0o644)).To(Succeed())
+		kubectl := filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
+		out, err := exec.Command(kubectl, "--kubeconfig", kubeconfig, "-n", ns, "apply", "-f", manifest).CombinedOutput()
+		Expect(err).To(HaveOccurred(), "kubectl apply accepted the local block: %s", out)
+		GinkgoWriter.Printf("%s", out)
+		Expect(string(out)).To(ContainSubstring(`unknown field "spec.functions[0].local"`))
+		var wf v1alpha1.Workflow
+		Expect(apierrors.IsNotFound(k8s.Get(ctx, key(ns, "w"), &wf))).To(BeTrue(), "nothing is created")
+	})
+
+	It("is stored without it when validation is not strict (the field is pruned)", func() {
+		obj := &unstructured.Unstructured{}
+		Expect(yaml.Unmarshal([]byte(withLocal), &obj.Object)).To(Succeed())
+		ns := newNamespace()
+		obj.SetNamespace(ns)
+		Expect(k8s.Create(ctx, obj, client.FieldValidation(metav1.FieldValidationIgnore))).To(Succeed())
+		got := &unstructured.Unstructured{}
+		got.SetGroupVersionKind(obj.GroupVersionKind())
+		Expect(k8s.Get(ctx, key(ns, "w"), got)).To(Succeed())
+		fns, _, _ := unstructured.NestedSlice(got.Object, "spec", "functions")
+		Expect(fns).To(HaveLen(1))
+		Expect(fns[0]).NotTo(HaveKey("local"))
+		Expect(fns[0]).To(HaveKeyWithValue("image", "ghcr.io/ziptrail/python:3"))
+	})
+
+	It("accepts command and args instead", func() {
+		obj := &unstructured.Unstructured{}
+		Expect(yaml.Unmarshal([]byte(workflow+`spec:
+  entry: a
+  functions:
+    - {name: a, image: ghcr.io/ziptrail/python:3, command: [python3, -c, "print(1)"], args: [x]}
+`), &obj.Object)).To(Succeed())
+		ns := newNamespace()
+		obj.SetNamespace(ns)
+		Expect(k8s.Create(ctx, obj, client.FieldValidation(metav1.FieldValidationStrict))).To(Succeed())
+		var wf v1alpha1.Workflow
+		Expect(k8s.Get(ctx, key(ns, "w"), &wf)).To(Succeed())
+		Expect(wf.Spec.Functions[0].Command).To(Equal([]string{"python3", "-c", "print(1)"}))
+		Expect(wf.Spec.Functions[0].Args).To(Equal([]string{"x"}))
+	})
 })

@@ -6,27 +6,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
-// LocalRuntime says how the local cluster (no container runtime) runs a
-// function: a command started inside the function's pod network namespace.
-type LocalRuntime struct {
-	// Command is the program and its arguments.
-	// +kubebuilder:validation:MinItems=1
-	// +listType=atomic
-	Command []string `json:"command"`
-	// WorkingDir is the directory the command runs in, relative to the
-	// directory the Workflow was applied from when not absolute.
-	// +optional
-	WorkingDir string `json:"workingDir,omitempty"`
-	// Env adds environment variables.
-	// +listType=map
-	// +listMapKey=name
-	// +optional
-	Env []corev1.EnvVar `json:"env,omitempty"`
-}
-
 // FunctionSpec is one function of a Workflow, deployed as a Knative Service
 // named <workflow>-<function>.
-// +kubebuilder:validation:XValidation:rule="has(self.image) || has(self.template) || has(self.local)",message="a function needs an image, a template or a local command"
+// +kubebuilder:validation:XValidation:rule="has(self.image) || has(self.template)",message="a function needs an image or a template"
 type FunctionSpec struct {
 	// Name of the function, unique in the Workflow; a DNS label of at most
 	// 28 characters so that <workflow>-<function> is a valid Service name.
@@ -38,6 +20,16 @@ type FunctionSpec struct {
 	// Image is the user container image (shortcut for a one-container template).
 	// +optional
 	Image string `json:"image,omitempty"`
+	// Command of the user container: replaces the image's entrypoint, as a
+	// container's command does. Not run in a shell.
+	// +listType=atomic
+	// +optional
+	Command []string `json:"command,omitempty"`
+	// Args of the user container: replace the image's default arguments
+	// (its CMD), as a container's args do; with Command, they follow it.
+	// +listType=atomic
+	// +optional
+	Args []string `json:"args,omitempty"`
 	// Env for the user container.
 	// +listType=map
 	// +listMapKey=name
@@ -61,16 +53,14 @@ type FunctionSpec struct {
 
 	// Template is a full Knative RevisionTemplateSpec
 	// (serving.knative.dev/v1); when set it is used as the base and Image,
-	// Env and Resources are applied on top. Validated by Knative.
+	// Command, Args, Env and Resources are applied on top of its first
+	// container (each, when set, replaces the container's field; Env
+	// variables replace those of the same name). Validated by Knative.
 	// +kubebuilder:pruning:PreserveUnknownFields
 	// +kubebuilder:validation:Schemaless
 	// +kubebuilder:validation:Type=object
 	// +optional
 	Template *runtime.RawExtension `json:"template,omitempty"`
-
-	// Local says how the local cluster runs this function.
-	// +optional
-	Local *LocalRuntime `json:"local,omitempty"`
 }
 
 // NamedBucket is a Bucket declared inline in a Workflow.

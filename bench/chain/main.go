@@ -113,29 +113,30 @@ func run(lengths string, sessions, ring, ringFunctions int) error {
 		if err != nil {
 			return err
 		}
-		if err := measure(ctx, c, chainWorkflow(root, length), fmt.Sprintf("%d functions", length), length, sessions, "x", "x"); err != nil {
+		if err := measure(ctx, c, chainWorkflow(length), fmt.Sprintf("%d functions", length), length, sessions, "x", "x"); err != nil {
 			return err
 		}
 	}
 	if ring > 0 {
 		label := fmt.Sprintf("%d steps, ring of %d", ring, ringFunctions)
-		if err := measure(ctx, c, ringWorkflow(root, ring, ringFunctions), label, ring, sessions, "0", strconv.Itoa(ring)); err != nil {
+		if err := measure(ctx, c, ringWorkflow(ring, ringFunctions), label, ring, sessions, "0", strconv.Itoa(ring)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func pythonFunction(root, name, code string, env ...corev1.EnvVar) v1alpha1.FunctionSpec {
-	return v1alpha1.FunctionSpec{Name: name, Image: "unused", Local: &v1alpha1.LocalRuntime{Command: []string{"python3", "-c", code},
-		Env: append([]corev1.EnvVar{{Name: "PYTHONPATH", Value: filepath.Join(root, "sdk", "python")}}, env...)}}
+// pythonFunction runs inline Python code on the image catalog's generic
+// Python (config/local/images.yaml), which has the SDK on PYTHONPATH.
+func pythonFunction(name, code string, env ...corev1.EnvVar) v1alpha1.FunctionSpec {
+	return v1alpha1.FunctionSpec{Name: name, Image: "ghcr.io/ziptrail/python:3", Command: []string{"python3", "-c", code}, Env: env}
 }
 
 // chainWorkflow is f0 -> f1 -> ... -> f(length-1), each returning its input.
-func chainWorkflow(root string, length int) *v1alpha1.Workflow {
+func chainWorkflow(length int) *v1alpha1.Workflow {
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("chain%d", length), Namespace: "bench"}, Spec: v1alpha1.WorkflowSpec{Entry: "f0"}}
 	for i := 0; i < length; i++ {
-		wf.Spec.Functions = append(wf.Spec.Functions, pythonFunction(root, fmt.Sprintf("f%d", i), handler))
+		wf.Spec.Functions = append(wf.Spec.Functions, pythonFunction(fmt.Sprintf("f%d", i), handler))
 		if i > 0 {
 			wf.Spec.Dependencies = append(wf.Spec.Dependencies, v1alpha1.Dependency{From: []string{fmt.Sprintf("f%d", i-1)}, To: []string{fmt.Sprintf("f%d", i)}})
 		}
@@ -145,12 +146,12 @@ func chainWorkflow(root string, length int) *v1alpha1.Workflow {
 
 // ringWorkflow is a chain of steps invocations around functions r0..r(size-1):
 // r(j) writes bucket h(j+1 mod size), whose Immediate trigger invokes r(j+1).
-func ringWorkflow(root string, steps, size int) *v1alpha1.Workflow {
+func ringWorkflow(steps, size int) *v1alpha1.Workflow {
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ring%d", steps), Namespace: "bench"},
 		Spec: v1alpha1.WorkflowSpec{Entry: "r0", Buckets: []v1alpha1.NamedBucket{{Name: "output"}}}}
 	for j := 0; j < size; j++ {
 		fn, bucket := fmt.Sprintf("r%d", j), fmt.Sprintf("h%d", j)
-		wf.Spec.Functions = append(wf.Spec.Functions, pythonFunction(root, fn, ringHandler,
+		wf.Spec.Functions = append(wf.Spec.Functions, pythonFunction(fn, ringHandler,
 			corev1.EnvVar{Name: "RING_INDEX", Value: strconv.Itoa(j)}, corev1.EnvVar{Name: "RING_SIZE", Value: strconv.Itoa(size)},
 			corev1.EnvVar{Name: "RING_STEPS", Value: strconv.Itoa(steps)}))
 		wf.Spec.Buckets = append(wf.Spec.Buckets, v1alpha1.NamedBucket{Name: bucket})

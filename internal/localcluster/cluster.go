@@ -40,6 +40,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/localk8s"
 	"github.com/ziptrail/ziptrail/internal/localserving"
 	"github.com/ziptrail/ziptrail/internal/netns"
+	"github.com/ziptrail/ziptrail/internal/nodeagent/catalog"
 	"github.com/ziptrail/ziptrail/internal/orchestrator"
 )
 
@@ -50,6 +51,11 @@ type Options struct {
 	Subnet     netip.Prefix // pod network; default 10.213.0.0/24
 	NetPrefix  string       // interface/namespace name prefix; default "zt"
 	Instances  int          // pods per function; default 1
+	// Catalog is the image catalog that says how each container image runs
+	// as a local process (docs/local-cluster.md, "Image catalog"); default
+	// <repo>/config/local/images.yaml. Go packages it names are built into
+	// <StateDir>/images.
+	Catalog string
 	// NoTiers keeps redis-server and MinIO off even when installed.
 	NoTiers    bool
 	SidecarEnv []string // extra environment for every queue-proxy
@@ -163,7 +169,14 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if opts.Log == nil {
 		opts.Log = io.Discard
 	}
+	if opts.Catalog == "" {
+		opts.Catalog = filepath.Join(controlplane.RepoRoot(), "config", "local", "images.yaml")
+	}
 	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
+		return nil, err
+	}
+	images, err := catalog.Load(opts.Catalog, filepath.Join(opts.StateDir, "images"))
+	if err != nil {
 		return nil, err
 	}
 	step := func(format string, args ...any) { fmt.Fprintf(opts.Log, "==> "+format+"\n", args...) }
@@ -249,6 +262,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	c.Runtime, err = localserving.New(localserving.Options{
 		Network: c.network, QueueProxy: opts.QueueProxy, SidecarEnv: opts.SidecarEnv,
 		IngressPort: c.ingressPort, Instances: opts.Instances, StateDir: opts.StateDir, ShmRoot: shm,
+		Catalog: images,
 	})
 	if err != nil {
 		controlLn.Close()
@@ -309,6 +323,9 @@ func (c *Cluster) startControlPlane(ctx context.Context, step func(string, ...an
 	}
 	if ko.Log == nil {
 		ko.Log = c.opts.Log
+	}
+	if ko.Catalog == "" { // the nodes run images as the Knative stand-in does
+		ko.Catalog = c.opts.Catalog
 	}
 	step("starting Kubernetes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, %d node(s)", ko.Nodes)
 	if c.k8s, err = localk8s.Start(ctx, ko); err != nil {

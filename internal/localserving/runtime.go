@@ -1,14 +1,14 @@
 // Package localserving plays Knative Serving's part on one machine without a
 // container runtime: for every Knative Service in the API server it runs
 // "pods" — a network namespace each, holding a real queue-proxy process and
-// the function's local command — reports readiness into the Service status,
+// the user container's process, found in the node agent's image catalog
+// (internal/nodeagent/catalog) — reports readiness into the Service status,
 // and routes requests for the Service's host to its ready pods. It exists for
 // development and tests; production uses real Knative.
 package localserving
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -19,32 +19,27 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
-	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/netns"
+	"github.com/ziptrail/ziptrail/internal/nodeagent/catalog"
 )
 
-// Annotations on a Knative Service's revision template that tell the local
-// runtime how to run the function (set by the Workflow controller from a
-// function's `local` block).
-const (
-	AnnotationLocalCommand = v1alpha1.AnnotationLocalCommand // JSON array
-	AnnotationLocalWorkDir = v1alpha1.AnnotationLocalWorkDir
-	AnnotationLocalEnv     = v1alpha1.AnnotationLocalEnv // JSON array of KEY=VALUE
-	AnnotationInstances    = "ziptrail.dev/local-instances"
-)
+// AnnotationInstances on a Knative Service's revision template asks the
+// local runtime for at least this many pods.
+const AnnotationInstances = "ziptrail.dev/local-instances"
 
 // Options configure a Runtime.
 type Options struct {
 	Network          *netns.Network
-	QueueProxy       string        // path of the queue-proxy binary run in every pod
-	SidecarEnv       []string      // extra environment for queue-proxy (tier endpoints, operator address)
-	Domain           string        // Services are served at <name>.<namespace>.<Domain>
-	IngressPort      int           // port of the router, shown in Service URLs
-	Instances        int           // pods per Service unless its template asks for more
-	StateDir         string        // logs and state
-	ShmRoot          string        // per-pod shared-memory directories, e.g. /dev/shm/ziptrail-local
-	ReadyTimeout     time.Duration // how long a pod may take to become ready
-	TerminationGrace time.Duration // SIGTERM to SIGKILL
+	QueueProxy       string           // path of the queue-proxy binary run in every pod
+	SidecarEnv       []string         // extra environment for queue-proxy (tier endpoints, operator address)
+	Domain           string           // Services are served at <name>.<namespace>.<Domain>
+	IngressPort      int              // port of the router, shown in Service URLs
+	Instances        int              // pods per Service unless its template asks for more
+	StateDir         string           // logs and state
+	ShmRoot          string           // per-pod shared-memory directories, e.g. /dev/shm/ziptrail-local
+	Catalog          *catalog.Catalog // how each container image runs: the node agent's image catalog (config/local/images.yaml)
+	ReadyTimeout     time.Duration    // how long a pod may take to become ready
+	TerminationGrace time.Duration    // SIGTERM to SIGKILL
 }
 
 // Runtime runs the pods of every Service and knows which are ready.
@@ -70,8 +65,8 @@ type service struct {
 
 // New validates the options and returns a runtime with no pods.
 func New(opts Options) (*Runtime, error) {
-	if opts.Network == nil || opts.QueueProxy == "" || opts.StateDir == "" || opts.ShmRoot == "" {
-		return nil, errors.New("localserving: Network, QueueProxy, StateDir and ShmRoot are required")
+	if opts.Network == nil || opts.QueueProxy == "" || opts.StateDir == "" || opts.ShmRoot == "" || opts.Catalog == nil {
+		return nil, errors.New("localserving: Network, QueueProxy, StateDir, ShmRoot and Catalog are required")
 	}
 	if opts.Domain == "" {
 		opts.Domain = "ziptrail.local"
@@ -100,41 +95,54 @@ func (r *Runtime) URL(ns, name string) string {
 	return u
 }
 
-// podSpecFor reads how to run a Service locally from its template.
-func podSpecFor(svc *servingv1.Service) (podSpec, int, error) {
+// podSpecFor resolves how to run a Service's revision locally, as a node
+// agent runs a pod: the user container's image is looked up in the image
+// catalog, whose entrypoint, default args, working directory and env the
+// container's command, args, workingDir and env override as a container
+// runtime's would. Only the first container (Knative's user container) runs.
+func (r *Runtime) podSpecFor(ctx context.Context, svc *servingv1.Service) (podSpec, int, error) {
 	tmpl := svc.Spec.Template
-	raw, ok := tmpl.Annotations[AnnotationLocalCommand]
-	if !ok {
-		return podSpec{}, 0, fmt.Errorf("the revision template has no %s annotation: give the workflow function a `local.command` to run it on the local cluster", AnnotationLocalCommand)
+	if len(tmpl.Spec.Containers) == 0 {
+		return podSpec{}, 0, errors.New("the revision template has no container")
 	}
-	var cmd []string
-	if err := json.Unmarshal([]byte(raw), &cmd); err != nil || len(cmd) == 0 {
-		return podSpec{}, 0, fmt.Errorf("annotation %s must be a non-empty JSON array of strings: %q", AnnotationLocalCommand, raw)
+	c := tmpl.Spec.Containers[0]
+	if c.Image == "" {
+		return podSpec{}, 0, errors.New("the revision template's container has no image")
+	}
+	cat := r.opts.Catalog
+	img, err := cat.Lookup(c.Image)
+	if err != nil {
+		return podSpec{}, 0, fmt.Errorf("ErrImagePull: failed to pull image %q: %w", c.Image, err)
+	}
+	if len(c.EnvFrom) > 0 {
+		return podSpec{}, 0, errors.New("envFrom is not supported by the local cluster's serving runtime: give the variables in env")
 	}
 	spec := podSpec{
-		namespace:  svc.Namespace,
-		service:    svc.Name,
-		revision:   revisionName(svc),
-		command:    cmd,
-		workingDir: tmpl.Annotations[AnnotationLocalWorkDir],
+		namespace: svc.Namespace,
+		service:   svc.Name,
+		revision:  revisionName(svc),
 	}
+	// The image's env lies underneath the container's (Go's exec keeps the
+	// last of duplicate variables).
+	for _, e := range img.Env {
+		spec.env = append(spec.env, e.Name+"="+e.Value)
+	}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil {
+			return podSpec{}, 0, fmt.Errorf("env %s uses valueFrom, which the local cluster's serving runtime cannot resolve: give it a value", e.Name)
+		}
+		spec.env = append(spec.env, e.Name+"="+e.Value)
+	}
+	proc, err := cat.Resolve(ctx, img, c.Command, c.Args, c.WorkingDir)
+	if err != nil {
+		return podSpec{}, 0, fmt.Errorf("ErrImagePull: failed to pull image %q: %w", c.Image, err)
+	}
+	if len(proc.Argv) == 0 {
+		return podSpec{}, 0, fmt.Errorf("image %q has nothing to run: no command in the container and no entrypoint in %s", c.Image, cat.Path)
+	}
+	spec.command, spec.workingDir = proc.Argv, proc.WorkingDir
 	if tmpl.Spec.ContainerConcurrency != nil {
 		spec.containerConcurrency = *tmpl.Spec.ContainerConcurrency
-	}
-	if len(tmpl.Spec.Containers) > 0 {
-		for _, e := range tmpl.Spec.Containers[0].Env {
-			if e.ValueFrom != nil {
-				return podSpec{}, 0, fmt.Errorf("env %s uses valueFrom, which the local cluster cannot resolve", e.Name)
-			}
-			spec.env = append(spec.env, e.Name+"="+e.Value)
-		}
-	}
-	if raw := tmpl.Annotations[AnnotationLocalEnv]; raw != "" {
-		var env []string
-		if err := json.Unmarshal([]byte(raw), &env); err != nil {
-			return podSpec{}, 0, fmt.Errorf("annotation %s must be a JSON array of KEY=VALUE strings: %w", AnnotationLocalEnv, err)
-		}
-		spec.env = append(spec.env, env...)
 	}
 	instances := 0
 	for _, key := range []string{AnnotationInstances, "autoscaling.knative.dev/min-scale"} {
@@ -150,7 +158,7 @@ func podSpecFor(svc *servingv1.Service) (podSpec, int, error) {
 // pods are replaced. It returns the number of ready pods.
 func (r *Runtime) ensure(ctx context.Context, svc *servingv1.Service) (int, error) {
 	key := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-	spec, instances, err := podSpecFor(svc)
+	spec, instances, err := r.podSpecFor(ctx, svc)
 	if err != nil {
 		return 0, err
 	}

@@ -2,7 +2,6 @@ package localserving_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"knative.dev/pkg/apis"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -27,6 +27,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/localserving"
 	"github.com/ziptrail/ziptrail/internal/netns"
+	"github.com/ziptrail/ziptrail/internal/nodeagent/catalog"
 )
 
 // echo is a tiny function: it answers with its pod's identity.
@@ -34,7 +35,7 @@ const echo = `
 import http.server, os, socket
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = (os.environ["GREETING"] + " from " + socket.gethostbyname(socket.gethostname()) + " " + str(os.getpid())).encode()
+        body = (os.environ["GREETING"] + os.environ["SUFFIX"] + " from " + socket.gethostbyname(socket.gethostname()) + " " + str(os.getpid())).encode()
         self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
     def log_message(self, *a): pass
 http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
@@ -80,8 +81,23 @@ func TestRuntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(shm)
+	// The image catalog says how an image runs: python3 for this one, with
+	// an env the container's env overrides.
+	catalogFile := filepath.Join(dir, "images.yaml")
+	if err := os.WriteFile(catalogFile, []byte(`
+images:
+  - image: example.dev/python:3
+    entrypoint: [python3]
+    env: [{name: GREETING, value: from-the-image}, {name: SUFFIX, value: "!"}]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	images, err := catalog.Load(catalogFile, filepath.Join(dir, "images"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	rt, err := localserving.New(localserving.Options{
-		Network: network, QueueProxy: queue, IngressPort: port, Instances: 2,
+		Network: network, QueueProxy: queue, IngressPort: port, Instances: 2, Catalog: images,
 		StateDir: dir, ShmRoot: shm, ReadyTimeout: 30 * time.Second, TerminationGrace: 5 * time.Second,
 	})
 	if err != nil {
@@ -108,11 +124,17 @@ func TestRuntime(t *testing.T) {
 	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "fns"}}); err != nil {
 		t.Fatal(err)
 	}
-	cmd, _ := json.Marshal([]string{"python3", "-c", echo})
+	// The image's entrypoint (python3) runs the container's args.
 	svc := &servingv1.Service{ObjectMeta: metav1.ObjectMeta{Name: "hello", Namespace: "fns"}}
-	svc.Spec.Template.Annotations = map[string]string{localserving.AnnotationLocalCommand: string(cmd)}
-	svc.Spec.Template.Spec.Containers = []corev1.Container{{Image: "unused-locally", Env: []corev1.EnvVar{{Name: "GREETING", Value: "hi"}}}}
+	svc.Spec.Template.Spec.Containers = []corev1.Container{{Image: "example.dev/python:3", Args: []string{"-c", echo},
+		Env: []corev1.EnvVar{{Name: "GREETING", Value: "hi"}}}}
 	if err := k8s.Create(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	// An image the catalog does not list fails the Service, naming the file.
+	missing := &servingv1.Service{ObjectMeta: metav1.ObjectMeta{Name: "missing", Namespace: "fns"}}
+	missing.Spec.Template.Spec.Containers = []corev1.Container{{Image: "example.dev/nowhere:1"}}
+	if err := k8s.Create(ctx, missing); err != nil {
 		t.Fatal(err)
 	}
 
@@ -124,6 +146,19 @@ func TestRuntime(t *testing.T) {
 	if len(pods) != 2 {
 		t.Fatalf("pods = %v, want 2", pods)
 	}
+	// The container's env wins over the image's; the image's shows through.
+	if body := get(t, port, "hello.fns.ziptrail.local"); !strings.HasPrefix(body, "hi! from ") {
+		t.Errorf("env: %q, want the container's GREETING and the image's SUFFIX", body)
+	}
+	waitFor(t, "the missing image's Service to fail", func() bool {
+		s := &servingv1.Service{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: "fns", Name: "missing"}, s); err != nil {
+			return false
+		}
+		c := s.Status.GetCondition(apis.ConditionReady)
+		return c != nil && c.IsFalse() && strings.Contains(c.Message, "ErrImagePull") &&
+			strings.Contains(c.Message, `"example.dev/nowhere:1"`) && strings.Contains(c.Message, catalogFile)
+	})
 	// Requests are spread over both pods.
 	seen := map[string]bool{}
 	for i := 0; i < 8; i++ {

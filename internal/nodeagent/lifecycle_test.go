@@ -287,3 +287,23 @@ func TestActiveDeadline(t *testing.T) {
 		g.Expect(p.Status.ContainerStatuses[0].State.Terminated).NotTo(BeNil())
 	}, 60*time.Second, 200*time.Millisecond).Should(Succeed())
 }
+
+// A pod whose containers stop well before its grace period ends (Knative's
+// revision pods have 300 s) is removed from the API as soon as they have
+// stopped, as the kubelet does — not left Succeeded until the deadline,
+// where its Deployment and every pod count would still see it.
+func TestDeletedPodLeavesAPIWhenStopped(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	pod := echoPod(ns, "quick", nodes[0].Name)
+	grace := int64(300)
+	pod.Spec.TerminationGracePeriodSeconds = &grace
+	create(t, pod)
+	waitReady(t, ns, "quick")
+	g.Expect(client.CoreV1().Pods(ns).Delete(ctx, "quick", metav1.DeleteOptions{})).To(Succeed())
+	g.Eventually(func() bool {
+		_, err := client.CoreV1().Pods(ns).Get(ctx, "quick", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}, 60*time.Second, 100*time.Millisecond).Should(BeTrue(), "the echo exits on SIGTERM at once; the pod must not wait out its 300 s")
+}

@@ -41,6 +41,10 @@ type podRuntime struct {
 	failMessage      string
 	deadlineExceeded bool
 	terminating      bool
+	// apiDeletion: the pod is being deleted through the API (it has a
+	// deletionTimestamp); once its containers are gone the agent removes
+	// it, as the kubelet does, instead of leaving it until the deadline.
+	apiDeletion bool
 	deadline         time.Time     // end of the grace period while terminating
 	shorten          chan struct{} // closed (and replaced) when the deadline moves earlier
 	finished         bool
@@ -353,9 +357,13 @@ func (pr *podRuntime) finish() {
 		c.finalState()
 	}
 	pr.mu.Unlock()
+	apiDeletion := pr.apiDeletion
 	pr.logf("terminated")
 	pr.notify()
 	pr.p.forget(pr)
+	if apiDeletion {
+		pr.p.removeFromAPI(pr.pod.Namespace, pr.pod.Name, pr.uid)
+	}
 	close(pr.done)
 }
 

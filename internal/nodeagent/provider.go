@@ -14,6 +14,7 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -150,8 +151,32 @@ func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 		// give it the minimum grace period.
 		grace, why = 2, "the pod was removed from the API"
 	}
+	if pod.DeletionTimestamp != nil {
+		pr.mu.Lock()
+		pr.apiDeletion = true
+		pr.mu.Unlock()
+	}
 	pr.terminate(time.Duration(grace)*time.Second, why)
 	return nil
+}
+
+// removeFromAPI deletes a pod whose containers have all stopped after its
+// deletion was requested, with no further grace (its UID must still
+// match), as the kubelet's status manager does. Without it the pod would
+// stay in the API, Succeeded or Failed, until its deletion deadline — up to
+// a Knative revision's 300 s — and Deployments would count it meanwhile.
+func (p *Provider) removeFromAPI(ns, name string, uid types.UID) {
+	if p.cfg.Client == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	zero := int64(0)
+	err := p.cfg.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{
+		GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		p.cfg.Log.Warn("remove terminated pod from the API", "pod", ns+"/"+name, "err", err)
+	}
 }
 
 // forget drops a terminated pod.

@@ -127,14 +127,28 @@ def handle(inv):
 
 		// While "slow" runs, crash every instance of it.
 		Eventually(func() bool { return fileExists(filepath.Join(gate, "slow-first")) }).WithTimeout(time.Minute).Should(BeTrue())
-		pods := cluster.Runtime.Pods(ns, "crashy-slow")
+		pods, err := cluster.FunctionPods(ctx, ns, "crashy-slow")
+		Expect(err).NotTo(HaveOccurred())
 		Expect(pods).NotTo(BeEmpty())
-		for _, ip := range pods {
-			Expect(cluster.Runtime.KillUserProcess(ip)).To(Succeed())
+		for i := range pods {
+			Expect(cluster.KillUserProcess(ctx, &pods[i], "python3")).To(Succeed())
 		}
 		Expect(sessionResult(ns, id)).To(Equal("done"))
 		Expect(runs(gate, "slow")).To(BeNumerically(">=", 2), "the lost invocation was re-executed")
-		Expect(cluster.Runtime.Pods(ns, "crashy-slow")).NotTo(ContainElements(pods), "crashed pods are replaced")
+		// The node agent restarted the crashed user containers.
+		Eventually(func(g Gomega) {
+			for _, p := range pods {
+				got, err := cluster.Clientset.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+				g.Expect(err).NotTo(HaveOccurred())
+				restarts := int32(0)
+				for _, c := range got.Status.ContainerStatuses {
+					if c.Name == "user-container" {
+						restarts = c.RestartCount
+					}
+				}
+				g.Expect(restarts).To(BeNumerically(">=", 1), "pod %s", p.Name)
+			}
+		}).WithTimeout(time.Minute).Should(Succeed())
 	})
 
 	It("backs up a terminating producer pod's unread objects to S3, and the consumer still reads them", func() {
@@ -176,19 +190,26 @@ def handle(inv):
 		}).WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).Should(Succeed())
 
 		// Scale the producer down: SIGTERM to every pod holding the blob.
-		pods := cluster.Runtime.Pods(ns, "backup-produce")
+		pods, err := cluster.FunctionPods(ctx, ns, "backup-produce")
+		Expect(err).NotTo(HaveOccurred())
 		Expect(pods).NotTo(BeEmpty())
 		var wg sync.WaitGroup
-		for _, ip := range pods {
+		for i := range pods {
 			wg.Add(1)
 			go func() {
 				defer GinkgoRecover()
 				defer wg.Done()
-				Expect(cluster.Runtime.TerminatePod(ip)).To(Succeed())
+				Expect(cluster.TerminatePod(ctx, &pods[i])).To(Succeed())
 			}()
 		}
 		wg.Wait()
-		Expect(cluster.Runtime.Pods(ns, "backup-produce")).NotTo(ContainElements(pods))
+		now, err := cluster.FunctionPods(ctx, ns, "backup-produce")
+		Expect(err).NotTo(HaveOccurred())
+		for _, p := range now {
+			for _, old := range pods {
+				Expect(p.Name).NotTo(Equal(old.Name), "terminated pods are gone")
+			}
+		}
 
 		// The backup is in the slow tier, under the namespace's prefix.
 		mc, err := minio.New(cluster.S3Endpoint, &minio.Options{Creds: credentials.NewStaticV4(cluster.S3AccessKey, cluster.S3SecretKey, "")})

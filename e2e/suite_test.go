@@ -1,8 +1,9 @@
 // Package e2e is ziptrail's end-to-end suite. One suite, two targets:
 //
-//	E2E_TARGET=local (default) starts the local cluster on this machine: a real
-//	  kube-apiserver + etcd, the operator, pods in network namespaces with a
-//	  real queue-proxy each;
+//	E2E_TARGET=local (default) starts the local cluster on this machine
+//	  (internal/localcluster): Kubernetes with the node agent (two nodes),
+//	  real Knative Serving with queue-proxy-zl as its queue sidecar, and
+//	  ziptrail's operator; it runs as root, one cluster per host;
 //	E2E_TARGET=kind uses $KUBECONFIG (a kind cluster with Knative Serving and
 //	  ziptrail installed by hack/kind-e2e.sh) and $E2E_INGRESS (host:port of
 //	  Knative's ingress, e.g. a kubectl port-forward of kourier).
@@ -13,9 +14,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -25,6 +25,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
+	"github.com/ziptrail/ziptrail/internal/localk8s"
 )
 
 var (
@@ -50,11 +51,15 @@ var _ = BeforeSuite(func() {
 	switch target() {
 	case "local":
 		dir := GinkgoT().TempDir()
-		queue := filepath.Join(dir, "queue-proxy")
-		out, err := exec.Command("go", "build", "-o", queue, queueProxyPackage).CombinedOutput()
-		Expect(err).NotTo(HaveOccurred(), "build %s: %s", queueProxyPackage, out)
+		var err error
 		cluster, err = localcluster.Up(ctx, localcluster.Options{
-			StateDir: dir, QueueProxy: queue, NetPrefix: "zte", Subnet: netip.MustParsePrefix("10.216.0.0/24"), Instances: 2,
+			StateDir: dir, Nodes: 2,
+			// Two pods per function (as the specs of fault tolerance and
+			// fan-out expect), kept through Knative's cluster-wide default.
+			Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "2"}},
+			Kubernetes: localk8s.Options{NetPrefix: "zte",
+				ClusterCIDR: netip.MustParsePrefix("10.216.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.103.0.0/16"),
+				WaitForHost: 30 * time.Minute}, // other suites may hold the host's one cluster
 			Log: GinkgoWriter,
 		})
 		Expect(err).NotTo(HaveOccurred())

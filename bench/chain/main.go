@@ -22,8 +22,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime/pprof"
 	"sort"
 	"strconv"
@@ -36,8 +34,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
+	"github.com/ziptrail/ziptrail/internal/localk8s"
 )
 
 const handler = "import ziptrail\ndef handle(inv):\n    return inv.objects[0].bytes()\nziptrail.serve(handle)\n"
@@ -88,15 +86,12 @@ func run(lengths string, sessions, ring, ringFunctions int) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	root := controlplane.RepoRoot()
-	qp := filepath.Join(dir, "queue-proxy-zl")
-	build := exec.Command("go", "build", "-o", qp, "./cmd/queue-proxy-zl")
-	build.Dir, build.Stderr = root, os.Stderr
-	if err := build.Run(); err != nil {
-		return err
-	}
-	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, QueueProxy: qp, Instances: 1, NetPrefix: "ztc",
-		Subnet: netip.MustParsePrefix("10.218.0.0/23"), Log: os.Stderr})
+	// One pod per function, kept warm (min-scale 1): the numbers are the
+	// chain's, not cold starts'.
+	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 1, Log: os.Stderr,
+		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1"}},
+		Kubernetes: localk8s.Options{NetPrefix: "ztc", ClusterCIDR: netip.MustParsePrefix("10.218.0.0/16"),
+			ServiceCIDR: netip.MustParsePrefix("10.104.0.0/16")}})
 	if err != nil {
 		return err
 	}

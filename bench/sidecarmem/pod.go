@@ -13,15 +13,41 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/localserving"
 	"github.com/ziptrail/ziptrail/internal/netns"
 )
 
 // Ports inside every pod, as in a Knative pod.
 const (
-	userPort  = localserving.UserPort
-	queuePort = localserving.QueuePort
+	userPort  = 8080 // the user container ($PORT)
+	queuePort = 8012 // queue-proxy's serving port
 )
+
+// knativeQueueEnv is the environment Knative Serving's revision
+// reconciler gives queue-proxy (pkg/reconciler/revision/resources/queue.go),
+// for a revision with one user container on userPort.
+func knativeQueueEnv(namespace, service, revision, pod, podIP string) []string {
+	probe := fmt.Sprintf(`{"tcpSocket":{"port":%d,"host":"127.0.0.1"},"successThreshold":1}`, userPort)
+	return []string{
+		"QUEUE_SERVING_PORT=" + strconv.Itoa(queuePort),
+		"QUEUE_SERVING_TLS_PORT=8112",
+		"USER_PORT=" + strconv.Itoa(userPort),
+		"CONTAINER_CONCURRENCY=0",
+		"REVISION_TIMEOUT_SECONDS=300",
+		"REVISION_RESPONSE_START_TIMEOUT_SECONDS=0",
+		"REVISION_IDLE_TIMEOUT_SECONDS=0",
+		"SERVING_NAMESPACE=" + namespace,
+		"SERVING_SERVICE=" + service,
+		"SERVING_CONFIGURATION=" + service,
+		"SERVING_REVISION=" + revision,
+		"SERVING_POD=" + pod,
+		"SERVING_POD_IP=" + podIP,
+		"SERVING_LOGGING_CONFIG=",
+		"SERVING_LOGGING_LEVEL=info",
+		"SERVING_READINESS_PROBE=" + probe,
+		"SYSTEM_NAMESPACE=knative-serving",
+		"METRICS_DOMAIN=knative.dev/internal/serving",
+	}
+}
 
 // pod is one queue-proxy and its user container in their own network
 // namespace: queue-proxy binds fixed ports (8012, 8022, 9090, 9091), so two
@@ -137,7 +163,7 @@ func (p *pod) stop() {
 }
 
 // waitReady probes as the kubelet and the activator do (as
-// internal/localserving does) until queue-proxy answers 200.
+// Knative's activator does) until queue-proxy answers 200.
 func (p *pod) waitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -173,7 +199,7 @@ func (p *pod) waitReady(ctx context.Context, timeout time.Duration) error {
 // is listening as in a running pod.
 func queueProxyEnv(np *netns.Pod, id, dir string) []string {
 	shm := shmDir(dir, id)
-	return append(localserving.QueueProxyEnv("bench", "echo", "echo-00001", id, np.IP.String(), 0),
+	return append(knativeQueueEnv("bench", "echo", "echo-00001", id, np.IP.String()),
 		"ZIPTRAIL_SOCKET="+filepath.Join(shm, "sidecar.sock"),
 		"ZIPTRAIL_SHM_DIR="+filepath.Join(shm, "objects"),
 		"ZIPTRAIL_KEY_FILE="+filepath.Join(dir, "keys.json"),

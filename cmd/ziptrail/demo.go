@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,14 +25,15 @@ import (
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 )
 
-// runDemo is the README's main job: the local cluster (API server, operator
-// with the trigger engine, pods in network namespaces with a real
-// queue-proxy each) runs the MapReduce word count sample on a real text,
-// and the result is checked against a plain computation.
+// runDemo is the README's main job: the local cluster (Kubernetes with the
+// node agent, Knative Serving, ziptrail's operator with the trigger engine,
+// queue-proxy-zl beside every function) runs the MapReduce word count
+// sample on a real text, and the result is checked against a plain
+// computation.
 func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	input := fs.String("input", "LICENSE", "text file to count words in")
-	instances := fs.Int("instances", 2, "pods per function")
+	nodes := fs.Int("nodes", 1, "nodes of the local Kubernetes cluster")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -52,12 +52,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(stateDir)
-	qp, err := buildQueueProxy(ctx, stateDir, out)
-	if err != nil {
-		return err
-	}
-	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: stateDir, QueueProxy: qp, Instances: *instances,
-		NetPrefix: "ztd", Subnet: netip.MustParsePrefix("10.217.0.0/24"), Log: out})
+	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: stateDir, Nodes: *nodes, Log: out})
 	if err != nil {
 		return err
 	}
@@ -83,7 +78,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	if err := kubectl("apply", "-n", "demo", "-f", "examples/wordcount/workflow.yaml"); err != nil {
 		return err
 	}
-	step("waiting for the workflow's functions (%d pods each) to become ready", *instances)
+	step("waiting for the workflow's functions (Knative Services) to become ready")
 	if err := waitReady(ctx, c.Client, "demo", "wordcount", 3*time.Minute); err != nil {
 		return err
 	}

@@ -6,20 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 	"github.com/ziptrail/ziptrail/internal/localk8s"
-	"github.com/ziptrail/ziptrail/internal/netns"
 )
 
 // runLocal implements `ziptrail local up|down|status`.
@@ -29,38 +24,23 @@ func runLocal(ctx context.Context, args []string, out io.Writer) error {
 	}
 	fs := flag.NewFlagSet("local "+args[0], flag.ContinueOnError)
 	stateDir := fs.String("state-dir", defaultStateDir(), "directory for the kubeconfig and logs")
-	queueProxy := fs.String("queue-proxy", "", "queue-proxy binary for every pod (default: build ./cmd/queue-proxy-zl)")
-	instances := fs.Int("instances", 1, "pods per function")
-	nodes := fs.Int("nodes", 2, "nodes of the full Kubernetes cluster (controller-manager, scheduler, kube-proxy, CoreDNS, node agent); 0: only kube-apiserver + etcd")
+	nodes := fs.Int("nodes", 1, "nodes of the local Kubernetes cluster (ziptrail-node, the node agent, registers them)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	switch args[0] {
 	case "up":
-		qp := *queueProxy
-		if qp == "" {
-			var err error
-			if qp, err = buildQueueProxy(ctx, *stateDir, out); err != nil {
-				return err
-			}
-		}
-		opts := localcluster.Options{StateDir: *stateDir, QueueProxy: qp, Instances: *instances, Log: out}
-		if *nodes > 0 {
-			agent, err := buildNodeAgent(ctx, *stateDir, out)
-			if err != nil {
-				return err
-			}
-			opts.Kubernetes = &localk8s.Options{Nodes: *nodes, NodeAgent: agent}
-		}
 		t := time.Now()
-		c, err := localcluster.Up(ctx, opts)
+		c, err := localcluster.Up(ctx, localcluster.Options{StateDir: *stateDir, Nodes: *nodes, Log: out})
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "==> local cluster up in %s\n", time.Since(t).Round(time.Millisecond))
-		fmt.Fprintf(out, "\nlocal cluster is up (session gateway %s). In another terminal, from this directory:\n"+
-			"  export KUBECONFIG=%s\n  kubectl apply -f examples/wordcount/workflow.yaml\n"+
-			"  ziptrail run wordcount --input LICENSE\n  ziptrail sessions\nPress Ctrl-C to stop.\n", c.GatewayURL, c.Kubeconfig)
+		fmt.Fprintf(out, "\nlocal cluster is up: Kubernetes, Knative Serving %s (ingress %s, Host: <service>.<namespace>.%s), "+
+			"ziptrail's operator (session gateway %s).\nIn another terminal, from this directory:\n"+
+			"  export KUBECONFIG=%s\n  kubectl create namespace demo\n  kubectl -n demo apply -f examples/wordcount/workflow.yaml\n"+
+			"  ziptrail run -n demo wordcount --input LICENSE\n  ziptrail sessions -n demo\nPress Ctrl-C to stop.\n",
+			c.Knative.Version, c.IngressURL, c.Knative.Domain, c.GatewayURL, c.Kubeconfig)
 		<-ctx.Done()
 		fmt.Fprintln(out, "==> stopping the local cluster")
 		return c.Down(context.Background())
@@ -80,36 +60,11 @@ func runLocal(ctx context.Context, args []string, out io.Writer) error {
 		if _, err := localk8s.Down(ctx, *stateDir); err != nil {
 			return err
 		}
-		n, err := netns.New("zt", netip.MustParsePrefix("10.213.0.0/24"))
-		if err != nil {
-			return err
-		}
-		if err := n.Cleanup(ctx); err != nil {
-			return err
-		}
 		localcluster.KillLeftovers(*stateDir)
-		fmt.Fprintln(out, "removed leftover pod namespaces, the zt bridge and the storage tier servers")
-		return os.RemoveAll(filepath.Join("/dev/shm", "ziptrail-zt"))
-	case "status":
-		if err := k8sStatus(ctx, *stateDir, out); err != nil {
-			return err
-		}
-		out2, err := exec.CommandContext(ctx, "ip", "netns", "list").Output()
-		if err != nil {
-			return err
-		}
-		var pods []string
-		for _, line := range strings.Split(string(out2), "\n") {
-			if strings.HasPrefix(line, "zt-") {
-				pods = append(pods, strings.Fields(line)[0])
-			}
-		}
-		if len(pods) == 0 {
-			fmt.Fprintln(out, "no ziptrail function pods (local serving runtime) are running")
-			return nil
-		}
-		fmt.Fprintf(out, "%d function pods (local serving runtime): %s\nkubeconfig: %s\n", len(pods), strings.Join(pods, " "), filepath.Join(*stateDir, "kubeconfig"))
+		fmt.Fprintln(out, "removed the cluster's processes, pods and network, and the storage tier servers")
 		return nil
+	case "status":
+		return k8sStatus(ctx, *stateDir, out)
 	}
 	return fmt.Errorf("unknown local command %q (want up, down or status)", args[0])
 }
@@ -121,26 +76,6 @@ func defaultStateDir() string {
 		cache = filepath.Join(home, ".cache", "ziptrail")
 	}
 	return filepath.Join(cache, "local")
-}
-
-// buildQueueProxy builds the queue-proxy every local pod runs: the
-// repository's queue-proxy-zl, or Knative's stock queue-proxy while this
-// tree has none (objects then travel inline, through the invocations).
-func buildQueueProxy(ctx context.Context, stateDir string, out io.Writer) (string, error) {
-	root := controlplane.RepoRoot()
-	pkg, name := "./cmd/queue-proxy-zl", "queue-proxy-zl"
-	if _, err := os.Stat(filepath.Join(root, "cmd", "queue-proxy-zl")); err != nil {
-		pkg, name = "knative.dev/serving/cmd/queue", "Knative's stock queue-proxy (no cmd/queue-proxy-zl in this tree)"
-	}
-	bin := filepath.Join(stateDir, "bin", "queue-proxy")
-	fmt.Fprintf(out, "==> building %s (first time: a minute or two)\n", name)
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
-	cmd.Dir = root
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("build %s: %w", pkg, err)
-	}
-	return bin, nil
 }
 
 // k8sStatus prints the health of each component of the local Kubernetes
@@ -174,19 +109,4 @@ func k8sStatus(ctx context.Context, stateDir string, out io.Writer) error {
 		fmt.Fprintf(out, "nodes: %v\n", err)
 	}
 	return nil
-}
-
-// buildNodeAgent builds cmd/ziptrail-node, the node agent of the local
-// Kubernetes cluster, into the state directory (go build's cache makes a
-// second build quick).
-func buildNodeAgent(ctx context.Context, stateDir string, out io.Writer) (string, error) {
-	bin := filepath.Join(stateDir, "bin", "ziptrail-node")
-	fmt.Fprintln(out, "==> building the node agent ziptrail-node (first time: a minute or two)")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/ziptrail-node")
-	cmd.Dir = controlplane.RepoRoot()
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("build ./cmd/ziptrail-node: %w", err)
-	}
-	return bin, nil
 }

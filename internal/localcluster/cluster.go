@@ -1,7 +1,9 @@
-// Package localcluster runs the whole of ziptrail on one machine: a real
-// kube-apiserver + etcd, the operator's controllers, and the local serving
-// runtime that turns Knative Services into network-namespace pods with a real
-// queue-proxy each, behind a host-routed ingress on loopback.
+// Package localcluster runs the whole of ziptrail on one machine: the local
+// Kubernetes cluster (internal/localk8s: control plane, node agent), real
+// Knative Serving on it (internal/localknative) with queue-proxy-zl as its
+// queue sidecar, and ziptrail's operator — controllers, trigger engine,
+// control stream, session gateway — in this process, with redis-server and
+// MinIO as the storage tiers.
 package localcluster
 
 import (
@@ -12,14 +14,18 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -38,34 +44,33 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dispatch"
 	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/localk8s"
-	"github.com/ziptrail/ziptrail/internal/localserving"
-	"github.com/ziptrail/ziptrail/internal/netns"
-	"github.com/ziptrail/ziptrail/internal/nodeagent/catalog"
+	"github.com/ziptrail/ziptrail/internal/localknative"
 	"github.com/ziptrail/ziptrail/internal/orchestrator"
 )
 
 // Options configure a local cluster. Zero values get sensible defaults.
 type Options struct {
-	StateDir   string       // kubeconfig, logs; default $ZIPTRAIL_CACHE/local
-	QueueProxy string       // queue-proxy binary run in every pod (required)
-	Subnet     netip.Prefix // pod network; default 10.213.0.0/24
-	NetPrefix  string       // interface/namespace name prefix; default "zt"
-	Instances  int          // pods per function; default 1
-	// Catalog is the image catalog that says how each container image runs
-	// as a local process (docs/local-cluster.md, "Image catalog"); default
-	// <repo>/config/local/images.yaml. Go packages it names are built into
-	// <StateDir>/images.
-	Catalog string
+	StateDir string // kubeconfig, logs; default $ZIPTRAIL_CACHE/local
+	// Nodes is the number of nodes of the node agent; default 1.
+	Nodes int
 	// NoTiers keeps redis-server and MinIO off even when installed.
-	NoTiers    bool
-	SidecarEnv []string // extra environment for every queue-proxy
-	// Kubernetes, when set, runs a full Kubernetes cluster
-	// (internal/localk8s: kube-controller-manager, kube-scheduler,
-	// kube-proxy, CoreDNS and the node agent with its nodes) in place of
-	// envtest's kube-apiserver + etcd. Its StateDir defaults to StateDir.
-	Kubernetes *localk8s.Options
-	Log        io.Writer   // progress output; default io.Discard
-	LogLevel   zap.Options // controller logs
+	NoTiers bool
+	// SidecarEnv is extra environment for every queue-proxy-zl (through
+	// the image catalog, see writeCatalog).
+	SidecarEnv []string
+	// Knative is set on top of Knative Serving's config maps, e.g.
+	// {"config-autoscaler": {"stable-window": "6s"}}.
+	Knative map[string]map[string]string
+	// Kubernetes holds the local Kubernetes cluster's network options
+	// (ClusterCIDR, ServiceCIDR, NetPrefix) and WaitForHost; its StateDir,
+	// Nodes, NodeAgent, Catalog and Log are set from the fields above.
+	Kubernetes localk8s.Options
+	// Catalog is the image catalog the node agent's is made from
+	// (docs/local-cluster.md, "Image catalog"); default
+	// <repo>/config/local/images.yaml.
+	Catalog  string
+	Log      io.Writer   // progress output; default io.Discard
+	LogLevel zap.Options // controller logs
 }
 
 // State is what a running cluster writes to <state dir>/cluster.json, so
@@ -90,18 +95,22 @@ func ReadState(stateDir string) (State, error) {
 	return st, json.Unmarshal(data, &st)
 }
 
-// Cluster is a running local cluster.
+// Cluster is a running local cluster: Kubernetes (internal/localk8s),
+// Knative Serving (internal/localknative), ziptrail's operator in this
+// process, the session gateway and the storage tiers.
 type Cluster struct {
-	opts        Options
-	env         *controlplane.Env
-	k8s         *localk8s.Cluster
-	Client      client.Client
-	Config      *rest.Config
-	Kubeconfig  string
-	Runtime     *localserving.Runtime
-	IngressURL  string // http://127.0.0.1:<port>, route by Host header
-	GatewayURL  string // the session gateway, http://127.0.0.1:<port>
-	ControlAddr string // the control stream, on the pod network's gateway
+	opts       Options
+	K8s        *localk8s.Cluster
+	Knative    *localknative.Knative
+	Client     client.Client
+	Clientset  *kubernetes.Clientset
+	Config     *rest.Config
+	Kubeconfig string
+	IngressURL string // Knative's external gateway; route by Host header
+	GatewayURL string // the session gateway, http://127.0.0.1:<port>
+	// ControlAddr is the control stream on the host address; pods reach it
+	// as the Service ziptrail-operator.ziptrail-system:9090.
+	ControlAddr string
 	RedisAddr   string // fast tier and checkpoints; empty when not installed
 	S3Endpoint  string // slow tier; empty when not installed
 	S3AccessKey string
@@ -111,16 +120,12 @@ type Cluster struct {
 	// kube-system/ziptrail-admin, a cluster admin) that the gateway
 	// accepts; Kubeconfig's user carries it too.
 	GatewayToken string
-	InputsAddr   string // large session inputs, on the pod network's gateway
+	InputsAddr   string // large session inputs, on the host address
 
-	ingressPort int
-	serving     *runner // the local serving runtime's reconciler: "Knative"
-	operator    *operatorRun
-	gw          atomic.Pointer[gateway.Handler]
-	ingress     *http.Server
-	gateway     *http.Server
-	network     *netns.Network
-	tiers       *tierServers
+	operator *operatorRun
+	gw       atomic.Pointer[gateway.Handler]
+	gateway  *http.Server
+	tiers    *tierServers
 }
 
 // runner is a controller manager running until cancelled.
@@ -149,9 +154,6 @@ type operatorRun struct {
 
 // Up starts everything and returns once the controllers run.
 func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
-	if opts.QueueProxy == "" {
-		return nil, errors.New("localcluster: QueueProxy (path of the queue-proxy binary) is required")
-	}
 	if opts.StateDir == "" {
 		cache := os.Getenv("ZIPTRAIL_CACHE")
 		if cache == "" {
@@ -160,11 +162,8 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		}
 		opts.StateDir = filepath.Join(cache, "local")
 	}
-	if !opts.Subnet.IsValid() {
-		opts.Subnet = netip.MustParsePrefix("10.213.0.0/24")
-	}
-	if opts.NetPrefix == "" {
-		opts.NetPrefix = "zt"
+	if opts.Nodes <= 0 {
+		opts.Nodes = 1
 	}
 	if opts.Log == nil {
 		opts.Log = io.Discard
@@ -172,11 +171,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if opts.Catalog == "" {
 		opts.Catalog = filepath.Join(controlplane.RepoRoot(), "config", "local", "images.yaml")
 	}
-	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
-		return nil, err
-	}
-	images, err := catalog.Load(opts.Catalog, filepath.Join(opts.StateDir, "images"))
-	if err != nil {
+	if err := os.MkdirAll(filepath.Join(opts.StateDir, "bin"), 0o755); err != nil {
 		return nil, err
 	}
 	step := func(format string, args ...any) { fmt.Fprintf(opts.Log, "==> "+format+"\n", args...) }
@@ -195,47 +190,114 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	lo.DestWriter = logFile
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&lo)))
 
+	step("building ziptrail-node and ziptrail-ingress")
+	bin := filepath.Join(opts.StateDir, "bin")
+	agent, err := buildCommand(ctx, bin, "./cmd/ziptrail-node", opts.Log)
+	if err != nil {
+		return nil, err
+	}
+	ingress, err := buildCommand(ctx, bin, "./cmd/ziptrail-ingress", opts.Log)
+	if err != nil {
+		return nil, err
+	}
+	// queue-proxy-zl finds the operator and the tiers through Services
+	// that lead to this host (advertise below).
+	env := append([]string{"ZIPTRAIL_OPERATOR_ADDR=" + serviceHost(controlService, controlPort)}, opts.SidecarEnv...)
+	if !opts.NoTiers {
+		if controlplane.FindBinary("redis-server") != "" {
+			env = append(env, "ZIPTRAIL_REDIS_ADDR="+serviceHost(redisService, redisPort))
+		}
+		if controlplane.FindBinary("minio") != "" {
+			env = append(env, "ZIPTRAIL_S3_ENDPOINT="+serviceHost(s3Service, s3Port), "ZIPTRAIL_S3_ACCESS_KEY="+s3AccessKey,
+				"ZIPTRAIL_S3_SECRET_KEY="+s3SecretKey, "ZIPTRAIL_S3_BUCKET="+s3Bucket)
+		}
+	}
+	catalogFile := filepath.Join(opts.StateDir, "images.yaml")
+	if err := writeCatalog(opts.Catalog, catalogFile, env); err != nil {
+		return nil, err
+	}
+
 	t := time.Now()
-	if err := c.startControlPlane(ctx, step); err != nil {
+	ko := opts.Kubernetes
+	ko.StateDir, ko.Nodes, ko.NodeAgent, ko.Catalog = opts.StateDir, opts.Nodes, agent, catalogFile
+	if ko.Log == nil {
+		ko.Log = opts.Log
+	}
+	step("starting Kubernetes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, %d node(s)", ko.Nodes)
+	if c.K8s, err = localk8s.Start(ctx, ko); err != nil {
+		return nil, err
+	}
+	c.Config, c.Kubeconfig = c.K8s.Config, c.K8s.Kubeconfig
+	if err := controlplane.InstallCRDs(c.Config); err != nil {
 		return nil, err
 	}
 	if c.Client, err = client.New(c.Config, client.Options{Scheme: controlplane.Scheme()}); err != nil {
 		return nil, err
 	}
-	step("control plane up in %s (kubeconfig: %s)", time.Since(t).Round(time.Millisecond), c.Kubeconfig)
-
-	step("creating the pod network %s on bridge %sbr0", opts.Subnet, opts.NetPrefix)
-	if c.network, err = netns.New(opts.NetPrefix, opts.Subnet); err != nil {
+	if c.Clientset, err = c.K8s.Clientset(); err != nil {
 		return nil, err
 	}
-	if err := c.network.Setup(ctx); err != nil {
-		return nil, fmt.Errorf("pod network (needs root or CAP_NET_ADMIN): %w", err)
-	}
+	step("Kubernetes up in %s (kubeconfig: %s)", time.Since(t).Round(time.Millisecond), c.Kubeconfig)
 
+	knCfg := map[string]map[string]string{
+		// queue-proxy-zl reads the revision's annotations (the Workflow
+		// controller's per-function settings) from the podinfo volume.
+		"config-features": {"queueproxy.mount-podinfo": "enabled"},
+	}
+	for name, data := range opts.Knative {
+		if knCfg[name] == nil {
+			knCfg[name] = map[string]string{}
+		}
+		for k, v := range data {
+			knCfg[name][k] = v
+		}
+	}
+	if c.Knative, err = localknative.Install(ctx, localknative.Options{
+		Cluster: c.K8s, RepoRoot: controlplane.RepoRoot(), Ingress: ingress,
+		QueueSidecarImage: QueueProxyImage + ":latest", ConfigMaps: knCfg, Log: opts.Log,
+	}); err != nil {
+		return nil, err
+	}
+	c.IngressURL = c.Knative.IngressURL
+
+	host := c.K8s.State.HostIP
+	if _, err := c.Clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: SystemNamespace}}, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("namespace %s: %w", SystemNamespace, err)
+	}
 	c.tiers = &tierServers{}
 	if !opts.NoTiers {
-		c.tiers, err = startTiers(ctx, opts.StateDir, c.network.Gateway().String(), step)
+		c.tiers, err = startTiers(ctx, opts.StateDir, host, step)
 		if err != nil {
 			return nil, err
 		}
 		c.RedisAddr, c.S3Endpoint = c.tiers.redisAddr, c.tiers.s3Endpoint
+		if c.RedisAddr != "" {
+			if err := advertise(ctx, c.Clientset, redisService, redisPort, host, portOf(c.RedisAddr)); err != nil {
+				return nil, err
+			}
+		}
 		if c.S3Endpoint != "" {
 			c.S3AccessKey, c.S3SecretKey, c.S3Bucket = s3AccessKey, s3SecretKey, s3Bucket
+			if err := advertise(ctx, c.Clientset, s3Service, s3Port, host, portOf(c.S3Endpoint)); err != nil {
+				return nil, err
+			}
 		}
-		opts.SidecarEnv = append(opts.SidecarEnv, c.tiers.sidecarEnv()...)
 	}
 
-	// The control stream listens on the bridge address, which pods reach;
-	// every queue-proxy-zl is told where it is.
-	controlLn, err := net.Listen("tcp", net.JoinHostPort(c.network.Gateway().String(), "0"))
+	// The control stream listens on the host address, behind the Service
+	// every queue-proxy-zl is told about.
+	controlLn, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, err
 	}
 	c.ControlAddr = controlLn.Addr().String()
-	opts.SidecarEnv = append(opts.SidecarEnv, "ZIPTRAIL_OPERATOR_ADDR="+c.ControlAddr)
-	// Large session inputs are served to the pods from the bridge address
+	if err := advertise(ctx, c.Clientset, controlService, controlPort, host, portOf(c.ControlAddr)); err != nil {
+		controlLn.Close()
+		return nil, err
+	}
+	// Large session inputs are served to the pods from the host address
 	// too, at a port that stays across operator restarts.
-	inputsLn, err := net.Listen("tcp", net.JoinHostPort(c.network.Gateway().String(), "0"))
+	inputsLn, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		controlLn.Close()
 		return nil, err
@@ -246,30 +308,6 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		controlLn.Close()
 		return nil, err
 	}
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		controlLn.Close()
-		return nil, err
-	}
-	c.ingressPort = ln.Addr().(*net.TCPAddr).Port
-	c.IngressURL = fmt.Sprintf("http://127.0.0.1:%d", c.ingressPort)
-	shm := filepath.Join("/dev/shm", "ziptrail-"+opts.NetPrefix)
-	if err := os.RemoveAll(shm); err != nil {
-		controlLn.Close()
-		return nil, err
-	}
-	c.Runtime, err = localserving.New(localserving.Options{
-		Network: c.network, QueueProxy: opts.QueueProxy, SidecarEnv: opts.SidecarEnv,
-		IngressPort: c.ingressPort, Instances: opts.Instances, StateDir: opts.StateDir, ShmRoot: shm,
-		Catalog: images,
-	})
-	if err != nil {
-		controlLn.Close()
-		return nil, err
-	}
-	c.ingress = &http.Server{Handler: localserving.NewRouter(c.Runtime), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = c.ingress.Serve(ln) }()
 
 	// The session gateway outlives operator restarts (its address is in the
 	// state file); it serves whichever operator runs.
@@ -282,57 +320,20 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	c.gateway = &http.Server{Handler: http.HandlerFunc(c.serveGateway), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = c.gateway.Serve(gl) }()
 
-	// Knative's part runs in its own manager, so the operator can restart
-	// without touching the pods.
-	mgr, err := newManager(c.Config)
-	if err != nil {
-		controlLn.Close()
-		return nil, err
-	}
-	if err := (&localserving.Reconciler{Client: mgr.GetClient(), Runtime: c.Runtime}).SetupWithManager(mgr); err != nil {
-		controlLn.Close()
-		return nil, err
-	}
-	c.serving = start(ctx, mgr)
-
 	if err := c.startOperator(ctx, controlLn); err != nil {
 		return nil, err
 	}
 	if err := c.writeState(); err != nil {
 		return nil, err
 	}
-	step("operator, trigger engine and local serving runtime running; gateway %s, ingress %s (logs: %s)", c.GatewayURL, c.IngressURL, opts.StateDir)
+	step("operator and trigger engine running; gateway %s, Knative ingress %s (logs: %s)", c.GatewayURL, c.IngressURL, opts.StateDir)
 	return c, nil
 }
 
-// startControlPlane starts envtest's kube-apiserver + etcd, or with
-// Options.Kubernetes the full local Kubernetes cluster, and installs the CRDs.
-func (c *Cluster) startControlPlane(ctx context.Context, step func(string, ...any)) (err error) {
-	if c.opts.Kubernetes == nil {
-		step("starting kube-apiserver + etcd")
-		if c.env, err = controlplane.Start(); err != nil {
-			return err
-		}
-		c.Config = c.env.Config
-		c.Kubeconfig, err = c.env.Kubeconfig(c.opts.StateDir)
-		return err
-	}
-	ko := *c.opts.Kubernetes
-	if ko.StateDir == "" {
-		ko.StateDir = c.opts.StateDir
-	}
-	if ko.Log == nil {
-		ko.Log = c.opts.Log
-	}
-	if ko.Catalog == "" { // the nodes run images as the Knative stand-in does
-		ko.Catalog = c.opts.Catalog
-	}
-	step("starting Kubernetes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, %d node(s)", ko.Nodes)
-	if c.k8s, err = localk8s.Start(ctx, ko); err != nil {
-		return err
-	}
-	c.Config, c.Kubeconfig = c.k8s.Config, c.k8s.Kubeconfig
-	return controlplane.InstallCRDs(c.Config)
+func portOf(addr string) int {
+	_, p, _ := net.SplitHostPort(addr)
+	n, _ := strconv.Atoi(p)
+	return n
 }
 
 func newManager(cfg *rest.Config) (ctrl.Manager, error) {
@@ -359,35 +360,21 @@ func (c *Cluster) writeState() error {
 // Orchestrator is the running operator's trigger engine adapter.
 func (c *Cluster) Orchestrator() *orchestrator.Orchestrator { return c.operator.orch }
 
-// Down stops the controllers, every pod, the ingress and the control plane,
-// and removes the pod network.
+// Down stops the operator, the gateway, the tiers and the Kubernetes
+// cluster (which stops Knative's pods and the functions' with it).
 func (c *Cluster) Down(ctx context.Context) error {
 	var errs []error
 	if c.operator != nil {
 		errs = append(errs, c.stopOperator())
 	}
-	if c.serving != nil {
-		errs = append(errs, c.serving.stop())
-	}
-	if c.Runtime != nil {
-		errs = append(errs, c.Runtime.Shutdown(ctx))
-	} else if c.network != nil {
-		errs = append(errs, c.network.Cleanup(ctx))
-	}
-	if c.tiers != nil {
-		c.tiers.stop(c.opts.StateDir)
-	}
-	if c.ingress != nil {
-		errs = append(errs, c.ingress.Close())
-	}
 	if c.gateway != nil {
 		errs = append(errs, c.gateway.Close())
 	}
-	if c.env != nil {
-		errs = append(errs, c.env.Stop())
+	if c.K8s != nil {
+		errs = append(errs, c.K8s.Stop(ctx))
 	}
-	if c.k8s != nil {
-		errs = append(errs, c.k8s.Stop(ctx))
+	if c.tiers != nil {
+		c.tiers.stop(c.opts.StateDir)
 	}
 	if err := os.Remove(StateFile(c.opts.StateDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
@@ -462,7 +449,7 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 	}()
 	opts := orchestrator.Options{
 		Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()},
-		Ingress:  fmt.Sprintf("127.0.0.1:%d", c.ingressPort),
+		Ingress:  strings.TrimPrefix(c.IngressURL, "http://"),
 		Log:      ctrl.Log.WithName("orchestrator"),
 		Keys:     keys,
 		Inputs:   inputs,

@@ -449,7 +449,10 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 	}()
 	opts := orchestrator.Options{
 		Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()},
-		Ingress:  strings.TrimPrefix(c.IngressURL, "http://"),
+		// Invocations go to the functions' cluster-local URLs
+		// (<service>.<namespace>.svc.cluster.local), which Knative routes
+		// through the cluster-local gateway.
+		Ingress:  strings.TrimPrefix(c.Knative.IngressLocalURL, "http://"),
 		Log:      ctrl.Log.WithName("orchestrator"),
 		Keys:     keys,
 		Inputs:   inputs,

@@ -37,6 +37,7 @@ import (
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
 	"github.com/ziptrail/ziptrail/internal/kingress"
@@ -361,7 +362,9 @@ var serviceGVR = schema.GroupVersionResource{Group: "serving.knative.dev", Versi
 // server-side dry run of an invalid Service is denied by Knative's
 // validation webhook.
 func waitWebhook(ctx context.Context, c *localk8s.Cluster) error {
-	dyn, err := dynamic.NewForConfig(c.Config)
+	cfg := rest.CopyConfig(c.Config)
+	cfg.WarningHandler = rest.NoWarnings{} // Knative's warnings about the probe Service's securityContext
+	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}

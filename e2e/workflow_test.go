@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,6 +34,9 @@ http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_f
 func newNamespace() string {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
 	Expect(k8s.Create(ctx, ns)).To(Succeed())
+	// Deleting the namespace takes its functions' pods with it: on a real
+	// cluster they hold the nodes' CPU requests (queue-proxy asks 25m).
+	DeferCleanup(func() { _ = k8s.Delete(context.Background(), ns) })
 	return ns.Name
 }
 

@@ -169,8 +169,12 @@ func (c *Cluster) FunctionPods(ctx context.Context, namespace, service string) (
 // match, and other pods are untouched — a crash of the function's process,
 // which the node agent then restarts.
 func (c *Cluster) KillUserProcess(ctx context.Context, pod *corev1.Pod, pattern string) error {
+	if pattern == "" {
+		return fmt.Errorf("KillUserProcess: empty pattern")
+	}
 	kubectl := filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
-	script := fmt.Sprintf("pkill -9 --ns $$ --nslist net -f %q", pattern)
+	// "[p]ython3" matches python3 but not this shell's own command line.
+	script := fmt.Sprintf("pkill -9 --ns $$ --nslist net -f %q", "["+pattern[:1]+"]"+pattern[1:])
 	cmd := exec.CommandContext(ctx, kubectl, "--kubeconfig", c.Kubeconfig, "-n", pod.Namespace, "exec", pod.Name,
 		"-c", "user-container", "--", "sh", "-c", script)
 	if out, err := cmd.CombinedOutput(); err != nil {

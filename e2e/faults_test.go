@@ -15,6 +15,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
@@ -135,10 +136,14 @@ def handle(inv):
 		}
 		Expect(sessionResult(ns, id)).To(Equal("done"))
 		Expect(runs(gate, "slow")).To(BeNumerically(">=", 2), "the lost invocation was re-executed")
-		// The node agent restarted the crashed user containers.
+		// The crashed user containers were restarted by the node agent, or
+		// their pods replaced.
 		Eventually(func(g Gomega) {
 			for _, p := range pods {
 				got, err := cluster.Clientset.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+				if apierrors.IsNotFound(err) {
+					continue
+				}
 				g.Expect(err).NotTo(HaveOccurred())
 				restarts := int32(0)
 				for _, c := range got.Status.ContainerStatuses {

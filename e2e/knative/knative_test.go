@@ -221,7 +221,9 @@ var _ = Describe("Knative's autoscaler", Ordered, func() {
 		Expect(code).To(Equal(200), body)
 		Expect(body).To(ContainSubstring("echo from " + rev))
 		AddReportEntry("request from zero (activator, cold start)", time.Since(start).String())
-		Expect(readyPods(ns, rev)).To(BeNumerically(">=", 1))
+		// The activator probes the new pod itself; the node agent's status
+		// (readiness probe) may follow a moment later.
+		Eventually(func() int { return readyPods(ns, rev) }).Should(BeNumerically(">=", 1))
 	})
 })
 

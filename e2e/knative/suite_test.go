@@ -49,10 +49,10 @@ var (
 // the KPA decides on 6 s of metrics and a revision with no traffic goes
 // to zero after the grace period.
 var autoscaler = map[string]string{
-	"stable-window":                     "6s",
-	"scale-to-zero-grace-period":        "6s",
+	"stable-window":                      "6s",
+	"scale-to-zero-grace-period":         "6s",
 	"scale-to-zero-pod-retention-period": "0s",
-	"allow-zero-initial-scale":          "true",
+	"allow-zero-initial-scale":           "true",
 }
 
 func TestKnative(t *testing.T) {

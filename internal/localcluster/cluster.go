@@ -452,10 +452,10 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		// Invocations go to the functions' cluster-local URLs
 		// (<service>.<namespace>.svc.cluster.local), which Knative routes
 		// through the cluster-local gateway.
-		Ingress:  strings.TrimPrefix(c.Knative.IngressLocalURL, "http://"),
-		Log:      ctrl.Log.WithName("orchestrator"),
-		Keys:     keys,
-		Inputs:   inputs,
+		Ingress: strings.TrimPrefix(c.Knative.IngressLocalURL, "http://"),
+		Log:     ctrl.Log.WithName("orchestrator"),
+		Keys:    keys,
+		Inputs:  inputs,
 	}
 	if c.tiers.redis != nil {
 		opts.Checkpoint = &checkpoint.Store{Client: c.tiers.redis, Key: "ziptrail:engine"}

@@ -27,7 +27,7 @@ const (
 // Go module cache) and the version Knative Serving's images are tagged with.
 type Source struct {
 	Serving, Networking, Caching string // module directories
-	Version                          string // knative.dev/serving's version, e.g. v0.50.0
+	Version                      string // knative.dev/serving's version, e.g. v0.50.0
 }
 
 // FindSource asks the go tool for the module directories of the versions

@@ -44,14 +44,14 @@ type podRuntime struct {
 	// apiDeletion: the pod is being deleted through the API (it has a
 	// deletionTimestamp); once its containers are gone the agent removes
 	// it, as the kubelet does, instead of leaving it until the deadline.
-	apiDeletion bool
-	deadline         time.Time     // end of the grace period while terminating
-	shorten          chan struct{} // closed (and replaced) when the deadline moves earlier
-	finished         bool
-	inits, ctrs      []*ctrRuntime
-	volumeErr        string
-	sandboxErr       string
-	sandboxFailed    int
+	apiDeletion   bool
+	deadline      time.Time     // end of the grace period while terminating
+	shorten       chan struct{} // closed (and replaced) when the deadline moves earlier
+	finished      bool
+	inits, ctrs   []*ctrRuntime
+	volumeErr     string
+	sandboxErr    string
+	sandboxFailed int
 }
 
 func newPodRuntime(p *Provider, pod *corev1.Pod) *podRuntime {

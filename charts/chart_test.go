@@ -81,12 +81,19 @@ func TestChart(t *testing.T) {
 		if name == "all features" && !strings.Contains(manifest, "kind: NetworkPolicy") {
 			t.Errorf("networkPolicy.enabled renders no NetworkPolicy")
 		}
-		// activator-ext: the hook swaps the image of Knative's activator and
-		// its ServiceAccount may read the reference keys; off by default.
-		for _, want := range []string{"name: zt-activator-ext", "deployment/activator", "activator-ext:v0.1.0", "ZIPTRAIL_KEEPALIVE_INTERVAL"} {
+		// activator-ext: the hook swaps the image of Knative's activator;
+		// the operator lets its ServiceAccount read the reference keys over
+		// the control service. Off by default.
+		for _, want := range []string{"--control-key-readers=system:serviceaccount:knative-serving:activator", "activator-ext:v0.1.0", "ZIPTRAIL_KEEPALIVE_INTERVAL"} {
 			if got := strings.Contains(manifest, want); got != (name == "all features") {
 				t.Errorf("%s: rendered chart contains %q: %v", name, want, got)
 			}
+		}
+		// The operator checks the control stream's tokens with TokenReview;
+		// nobody is granted the reference-key Secrets (activator-ext asks
+		// the operator).
+		if !strings.Contains(manifest, "tokenreviews") || strings.Contains(manifest, "ziptrail-reference-keys") {
+			t.Errorf("%s: the operator may not create TokenReviews, or someone is granted the reference-key Secrets", name)
 		}
 		if !strings.Contains(manifest, "--gateway-grpc-bind-address=:8089") {
 			t.Errorf("%s: the operator gets no gRPC gateway port", name)

@@ -12,6 +12,10 @@ import (
 // Reference keys live in one Secret per namespace (internal/control).
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update
 
+// The control stream authenticates sidecars and activator-ext with
+// TokenReview (internal/control.TokenReviewer).
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+
 // Leader election (cmd/operator --leader-elect) uses a Lease.
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 

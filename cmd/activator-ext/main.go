@@ -10,6 +10,13 @@
 //     a ready pod on its producer's node (header Ziptrail-Producer-Node) when
 //     there is one, and keeps Knative's choice otherwise.
 //
+// The keep-alive opens references with their namespace's keys, which it
+// reads from the operator's control service (GetKeys at
+// $ZIPTRAIL_OPERATOR_ADDR), presenting the activator's projected
+// service-account token; the operator allow-lists the activator's
+// ServiceAccount (--control-key-readers), so the activator needs no access
+// to Secrets.
+//
 // A request without ziptrail headers takes exactly Knative's path, so the
 // image can replace the activator's (see the chart's activatorExt values).
 package main
@@ -67,6 +74,7 @@ import (
 	"knative.dev/serving/pkg/observability/otel"
 
 	"github.com/ziptrail/ziptrail/internal/activatorext"
+	"github.com/ziptrail/ziptrail/internal/controlclient"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 )
 
@@ -86,6 +94,13 @@ type env struct {
 	// are extended; ZIPTRAIL_KEEPALIVE_EXTENSION: by how much (from now).
 	ZiptrailKeepaliveInterval  time.Duration `envconfig:"ZIPTRAIL_KEEPALIVE_INTERVAL" default:"5s"`
 	ZiptrailKeepaliveExtension time.Duration `envconfig:"ZIPTRAIL_KEEPALIVE_EXTENSION" default:"30s"`
+	// ZIPTRAIL_OPERATOR_ADDR: host:port of the operator's control service,
+	// which hands out namespaces' reference keys (GetKeys) to the
+	// activator's ServiceAccount, allow-listed there; ZIPTRAIL_TOKEN_FILE:
+	// the activator's projected service-account token for audience
+	// control.ziptrail.dev (the chart mounts it at the default path).
+	ZiptrailOperatorAddr string `envconfig:"ZIPTRAIL_OPERATOR_ADDR" required:"true"`
+	ZiptrailTokenFile    string `envconfig:"ZIPTRAIL_TOKEN_FILE" default:"/var/run/secrets/tokens/control.ziptrail.dev"`
 }
 
 func main() {
@@ -165,11 +180,16 @@ func main() {
 	if err != nil {
 		logger.Fatalw("Failed to create ziptrail metrics", zap.Error(err))
 	}
-	// A namespace's key Secret is re-read at most once a keep-alive round
-	// (references name key ids, and anyone can forge those).
-	extender := &activatorext.DataPlaneExtender{Secrets: func(ctx context.Context, ns, name string) (*corev1.Secret, error) {
-		return kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
-	}, MinReread: e.ZiptrailKeepaliveInterval}
+	// Namespaces' reference keys come from the operator, which checks the
+	// activator's token and allow-lists its ServiceAccount; they are read
+	// again at most once a keep-alive round (references name key ids, and
+	// anyone can forge those).
+	keysClient, err := controlclient.NewKeysClient(e.ZiptrailOperatorAddr, controlclient.FileToken(e.ZiptrailTokenFile))
+	if err != nil {
+		logger.Fatalw("Failed to create the operator's keys client", zap.Error(err))
+	}
+	defer func() { _ = keysClient.Close() }()
+	extender := &activatorext.DataPlaneExtender{Keys: activatorext.OperatorKeys(keysClient), MinReread: e.ZiptrailKeepaliveInterval}
 	defer extender.Close()
 	keepAlive := &activatorext.Periodic{Extend: extender.Extend, Interval: e.ZiptrailKeepaliveInterval,
 		Extension: e.ZiptrailKeepaliveExtension, Metrics: zmetrics}

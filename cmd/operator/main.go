@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,6 +50,7 @@ type config struct {
 	concurrency                                      int
 	inputsAddr, inputsAdvertise                      string
 	inputStoreBytes, maxInputBytes                   int64
+	keyReaders                                       string
 }
 
 func main() {
@@ -56,6 +58,8 @@ func main() {
 	flag.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 disables it)")
 	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (ready only on the leader)")
 	flag.StringVar(&c.controlAddr, "control-bind-address", ":9443", "address of the sidecars' gRPC control stream")
+	flag.StringVar(&c.keyReaders, "control-key-readers", "", "comma-separated users (system:serviceaccount:<ns>:<sa>) that may read every namespace's reference keys "+
+		"from the control service: activator-ext's ServiceAccount, e.g. system:serviceaccount:knative-serving:activator (the chart sets it when activatorExt is enabled)")
 	flag.StringVar(&c.gatewayAddr, "gateway-bind-address", ":8088", "address of the session gateway (HTTP)")
 	flag.StringVar(&c.gatewayGRPCAddr, "gateway-grpc-bind-address", ":8089", "address of the session gateway (gRPC)")
 	flag.BoolVar(&c.leaderElect, "leader-elect", false, "elect a leader so only one replica drives the trigger engine")
@@ -129,6 +133,14 @@ func run(c config) error {
 	}
 	srv := control.NewServer(orch, keys)
 	srv.Log = func(err error) { log.Error(err, "control stream") }
+	// Every caller presents a projected service-account token for
+	// control.ziptrail.dev; TokenReview verifies it (cached ≤ 1 min).
+	srv.Auth = &control.TokenReviewer{Client: mgr.GetClient()}
+	for _, u := range strings.Split(c.keyReaders, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			srv.KeyReaders = append(srv.KeyReaders, u)
+		}
+	}
 	orch.SetControl(srv)
 
 	if err := controllers.Setup(mgr, controllers.Tiers{Redis: c.redisAddr != "", S3: c.s3Endpoint != ""}, orch); err != nil {

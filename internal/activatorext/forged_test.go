@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,20 +14,27 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/controlclient"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 )
 
-// apiSecrets reads key Secrets from a real kube-apiserver, as activator-ext
-// does, counting the reads per namespace; a namespace in gates waits for its
-// channel before each read (a slow API server).
-type apiSecrets struct {
-	kube  kubernetes.Interface
+// apiKeys reads keys as activator-ext does: from the operator's control
+// service (GetKeys), authenticated with a token of the activator's
+// ServiceAccount, the operator reading the Secrets of a real API server.
+// It counts the reads per namespace; a namespace in gates waits for its
+// channel before each read (a slow operator or API server).
+type apiKeys struct {
+	keys  KeyGetter
 	mu    sync.Mutex
 	reads map[string]int
 	gates map[string]chan struct{}
@@ -34,7 +42,7 @@ type apiSecrets struct {
 	started chan string
 }
 
-func (a *apiSecrets) get(ctx context.Context, ns, name string) (*corev1.Secret, error) {
+func (a *apiKeys) get(ctx context.Context, ns string) (map[string][]byte, string, error) {
 	a.mu.Lock()
 	a.reads[ns]++
 	gate := a.gates[ns]
@@ -46,13 +54,72 @@ func (a *apiSecrets) get(ctx context.Context, ns, name string) (*corev1.Secret, 
 	if gate != nil {
 		<-gate
 	}
-	return a.kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+	return a.keys(ctx, ns)
 }
 
-func (a *apiSecrets) count(ns string) int {
+func (a *apiKeys) count(ns string) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.reads[ns]
+}
+
+// activatorAccount is the ServiceAccount the operator allow-lists for
+// GetKeys in these tests, as the chart does for Knative's activator.
+const activatorAccount = "system:serviceaccount:knative-serving:activator"
+
+// operatorKeys runs the operator's control service on env (TokenReview,
+// the allow-list, the key Secrets) and returns a KeyGetter for a token of
+// ServiceAccount knative-serving/sa.
+func operatorKeys(t *testing.T, env *controlplane.Env, kube kubernetes.Interface, sa string) KeyGetter {
+	t.Helper()
+	ctx := context.Background()
+	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.CoreV1().Namespaces().Get(ctx, "knative-serving", metav1.GetOptions{}); err != nil {
+		if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "knative-serving"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kube.CoreV1().ServiceAccounts("knative-serving").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := kube.CoreV1().ServiceAccounts("knative-serving").CreateToken(ctx, sa, &authnv1.TokenRequest{
+		Spec: authnv1.TokenRequestSpec{Audiences: []string{controlclient.Audience}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := control.NewServer(nopEvents{}, &control.SecretKeys{Client: k8s})
+	srv.Auth = &control.TokenReviewer{Client: k8s}
+	srv.KeyReaders = []string{activatorAccount}
+	gs := grpc.NewServer()
+	controlv1.RegisterControlServer(gs, srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	token := tr.Status.Token
+	kc, err := controlclient.NewKeysClient(ln.Addr().String(), func() (string, error) { return token, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = kc.Close() })
+	return OperatorKeys(kc)
+}
+
+type nopEvents struct{}
+
+func (nopEvents) ObjectReady(context.Context, control.Identity, *controlv1.ObjectReady) error {
+	return nil
+}
+func (nopEvents) FunctionStarted(context.Context, control.Identity, *controlv1.FunctionStarted) error {
+	return nil
+}
+func (nopEvents) FunctionFinished(context.Context, control.Identity, *controlv1.FunctionFinished) error {
+	return nil
 }
 
 // forgedRef is what an attacker can make without a key: a well-formed
@@ -75,11 +142,11 @@ func randByte() byte {
 type roundKey struct{}
 
 // TestForgedReferencesDoNotHammerTheAPIServer plays the attacker against
-// activator-ext with a real API server behind it: requests whose
-// Ziptrail-Refs carry forged references under random key ids. The key
-// Secret is read once, however many forged references arrive; a real
-// reference in the same flood is still kept alive; and a slow Secret read
-// in one namespace does not hold up keep-alives in another.
+// activator-ext with the operator and a real API server behind it:
+// requests whose Ziptrail-Refs carry forged references under random key
+// ids. The keys are read once, however many forged references arrive; a
+// real reference in the same flood is still kept alive; and a slow key
+// read in one namespace does not hold up keep-alives in another.
 func TestForgedReferencesDoNotHammerTheAPIServer(t *testing.T) {
 	env, err := controlplane.Start()
 	if err != nil {
@@ -105,10 +172,10 @@ func TestForgedReferencesDoNotHammerTheAPIServer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	api := &apiSecrets{kube: kube, reads: map[string]int{}, gates: map[string]chan struct{}{}, started: make(chan string, 1)}
+	api := &apiKeys{keys: operatorKeys(t, env, kube, "activator"), reads: map[string]int{}, gates: map[string]chan struct{}{}, started: make(chan string, 1)}
 	// No re-read within the test: every forged key id after the first read
 	// is answered from it.
-	dp := &DataPlaneExtender{Secrets: api.get, MinReread: time.Hour}
+	dp := &DataPlaneExtender{Keys: api.get, MinReread: time.Hour}
 	defer dp.Close()
 
 	// Each request's first keep-alive round reports to the request, which
@@ -173,14 +240,14 @@ func TestForgedReferencesDoNotHammerTheAPIServer(t *testing.T) {
 		t.Errorf("%d forged references failed to extend, want all %d", got, forged)
 	}
 	if n := api.count(testNS); n != 1 {
-		t.Errorf("%d forged references under random key ids made %d Secret reads, want 1", forged, n)
+		t.Errorf("%d forged references under random key ids made %d key reads, want 1", forged, n)
 	}
 	if got := p.expires(t, "genuine"); !got.After(exp) {
 		t.Errorf("the genuine reference was not kept alive: its object still expires at %v", got)
 	}
-	t.Logf("%d forged references: %d refused as gone, %d left to retry, %d Secret reads", forged, gone.Load(), retried.Load(), api.count(testNS))
+	t.Logf("%d forged references: %d refused as gone, %d left to retry, %d key reads", forged, gone.Load(), retried.Load(), api.count(testNS))
 
-	// A slow API server in one namespace: keep-alives elsewhere go on.
+	// A slow key read in one namespace: keep-alives elsewhere go on.
 	for len(api.started) > 0 {
 		<-api.started
 	}
@@ -202,7 +269,7 @@ func TestForgedReferencesDoNotHammerTheAPIServer(t *testing.T) {
 			t.Errorf("extend in %s while team-slow's Secret read hangs: %v", testNS, err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Errorf("an extend in %s waited 30 s for team-slow's Secret read: one lock for every namespace", testNS)
+		t.Errorf("an extend in %s waited 30 s for team-slow's key read: one lock for every namespace", testNS)
 	}
 	close(gate)
 	if err := <-slowDone; err == nil {

@@ -11,12 +11,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
-	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
@@ -76,10 +73,12 @@ func (p *producer) expires(t *testing.T, id string) time.Time {
 	return m.Expires
 }
 
-// secrets serves the key Secret as the operator writes it; it counts reads.
+// secrets serves a namespace's keys as the operator's GetKeys does; it
+// counts reads.
 type secrets struct {
 	mu    sync.Mutex
-	data  map[string]map[string][]byte // namespace -> Secret data
+	data  map[string]map[string][]byte // namespace -> keys by id
+	act   map[string]string            // namespace -> active key id
 	reads int
 }
 
@@ -87,24 +86,28 @@ func (s *secrets) set(ns string, keys map[string][]byte, active string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.data == nil {
-		s.data = map[string]map[string][]byte{}
+		s.data, s.act = map[string]map[string][]byte{}, map[string]string{}
 	}
-	d := map[string][]byte{"active": []byte(active)}
+	d := map[string][]byte{}
 	for id, k := range keys {
 		d[id] = k
 	}
-	s.data[ns] = d
+	s.data[ns], s.act[ns] = d, active
 }
 
-func (s *secrets) get(_ context.Context, ns, name string) (*corev1.Secret, error) {
+func (s *secrets) get(_ context.Context, ns string) (map[string][]byte, string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reads++
 	d, ok := s.data[ns]
-	if !ok || name != control.KeySecretName {
-		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
+	if !ok {
+		return nil, "", status.Errorf(codes.NotFound, "no keys in namespace %s", ns)
 	}
-	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Data: d}, nil
+	out := map[string][]byte{}
+	for id, k := range d {
+		out[id] = k
+	}
+	return out, s.act[ns], nil
 }
 
 // clock is a hand-driven clock.

@@ -32,7 +32,7 @@ func TestPeriodicExtendsObjectsAtTheirProducer(t *testing.T) {
 
 	sec := &secrets{}
 	sec.set(testNS, p.keys, "k1")
-	dp := &DataPlaneExtender{Secrets: sec.get}
+	dp := &DataPlaneExtender{Keys: sec.get}
 	defer dp.Close()
 	extend, calls := recording(dp.Extend)
 	clk, tk := &clock{now: t0}, newTicker()
@@ -79,7 +79,7 @@ func TestPeriodicExtendsObjectsAtTheirProducer(t *testing.T) {
 		t.Errorf("extended metric = %d, want 4", n)
 	}
 	if sec.reads != 1 {
-		t.Errorf("the key Secret was read %d times, want once (cached)", sec.reads)
+		t.Errorf("the keys were read %d times, want once (cached)", sec.reads)
 	}
 }
 
@@ -106,7 +106,7 @@ func TestPeriodicDropsGoneObjectsAndRetriesUnreachableProducers(t *testing.T) {
 
 	sec := &secrets{}
 	sec.set(testNS, p.keys, "k1")
-	dp := &DataPlaneExtender{Secrets: sec.get}
+	dp := &DataPlaneExtender{Keys: sec.get}
 	defer dp.Close()
 	extend, calls := recording(dp.Extend)
 	tk := newTicker()
@@ -151,7 +151,7 @@ func TestPeriodicEndsByItselfWhenEveryObjectIsGone(t *testing.T) {
 	p.store.Remove("a")
 	sec := &secrets{}
 	sec.set(testNS, p.keys, "k1")
-	dp := &DataPlaneExtender{Secrets: sec.get}
+	dp := &DataPlaneExtender{Keys: sec.get}
 	defer dp.Close()
 	tk := newTicker()
 	stop := (&Periodic{Extend: dp.Extend, Tick: tk.Tick}).KeepAlive(context.Background(), testNS, []string{r})
@@ -166,7 +166,7 @@ func TestDataPlaneExtenderReloadsRotatedKeys(t *testing.T) {
 	sec := &secrets{}
 	sec.set(testNS, p.keys, "k1")
 	clk := &clock{now: time.Now()}
-	dp := &DataPlaneExtender{Secrets: sec.get, MinReread: 5 * time.Second, Now: clk.Now}
+	dp := &DataPlaneExtender{Keys: sec.get, MinReread: 5 * time.Second, Now: clk.Now}
 	defer dp.Close()
 	until := time.Now().Add(time.Minute).Truncate(time.Millisecond)
 	if err := dp.Extend(context.Background(), testNS, p.put(t, "a", time.Now().Add(time.Second)), until); err != nil {
@@ -194,13 +194,13 @@ func TestDataPlaneExtenderReloadsRotatedKeys(t *testing.T) {
 		t.Errorf("b expires at %v, want %v", got, until)
 	}
 	if sec.reads != 2 {
-		t.Errorf("key Secret reads = %d, want 2 (initial + rotation)", sec.reads)
+		t.Errorf("key reads = %d, want 2 (initial + rotation)", sec.reads)
 	}
 
-	// Another namespace's Secret is missing: a retryable error that names it.
+	// Another namespace has no keys: a retryable error that names it.
 	err := dp.Extend(context.Background(), "team-b", p.put(t, "c", time.Now().Add(time.Second)), until)
 	if err == nil || errors.Is(err, ErrGone) || !strings.Contains(err.Error(), "team-b") {
-		t.Errorf("missing key Secret: %v", err)
+		t.Errorf("missing keys: %v", err)
 	}
 	// The miss is remembered until MinReread has passed.
 	sec.set("team-b", p.keys, "k2")

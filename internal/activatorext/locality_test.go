@@ -198,7 +198,7 @@ func TestColdStartKeepsObjectsAliveAndPrefersTheProducersNode(t *testing.T) {
 	r := p.put(t, "big", t0.Add(time.Second))
 	sec := &secrets{}
 	sec.set(testNS, p.keys, "k1")
-	dp := &DataPlaneExtender{Secrets: sec.get}
+	dp := &DataPlaneExtender{Keys: sec.get}
 	defer dp.Close()
 	extend, calls := recording(dp.Extend)
 	clk, tk := &clock{now: t0}, newTicker()

@@ -7,34 +7,52 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-
-	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/controlclient"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 )
 
-// SecretGetter reads a Secret (the activator's kube client, read-only).
-type SecretGetter func(ctx context.Context, namespace, name string) (*corev1.Secret, error)
+// KeyGetter reads a namespace's reference keys (by id) and the id of the
+// active one. In activator-ext it asks the operator's control service
+// (OperatorKeys), authenticated with the activator's projected
+// service-account token; the operator allow-lists that ServiceAccount.
+type KeyGetter func(ctx context.Context, namespace string) (keys map[string][]byte, active string, err error)
+
+// OperatorKeys is a KeyGetter over the operator's GetKeys call.
+func OperatorKeys(c *controlclient.KeysClient) KeyGetter {
+	return func(ctx context.Context, ns string) (map[string][]byte, string, error) {
+		k, err := c.Keys(ctx, ns)
+		if err != nil {
+			return nil, "", err
+		}
+		keys := make(map[string][]byte, len(k.Keys))
+		for _, key := range k.Keys {
+			keys[key.Id] = key.Secret
+		}
+		if _, ok := keys[k.ActiveKeyId]; !ok || k.ActiveKeyId == "" {
+			return nil, "", fmt.Errorf("the operator's keys of namespace %s lack the active key %q", ns, k.ActiveKeyId)
+		}
+		return keys, k.ActiveKeyId, nil
+	}
+}
 
 // DataPlaneExtender extends references at their producers over the data
 // plane (the producer's Cap'n Proto `extend` call). A reference names its
 // producer only inside its sealed record, so the extender opens it with the
-// namespace's reference keys, read from the namespace's
-// control.KeySecretName Secret, and re-read when a reference names a key id
-// it does not know (rotation).
+// namespace's reference keys, read through Keys (the operator), and read
+// again when a reference names a key id it does not know (rotation).
 //
 // References are user input (a request header), so reading keys is bounded:
-// a namespace's Secret is read by one caller at a time (the others wait for
+// a namespace's keys are read by one caller at a time (the others wait for
 // that read, no lock is held across it, other namespaces go on), and at most
 // once per MinReread for key ids it lacks and after a failed read. The
 // namespace's last read is the cache, positive and negative at once: every
 // key id it lacks is a miss until MinReread has passed, so forged references
-// under random key ids cost no API reads and no memory per id.
+// under random key ids cost no reads and no memory per id.
 type DataPlaneExtender struct {
-	Secrets SecretGetter
-	// MinReread is the least time between two reads of a namespace's key
-	// Secret; default 5s (the keep-alive interval).
+	Keys KeyGetter
+	// MinReread is the least time between two reads of a namespace's
+	// keys; default 5s (the keep-alive interval).
 	MinReread time.Duration
 	Now       func() time.Time
 
@@ -43,7 +61,7 @@ type DataPlaneExtender struct {
 }
 
 // nsKeys is a namespace's keys: a pull client with its keyring and the
-// state of the last read of the namespace's key Secret.
+// state of the last read of the namespace's keys.
 type nsKeys struct {
 	mu      sync.Mutex
 	client  *pull.Client  // nil until a read succeeded
@@ -52,7 +70,7 @@ type nsKeys struct {
 	loading chan struct{} // closed when the read in flight ends
 }
 
-// secretReadTimeout bounds one read of a key Secret; the read does not end
+// secretReadTimeout bounds one read of a namespace's keys; the read does not end
 // with the request that started it, since others may be waiting for it.
 const secretReadTimeout = 10 * time.Second
 
@@ -72,7 +90,7 @@ func (d *DataPlaneExtender) Extend(ctx context.Context, namespace, r string, unt
 		// started can tell.
 		c, readAt, rerr := d.keys(ctx, namespace, asked)
 		if ok, err = c.Extend(ctx, r, until); errors.Is(err, ref.ErrUnknownKey) && (rerr != nil || readAt.Before(asked)) {
-			return fmt.Errorf("%v, as of the key Secret read at %s (read again %v after it at the earliest): retrying later",
+			return fmt.Errorf("%v, as of the keys read at %s (read again %v after it at the earliest): retrying later",
 				err, readAt.UTC().Format(time.RFC3339), d.minReread())
 		}
 	}
@@ -127,7 +145,7 @@ func (d *DataPlaneExtender) namespace(ns string) *nsKeys {
 
 // keys returns the namespace's client (nil while no read has succeeded),
 // the start of the read it reflects and that read's error. It reads the
-// Secret when it never was, or when the last read began before `since` (a
+// keys when they never were read, or when the last read began before `since` (a
 // caller needing keys newer than its own start) or failed, and MinReread
 // has passed since; otherwise it answers from the last read.
 func (d *DataPlaneExtender) keys(ctx context.Context, ns string, since time.Time) (*pull.Client, time.Time, error) {
@@ -176,11 +194,7 @@ func (d *DataPlaneExtender) keys(ctx context.Context, ns string, since time.Time
 }
 
 func (d *DataPlaneExtender) read(ctx context.Context, ns string) (map[string][]byte, string, error) {
-	sec, err := d.Secrets(ctx, ns, control.KeySecretName)
-	if err != nil {
-		return nil, "", err
-	}
-	return ParseKeySecret(sec)
+	return d.Keys(ctx, ns)
 }
 
 // Close drops the producer connections.
@@ -194,21 +208,4 @@ func (d *DataPlaneExtender) Close() {
 		}
 		k.mu.Unlock()
 	}
-}
-
-// ParseKeySecret reads a reference-key Secret as the operator writes it
-// (internal/control): entry "active" names the sealing key, every other
-// entry is a 32-byte key named by its id.
-func ParseKeySecret(sec *corev1.Secret) (map[string][]byte, string, error) {
-	active := string(sec.Data["active"])
-	keys := map[string][]byte{}
-	for id, v := range sec.Data {
-		if id != "active" {
-			keys[id] = v
-		}
-	}
-	if _, ok := keys[active]; !ok || active == "" {
-		return nil, "", fmt.Errorf("secret %s/%s: active key %q is missing", sec.Namespace, sec.Name, active)
-	}
-	return keys, active, nil
 }

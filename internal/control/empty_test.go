@@ -16,7 +16,7 @@ func TestEmptyObjectCrossesTheControlStream(t *testing.T) {
 	rec := &recorder{got: make(chan struct{}, 16)}
 	_, gs, addr := serve(t, "127.0.0.1:0", rec)
 	defer gs.Stop()
-	cl := controlclient.NewClient(addr, &controlv1.Hello{Namespace: "ns", Pod: "p1", Function: "f"}, controlclient.Commands{})
+	cl := controlclient.NewClient(addr, testToken("ns", "p1"), &controlv1.Hello{Namespace: "ns", Pod: "p1", Function: "f"}, controlclient.Commands{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = cl.Run(ctx) }()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/controlclient"
 )
 
 // rawCodec sends frames as given (bytes) and decodes the operator's answers
@@ -152,10 +153,14 @@ func FuzzControlMessages(f *testing.F) {
 	}
 	chk := &checker{}
 	gs := grpc.NewServer()
-	controlv1.RegisterControlServer(gs, control.NewServer(chk, staticKeys{}))
+	srv := control.NewServer(chk, staticKeys{})
+	srv.Auth = &testAuth{}
+	controlv1.RegisterControlServer(gs, srv)
 	go gs.Serve(ln)
 	f.Cleanup(gs.Stop)
-	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The fuzzer is the pod of fuzzHello: its token is that pod's.
+	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(controlclient.PerRPCCredentials(testToken("ns", "map-1"))))
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -3,6 +3,15 @@
 // function events; the server hands events to the trigger engine's adapter,
 // gives each sidecar its namespace's reference keys, and sends GC and
 // keep-alive commands to the sidecars of a namespace.
+//
+// Every call is authenticated (Server.Auth, TokenReviewer in production):
+// a sidecar presents its pod's projected service-account token, and the
+// stream is scoped to that token's namespace and pod. It gets only that
+// namespace's keys, may report only events of that namespace's sessions
+// and of its own pod's invocations, and receives only that namespace's
+// commands. GetKeys serves other namespaces' keys only to allow-listed
+// service accounts (Server.KeyReaders: activator-ext). docs/control-stream.md
+// describes the model, its errors and metrics.
 package control
 
 import (
@@ -10,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,9 +30,20 @@ import (
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 )
 
-// Identity is what a sidecar said about itself in its Hello.
+// Identity is a sidecar's stream: Namespace and Pod are its token's
+// (verified), PodUID and ServiceAccount too; Workflow, Function, Node and
+// DataplaneAddr are what it said in its Hello.
 type Identity struct {
 	Namespace, Workflow, Function, Pod, Node, DataplaneAddr string
+	PodUID, ServiceAccount                                  string
+}
+
+// SessionScope tells which namespace a session belongs to (ok false when
+// the session is unknown). When the Events given to NewServer implement
+// it, an event naming a session of another namespace than its sidecar's is
+// refused; unknown sessions are left to the engine, which ignores them.
+type SessionScope interface {
+	SessionNamespace(session string) (namespace string, ok bool)
 }
 
 // Events receives what sidecars report. Implementations must be safe for
@@ -43,14 +64,27 @@ type Server struct {
 	controlv1.UnimplementedControlServer
 	events Events
 	keys   KeySource
+	scope  SessionScope // nil when events does not implement it
+	// Auth verifies every caller's token. A server without one refuses
+	// every call (there is no unauthenticated mode).
+	Auth Authenticator
+	// KeyReaders are the users (system:serviceaccount:<ns>:<sa>) that may
+	// read any namespace's keys with GetKeys: activator-ext's
+	// ServiceAccount, which opens the references of every namespace it
+	// proxies for. Anyone else reads only its own pod's namespace.
+	KeyReaders []string
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
 	// SendTimeout bounds how long a command waits for a slow sidecar before
 	// that sidecar's stream is closed (it reconnects and resyncs).
 	SendTimeout time.Duration
 	// Log receives errors that do not end a stream (rejected events).
 	Log func(error)
 
-	mu    sync.RWMutex
-	conns map[*conn]struct{}
+	mu       sync.RWMutex
+	conns    map[*conn]struct{}
+	podConns map[string]int // podKey -> open streams
+	owners   *owners
 }
 
 type conn struct {
@@ -65,13 +99,44 @@ type conn struct {
 func (c *conn) close() { c.once.Do(func() { close(c.gone) }) }
 
 // NewServer returns a server that delivers events to ev and keys from keys.
+// Set Auth before serving: without it every call is refused.
 func NewServer(ev Events, keys KeySource) *Server {
-	return &Server{events: ev, keys: keys, SendTimeout: 5 * time.Second, conns: map[*conn]struct{}{}}
+	s := &Server{events: ev, keys: keys, SendTimeout: 5 * time.Second, conns: map[*conn]struct{}{},
+		podConns: map[string]int{}, owners: newOwners()}
+	s.scope, _ = ev.(SessionScope)
+	return s
+}
+
+func (s *Server) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+// podKey names a pod across its streams: its UID when the token has it (a
+// pod recreated under the same name is another pod).
+func podKey(id Identity) string {
+	if id.PodUID != "" {
+		return id.PodUID
+	}
+	return id.Namespace + "/" + id.Pod
+}
+
+// live reports whether the pod has a stream open.
+func (s *Server) live(pod string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.podConns[pod] > 0
 }
 
 // Connect serves one sidecar's stream until it ends.
 func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	ctx := stream.Context()
+	caller, err := s.authenticate(ctx)
+	if err != nil {
+		return err
+	}
 	first, err := stream.Recv()
 	if err != nil {
 		return err
@@ -83,31 +148,60 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	if hello.Namespace == "" || hello.Pod == "" {
 		return status.Error(codes.InvalidArgument, "Hello needs namespace and pod")
 	}
+	switch {
+	case caller.Pod == "" || caller.Namespace == "":
+		rejected(ReasonNotPodBound)
+		return status.Errorf(codes.PermissionDenied, "the token of %s is not bound to a pod: a sidecar presents the projected "+
+			"service-account token its pod mounts for audience %q", caller, Audience)
+	case hello.Namespace != caller.Namespace:
+		rejected(ReasonForeignNamespace)
+		return status.Errorf(codes.PermissionDenied, "Hello names namespace %q, but the token is %s's: a sidecar connects "+
+			"only for its own pod's namespace", hello.Namespace, caller)
+	case hello.Pod != caller.Pod:
+		rejected(ReasonForeignPod)
+		return status.Errorf(codes.PermissionDenied, "Hello names pod %q, but the token is %s's: a sidecar connects "+
+			"only as its own pod", hello.Pod, caller)
+	}
 	c := &conn{
-		id:      Identity{Namespace: hello.Namespace, Workflow: hello.Workflow, Function: hello.Function, Pod: hello.Pod, Node: hello.Node, DataplaneAddr: hello.DataplaneAddr},
+		id: Identity{Namespace: caller.Namespace, Workflow: hello.Workflow, Function: hello.Function, Pod: caller.Pod, Node: hello.Node,
+			DataplaneAddr: hello.DataplaneAddr, PodUID: caller.PodUID, ServiceAccount: caller.ServiceAccount},
 		out:     make(chan *controlv1.OperatorMessage, 256),
 		gone:    make(chan struct{}),
 		ackWake: make(chan struct{}, 1),
 	}
-	keys, err := s.keys.Keys(ctx, hello.Namespace)
+	keys, err := s.keys.Keys(ctx, caller.Namespace)
 	if err != nil {
-		return status.Errorf(codes.Unavailable, "reference keys for namespace %s: %v", hello.Namespace, err)
+		return status.Errorf(codes.Unavailable, "reference keys for namespace %s: %v", caller.Namespace, err)
 	}
 	if err := stream.Send(&controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Keys{Keys: keys}}); err != nil {
 		return err
 	}
 
+	pod := podKey(c.id)
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
+	s.podConns[pod]++
 	s.mu.Unlock()
 	connectedSidecars.Inc()
 	defer connectedSidecars.Dec()
 	defer func() {
 		s.mu.Lock()
 		delete(s.conns, c)
+		if s.podConns[pod]--; s.podConns[pod] <= 0 {
+			delete(s.podConns, pod)
+		}
 		s.mu.Unlock()
 		c.close()
 	}()
+
+	// The stream lives no longer than its token: the sidecar reconnects
+	// with the one the kubelet rotated in meanwhile.
+	var expired <-chan time.Time
+	if !caller.Expires.IsZero() {
+		t := time.NewTimer(caller.Expires.Sub(s.now()))
+		defer t.Stop()
+		expired = t.C
+	}
 
 	// One goroutine owns Send; commands from any goroutine go through c.out.
 	sendErr := make(chan error, 1)
@@ -149,7 +243,7 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 				recvErr <- err
 				return
 			}
-			if err := s.dispatch(ctx, c.id, m); err != nil {
+			if err := s.dispatch(ctx, c, m); err != nil {
 				recvErr <- err
 				return
 			}
@@ -172,10 +266,14 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 		return err
 	case <-c.gone:
 		return status.Error(codes.ResourceExhausted, "sidecar did not keep up with operator commands; reconnect")
+	case <-expired:
+		return status.Errorf(codes.Unauthenticated, "the stream's token expired at %s: reconnect with the current token",
+			caller.Expires.UTC().Format(time.RFC3339))
 	}
 }
 
-func (s *Server) dispatch(ctx context.Context, id Identity, m *controlv1.SidecarMessage) error {
+func (s *Server) dispatch(ctx context.Context, c *conn, m *controlv1.SidecarMessage) error {
+	id := c.id
 	var err error
 	switch msg := m.Msg.(type) {
 	case *controlv1.SidecarMessage_ObjectReady:
@@ -186,11 +284,22 @@ func (s *Server) dispatch(ctx context.Context, id Identity, m *controlv1.Sidecar
 		if ev.Ref == "" && ev.Inline == nil {
 			return status.Errorf(codes.InvalidArgument, "ObjectReady %s/%s carries neither a reference nor inline bytes", ev.Bucket, ev.Key)
 		}
+		if s.refuse(c, m.Seq, ev.Session, ev.InvocationId, false, fmt.Sprintf("ObjectReady %s/%s", ev.Bucket, ev.Key)) {
+			return nil
+		}
 		err = s.events.ObjectReady(ctx, id, ev)
 	case *controlv1.SidecarMessage_FunctionStarted:
-		err = s.events.FunctionStarted(ctx, id, msg.FunctionStarted)
+		ev := msg.FunctionStarted
+		if s.refuse(c, m.Seq, ev.Session, ev.InvocationId, false, "FunctionStarted") {
+			return nil
+		}
+		err = s.events.FunctionStarted(ctx, id, ev)
 	case *controlv1.SidecarMessage_FunctionFinished:
-		err = s.events.FunctionFinished(ctx, id, msg.FunctionFinished)
+		ev := msg.FunctionFinished
+		if s.refuse(c, m.Seq, ev.Session, ev.InvocationId, true, "FunctionFinished") {
+			return nil
+		}
+		err = s.events.FunctionFinished(ctx, id, ev)
 	case *controlv1.SidecarMessage_Hello:
 		return status.Error(codes.InvalidArgument, "Hello may only be sent once, first")
 	default:
@@ -205,6 +314,65 @@ func (s *Server) dispatch(ctx context.Context, id Identity, m *controlv1.Sidecar
 		}
 	}
 	return nil
+}
+
+// refuse checks that an event of c's sidecar names a session of its own
+// namespace and an invocation of its own pod. A refused event is counted,
+// logged, reported to the sidecar (Rejected) and acknowledged: sending it
+// again would be refused again, and the stream carries the pod's other
+// events on.
+func (s *Server) refuse(c *conn, seq uint64, session, invocation string, finished bool, what string) bool {
+	var reason, msg string
+	if s.scope != nil && session != "" {
+		if ns, ok := s.scope.SessionNamespace(session); ok && ns != c.id.Namespace {
+			reason = ReasonForeignSession
+			msg = fmt.Sprintf("%s names session %q of another namespace: pod %s/%s reports only sessions of namespace %s",
+				what, session, c.id.Namespace, c.id.Pod, c.id.Namespace)
+		}
+	}
+	if reason == "" && invocation != "" {
+		if owner, ok := s.owners.claim(c.id.Namespace, invocation, podKey(c.id), finished, s.now(), s.live); !ok {
+			reason = ReasonForeignInvocation
+			msg = fmt.Sprintf("%s names invocation %q, which another pod (%s) reported and still serves: pod %s/%s reports only its own invocations",
+				what, invocation, owner, c.id.Namespace, c.id.Pod)
+		}
+	}
+	if reason == "" {
+		return false
+	}
+	rejected(reason)
+	if s.Log != nil {
+		s.Log(fmt.Errorf("event from %s/%s refused: %s", c.id.Namespace, c.id.Pod, msg))
+	}
+	select { // best effort: a sidecar too slow for it learns nothing more
+	case c.out <- &controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Rejected{Rejected: &controlv1.Rejected{
+		Seq: seq, Code: int32(codes.PermissionDenied), Message: msg}}}:
+	default:
+	}
+	return true
+}
+
+// GetKeys returns a namespace's reference keys to an allow-listed reader
+// (KeyReaders) or to a pod of that namespace.
+func (s *Server) GetKeys(ctx context.Context, req *controlv1.GetKeysRequest) (*controlv1.Keys, error) {
+	caller, err := s.authenticate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.Namespace == "" {
+		return nil, status.Error(codes.InvalidArgument, "GetKeys needs a namespace")
+	}
+	if !slices.Contains(s.KeyReaders, caller.Username) && (caller.Pod == "" || caller.Namespace != req.Namespace) {
+		rejected(ReasonKeysForbidden)
+		return nil, status.Errorf(codes.PermissionDenied, "%s may not read the reference keys of namespace %q: only the "+
+			"operator's key readers (--control-key-readers, e.g. activator-ext's ServiceAccount) read other namespaces' keys, "+
+			"and a pod only its own namespace's", caller, req.Namespace)
+	}
+	keys, err := s.keys.Keys(ctx, req.Namespace)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "reference keys for namespace %s: %v", req.Namespace, err)
+	}
+	return keys, nil
 }
 
 // Sidecars lists the connected sidecars of a namespace.

@@ -2,22 +2,17 @@ package control_test
 
 import (
 	"context"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 )
 
 // recorder collects the events the server delivers.
@@ -46,42 +41,17 @@ func (r *recorder) FunctionFinished(context.Context, control.Identity, *controlv
 func TestControlStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	env, err := controlplane.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer env.Stop()
-	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, ns := range []string{"team-a", "team-b"} {
-		if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-			t.Fatal(err)
-		}
+	ae := newAuthEnv(t)
+	k8s, keys, srv, cl, rec := ae.k8s, ae.keys, ae.srv, ae.cl, &ae.rec.recorder
+	tokens := map[string]string{}
+	for _, p := range []struct{ ns, name string }{{"team-a", "pod-a"}, {"team-b", "pod-b"}, {"team-a", "pod-c"}} {
+		tokens[p.name] = ae.podToken(t, ae.pod(t, p.ns, p.name), control.Audience)
 	}
 
-	keys := &control.SecretKeys{Client: k8s}
-	rec := &recorder{got: make(chan struct{}, 16)}
-	srv := control.NewServer(rec, keys)
-	gs := grpc.NewServer()
-	controlv1.RegisterControlServer(gs, srv)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(ln)
-	defer gs.Stop()
-	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	cl := controlv1.NewControlClient(cc)
-
+	// Each sidecar presents its own pod's token.
 	connect := func(ns, pod string) controlv1.Control_ConnectClient {
 		t.Helper()
-		st, err := cl.Connect(ctx)
+		st, err := cl.Connect(withToken(ctx, tokens[pod]))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +126,7 @@ func TestControlStream(t *testing.T) {
 	}
 
 	// Bad input ends a stream with a clear error.
-	bad, err := cl.Connect(ctx)
+	bad, err := cl.Connect(withToken(ctx, tokens["pod-a"]))
 	if err != nil {
 		t.Fatal(err)
 	}

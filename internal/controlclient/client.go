@@ -7,6 +7,7 @@ package controlclient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -23,6 +24,9 @@ type Commands struct {
 	Keys      func(*controlv1.Keys)
 	Drop      func(*controlv1.DropObjects)
 	KeepAlive func(*controlv1.KeepAlive)
+	// Rejected learns of an event the operator refused (it is not sent
+	// again); nil passes the refusal to Client.Log.
+	Rejected func(*controlv1.Rejected)
 }
 
 // Client is the sidecar's end of the control stream. It reconnects with
@@ -32,6 +36,7 @@ type Commands struct {
 // restart nor a broken connection loses an event (the engine deduplicates).
 type Client struct {
 	addr     string
+	token    TokenSource
 	hello    *controlv1.Hello
 	commands Commands
 	opts     []grpc.DialOption
@@ -50,12 +55,21 @@ type Client struct {
 // long enough for the bounded queue to fill.
 var ErrQueueFull = errors.New("control: event queue full, operator unreachable")
 
-// NewClient returns a client for the operator at addr (host:port).
-func NewClient(addr string, hello *controlv1.Hello, commands Commands, opts ...grpc.DialOption) *Client {
+// NewClient returns a client for the operator at addr (host:port). Every
+// stream it opens presents token's current token (FileToken re-reads the
+// projected token file, which the kubelet rotates); the operator scopes
+// the stream to that token's namespace and pod.
+func NewClient(addr string, token TokenSource, hello *controlv1.Hello, commands Commands, opts ...grpc.DialOption) *Client {
+	return &Client{addr: addr, token: token, hello: hello, commands: commands, opts: dialOptions(token, opts), wake: make(chan struct{}, 1), maxQueue: 65536}
+}
+
+// dialOptions are opts (default: no TLS) plus the token as per-call
+// credentials.
+func dialOptions(token TokenSource, opts []grpc.DialOption) []grpc.DialOption {
 	if len(opts) == 0 {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	return &Client{addr: addr, hello: hello, commands: commands, opts: opts, wake: make(chan struct{}, 1), maxQueue: 65536}
+	return append(append([]grpc.DialOption(nil), opts...), grpc.WithPerRPCCredentials(PerRPCCredentials(token)))
 }
 
 // Send queues an event for the operator.
@@ -84,6 +98,9 @@ func (c *Client) Connected() bool {
 
 // Run keeps a stream to the operator until ctx ends.
 func (c *Client) Run(ctx context.Context) error {
+	if c.token == nil {
+		return errors.New("controlclient: no service-account token source: the operator refuses unauthenticated streams")
+	}
 	conn, err := grpc.NewClient(c.addr, c.opts...)
 	if err != nil {
 		return err
@@ -206,5 +223,43 @@ func (c *Client) handle(m *controlv1.OperatorMessage) {
 		if c.commands.KeepAlive != nil {
 			c.commands.KeepAlive(msg.KeepAlive)
 		}
+	case *controlv1.OperatorMessage_Rejected:
+		switch {
+		case c.commands.Rejected != nil:
+			c.commands.Rejected(msg.Rejected)
+		case c.Log != nil:
+			c.Log(fmt.Errorf("the operator refused event %d: %s", msg.Rejected.Seq, msg.Rejected.Message))
+		}
 	}
 }
+
+// KeysClient reads namespaces' reference keys from the operator with
+// unary GetKeys calls (activator-ext, which opens references of every
+// namespace it proxies for). Each call presents the token's current token;
+// the operator answers only callers it allow-lists, and pods for their own
+// namespace.
+type KeysClient struct {
+	conn *grpc.ClientConn
+	cl   controlv1.ControlClient
+}
+
+// NewKeysClient returns a client for the operator's control service at
+// addr (host:port); it connects lazily.
+func NewKeysClient(addr string, token TokenSource, opts ...grpc.DialOption) (*KeysClient, error) {
+	if token == nil {
+		return nil, errors.New("controlclient: no service-account token source: the operator refuses unauthenticated calls")
+	}
+	conn, err := grpc.NewClient(addr, dialOptions(token, opts)...)
+	if err != nil {
+		return nil, err
+	}
+	return &KeysClient{conn: conn, cl: controlv1.NewControlClient(conn)}, nil
+}
+
+// Keys returns the namespace's keys.
+func (k *KeysClient) Keys(ctx context.Context, namespace string) (*controlv1.Keys, error) {
+	return k.cl.GetKeys(ctx, &controlv1.GetKeysRequest{Namespace: namespace})
+}
+
+// Close closes the connection.
+func (k *KeysClient) Close() error { return k.conn.Close() }

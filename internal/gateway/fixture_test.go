@@ -106,8 +106,10 @@ func fixtureOn(t testing.TB, cfg *rest.Config, configure func(*fixture, *orchest
 	if f.orch, err = orchestrator.New(orchOpts); err != nil {
 		t.Fatal(err)
 	}
-	// The control stream, for sidecars (their keys, objects, drops).
+	// The control stream, for sidecars (their keys, objects, drops),
+	// authenticating their pods' tokens as cmd/operator does.
 	ctl := control.NewServer(f.orch, f.keys)
+	ctl.Auth = &control.TokenReviewer{Client: f.k8s}
 	f.orch.SetControl(ctl)
 	cs := grpc.NewServer()
 	controlv1.RegisterControlServer(cs, ctl)
@@ -174,9 +176,10 @@ func (f *fixture) sidecar(t testing.TB, ns, wf, fn string, handler ziptrail.Hand
 	t.Helper()
 	shm := t.TempDir()
 	t.Setenv("ZIPTRAIL_SHM_DIR", shm) // where FunctionHandler accepts inputs from
-	sc := sidecar.New(sidecar.Config{Namespace: ns, Workflow: wf, Function: wf + "-" + fn, Pod: wf + "-" + fn + "-pod", PodIP: "127.0.0.1",
+	pod := wf + "-" + fn + "-pod"
+	sc := sidecar.New(sidecar.Config{Namespace: ns, Workflow: wf, Function: wf + "-" + fn, Pod: pod, PodIP: "127.0.0.1",
 		DataplanePort: testservers.FreePort(t), ShmDir: shm, MemoryLimit: 64 << 20, InlineThreshold: 64 << 10,
-		ObjectTTL: time.Minute, OperatorAddr: f.controlAddr})
+		ObjectTTL: time.Minute, OperatorAddr: f.controlAddr, TokenFile: f.podToken(t, ns, pod)})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	if err := sc.Start(ctx); err != nil {
@@ -184,6 +187,34 @@ func (f *fixture) sidecar(t testing.TB, ns, wf, fn string, handler ziptrail.Hand
 	}
 	f.fns.Add(t, wf+"-"+fn, sc.Wrap(ziptrail.FunctionHandler(handler)))
 	return sc
+}
+
+// podToken creates pod ns/name (ServiceAccount ziptrail-fn) and writes the
+// token the kubelet would project into it for the control stream's
+// audience to a file, whose path it returns.
+func (f *fixture) podToken(t testing.TB, ns, name string) string {
+	t.Helper()
+	ctx := context.Background()
+	f.namespace(t, ns)
+	if err := client.IgnoreAlreadyExists(f.k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ziptrail-fn"}})); err != nil {
+		t.Fatal(err)
+	}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.PodSpec{ServiceAccountName: "ziptrail-fn", Containers: []corev1.Container{{Name: "user-container", Image: "example.com/fn"}}}}
+	if err := f.k8s.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := f.cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "ziptrail-fn", &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{
+		Audiences: []string{control.Audience}, BoundObjectRef: &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID}}},
+		metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(tr.Status.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
 }
 
 // load loads a workflow, as the Workflow reconciler does once its

@@ -51,6 +51,14 @@ type Config struct {
 	KeyFile                            string // JSON {"active": id, "keys": {id: base64}} for standalone use
 	APISocket                          string // unix socket of the local API for the function; empty disables it
 	MetricsPort                        int    // Prometheus /metrics of the data plane; 0 disables it
+	// TokenFile holds the pod's projected service-account token for the
+	// control stream (audience controlclient.Audience), re-read on every
+	// (re)connect; default controlclient.DefaultTokenFile, where Knative
+	// mounts it ($ZIPTRAIL_TOKEN_FILE overrides it).
+	TokenFile string
+	// Log receives control-stream errors (connection failures, refused
+	// tokens, events the operator refused); nil discards them.
+	Log func(error)
 	// PutTimeout bounds how long a put waits for memory in a full pod
 	// (no fast tier to spill to) before it fails with "store full".
 	PutTimeout time.Duration
@@ -75,12 +83,13 @@ func FromEnv() Config {
 		DataplanePort: envInt("ZIPTRAIL_DATAPLANE_PORT", 9192), ShmDir: envStr("ZIPTRAIL_SHM_DIR", "/dev/shm/ziptrail/objects"),
 		MemoryLimit: int64(envInt("ZIPTRAIL_MEMORY_LIMIT", 256<<20)), InlineThreshold: envInt("ZIPTRAIL_INLINE_THRESHOLD", 64<<10),
 		ObjectTTL:    time.Duration(envInt("ZIPTRAIL_OBJECT_TTL_SECONDS", 600)) * time.Second,
-		OperatorAddr: os.Getenv("ZIPTRAIL_OPERATOR_ADDR"), KeyFile: os.Getenv("ZIPTRAIL_KEY_FILE"),
+		OperatorAddr: os.Getenv("ZIPTRAIL_OPERATOR_ADDR"), KeyFile: os.Getenv("ZIPTRAIL_KEY_FILE"), TokenFile: controlclient.TokenFileFromEnv(),
 		APISocket: os.Getenv("ZIPTRAIL_SOCKET"), MetricsPort: envInt("ZIPTRAIL_METRICS_PORT", 9193),
 	}
 	if c.Function == "" {
 		c.Function = os.Getenv("SERVING_SERVICE")
 	}
+	c.Log = func(err error) { fmt.Fprintf(os.Stderr, "queue-proxy-zl: control stream: %v\n", err) }
 	if c.APISocket == "" {
 		// Knative sets queue-proxy's environment, so in a cluster only the
 		// user container gets ZIPTRAIL_SOCKET: both agree on the path next
@@ -217,7 +226,11 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		_ = s.server.Serve(ln)
 	}()
 	if s.cfg.OperatorAddr != "" {
-		s.ctl = controlclient.NewClient(s.cfg.OperatorAddr, &controlv1.Hello{Namespace: s.cfg.Namespace, Workflow: s.cfg.Workflow,
+		tokenFile := s.cfg.TokenFile
+		if tokenFile == "" {
+			tokenFile = controlclient.DefaultTokenFile
+		}
+		s.ctl = controlclient.NewClient(s.cfg.OperatorAddr, controlclient.FileToken(tokenFile), &controlv1.Hello{Namespace: s.cfg.Namespace, Workflow: s.cfg.Workflow,
 			Function: s.cfg.Function, Pod: s.cfg.Pod, DataplaneAddr: s.addr()},
 			controlclient.Commands{
 				Keys: func(k *controlv1.Keys) { _ = s.setKeys(k) },
@@ -231,6 +244,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 						}
 					}
 				}})
+		s.ctl.Log = s.cfg.Log
 		go func() { _ = s.ctl.Run(ctx) }()
 	}
 	stopMetrics := func() {}

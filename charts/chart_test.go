@@ -95,6 +95,21 @@ func TestChart(t *testing.T) {
 		if !strings.Contains(manifest, "tokenreviews") || strings.Contains(manifest, "ziptrail-reference-keys") {
 			t.Errorf("%s: the operator may not create TokenReviews, or someone is granted the reference-key Secrets", name)
 		}
+		// Only the elected replica serves the control stream and the
+		// gateway: their Services select the leader's pod label. The hooks
+		// run in the operator's image; the post-delete one restores Knative
+		// and removes the Lease.
+		for _, want := range []string{`ziptrail.dev/leader: "true"`, "- knative-config", "- knative-restore", "helm.sh/hook: post-delete", "ziptrail/operator:"} {
+			if !strings.Contains(manifest, want) {
+				t.Errorf("%s: rendered chart has no %q", name, want)
+			}
+		}
+		if strings.Contains(manifest, "registry.k8s.io/kubectl") {
+			t.Errorf("%s: the chart uses an image other than ziptrail's", name)
+		}
+		if got := strings.Contains(manifest, "--activator-ext=true"); got != (name == "all features") {
+			t.Errorf("%s: the hook swaps the activator: %v", name, got)
+		}
 		if !strings.Contains(manifest, "--gateway-grpc-bind-address=:8089") {
 			t.Errorf("%s: the operator gets no gRPC gateway port", name)
 		}

@@ -54,9 +54,10 @@ type config struct {
 }
 
 func main() {
+	exitHook() // the chart's hook commands: knative-config, knative-restore
 	var c config
 	flag.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 disables it)")
-	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (ready only on the leader)")
+	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (every replica; the leader is the pod labelled ziptrail.dev/leader=true)")
 	flag.StringVar(&c.controlAddr, "control-bind-address", ":9443", "address of the sidecars' gRPC control stream")
 	flag.StringVar(&c.keyReaders, "control-key-readers", "", "comma-separated users (system:serviceaccount:<ns>:<sa>) that may read every namespace's reference keys "+
 		"from the control service: activator-ext's ServiceAccount, e.g. system:serviceaccount:knative-serving:activator (the chart sets it when activatorExt is enabled)")
@@ -99,7 +100,7 @@ func run(c config) error {
 		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
 		HealthProbeBindAddress:  c.probeAddr,
 		LeaderElection:          c.leaderElect,
-		LeaderElectionID:        "operator.ziptrail.dev",
+		LeaderElectionID:        leaderElectionID,
 		LeaderElectionNamespace: c.leaderNS,
 		// The engine must stop at once when leadership is lost.
 		LeaderElectionReleaseOnCancel: true,
@@ -108,6 +109,19 @@ func run(c config) error {
 		return fmt.Errorf("manager: %w", err)
 	}
 	log := ctrl.Log.WithName("operator")
+	if c.leaderElect {
+		// In a pod: the leader's pod gets LeaderLabel, which the control
+		// and gateway Services select.
+		l, err := newLeaderLabeler(cfg, log)
+		if err != nil {
+			return err
+		}
+		if l != nil {
+			if err := l.add(mgr); err != nil {
+				return err
+			}
+		}
+	}
 
 	var store *checkpoint.Store
 	if c.redisAddr != "" {
@@ -183,16 +197,10 @@ func run(c config) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	// Only the leader is ready, so the control-stream and gateway Services
-	// route to the replica that serves them.
-	if err := mgr.AddReadyzCheck("leader", func(*http.Request) error {
-		select {
-		case <-mgr.Elected():
-			return nil
-		default:
-			return errors.New("not the leader")
-		}
-	}); err != nil {
+	// Every replica is ready: a standby is healthy, waiting for the lease.
+	// The control-stream and gateway Services route to the leader's pod
+	// only, by LeaderLabel (leader.go).
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
 	return mgr.Start(ctrl.SetupSignalHandler())

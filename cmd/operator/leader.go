@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+)
+
+// leaderElectionID names the operator's leader-election Lease.
+const leaderElectionID = "operator.ziptrail.dev"
+
+// LeaderLabel is set to "true" on the pod of the elected replica. The
+// control-stream and gateway Services select it: only the leader serves
+// them, while every replica is Ready (a standby is healthy, and a
+// Deployment whose pods were never Ready could not roll out).
+const LeaderLabel = "ziptrail.dev/leader"
+
+// leaderLabeler labels the operator's own pod ($POD_NAME in
+// $POD_NAMESPACE, from the downward API) as the leader once elected, and
+// removes a stale label when the process starts (a restarted container of
+// the old leader keeps its pod). Outside a pod (no $POD_NAME) it does
+// nothing.
+type leaderLabeler struct {
+	cs      kubernetes.Interface
+	ns, pod string
+	log     logr.Logger
+}
+
+func newLeaderLabeler(cfg *rest.Config, log logr.Logger) (*leaderLabeler, error) {
+	pod, ns := os.Getenv("POD_NAME"), os.Getenv("POD_NAMESPACE")
+	if pod == "" || ns == "" {
+		return nil, nil
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &leaderLabeler{cs: cs, ns: ns, pod: pod, log: log}, nil
+}
+
+func (l *leaderLabeler) set(ctx context.Context, leader bool) error {
+	var v any // null removes the label
+	if leader {
+		v = "true"
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{LeaderLabel: v}}})
+	if err != nil {
+		return err
+	}
+	// Retried: the API may be briefly unreachable when the pod starts.
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, last = l.cs.CoreV1().Pods(l.ns).Patch(ctx, l.pod, types.MergePatchType, patch, metav1.PatchOptions{})
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("label pod %s/%s %s=%v: %w (last: %v)", l.ns, l.pod, LeaderLabel, leader, err, last)
+	}
+	return nil
+}
+
+// add registers with mgr: the label is removed before the election (when
+// the manager starts its non-leader runnables) and set once elected.
+func (l *leaderLabeler) add(mgr manager.Manager) error {
+	if err := l.set(context.Background(), false); err != nil {
+		return err
+	}
+	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		if err := l.set(ctx, true); err != nil {
+			return err
+		}
+		l.log.Info("elected: pod labelled", "pod", l.ns+"/"+l.pod, "label", LeaderLabel)
+		<-ctx.Done()
+		return nil
+	}))
+}

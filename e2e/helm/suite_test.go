@@ -1,0 +1,126 @@
+// Package helm is the e2e suite of ziptrail's Helm chart on the local
+// cluster: real Kubernetes (internal/localk8s) with the node agent running
+// pods from the image catalog (config/local/images.yaml), real Knative
+// Serving (internal/localknative), and ziptrail installed, upgraded and
+// uninstalled with the real `helm` CLI as a user does — the operator runs
+// as the chart's Deployment, not in this process. It starts its own
+// cluster, so it runs as root, and waits for the host's one local cluster
+// if another suite holds it.
+package helm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/localk8s"
+	"github.com/ziptrail/ziptrail/internal/localknative"
+)
+
+var (
+	ctx     = context.Background()
+	cluster *localk8s.Cluster
+	kn      *localknative.Knative
+	cs      *kubernetes.Clientset
+	dyn     *dynamic.DynamicClient
+	k8s     client.Client
+	kubectl string
+	helmBin string
+	helmEnv []string
+	chart   = filepath.Join(controlplane.RepoRoot(), "charts", "ziptrail")
+)
+
+func TestHelm(t *testing.T) {
+	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(3 * time.Minute)
+	SetDefaultEventuallyPollingInterval(500 * time.Millisecond)
+	RunSpecs(t, "ziptrail's Helm chart on the local cluster e2e")
+}
+
+var _ = BeforeSuite(func() {
+	var err error
+	// helm and kubectl come from hack/install-deps.sh (make test puts them
+	// on PATH; $ZIPTRAIL_CACHE/bin otherwise).
+	helmBin, err = exec.LookPath("helm")
+	if err != nil {
+		helmBin = filepath.Join(os.Getenv("ZIPTRAIL_CACHE"), "bin", "helm")
+	}
+	Expect(helmBin).To(BeAnExistingFile(), "helm from hack/install-deps.sh: eval \"$(hack/install-deps.sh --env)\"")
+	kubectl = filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
+	Expect(kubectl).To(BeAnExistingFile(), "kubectl from hack/install-deps.sh")
+
+	dir := GinkgoT().TempDir()
+	bin := func(pkg string) string {
+		out := filepath.Join(dir, "bin", filepath.Base(pkg))
+		build := exec.Command("go", "build", "-o", out, pkg)
+		build.Dir = controlplane.RepoRoot()
+		b, err := build.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "build %s: %s", pkg, b)
+		return out
+	}
+	agent, ingress := bin("./cmd/ziptrail-node"), bin("./cmd/ziptrail-ingress")
+	cluster, err = localk8s.Start(ctx, localk8s.Options{
+		StateDir: dir, Nodes: 2, NodeAgent: agent, NetPrefix: "ztkh",
+		ClusterCIDR: netip.MustParsePrefix("10.228.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.105.0.0/16"),
+		WaitForHost: 30 * time.Minute, // other suites may hold the host's one cluster
+		Log:         GinkgoWriter,
+	})
+	Expect(err).NotTo(HaveOccurred())
+	kn, err = localknative.Install(ctx, localknative.Options{
+		Cluster: cluster, RepoRoot: controlplane.RepoRoot(), Ingress: ingress, Log: GinkgoWriter,
+	})
+	Expect(err).NotTo(HaveOccurred())
+	cs, err = cluster.Clientset()
+	Expect(err).NotTo(HaveOccurred())
+	dyn, err = dynamic.NewForConfig(cluster.Config)
+	Expect(err).NotTo(HaveOccurred())
+	k8s, err = client.New(cluster.Config, client.Options{Scheme: controlplane.Scheme()})
+	Expect(err).NotTo(HaveOccurred())
+
+	// helm as a user runs it, with its own configuration and cache.
+	home := filepath.Join(dir, "helm")
+	helmEnv = append(os.Environ(), "KUBECONFIG="+cluster.Kubeconfig,
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"), "HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"))
+})
+
+var _ = AfterSuite(func() {
+	if cluster != nil {
+		Expect(cluster.Stop(context.Background())).To(Succeed())
+	}
+})
+
+// helm runs the helm CLI against the cluster; it returns its output.
+func helm(args ...string) (string, error) {
+	cmd := exec.Command(helmBin, args...)
+	cmd.Env = helmEnv
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	fmt.Fprintf(GinkgoWriter, "$ helm %s\n", strings.Join(args, " "))
+	err := cmd.Run()
+	fmt.Fprintf(GinkgoWriter, "%s\n", out.String())
+	return out.String(), err
+}
+
+// kubectlRun runs kubectl against the cluster, with stdin; it returns its
+// output.
+func kubectlRun(stdin string, args ...string) (string, error) {
+	cmd := exec.Command(kubectl, append([]string{"--kubeconfig", cluster.Kubeconfig}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}

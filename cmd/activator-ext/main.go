@@ -99,7 +99,9 @@ type env struct {
 	// activator's ServiceAccount, allow-listed there; ZIPTRAIL_TOKEN_FILE:
 	// the activator's projected service-account token for audience
 	// control.ziptrail.dev (the chart mounts it at the default path).
-	ZiptrailOperatorAddr string `envconfig:"ZIPTRAIL_OPERATOR_ADDR" required:"true"`
+	// Without an operator address the keep-alive is off (a warning says
+	// so) and the activator still serves: it is on every cold start's path.
+	ZiptrailOperatorAddr string `envconfig:"ZIPTRAIL_OPERATOR_ADDR"`
 	ZiptrailTokenFile    string `envconfig:"ZIPTRAIL_TOKEN_FILE" default:"/var/run/secrets/tokens/control.ziptrail.dev"`
 }
 
@@ -184,15 +186,20 @@ func main() {
 	// activator's token and allow-lists its ServiceAccount; they are read
 	// again at most once a keep-alive round (references name key ids, and
 	// anyone can forge those).
-	keysClient, err := controlclient.NewKeysClient(e.ZiptrailOperatorAddr, controlclient.FileToken(e.ZiptrailTokenFile))
-	if err != nil {
-		logger.Fatalw("Failed to create the operator's keys client", zap.Error(err))
+	var keepAlive activatorext.KeepAliver
+	if e.ZiptrailOperatorAddr == "" {
+		logger.Warn("ZIPTRAIL_OPERATOR_ADDR is not set: referenced objects are not kept alive during cold starts")
+	} else {
+		keysClient, err := controlclient.NewKeysClient(e.ZiptrailOperatorAddr, controlclient.FileToken(e.ZiptrailTokenFile))
+		if err != nil {
+			logger.Fatalw("Failed to create the operator's keys client", zap.Error(err))
+		}
+		defer func() { _ = keysClient.Close() }()
+		extender := &activatorext.DataPlaneExtender{Keys: activatorext.OperatorKeys(keysClient), MinReread: e.ZiptrailKeepaliveInterval}
+		defer extender.Close()
+		keepAlive = &activatorext.Periodic{Extend: extender.Extend, Interval: e.ZiptrailKeepaliveInterval,
+			Extension: e.ZiptrailKeepaliveExtension, Metrics: zmetrics}
 	}
-	defer func() { _ = keysClient.Close() }()
-	extender := &activatorext.DataPlaneExtender{Keys: activatorext.OperatorKeys(keysClient), MinReread: e.ZiptrailKeepaliveInterval}
-	defer extender.Close()
-	keepAlive := &activatorext.Periodic{Extend: extender.Extend, Interval: e.ZiptrailKeepaliveInterval,
-		Extension: e.ZiptrailKeepaliveExtension, Metrics: zmetrics}
 	endpoints := endpointsinformer.Get(ctx).Lister()
 	locality := &activatorext.LocalityThrottler{
 		Next:    throttler,

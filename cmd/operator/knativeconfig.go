@@ -117,6 +117,13 @@ func runKnativeConfig(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	return applyKnativeConfig(ctx, cs, c)
+}
+
+// applyKnativeConfig makes Knative's objects as c says, saving their
+// values from before the first change, or restoring them for a part c
+// turns off.
+func applyKnativeConfig(ctx context.Context, cs kubernetes.Interface, c knativeConfig) error {
 	if c.queueProxy {
 		if err := updateConfigMap(ctx, cs, c.namespace, "config-deployment", func(data map[string]string) map[string]*string {
 			return map[string]*string{
@@ -170,12 +177,7 @@ func runKnativeRestore(args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if knative {
-		for _, name := range []string{"config-deployment", "config-features"} {
-			if err := restoreConfigMap(ctx, cs, ns, name); err != nil {
-				return err
-			}
-		}
-		if err := restoreActivator(ctx, cs, ns, deployment); err != nil {
+		if err := restoreKnative(ctx, cs, ns, deployment); err != nil {
 			return err
 		}
 	}
@@ -202,6 +204,16 @@ func runKnativeRestore(args []string) error {
 	}
 	fmt.Printf("knative-restore: Knative's configuration restored, lease %s/%s deleted\n", leaseNS, leaseName)
 	return nil
+}
+
+// restoreKnative puts back what applyKnativeConfig changed.
+func restoreKnative(ctx context.Context, cs kubernetes.Interface, ns, deployment string) error {
+	for _, name := range []string{"config-deployment", "config-features"} {
+		if err := restoreConfigMap(ctx, cs, ns, name); err != nil {
+			return err
+		}
+	}
+	return restoreActivator(ctx, cs, ns, deployment)
 }
 
 func hookClient() (kubernetes.Interface, error) {

@@ -14,12 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
@@ -72,6 +74,7 @@ const activatorAccount = "system:serviceaccount:knative-serving:activator"
 // ServiceAccount knative-serving/sa.
 func operatorKeys(t *testing.T, env *controlplane.Env, kube kubernetes.Interface, sa string) KeyGetter {
 	t.Helper()
+	ctrllog.SetLogger(logr.Discard()) // controller-runtime's client logs nothing worth reading here
 	ctx := context.Background()
 	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
 	if err != nil {
@@ -274,5 +277,55 @@ func TestForgedReferencesDoNotHammerTheAPIServer(t *testing.T) {
 	close(gate)
 	if err := <-slowDone; err == nil {
 		t.Error("a forged reference in team-slow was extended")
+	}
+}
+
+// TestKeysOnlyForTheAllowListedActivator: the operator hands reference
+// keys to the activator's ServiceAccount, which it allow-lists, and not to
+// another ServiceAccount of knative-serving: with that one's token nothing
+// is kept alive, and the failure is one to retry (a configuration to fix),
+// not a reference declared gone.
+func TestKeysOnlyForTheAllowListedActivator(t *testing.T) {
+	env, err := controlplane.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	kube, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := startProducer(t)
+	data := map[string][]byte{"active": []byte("k1")}
+	for id, k := range p.keys {
+		data[id] = k
+	}
+	if _, err := kube.CoreV1().Secrets(testNS).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testNS, Name: control.KeySecretName}, Data: data}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	exp := time.Now().Add(time.Minute).Truncate(time.Millisecond)
+	r := p.put(t, "obj", exp)
+
+	intruder := &DataPlaneExtender{Keys: operatorKeys(t, env, kube, "controller")}
+	defer intruder.Close()
+	err = intruder.Extend(ctx, testNS, r, time.Now().Add(5*time.Minute))
+	if err == nil || errors.Is(err, ErrGone) || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Errorf("extend with knative-serving/controller's token: %v, want a retryable PermissionDenied", err)
+	}
+	if got := p.expires(t, "obj"); !got.Equal(exp) {
+		t.Errorf("the object was extended to %v without the allow-listed token", got)
+	}
+
+	activator := &DataPlaneExtender{Keys: operatorKeys(t, env, kube, "activator")}
+	defer activator.Close()
+	if err := activator.Extend(ctx, testNS, r, time.Now().Add(5*time.Minute)); err != nil {
+		t.Fatalf("extend with the activator's token: %v", err)
+	}
+	if got := p.expires(t, "obj"); !got.After(exp) {
+		t.Errorf("the activator's extend left the object expiring at %v", got)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/ziptrail/ziptrail/internal/control"
@@ -89,6 +91,7 @@ func (r *scopedRecorder) FunctionStarted(_ context.Context, _ control.Identity, 
 
 func newAuthEnv(t *testing.T) *authEnv {
 	t.Helper()
+	ctrllog.SetLogger(logr.Discard()) // controller-runtime's client logs nothing worth reading here
 	env, err := controlplane.Start()
 	if err != nil {
 		t.Fatal(err)
@@ -192,10 +195,10 @@ func (a *authEnv) connect(ctx context.Context, token, ns, pod string) (controlv1
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := st.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_Hello{Hello: &controlv1.Hello{
-		Namespace: ns, Workflow: "wf", Function: "map", Pod: pod, DataplaneAddr: "10.0.0.1:9192"}}}); err != nil {
-		return nil, nil, err
-	}
+	// A Send error (io.EOF: the server ended the stream before reading
+	// the Hello, e.g. refusing the token) carries no status; Recv has it.
+	_ = st.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_Hello{Hello: &controlv1.Hello{
+		Namespace: ns, Workflow: "wf", Function: "map", Pod: pod, DataplaneAddr: "10.0.0.1:9192"}}})
 	m, err := st.Recv()
 	if err != nil {
 		return nil, nil, err

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -141,6 +142,11 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 		return err
 	}
 	if err := st.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_Hello{Hello: c.hello}}); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The operator ended the stream (e.g. refused the token): its
+			// status is what Recv returns.
+			_, err = st.Recv()
+		}
 		return err
 	}
 	recvErr := make(chan error, 1)
@@ -168,6 +174,9 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 		c.mu.Unlock()
 		for _, m := range batch {
 			if err := st.Send(m); err != nil {
+				if errors.Is(err, io.EOF) {
+					return <-recvErr // the operator's status
+				}
 				return err
 			}
 			sent = m.Seq

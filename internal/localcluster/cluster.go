@@ -243,6 +243,10 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		// queue-proxy-zl reads the revision's annotations (the Workflow
 		// controller's per-function settings) from the podinfo volume.
 		"config-features": {"queueproxy.mount-podinfo": "enabled"},
+		// Knative mounts a token for this audience into queue-proxy
+		// (/var/run/secrets/tokens/<audience>); the control stream
+		// authenticates sidecars with it (docs/control-stream.md).
+		"config-deployment": {"queue-sidecar-token-audiences": control.Audience},
 	}
 	for name, data := range opts.Knative {
 		if knCfg[name] == nil {
@@ -480,6 +484,9 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		_ = orch.SetWorkflow(wf, meta.IsStatusConditionTrue(wf.Status.Conditions, v1alpha1.ConditionReady), "") // the reconciler reports errors
 	}
 	srv := control.NewServer(orch, keys)
+	// Sidecars present the projected token Knative mounts for the audience
+	// in config-deployment's queue-sidecar-token-audiences (set in Up).
+	srv.Auth = &control.TokenReviewer{Client: mgr.GetClient()}
 	orch.SetControl(srv)
 	if err := mgr.Add(manager.RunnableFunc(orch.Run)); err != nil {
 		cl.Close()

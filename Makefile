@@ -7,7 +7,7 @@ SHELL := /usr/bin/env bash
 ZIPTRAIL_CACHE ?= $(HOME)/.cache/ziptrail
 export ZIPTRAIL_CACHE
 DEPS_ENV = eval "$$(hack/install-deps.sh --env)"
-GO_TEST_FLAGS ?= -race -count=1 -timeout 30m
+GO_TEST_FLAGS ?= -race -count=1 -timeout 60m
 
 .PHONY: deps
 deps: ## Install pinned tools and servers into $(ZIPTRAIL_CACHE).

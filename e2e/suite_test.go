@@ -59,7 +59,7 @@ var _ = BeforeSuite(func() {
 			Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "2"}},
 			Kubernetes: localk8s.Options{NetPrefix: "zte",
 				ClusterCIDR: netip.MustParsePrefix("10.216.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.103.0.0/16"),
-				WaitForHost: 30 * time.Minute}, // other suites may hold the host's one cluster
+				WaitForHost: 45 * time.Minute}, // other suites may hold the host's one cluster
 			Log: GinkgoWriter,
 		})
 		Expect(err).NotTo(HaveOccurred())

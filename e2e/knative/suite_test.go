@@ -77,7 +77,7 @@ var _ = BeforeSuite(func() {
 	cluster, err = localk8s.Start(ctx, localk8s.Options{
 		StateDir: dir, Nodes: 2, NodeAgent: agent, NetPrefix: "ztkn",
 		ClusterCIDR: netip.MustParsePrefix("10.226.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.102.0.0/16"),
-		WaitForHost: 20 * time.Minute, // other suites may hold the host's one cluster
+		WaitForHost: 45 * time.Minute, // other suites may hold the host's one cluster
 		Log:         GinkgoWriter,
 	})
 	Expect(err).NotTo(HaveOccurred())

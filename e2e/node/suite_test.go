@@ -48,7 +48,7 @@ var _ = BeforeSuite(func() {
 		StateDir: dir, Nodes: 2, NodeAgent: agent, NetPrefix: "zten",
 		ClusterCIDR: netip.MustParsePrefix("10.224.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.101.0.0/16"),
 		// Another suite (internal/localk8s) may hold the host's one cluster.
-		WaitForHost: 15 * time.Minute,
+		WaitForHost: 45 * time.Minute, // the e2e suites, each with its own cluster, take turns
 		Log:         GinkgoWriter,
 	})
 	Expect(err).NotTo(HaveOccurred())

@@ -59,7 +59,7 @@ func TestControlPlane(t *testing.T) {
 		StateDir: dir, NetPrefix: "ztkt", Log: testWriter{t},
 		ClusterCIDR: netip.MustParsePrefix("10.222.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.98.0.0/16"),
 		// e2e/node may hold the host's one cluster.
-		WaitForHost: 15 * time.Minute,
+		WaitForHost: 45 * time.Minute, // the e2e suites, each with its own cluster, take turns
 	}
 	c, err := Start(ctx, opts)
 	if err != nil {

@@ -229,8 +229,11 @@ func logs(ns, pod string) string {
 
 // canI asks the API server whether the operator's ServiceAccount may.
 func canI(args ...string) bool {
+	// The answer is the last line (kubectl may warn first, e.g. that a
+	// resource is not namespaced).
 	out, _ := kubectlRun("", append([]string{"auth", "can-i", "--as", "system:serviceaccount:" + releaseNS + ":" + release + "-operator"}, args...)...)
-	return strings.TrimSpace(out) == "yes"
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	return strings.TrimSpace(lines[len(lines)-1]) == "yes"
 }
 
 var _ = Describe("helm install charts/ziptrail on the local cluster", Ordered, func() {

@@ -42,7 +42,7 @@ test-python: ## Python SDK tests (pytest) in the cached venv.
 	$(DEPS_ENV); pip install -q ./sdk/python && python -m pytest -q sdk/python
 
 .PHONY: demo
-demo: deps ## Start a local API server, apply the samples, show them, tear down.
+demo: deps ## The local cluster (Kubernetes, real Knative Serving, ziptrail) runs the word count sample; checks it; tears down.
 	$(DEPS_ENV); go run ./cmd/ziptrail demo
 
 .PHONY: bench

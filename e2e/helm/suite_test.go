@@ -112,7 +112,9 @@ func helm(args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	fmt.Fprintf(GinkgoWriter, "$ helm %s\n", strings.Join(args, " "))
 	err := cmd.Run()
-	fmt.Fprintf(GinkgoWriter, "%s\n", out.String())
+	if args[0] != "get" || err != nil { // manifests are long
+		fmt.Fprintf(GinkgoWriter, "%s\n", out.String())
+	}
 	return out.String(), err
 }
 

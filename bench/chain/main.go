@@ -91,7 +91,7 @@ func run(lengths string, sessions, ring, ringFunctions int) error {
 	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 1, Log: os.Stderr,
 		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1"}},
 		Kubernetes: localk8s.Options{NetPrefix: "ztc", ClusterCIDR: netip.MustParsePrefix("10.218.0.0/16"),
-			ServiceCIDR: netip.MustParsePrefix("10.104.0.0/16")}})
+			ServiceCIDR: netip.MustParsePrefix("10.104.0.0/16"), WaitForHost: 30 * time.Minute}})
 	if err != nil {
 		return err
 	}

@@ -97,6 +97,7 @@ func run(c config) error {
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
+		Client:                  clientOptions(), // Secrets uncached (cache.go)
 		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
 		HealthProbeBindAddress:  c.probeAddr,
 		LeaderElection:          c.leaderElect,

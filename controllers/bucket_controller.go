@@ -20,6 +20,12 @@ import (
 type Tiers struct {
 	Redis bool
 	S3    bool
+	// ControlAddr is the operator's control Service (host:port, e.g.
+	// ziptrail-control.ziptrail-system.svc:9443). The Workflow controller
+	// writes it on every function's revision template
+	// (v1alpha1.AnnotationControlAddr) for queue-proxy-zl; empty writes
+	// none (the sidecar then runs without an operator).
+	ControlAddr string
 }
 
 func (t Tiers) has(tier v1alpha1.Tier) bool {

@@ -22,7 +22,8 @@ import (
 // Setup registers every ziptrail reconciler with the manager.
 // sink may be nil (no trigger engine in this process).
 func Setup(mgr ctrl.Manager, tiers Tiers, sink WorkflowSink) error {
-	if err := (&WorkflowReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-workflow"), Sink: sink}).SetupWithManager(mgr); err != nil {
+	if err := (&WorkflowReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-workflow"), Sink: sink,
+		ControlAddr: tiers.ControlAddr}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("workflow controller: %w", err)
 	}
 	if err := (&BucketReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-bucket"), Tiers: tiers}).SetupWithManager(mgr); err != nil {

@@ -50,7 +50,7 @@ var _ = BeforeSuite(func() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	// The operator under test has a Redis endpoint but no S3 one.
-	Expect(controllers.Setup(mgr, controllers.Tiers{Redis: true}, nil)).To(Succeed())
+	Expect(controllers.Setup(mgr, controllers.Tiers{Redis: true, ControlAddr: testControlAddr}, nil)).To(Succeed())
 	ctx, cancel = context.WithCancel(context.Background())
 	go func() {
 		defer GinkgoRecover()
@@ -72,3 +72,7 @@ func newNamespace() string {
 	Expect(k8s.Create(ctx, ns)).To(Succeed())
 	return ns.Name
 }
+
+// testControlAddr is the control Service the operator under test writes on
+// every function's revision template.
+const testControlAddr = "ziptrail-control.ziptrail-system.svc:9443"

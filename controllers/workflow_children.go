@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,7 +45,7 @@ type children struct {
 // desiredChildren compiles a Workflow into its Knative Services, Buckets and
 // Triggers. Names inside the workflow (functions, buckets) are rewritten to
 // the namespaced child names so standalone objects never collide with them.
-func desiredChildren(wf *v1alpha1.Workflow) (*children, error) {
+func desiredChildren(wf *v1alpha1.Workflow, controlAddr string) (*children, error) {
 	out := &children{}
 	functions := map[string]bool{}
 	for _, f := range wf.Spec.Functions {
@@ -118,7 +119,7 @@ func desiredChildren(wf *v1alpha1.Workflow) (*children, error) {
 	}
 
 	for i := range wf.Spec.Functions {
-		svc, err := desiredService(wf, &wf.Spec.Functions[i])
+		svc, err := desiredService(wf, &wf.Spec.Functions[i], controlAddr)
 		if err != nil {
 			return nil, err
 		}
@@ -138,8 +139,10 @@ func childMeta(wf *v1alpha1.Workflow, name string) metav1.ObjectMeta {
 // desiredService builds the Knative Service of one function: the user's
 // template (if any) with image, command, args, env, resources and scale
 // bounds applied to its first container, plus
-// what the ziptrail sidecar and SDK need.
-func desiredService(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec) (*servingv1.Service, error) {
+// what the ziptrail sidecar and SDK need. The sidecar's per-function
+// settings are annotations on the revision template (sidecarAnnotations),
+// which Knative mounts into queue-proxy as /etc/podinfo/annotations.
+func desiredService(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec, controlAddr string) (*servingv1.Service, error) {
 	svc := &servingv1.Service{ObjectMeta: childMeta(wf, ServiceName(wf.Name, f.Name))}
 	svc.Labels[v1alpha1.LabelFunction] = f.Name
 	tmpl := &svc.Spec.Template
@@ -189,7 +192,51 @@ func desiredService(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec) (*servingv1
 		tmpl.Annotations["autoscaling.knative.dev/max-scale"] = strconv.Itoa(int(*f.MaxScale))
 	}
 	tmpl.Annotations[v1alpha1.AnnotationBuckets] = bucketAnnotation(wf)
+	for k, v := range sidecarAnnotations(wf, f, controlAddr) {
+		tmpl.Annotations[k] = v
+	}
 	return svc, nil
+}
+
+// sidecarAnnotations are queue-proxy-zl's per-function settings, which it
+// reads from Knative's podinfo volume (Knative writes queue-proxy's
+// environment itself, so env vars would never reach it): the workflow and
+// function, the operator's control address, and the workflow's bucket
+// settings folded into the one store a pod has: the largest per-pod memory
+// limit, the longest object TTL and the smallest inline threshold of its
+// buckets (each only when some bucket sets it; the sidecar's defaults
+// apply otherwise). Nothing here is a secret.
+func sidecarAnnotations(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec, controlAddr string) map[string]string {
+	a := map[string]string{
+		v1alpha1.AnnotationWorkflow: wf.Name,
+		v1alpha1.AnnotationFunction: f.Name,
+	}
+	if controlAddr != "" {
+		a[v1alpha1.AnnotationControlAddr] = controlAddr
+	}
+	var mem, inline int64 = -1, -1
+	var ttl time.Duration
+	for _, b := range wf.Spec.Buckets {
+		if q := b.Spec.MemoryLimitPerPod; q != nil && q.Value() > mem {
+			mem = q.Value()
+		}
+		if q := b.Spec.InlineThreshold; q != nil && (inline < 0 || q.Value() < inline) {
+			inline = q.Value()
+		}
+		if d := b.Spec.ObjectTTL; d != nil && d.Duration > ttl {
+			ttl = d.Duration
+		}
+	}
+	if mem > 0 {
+		a[v1alpha1.AnnotationMemoryLimit] = strconv.FormatInt(mem, 10)
+	}
+	if inline >= 0 {
+		a[v1alpha1.AnnotationInlineThreshold] = strconv.FormatInt(inline, 10)
+	}
+	if ttl > 0 {
+		a[v1alpha1.AnnotationObjectTTL] = ttl.String()
+	}
+	return a
 }
 
 // bucketAnnotation tells queue-proxy-zl (through Knative's pod-info volume)

@@ -36,6 +36,9 @@ type WorkflowReconciler struct {
 	// Sink, when set, receives every reconciled workflow (the operator's
 	// orchestrator, which runs the trigger engine and the sessions).
 	Sink WorkflowSink
+	// ControlAddr is the operator's control Service, written on every
+	// function's revision template for queue-proxy-zl (Tiers.ControlAddr).
+	ControlAddr string
 }
 
 // WorkflowSink is what the trigger engine's side needs from reconciles.
@@ -86,7 +89,7 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 		}
 	}()
 
-	want, err := desiredChildren(wf)
+	want, err := desiredChildren(wf, r.ControlAddr)
 	if err != nil {
 		setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionTargetsResolved, false, v1alpha1.ReasonInvalidSpec, err.Error())
 		setReady(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionTargetsResolved)

@@ -84,6 +84,12 @@ var _ = Describe("Workflow controller", func() {
 			Expect(c.Image).To(Equal("ghcr.io/ziptrail/examples-wordcount:latest"))
 			Expect(c.Env).To(ContainElement(corev1.EnvVar{Name: controllers.EnvSocket, Value: "/dev/shm/ziptrail/sidecar.sock"}))
 			Expect(svc.Spec.Template.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationBuckets, ContainSubstring("wordcount-shuffle=1Gi")))
+			// queue-proxy-zl's settings, which it reads from Knative's podinfo
+			// volume: Knative writes queue-proxy's env, so env would not reach it.
+			Expect(svc.Spec.Template.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationWorkflow, "wordcount"))
+			Expect(svc.Spec.Template.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationFunction, fn))
+			Expect(svc.Spec.Template.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationControlAddr, testControlAddr))
+			Expect(svc.Spec.Template.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationMemoryLimit, "1073741824"))
 		}
 		mapSvc := &servingv1.Service{}
 		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "wordcount-map"}, mapSvc)).To(Succeed())

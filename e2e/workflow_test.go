@@ -10,6 +10,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -89,6 +90,69 @@ var _ = Describe("a Workflow on the cluster", func() {
 
 		for _, f := range []string{"first", "second"} {
 			Expect(invoke(ns, "chain-"+f, "ping")).To(Equal(f + ":ping"))
+		}
+	})
+
+	It("configures queue-proxy-zl only through Knative's channels: no ziptrail env on queue-proxy, podinfo mounted, no secret in the pod", func() {
+		ns := newNamespace()
+		ttl := metav1.Duration{Duration: 7 * time.Minute}
+		wf := &v1alpha1.Workflow{
+			ObjectMeta: metav1.ObjectMeta{Name: "podinfo", Namespace: ns},
+			Spec: v1alpha1.WorkflowSpec{
+				Entry:     "only",
+				Functions: []v1alpha1.FunctionSpec{{Name: "only", Image: pythonImage, Command: []string{"python3", "-c", pyEcho}}},
+				Buckets:   []v1alpha1.NamedBucket{{Name: "out", Spec: v1alpha1.BucketSpec{ObjectTTL: &ttl}}},
+			},
+		}
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		Eventually(func(g Gomega) {
+			got := &v1alpha1.Workflow{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wf), got)).To(Succeed())
+			g.Expect(meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady)).To(BeTrue(), "%v", got.Status.Conditions)
+		}).WithTimeout(2 * time.Minute).WithPolling(200 * time.Millisecond).Should(Succeed())
+		// The sidecar found the operator (its address is only in podinfo):
+		// the function serves through it.
+		Expect(invoke(ns, "podinfo-only", "ping")).To(Equal("only:ping"))
+
+		var deps appsv1.DeploymentList
+		Expect(k8s.List(ctx, &deps, client.InNamespace(ns), client.MatchingLabels{"serving.knative.dev/service": "podinfo-only"})).To(Succeed())
+		Expect(deps.Items).NotTo(BeEmpty(), "the Deployment Knative generates for the revision")
+		for _, d := range deps.Items {
+			pod := d.Spec.Template
+			// The per-function settings are revision annotations, which
+			// Knative copies onto the pod; no tier secret among them.
+			Expect(pod.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationWorkflow, "podinfo"))
+			Expect(pod.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationFunction, "only"))
+			Expect(pod.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationObjectTTL, "7m0s"))
+			Expect(pod.Annotations).To(HaveKey(v1alpha1.AnnotationControlAddr))
+			var qp *corev1.Container
+			for i := range pod.Spec.Containers {
+				c := &pod.Spec.Containers[i]
+				if c.Name == "queue-proxy" {
+					qp = c
+				}
+				for _, e := range c.Env {
+					if target() == "local" {
+						Expect(e.Value).NotTo(ContainSubstring("ziptrail-local-secret"), "container %s env %s carries the S3 secret", c.Name, e.Name)
+					}
+				}
+			}
+			Expect(qp).NotTo(BeNil(), "queue-proxy container of %s", d.Name)
+			for _, e := range qp.Env {
+				Expect(e.Name).NotTo(HavePrefix("ZIPTRAIL_"), "queue-proxy env of %s", d.Name)
+			}
+			for k, v := range pod.Annotations {
+				if target() == "local" {
+					Expect(v).NotTo(ContainSubstring("ziptrail-local-secret"), "annotation %s", k)
+				}
+			}
+			mounted := false
+			for _, m := range qp.VolumeMounts {
+				if m.MountPath == "/etc/podinfo" {
+					mounted = true
+				}
+			}
+			Expect(mounted).To(BeTrue(), "queue-proxy of %s mounts the podinfo volume at /etc/podinfo: %v", d.Name, qp.VolumeMounts)
 		}
 	})
 })

@@ -38,6 +38,26 @@ const (
 	// AnnotationBuckets lists, on a revision template, the buckets a
 	// function may write to with their memory limits, for queue-proxy-zl.
 	AnnotationBuckets = "ziptrail.dev/buckets"
-	// AnnotationMemoryLimit is the pod's object-store memory cap.
+	// AnnotationMemoryLimit is the pod's object-store memory cap in bytes
+	// (a decimal integer), on a revision template, for queue-proxy-zl.
 	AnnotationMemoryLimit = "ziptrail.dev/memory-limit"
+	// The Workflow controller writes these on every function's revision
+	// template; Knative mounts the revision's annotations into queue-proxy
+	// (config-features queueproxy.mount-podinfo: enabled) at
+	// /etc/podinfo/annotations, which queue-proxy-zl reads at startup.
+	// None of them is a secret: tier endpoints and credentials come over
+	// the authenticated control stream instead.
+	//
+	// AnnotationWorkflow and AnnotationFunction name the workflow and the
+	// workflow function the pod runs.
+	AnnotationWorkflow = "ziptrail.dev/workflow"
+	AnnotationFunction = "ziptrail.dev/function"
+	// AnnotationObjectTTL is the lifetime of an object nobody read (a Go
+	// duration, e.g. "10m0s").
+	AnnotationObjectTTL = "ziptrail.dev/object-ttl"
+	// AnnotationInlineThreshold is the size in bytes (a decimal integer) up
+	// to which objects travel inline.
+	AnnotationInlineThreshold = "ziptrail.dev/inline-threshold"
+	// AnnotationControlAddr is the operator's control Service (host:port).
+	AnnotationControlAddr = "ziptrail.dev/control-addr"
 )

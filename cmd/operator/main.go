@@ -45,7 +45,9 @@ type config struct {
 	leaderElect                                      bool
 	leaderNS                                         string
 	redisAddr, redisPassword, checkpointKey          string
-	s3Endpoint                                       string
+	s3Endpoint, s3AccessKey, s3SecretKey, s3Bucket   string
+	s3TLS                                            bool
+	controlService                                   string
 	ingress                                          string
 	concurrency                                      int
 	inputsAddr, inputsAdvertise                      string
@@ -69,6 +71,12 @@ func main() {
 	flag.StringVar(&c.redisPassword, "redis-password", os.Getenv("ZIPTRAIL_REDIS_PASSWORD"), "Redis password")
 	flag.StringVar(&c.checkpointKey, "checkpoint-key", "ziptrail:engine", "Redis key of the engine checkpoint")
 	flag.StringVar(&c.s3Endpoint, "s3-endpoint", os.Getenv("ZIPTRAIL_S3_ENDPOINT"), "host:port of the S3-compatible slow tier (empty: tier disabled)")
+	flag.StringVar(&c.s3AccessKey, "s3-access-key", os.Getenv("ZIPTRAIL_S3_ACCESS_KEY"), "S3 access key (default $ZIPTRAIL_S3_ACCESS_KEY, which the chart sets from its Secret); sent to sidecars over the authenticated control stream only")
+	flag.StringVar(&c.s3SecretKey, "s3-secret-key", os.Getenv("ZIPTRAIL_S3_SECRET_KEY"), "S3 secret key (default $ZIPTRAIL_S3_SECRET_KEY); sent to sidecars over the authenticated control stream only")
+	flag.StringVar(&c.s3Bucket, "s3-bucket", envOr("ZIPTRAIL_S3_BUCKET", "ziptrail"), "S3 bucket of the slow tier")
+	flag.BoolVar(&c.s3TLS, "s3-tls", os.Getenv("ZIPTRAIL_S3_TLS") == "true", "reach the S3 endpoint over TLS")
+	flag.StringVar(&c.controlService, "control-service-address", "", "host:port sidecars reach the control stream at (the control Service, e.g. ziptrail-control.ziptrail-system.svc:9443; the chart sets it); "+
+		"written on every function's revision template as the annotation ziptrail.dev/control-addr (empty: sidecars run without an operator)")
 	flag.StringVar(&c.ingress, "ingress", "", "host:port to send every invocation to, routed by Host (default: the Services' cluster-local addresses)")
 	flag.IntVar(&c.concurrency, "dispatch-concurrency", 256, "invocations in flight at most")
 	flag.StringVar(&c.inputsAddr, "inputs-bind-address", ":9194", "data-plane address serving large session inputs to the workflows' sidecars")
@@ -156,9 +164,12 @@ func run(c config) error {
 			srv.KeyReaders = append(srv.KeyReaders, u)
 		}
 	}
+	// The sidecars' storage tiers, sent over the authenticated stream.
+	srv.Tiers = &controlv1.Tiers{RedisAddr: c.redisAddr, RedisPassword: c.redisPassword, S3Endpoint: c.s3Endpoint,
+		S3AccessKey: c.s3AccessKey, S3SecretKey: c.s3SecretKey, S3Bucket: c.s3Bucket, S3Tls: c.s3TLS}
 	orch.SetControl(srv)
 
-	if err := controllers.Setup(mgr, controllers.Tiers{Redis: c.redisAddr != "", S3: c.s3Endpoint != ""}, orch); err != nil {
+	if err := controllers.Setup(mgr, controllers.Tiers{Redis: c.redisAddr != "", S3: c.s3Endpoint != "", ControlAddr: c.controlService}, orch); err != nil {
 		return err
 	}
 	// Leader-only runnables (the default for a RunnableFunc): one replica
@@ -242,4 +253,11 @@ func serveUntil(ctx context.Context, addr string, serve func(net.Listener) error
 		}
 		return err
 	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
 }

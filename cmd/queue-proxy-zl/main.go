@@ -21,8 +21,15 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "--standalone" {
 		os.Exit(standalone(os.Args[2:], os.Stderr))
 	}
-	sc := sidecar.New(sidecar.FromEnv())
-	err := sharedmain.Main(func(d *sharedmain.Defaults) {
+	cfg, err := sidecar.Load()
+	if err != nil {
+		// A malformed podinfo file: starting with default settings would
+		// hide the cause of everything that goes wrong later.
+		fmt.Fprintf(os.Stderr, "queue-proxy-zl: configuration: %v\n", err)
+		os.Exit(1)
+	}
+	sc := sidecar.New(cfg)
+	err = sharedmain.Main(func(d *sharedmain.Defaults) {
 		if err := sc.Start(d.Ctx); err != nil {
 			// A misconfigured data plane must not serve: references it
 			// cannot resolve would fail later and far from the cause.

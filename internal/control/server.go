@@ -80,6 +80,11 @@ type Server struct {
 	SendTimeout time.Duration
 	// Log receives errors that do not end a stream (rejected events).
 	Log func(error)
+	// Tiers, when set, are sent to every authenticated sidecar right after
+	// its Hello is accepted, before its Keys: the storage tiers' endpoints
+	// and credentials the operator was started with. They travel only over
+	// this authenticated stream, never in a pod's annotations or env.
+	Tiers *controlv1.Tiers
 
 	mu       sync.RWMutex
 	conns    map[*conn]struct{}
@@ -172,6 +177,11 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	keys, err := s.keys.Keys(ctx, caller.Namespace)
 	if err != nil {
 		return status.Errorf(codes.Unavailable, "reference keys for namespace %s: %v", caller.Namespace, err)
+	}
+	if s.Tiers != nil {
+		if err := stream.Send(&controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Tiers{Tiers: s.Tiers}}); err != nil {
+			return err
+		}
 	}
 	if err := stream.Send(&controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Keys{Keys: keys}}); err != nil {
 		return err

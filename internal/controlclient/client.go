@@ -22,7 +22,10 @@ import (
 // Commands are what the operator asks of a sidecar. Callbacks run on the
 // client's receive goroutine and must not block for long.
 type Commands struct {
-	Keys      func(*controlv1.Keys)
+	Keys func(*controlv1.Keys)
+	// Tiers are the storage tiers' endpoints and credentials, sent on
+	// every stream before the Keys.
+	Tiers     func(*controlv1.Tiers)
 	Drop      func(*controlv1.DropObjects)
 	KeepAlive func(*controlv1.KeepAlive)
 	// Rejected learns of an event the operator refused (it is not sent
@@ -220,6 +223,10 @@ func (c *Client) handle(m *controlv1.OperatorMessage) {
 	switch msg := m.Msg.(type) {
 	case *controlv1.OperatorMessage_Ack:
 		c.ack(msg.Ack.Seq)
+	case *controlv1.OperatorMessage_Tiers:
+		if c.commands.Tiers != nil {
+			c.commands.Tiers(msg.Tiers)
+		}
 	case *controlv1.OperatorMessage_Keys:
 		if c.commands.Keys != nil {
 			c.commands.Keys(msg.Keys)

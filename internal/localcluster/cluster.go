@@ -56,7 +56,8 @@ type Options struct {
 	// NoTiers keeps redis-server and MinIO off even when installed.
 	NoTiers bool
 	// SidecarEnv is extra environment for every queue-proxy-zl (through
-	// the image catalog, see writeCatalog).
+	// the image catalog, see writeCatalog): test overrides only; a cluster
+	// configures the sidecar through podinfo and the control stream.
 	SidecarEnv []string
 	// Knative is set on top of Knative Serving's config maps, e.g.
 	// {"config-autoscaler": {"stable-window": "6s"}}.
@@ -200,18 +201,12 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// queue-proxy-zl finds the operator and the tiers through Services
-	// that lead to this host (advertise below).
-	env := append([]string{"ZIPTRAIL_OPERATOR_ADDR=" + serviceHost(controlService, controlPort)}, opts.SidecarEnv...)
-	if !opts.NoTiers {
-		if controlplane.FindBinary("redis-server") != "" {
-			env = append(env, "ZIPTRAIL_REDIS_ADDR="+serviceHost(redisService, redisPort))
-		}
-		if controlplane.FindBinary("minio") != "" {
-			env = append(env, "ZIPTRAIL_S3_ENDPOINT="+serviceHost(s3Service, s3Port), "ZIPTRAIL_S3_ACCESS_KEY="+s3AccessKey,
-				"ZIPTRAIL_S3_SECRET_KEY="+s3SecretKey, "ZIPTRAIL_S3_BUCKET="+s3Bucket)
-		}
-	}
+	// queue-proxy-zl finds the operator through the revision's podinfo
+	// annotations (the Workflow controller writes the control Service,
+	// advertised below) and gets the tiers from the operator over the
+	// authenticated control stream: nothing ziptrail-specific goes into
+	// its environment. SidecarEnv is only for tests that need an override.
+	env := opts.SidecarEnv
 	catalogFile := filepath.Join(opts.StateDir, "images.yaml")
 	if err := writeCatalog(opts.Catalog, catalogFile, env); err != nil {
 		return nil, err
@@ -487,12 +482,22 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 	// Sidecars present the projected token Knative mounts for the audience
 	// in config-deployment's queue-sidecar-token-audiences (set in Up).
 	srv.Auth = &control.TokenReviewer{Client: mgr.GetClient()}
+	// The sidecars' tiers, over the authenticated stream: the Services that
+	// lead to this host's redis-server and MinIO (advertised in Up).
+	srv.Tiers = &controlv1.Tiers{}
+	if c.RedisAddr != "" {
+		srv.Tiers.RedisAddr = serviceHost(redisService, redisPort)
+	}
+	if c.S3Endpoint != "" {
+		srv.Tiers.S3Endpoint, srv.Tiers.S3AccessKey, srv.Tiers.S3SecretKey, srv.Tiers.S3Bucket =
+			serviceHost(s3Service, s3Port), s3AccessKey, s3SecretKey, s3Bucket
+	}
 	orch.SetControl(srv)
 	if err := mgr.Add(manager.RunnableFunc(orch.Run)); err != nil {
 		cl.Close()
 		return err
 	}
-	tiers := controllers.Tiers{Redis: c.RedisAddr != "", S3: c.S3Endpoint != ""}
+	tiers := controllers.Tiers{Redis: c.RedisAddr != "", S3: c.S3Endpoint != "", ControlAddr: serviceHost(controlService, controlPort)}
 	if err := controllers.Setup(mgr, tiers, orch); err != nil {
 		cl.Close()
 		return err

@@ -50,13 +50,12 @@ func serviceHost(name string, port int) string {
 }
 
 // writeCatalog writes the node agent's image catalog: the repository's
-// (config/local/images.yaml), resolved against the repository, with env
-// added to queue-proxy-zl's image. That env is how queue-proxy-zl learns
-// the operator's and the tiers' addresses on the local cluster until it
-// reads Knative's own channels (podinfo, projected token: the issue
-// "ziptrail on real Knative"): Knative writes queue-proxy's environment, so
-// an image's env is the one place the local cluster can add to it, as an
-// image built with those ENV lines would.
+// (config/local/images.yaml), with its root resolved against the
+// repository, and env (Options.SidecarEnv, test overrides only; usually
+// none) added to queue-proxy-zl's image. queue-proxy-zl itself reads
+// Knative's channels: the podinfo annotations the Workflow controller
+// writes (control address, per-function settings), the projected token,
+// and the tiers the operator sends over the control stream.
 func writeCatalog(src, dst string, env []string) error {
 	data, err := os.ReadFile(src)
 	if err != nil {

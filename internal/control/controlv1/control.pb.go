@@ -572,6 +572,7 @@ type OperatorMessage struct {
 	//	*OperatorMessage_KeepAlive
 	//	*OperatorMessage_Ack
 	//	*OperatorMessage_Rejected
+	//	*OperatorMessage_Tiers
 	Msg           isOperatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -659,6 +660,15 @@ func (x *OperatorMessage) GetRejected() *Rejected {
 	return nil
 }
 
+func (x *OperatorMessage) GetTiers() *Tiers {
+	if x != nil {
+		if x, ok := x.Msg.(*OperatorMessage_Tiers); ok {
+			return x.Tiers
+		}
+	}
+	return nil
+}
+
 type isOperatorMessage_Msg interface {
 	isOperatorMessage_Msg()
 }
@@ -683,6 +693,10 @@ type OperatorMessage_Rejected struct {
 	Rejected *Rejected `protobuf:"bytes,5,opt,name=rejected,proto3,oneof"`
 }
 
+type OperatorMessage_Tiers struct {
+	Tiers *Tiers `protobuf:"bytes,6,opt,name=tiers,proto3,oneof"`
+}
+
 func (*OperatorMessage_Keys) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Drop) isOperatorMessage_Msg() {}
@@ -692,6 +706,106 @@ func (*OperatorMessage_KeepAlive) isOperatorMessage_Msg() {}
 func (*OperatorMessage_Ack) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Rejected) isOperatorMessage_Msg() {}
+
+func (*OperatorMessage_Tiers) isOperatorMessage_Msg() {}
+
+// Tiers are the storage tiers the operator was started with (its flags or
+// the Secret the chart creates). The operator sends them on every stream
+// right after the Hello is accepted and before the Keys, so a sidecar has
+// its tiers before it serves anything: endpoints and credentials travel
+// only over the authenticated stream, never in the pod's annotations or
+// environment. An empty field disables that tier.
+type Tiers struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RedisAddr     string                 `protobuf:"bytes,1,opt,name=redis_addr,json=redisAddr,proto3" json:"redis_addr,omitempty"` // fast tier: spill under memory pressure, fallback reads
+	RedisPassword string                 `protobuf:"bytes,2,opt,name=redis_password,json=redisPassword,proto3" json:"redis_password,omitempty"`
+	S3Endpoint    string                 `protobuf:"bytes,3,opt,name=s3_endpoint,json=s3Endpoint,proto3" json:"s3_endpoint,omitempty"` // slow tier: SIGTERM backup, persist, fallback reads
+	S3AccessKey   string                 `protobuf:"bytes,4,opt,name=s3_access_key,json=s3AccessKey,proto3" json:"s3_access_key,omitempty"`
+	S3SecretKey   string                 `protobuf:"bytes,5,opt,name=s3_secret_key,json=s3SecretKey,proto3" json:"s3_secret_key,omitempty"`
+	S3Bucket      string                 `protobuf:"bytes,6,opt,name=s3_bucket,json=s3Bucket,proto3" json:"s3_bucket,omitempty"` // default "ziptrail"
+	S3Tls         bool                   `protobuf:"varint,7,opt,name=s3_tls,json=s3Tls,proto3" json:"s3_tls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tiers) Reset() {
+	*x = Tiers{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tiers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tiers) ProtoMessage() {}
+
+func (x *Tiers) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tiers.ProtoReflect.Descriptor instead.
+func (*Tiers) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Tiers) GetRedisAddr() string {
+	if x != nil {
+		return x.RedisAddr
+	}
+	return ""
+}
+
+func (x *Tiers) GetRedisPassword() string {
+	if x != nil {
+		return x.RedisPassword
+	}
+	return ""
+}
+
+func (x *Tiers) GetS3Endpoint() string {
+	if x != nil {
+		return x.S3Endpoint
+	}
+	return ""
+}
+
+func (x *Tiers) GetS3AccessKey() string {
+	if x != nil {
+		return x.S3AccessKey
+	}
+	return ""
+}
+
+func (x *Tiers) GetS3SecretKey() string {
+	if x != nil {
+		return x.S3SecretKey
+	}
+	return ""
+}
+
+func (x *Tiers) GetS3Bucket() string {
+	if x != nil {
+		return x.S3Bucket
+	}
+	return ""
+}
+
+func (x *Tiers) GetS3Tls() bool {
+	if x != nil {
+		return x.S3Tls
+	}
+	return false
+}
 
 // Rejected tells a sidecar that the operator refused one of its events
 // (acknowledged all the same: sending it again would be refused again),
@@ -708,7 +822,7 @@ type Rejected struct {
 
 func (x *Rejected) Reset() {
 	*x = Rejected{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +834,7 @@ func (x *Rejected) String() string {
 func (*Rejected) ProtoMessage() {}
 
 func (x *Rejected) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +847,7 @@ func (x *Rejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejected.ProtoReflect.Descriptor instead.
 func (*Rejected) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Rejected) GetSeq() uint64 {
@@ -767,7 +881,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +893,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +906,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -814,7 +928,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +940,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +953,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Keys) GetKeys() []*Key {
@@ -866,7 +980,7 @@ type Key struct {
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +992,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +1005,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Key) GetId() string {
@@ -919,7 +1033,7 @@ type DropObjects struct {
 
 func (x *DropObjects) Reset() {
 	*x = DropObjects{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -931,7 +1045,7 @@ func (x *DropObjects) String() string {
 func (*DropObjects) ProtoMessage() {}
 
 func (x *DropObjects) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -944,7 +1058,7 @@ func (x *DropObjects) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropObjects.ProtoReflect.Descriptor instead.
 func (*DropObjects) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DropObjects) GetSession() string {
@@ -972,7 +1086,7 @@ type KeepAlive struct {
 
 func (x *KeepAlive) Reset() {
 	*x = KeepAlive{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1098,7 @@ func (x *KeepAlive) String() string {
 func (*KeepAlive) ProtoMessage() {}
 
 func (x *KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1111,7 @@ func (x *KeepAlive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAlive.ProtoReflect.Descriptor instead.
 func (*KeepAlive) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *KeepAlive) GetRefs() []string {
@@ -1062,15 +1176,26 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\rinvocation_id\x18\x03 \x01(\tR\finvocationId\x12\x16\n" +
 	"\x06failed\x18\x04 \x01(\bR\x06failed\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12!\n" +
-	"\foutputs_sent\x18\x06 \x01(\rR\voutputsSent\"\xad\x02\n" +
+	"\foutputs_sent\x18\x06 \x01(\rR\voutputsSent\"\xe1\x02\n" +
 	"\x0fOperatorMessage\x12/\n" +
 	"\x04keys\x18\x01 \x01(\v2\x19.ziptrail.control.v1.KeysH\x00R\x04keys\x126\n" +
 	"\x04drop\x18\x02 \x01(\v2 .ziptrail.control.v1.DropObjectsH\x00R\x04drop\x12?\n" +
 	"\n" +
 	"keep_alive\x18\x03 \x01(\v2\x1e.ziptrail.control.v1.KeepAliveH\x00R\tkeepAlive\x12,\n" +
 	"\x03ack\x18\x04 \x01(\v2\x18.ziptrail.control.v1.AckH\x00R\x03ack\x12;\n" +
-	"\brejected\x18\x05 \x01(\v2\x1d.ziptrail.control.v1.RejectedH\x00R\brejectedB\x05\n" +
-	"\x03msg\"J\n" +
+	"\brejected\x18\x05 \x01(\v2\x1d.ziptrail.control.v1.RejectedH\x00R\brejected\x122\n" +
+	"\x05tiers\x18\x06 \x01(\v2\x1a.ziptrail.control.v1.TiersH\x00R\x05tiersB\x05\n" +
+	"\x03msg\"\xea\x01\n" +
+	"\x05Tiers\x12\x1d\n" +
+	"\n" +
+	"redis_addr\x18\x01 \x01(\tR\tredisAddr\x12%\n" +
+	"\x0eredis_password\x18\x02 \x01(\tR\rredisPassword\x12\x1f\n" +
+	"\vs3_endpoint\x18\x03 \x01(\tR\n" +
+	"s3Endpoint\x12\"\n" +
+	"\rs3_access_key\x18\x04 \x01(\tR\vs3AccessKey\x12\"\n" +
+	"\rs3_secret_key\x18\x05 \x01(\tR\vs3SecretKey\x12\x1b\n" +
+	"\ts3_bucket\x18\x06 \x01(\tR\bs3Bucket\x12\x15\n" +
+	"\x06s3_tls\x18\a \x01(\bR\x05s3Tls\"J\n" +
 	"\bRejected\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
@@ -1105,7 +1230,7 @@ func file_ziptrail_control_v1_control_proto_rawDescGZIP() []byte {
 	return file_ziptrail_control_v1_control_proto_rawDescData
 }
 
-var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*GetKeysRequest)(nil),   // 0: ziptrail.control.v1.GetKeysRequest
 	(*SidecarMessage)(nil),   // 1: ziptrail.control.v1.SidecarMessage
@@ -1114,35 +1239,37 @@ var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*FunctionStarted)(nil),  // 4: ziptrail.control.v1.FunctionStarted
 	(*FunctionFinished)(nil), // 5: ziptrail.control.v1.FunctionFinished
 	(*OperatorMessage)(nil),  // 6: ziptrail.control.v1.OperatorMessage
-	(*Rejected)(nil),         // 7: ziptrail.control.v1.Rejected
-	(*Ack)(nil),              // 8: ziptrail.control.v1.Ack
-	(*Keys)(nil),             // 9: ziptrail.control.v1.Keys
-	(*Key)(nil),              // 10: ziptrail.control.v1.Key
-	(*DropObjects)(nil),      // 11: ziptrail.control.v1.DropObjects
-	(*KeepAlive)(nil),        // 12: ziptrail.control.v1.KeepAlive
-	nil,                      // 13: ziptrail.control.v1.ObjectReady.MetadataEntry
+	(*Tiers)(nil),            // 7: ziptrail.control.v1.Tiers
+	(*Rejected)(nil),         // 8: ziptrail.control.v1.Rejected
+	(*Ack)(nil),              // 9: ziptrail.control.v1.Ack
+	(*Keys)(nil),             // 10: ziptrail.control.v1.Keys
+	(*Key)(nil),              // 11: ziptrail.control.v1.Key
+	(*DropObjects)(nil),      // 12: ziptrail.control.v1.DropObjects
+	(*KeepAlive)(nil),        // 13: ziptrail.control.v1.KeepAlive
+	nil,                      // 14: ziptrail.control.v1.ObjectReady.MetadataEntry
 }
 var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	2,  // 0: ziptrail.control.v1.SidecarMessage.hello:type_name -> ziptrail.control.v1.Hello
 	3,  // 1: ziptrail.control.v1.SidecarMessage.object_ready:type_name -> ziptrail.control.v1.ObjectReady
 	4,  // 2: ziptrail.control.v1.SidecarMessage.function_started:type_name -> ziptrail.control.v1.FunctionStarted
 	5,  // 3: ziptrail.control.v1.SidecarMessage.function_finished:type_name -> ziptrail.control.v1.FunctionFinished
-	13, // 4: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
-	9,  // 5: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
-	11, // 6: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
-	12, // 7: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
-	8,  // 8: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
-	7,  // 9: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
-	10, // 10: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
-	1,  // 11: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
-	0,  // 12: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
-	6,  // 13: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
-	9,  // 14: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	14, // 4: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
+	10, // 5: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
+	12, // 6: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
+	13, // 7: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
+	9,  // 8: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
+	8,  // 9: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
+	7,  // 10: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
+	11, // 11: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
+	1,  // 12: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
+	0,  // 13: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
+	6,  // 14: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
+	10, // 15: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_ziptrail_control_v1_control_proto_init() }
@@ -1163,6 +1290,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 		(*OperatorMessage_KeepAlive)(nil),
 		(*OperatorMessage_Ack)(nil),
 		(*OperatorMessage_Rejected)(nil),
+		(*OperatorMessage_Tiers)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1170,7 +1298,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ziptrail_control_v1_control_proto_rawDesc), len(file_ziptrail_control_v1_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,9 +23,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
@@ -102,15 +99,14 @@ func FromEnv() Config {
 	if d, err := time.ParseDuration(os.Getenv("ZIPTRAIL_PUT_TIMEOUT")); err == nil && d > 0 {
 		c.PutTimeout = d
 	}
-	if addr := os.Getenv("ZIPTRAIL_REDIS_ADDR"); addr != "" {
-		c.Redis = &tier.Redis{Client: redis.NewClient(&redis.Options{Addr: addr, Password: os.Getenv("ZIPTRAIL_REDIS_PASSWORD")}),
-			Prefix: "zt:obj:" + c.Namespace + ":"}
-	}
-	if ep := os.Getenv("ZIPTRAIL_S3_ENDPOINT"); ep != "" {
-		mc, err := minio.New(ep, &minio.Options{Creds: credentials.NewStaticV4(os.Getenv("ZIPTRAIL_S3_ACCESS_KEY"), os.Getenv("ZIPTRAIL_S3_SECRET_KEY"), ""),
-			Secure: os.Getenv("ZIPTRAIL_S3_TLS") == "true"})
+	// Tiers normally come from the operator over the control stream; these
+	// variables are overrides for tests and --standalone only.
+	if os.Getenv("ZIPTRAIL_REDIS_ADDR") != "" || os.Getenv("ZIPTRAIL_S3_ENDPOINT") != "" {
+		r, s3, err := TiersFrom(&controlv1.Tiers{RedisAddr: os.Getenv("ZIPTRAIL_REDIS_ADDR"), RedisPassword: os.Getenv("ZIPTRAIL_REDIS_PASSWORD"),
+			S3Endpoint: os.Getenv("ZIPTRAIL_S3_ENDPOINT"), S3AccessKey: os.Getenv("ZIPTRAIL_S3_ACCESS_KEY"), S3SecretKey: os.Getenv("ZIPTRAIL_S3_SECRET_KEY"),
+			S3Bucket: os.Getenv("ZIPTRAIL_S3_BUCKET"), S3Tls: os.Getenv("ZIPTRAIL_S3_TLS") == "true"}, c.Namespace)
 		if err == nil {
-			c.S3 = &tier.S3{Client: mc, Bucket: envStr("ZIPTRAIL_S3_BUCKET", "ziptrail"), Prefix: c.Namespace + "/"}
+			c.Redis, c.S3 = r, s3
 		}
 	}
 	return c
@@ -147,32 +143,40 @@ type Sidecar struct {
 	outputs     *semaphore.Weighted // bytes of function outputs being read
 
 	backedUp chan struct{}
+
+	// The tiers in use: the Config's, or the operator's (setTiers).
+	redis    atomic.Pointer[tier.Redis]
+	s3       atomic.Pointer[tier.S3]
+	tiersSet atomic.Bool
 }
 
 // New prepares a sidecar; Start runs its servers.
 func New(cfg Config) *Sidecar {
 	s := &Sidecar{cfg: cfg, Store: store.New(cfg.MemoryLimit, nil), ready: make(chan struct{}), backedUp: make(chan struct{})}
 	if cfg.Redis != nil {
-		s.Store.Spill = func(ctx context.Context, m store.Meta, data []byte) error {
-			err := cfg.Redis.Put(ctx, m.ID, data, time.Until(m.Expires))
-			spills.WithLabelValues(result(err)).Inc()
-			if err == nil {
-				spilledBytes.Add(float64(len(data)))
-			}
-			return err
-		}
+		s.redis.Store(cfg.Redis)
+		s.Store.Spill = s.spill
+	}
+	if cfg.S3 != nil {
+		s.s3.Store(cfg.S3)
 	}
 	return s
+}
+
+// live reports whether the tiers may still arrive from the operator, so
+// the servers must look them up on every use.
+func (s *Sidecar) live() bool {
+	return s.cfg.OperatorAddr != "" && s.cfg.Redis == nil && s.cfg.S3 == nil
 }
 
 // tiers is the read-through chain: Redis, then S3.
 func (s *Sidecar) tiers() tier.Chain {
 	var c tier.Chain
-	if s.cfg.Redis != nil {
-		c = append(c, s.cfg.Redis)
+	if r := s.redis.Load(); r != nil {
+		c = append(c, r)
 	}
-	if s.cfg.S3 != nil {
-		c = append(c, s.cfg.S3)
+	if t := s.s3.Load(); t != nil {
+		c = append(c, t)
 	}
 	return c
 }
@@ -180,7 +184,8 @@ func (s *Sidecar) tiers() tier.Chain {
 // Backup copies every unread object to the slow tier (S3), so consumers
 // can still read them after this pod is gone. It runs on SIGTERM.
 func (s *Sidecar) Backup(ctx context.Context) (int, error) {
-	if s.cfg.S3 == nil {
+	s3 := s.s3.Load()
+	if s3 == nil {
 		return 0, nil
 	}
 	n := 0
@@ -190,7 +195,7 @@ func (s *Sidecar) Backup(ctx context.Context) (int, error) {
 		if !ok {
 			continue
 		}
-		err := s.cfg.S3.Put(ctx, m.ID, data, 0)
+		err := s3.Put(ctx, m.ID, data, 0)
 		backups.WithLabelValues(result(err)).Inc()
 		if err != nil {
 			errs = append(errs, err)
@@ -217,7 +222,10 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		return fmt.Errorf("data plane listener: %w", err)
 	}
 	s.server = &pull.Server{Store: s.Store}
-	if chain := s.tiers(); len(chain) > 0 && s.cfg.Redis != nil {
+	switch {
+	case s.live():
+		s.server.Fallback = tier.Chain{s.liveRedis()}
+	case s.cfg.Redis != nil:
 		s.server.Fallback = tier.Chain{s.cfg.Redis}
 	}
 	go func() {
@@ -233,8 +241,9 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		s.ctl = controlclient.NewClient(s.cfg.OperatorAddr, controlclient.FileToken(tokenFile), &controlv1.Hello{Namespace: s.cfg.Namespace, Workflow: s.cfg.Workflow,
 			Function: s.cfg.Function, Pod: s.cfg.Pod, DataplaneAddr: s.addr()},
 			controlclient.Commands{
-				Keys: func(k *controlv1.Keys) { _ = s.setKeys(k) },
-				Drop: func(d *controlv1.DropObjects) { s.Store.DropSession(d.Session) },
+				Tiers: s.setTiers,
+				Keys:  func(k *controlv1.Keys) { _ = s.setKeys(k) },
+				Drop:  func(d *controlv1.DropObjects) { s.Store.DropSession(d.Session) },
 				KeepAlive: func(k *controlv1.KeepAlive) {
 					for _, r := range k.Refs {
 						if kr := s.keys.Load(); kr != nil {
@@ -308,11 +317,16 @@ func (s *Sidecar) serveLocalAPI() error {
 			return s.client.PullTo(ctx, r, dst)
 		},
 	}
-	if s.cfg.Redis != nil {
-		api.Spilled = tier.Chain{s.cfg.Redis}
-	}
-	if s.cfg.S3 != nil {
-		api.Persist = s.cfg.S3
+	switch {
+	case s.live():
+		api.Spilled, api.Persist = tier.Chain{s.liveRedis()}, s.liveS3()
+	default:
+		if s.cfg.Redis != nil {
+			api.Spilled = tier.Chain{s.cfg.Redis}
+		}
+		if s.cfg.S3 != nil {
+			api.Persist = s.cfg.S3
+		}
 	}
 	if s.ctl != nil {
 		api.Report = func(ev *controlv1.ObjectReady) error {

@@ -47,6 +47,8 @@ func TestSpillAndShutdownBackup(t *testing.T) {
 	}
 	consumer := start(t, keyFile)
 	consumer.cfg.Redis, consumer.cfg.S3 = cfg(0).Redis, cfg(0).S3
+	consumer.redis.Store(consumer.cfg.Redis)
+	consumer.s3.Store(consumer.cfg.S3)
 	consumer.client.Fallback = consumer.tiers()
 
 	objs := make([]invocation.Object, 5)

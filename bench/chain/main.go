@@ -88,7 +88,9 @@ func run(lengths string, sessions, ring, ringFunctions int) error {
 	defer os.RemoveAll(dir)
 	// One pod per function, kept warm (min-scale 1): the numbers are the
 	// chain's, not cold starts'.
-	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 1, Log: os.Stderr,
+	// Two nodes: 100 functions need 100 pods, and each queue-proxy
+	// requests 25m of CPU (Knative's default) from a node of NumCPU cores.
+	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: os.Stderr,
 		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1"}},
 		Kubernetes: localk8s.Options{NetPrefix: "ztc", ClusterCIDR: netip.MustParsePrefix("10.218.0.0/16"),
 			ServiceCIDR: netip.MustParsePrefix("10.104.0.0/16"), WaitForHost: 30 * time.Minute}})

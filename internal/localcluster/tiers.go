@@ -112,19 +112,6 @@ func startTiers(ctx context.Context, stateDir, host string, step func(string, ..
 	return t, nil
 }
 
-// sidecarEnv tells every queue-proxy-zl where the tiers are.
-func (t *tierServers) sidecarEnv() []string {
-	var env []string
-	if t.redisAddr != "" {
-		env = append(env, "ZIPTRAIL_REDIS_ADDR="+t.redisAddr)
-	}
-	if t.s3Endpoint != "" {
-		env = append(env, "ZIPTRAIL_S3_ENDPOINT="+t.s3Endpoint, "ZIPTRAIL_S3_ACCESS_KEY="+s3AccessKey,
-			"ZIPTRAIL_S3_SECRET_KEY="+s3SecretKey, "ZIPTRAIL_S3_BUCKET="+s3Bucket)
-	}
-	return env
-}
-
 // start runs a server in its own process group, logging to the state dir,
 // and records its pid so that the next start can remove it after a crash.
 func (t *tierServers) start(stateDir, name string, cmd *exec.Cmd) error {

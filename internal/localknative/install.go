@@ -64,8 +64,8 @@ type Options struct {
 	RepoRoot string
 	// Ingress is the ziptrail-ingress binary (required).
 	Ingress string
-	// IngressPort is the port of the external gateway on every host
-	// address (0: a free port).
+	// IngressPort is the port of the external gateway on the cluster's
+	// host address (0: a free port).
 	IngressPort int
 	// Domain of external URLs; default DefaultDomain.
 	Domain string
@@ -293,30 +293,29 @@ func podStates(ctx context.Context, cs kubernetes.Interface, app string) string 
 }
 
 // startIngress runs ziptrail-ingress on the host as a component of the
-// cluster: the external gateway on every address at IngressPort, the
+// cluster: the external gateway on the host address at IngressPort, the
 // cluster-local one on the host IP, both advertised to the cluster through
 // the Services Knative's Ingress status names.
 func startIngress(ctx context.Context, o Options, step func(string, ...any)) (*Knative, error) {
 	host := o.Cluster.State.HostIP
-	ext := o.IngressPort
-	ports, err := freePorts(host, 2)
+	ports, err := freePorts(host, 3)
 	if err != nil {
 		return nil, err
 	}
-	if ext == 0 {
-		if ext, err = freePort(); err != nil {
-			return nil, err
-		}
+	ext, local, admin := ports[0], ports[1], ports[2]
+	if o.IngressPort != 0 {
+		ext = o.IngressPort
 	}
-	local, admin := ports[0], ports[1]
 	args := []string{
 		"--kubeconfig", o.Cluster.Kubeconfig,
-		"--http-address", ":" + strconv.Itoa(ext),
+		// The host address only: reachable from this host and its pods,
+		// not from the machine's other networks.
+		"--http-address", net.JoinHostPort(host, strconv.Itoa(ext)),
 		"--cluster-local-address", net.JoinHostPort(host, strconv.Itoa(local)),
 		"--admin-address", net.JoinHostPort(host, strconv.Itoa(admin)),
 		"--advertise-ip", host,
 	}
-	step("ziptrail-ingress (KIngress class %s) on :%d", kingress.ClassName, ext)
+	step("ziptrail-ingress (KIngress class %s) on %s:%d", kingress.ClassName, host, ext)
 	health := "http://" + net.JoinHostPort(host, strconv.Itoa(admin)) + "/readyz"
 	if err := o.Cluster.Launch(ctx, "ziptrail-ingress", o.Ingress, args, health, 2*time.Minute); err != nil {
 		return nil, err
@@ -325,15 +324,6 @@ func startIngress(ctx context.Context, o Options, step func(string, ...any)) (*K
 		IngressURL:      "http://" + net.JoinHostPort(host, strconv.Itoa(ext)),
 		IngressLocalURL: "http://" + net.JoinHostPort(host, strconv.Itoa(local)),
 	}, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", ":0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func freePorts(host string, n int) ([]int, error) {

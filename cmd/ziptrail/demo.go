@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
@@ -25,10 +26,11 @@ import (
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 )
 
-// runDemo is the README's main job: the local cluster (Kubernetes with the
-// node agent, Knative Serving, ziptrail's operator with the trigger engine,
-// queue-proxy-zl beside every function) runs the MapReduce word count
-// sample on a real text, and the result is checked against a plain
+// runDemo is the README's main job, what a user does: the local cluster
+// (Kubernetes with the node agent, Knative Serving, the storage tiers) comes
+// up, ziptrail is installed on it with `helm install charts/ziptrail`, the
+// word count Workflow is applied with kubectl, and a session runs through
+// the chart's session gateway; the result is checked against a plain
 // computation.
 func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
@@ -44,6 +46,10 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("read input: %w", err)
 		}
 	}
+	helm := controlplane.FindBinary("helm")
+	if helm == "" {
+		return errors.New("helm not found on PATH or in $ZIPTRAIL_CACHE/bin: run hack/install-deps.sh (make demo does)")
+	}
 	step := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
 	start := time.Now()
 
@@ -52,7 +58,8 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(stateDir)
-	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: stateDir, Nodes: *nodes, Log: out})
+	step("ziptrail local up --no-operator --nodes %d", *nodes)
+	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: stateDir, Nodes: *nodes, NoOperator: true, Log: out})
 	if err != nil {
 		return err
 	}
@@ -63,14 +70,39 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}()
 
-	kubectl := func(args ...string) error {
-		cmd := exec.CommandContext(ctx, filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	run := func(bin string, args ...string) error {
+		cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
 		cmd.Stdout, cmd.Stderr, cmd.Dir = out, out, root
+		// helm's own configuration and cache stay in the state dir.
+		cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(stateDir, "helm", "cache"),
+			"HELM_CONFIG_HOME="+filepath.Join(stateDir, "helm", "config"), "HELM_DATA_HOME="+filepath.Join(stateDir, "helm", "data"))
 		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("kubectl %s: %w", strings.Join(args, " "), err)
+			return fmt.Errorf("%s %s: %w", filepath.Base(bin), strings.Join(args, " "), err)
 		}
 		return nil
 	}
+	kubectl := func(args ...string) error {
+		return run(filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl"), args...)
+	}
+
+	// The chart's operator (2 replicas, leader election), its Services and
+	// RBAC; its post-install hook points Knative's queue sidecar at
+	// queue-proxy-zl. The tiers are the cluster's redis-server and MinIO.
+	const release, releaseNS = "ziptrail", localcluster.SystemNamespace
+	install := []string{"install", release, "charts/ziptrail", "--namespace", releaseNS, "--create-namespace", "--wait", "--timeout", "10m"}
+	for _, v := range c.HelmValues() {
+		install = append(install, "--set", v)
+	}
+	step("helm install %s charts/ziptrail --namespace %s (the operator's image builds on first use)", release, releaseNS)
+	t := time.Now()
+	if err := run(helm, install...); err != nil {
+		return err
+	}
+	step("ziptrail installed in %s", time.Since(t).Round(time.Millisecond))
+	if err := kubectl("get", "-n", releaseNS, "deployments,services,pods", "-l", "app.kubernetes.io/instance="+release); err != nil {
+		return err
+	}
+
 	step("kubectl apply -f examples/wordcount/workflow.yaml")
 	if err := kubectl("create", "namespace", "demo"); err != nil {
 		return err
@@ -79,17 +111,29 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	step("waiting for the workflow's functions (Knative Services) to become ready")
-	if err := waitReady(ctx, c.Client, "demo", "wordcount", 3*time.Minute); err != nil {
+	if err := waitReady(ctx, c.Client, "demo", "wordcount", 5*time.Minute); err != nil {
 		return err
 	}
 	if err := kubectl("get", "-n", "demo", "workflows,buckets,triggers,services.serving.knative.dev"); err != nil {
 		return err
 	}
+	// The chart's session gateway, through its Service (kube-proxy routes
+	// the host's traffic to the leader's pod).
+	svc, err := c.Clientset.CoreV1().Services(releaseNS).Get(ctx, release+"-gateway", metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("the chart's gateway Service: %w", err)
+	}
+	gatewayURL := fmt.Sprintf("http://%s:%d", svc.Spec.ClusterIP, svc.Spec.Ports[0].Port)
+	for _, p := range svc.Spec.Ports {
+		if p.Name == "http-gateway" {
+			gatewayURL = fmt.Sprintf("http://%s:%d", svc.Spec.ClusterIP, p.Port)
+		}
+	}
 
 	step("running a session: word count of %s (%d bytes)", *input, len(text))
-	t := time.Now()
+	t = time.Now()
 	hc := &http.Client{Transport: gateway.TokenCredentials(c.GatewayToken).Transport(nil)}
-	res, sess, err := runSession(ctx, hc, c.GatewayURL, "demo", "wordcount", text)
+	res, sess, err := runSession(ctx, hc, gatewayURL, "demo", "wordcount", text)
 	if err != nil {
 		return err
 	}

@@ -25,22 +25,35 @@ func runLocal(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("local "+args[0], flag.ContinueOnError)
 	stateDir := fs.String("state-dir", defaultStateDir(), "directory for the kubeconfig and logs")
 	nodes := fs.Int("nodes", 1, "nodes of the local Kubernetes cluster (ziptrail-node, the node agent, registers them)")
+	noOperator := fs.Bool("no-operator", false, "run Kubernetes, Knative Serving and the storage tiers only, and install ziptrail with `helm install` (the command is printed), as on any cluster")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	switch args[0] {
 	case "up":
 		t := time.Now()
-		c, err := localcluster.Up(ctx, localcluster.Options{StateDir: *stateDir, Nodes: *nodes, Log: out})
+		c, err := localcluster.Up(ctx, localcluster.Options{StateDir: *stateDir, Nodes: *nodes, NoOperator: *noOperator, Log: out})
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "==> local cluster up in %s\n", time.Since(t).Round(time.Millisecond))
-		fmt.Fprintf(out, "\nlocal cluster is up: Kubernetes, Knative Serving %s (ingress %s, Host: <service>.<namespace>.%s), "+
-			"ziptrail's operator (session gateway %s).\nIn another terminal, from this directory:\n"+
-			"  export KUBECONFIG=%s\n  kubectl create namespace demo\n  kubectl -n demo apply -f examples/wordcount/workflow.yaml\n"+
-			"  ziptrail run -n demo wordcount --input LICENSE\n  ziptrail sessions -n demo\nPress Ctrl-C to stop.\n",
-			c.Knative.Version, c.IngressURL, c.Knative.Domain, c.GatewayURL, c.Kubeconfig)
+		if *noOperator {
+			fmt.Fprintf(out, "\nlocal cluster is up: Kubernetes, Knative Serving %s (ingress %s, Host: <service>.<namespace>.%s), "+
+				"redis-server and MinIO.\nIn another terminal, from this directory:\n  export KUBECONFIG=%s\n"+
+				"  helm install ziptrail charts/ziptrail --namespace %s --create-namespace --wait",
+				c.Knative.Version, c.IngressURL, c.Knative.Domain, c.Kubeconfig, localcluster.SystemNamespace)
+			for _, v := range c.HelmValues() {
+				fmt.Fprintf(out, " \\\n      --set %s", v)
+			}
+			fmt.Fprintf(out, "\n  kubectl create namespace demo\n  kubectl -n demo apply -f examples/wordcount/workflow.yaml\n"+
+				"  kubectl -n %s get service ziptrail-gateway   # the session gateway, at its ClusterIP:8088\nPress Ctrl-C to stop.\n", localcluster.SystemNamespace)
+		} else {
+			fmt.Fprintf(out, "\nlocal cluster is up: Kubernetes, Knative Serving %s (ingress %s, Host: <service>.<namespace>.%s), "+
+				"ziptrail's operator (session gateway %s).\nIn another terminal, from this directory:\n"+
+				"  export KUBECONFIG=%s\n  kubectl create namespace demo\n  kubectl -n demo apply -f examples/wordcount/workflow.yaml\n"+
+				"  ziptrail run -n demo wordcount --input LICENSE\n  ziptrail sessions -n demo\nPress Ctrl-C to stop.\n",
+				c.Knative.Version, c.IngressURL, c.Knative.Domain, c.GatewayURL, c.Kubeconfig)
+		}
 		<-ctx.Done()
 		fmt.Fprintln(out, "==> stopping the local cluster")
 		return c.Down(context.Background())

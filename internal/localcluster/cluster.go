@@ -55,6 +55,12 @@ type Options struct {
 	Nodes int
 	// NoTiers keeps redis-server and MinIO off even when installed.
 	NoTiers bool
+	// NoOperator leaves ziptrail itself out: the cluster runs Kubernetes,
+	// Knative Serving (as released, without ziptrail's settings) and the
+	// storage tiers, and ziptrail is installed on it with its Helm chart
+	// (HelmValues), as on any cluster. No CRDs, operator, control Service
+	// or gateway here; GatewayURL stays empty.
+	NoOperator bool
 	// SidecarEnv is extra environment for every queue-proxy-zl (through
 	// the image catalog, see writeCatalog): test overrides only; a cluster
 	// configures the sidecar through podinfo and the control stream.
@@ -223,8 +229,10 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	c.Config, c.Kubeconfig = c.K8s.Config, c.K8s.Kubeconfig
-	if err := controlplane.InstallCRDs(c.Config); err != nil {
-		return nil, err
+	if !opts.NoOperator { // else the chart installs them
+		if err := controlplane.InstallCRDs(c.Config); err != nil {
+			return nil, err
+		}
 	}
 	if c.Client, err = client.New(c.Config, client.Options{Scheme: controlplane.Scheme()}); err != nil {
 		return nil, err
@@ -242,6 +250,11 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		// (/var/run/secrets/tokens/<audience>); the control stream
 		// authenticates sidecars with it (docs/control-stream.md).
 		"config-deployment": {"queue-sidecar-token-audiences": control.Audience},
+	}
+	if opts.NoOperator {
+		// The chart's post-install hook sets these (and the queue sidecar
+		// image), and its uninstall hook restores Knative's values.
+		knCfg = map[string]map[string]string{}
 	}
 	for name, data := range opts.Knative {
 		if knCfg[name] == nil {
@@ -281,6 +294,17 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 				return nil, err
 			}
 		}
+	}
+
+	if opts.NoOperator {
+		if err := c.adminCredentials(ctx); err != nil {
+			return nil, err
+		}
+		if err := c.writeState(); err != nil {
+			return nil, err
+		}
+		step("Kubernetes, Knative Serving and the storage tiers running; install ziptrail with its Helm chart (Knative ingress %s, logs: %s)", c.IngressURL, opts.StateDir)
+		return c, nil
 	}
 
 	// The control stream listens on the host address, behind the Service
@@ -329,6 +353,22 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	return c, nil
 }
 
+// HelmValues are the `helm install charts/ziptrail` values (--set) that
+// connect the chart's operator to this cluster's storage tiers: the
+// Services in SystemNamespace that lead to redis-server and MinIO on the
+// host. Empty for a tier that does not run.
+func (c *Cluster) HelmValues() []string {
+	var v []string
+	if c.RedisAddr != "" {
+		v = append(v, "tiers.redis.address="+serviceHost(redisService, redisPort))
+	}
+	if c.S3Endpoint != "" {
+		v = append(v, "tiers.s3.endpoint="+serviceHost(s3Service, s3Port), "tiers.s3.accessKey="+c.S3AccessKey,
+			"tiers.s3.secretKey="+c.S3SecretKey, "tiers.s3.bucket="+c.S3Bucket)
+	}
+	return v
+}
+
 func portOf(addr string) int {
 	_, p, _ := net.SplitHostPort(addr)
 	n, _ := strconv.Atoi(p)
@@ -357,7 +397,13 @@ func (c *Cluster) writeState() error {
 }
 
 // Orchestrator is the running operator's trigger engine adapter.
-func (c *Cluster) Orchestrator() *orchestrator.Orchestrator { return c.operator.orch }
+// Nil on a cluster without the in-process operator (Options.NoOperator).
+func (c *Cluster) Orchestrator() *orchestrator.Orchestrator {
+	if c.operator == nil {
+		return nil
+	}
+	return c.operator.orch
+}
 
 // Down stops the operator, the gateway, the tiers and the Kubernetes
 // cluster (which stops Knative's pods and the functions' with it).
@@ -387,6 +433,9 @@ func (c *Cluster) Down(ctx context.Context) error {
 // one, which restores the engine's sessions from the checkpoint in Redis.
 // Pods keep running; their sidecars reconnect to the control stream.
 func (c *Cluster) RestartOperator(ctx context.Context) error {
+	if c.opts.NoOperator {
+		return errors.New("localcluster: no operator runs in this process (Options.NoOperator): the chart's operator is a Deployment; delete its pods instead")
+	}
 	if c.RedisAddr == "" {
 		return errors.New("localcluster: restarting the operator needs Redis for the engine checkpoint (redis-server is not installed)")
 	}

@@ -35,6 +35,14 @@ func (c *Cluster) gatewayCredentials(ctx context.Context) (err error) {
 	return err
 }
 
+// adminCredentials is gatewayCredentials without the session-runner
+// ClusterRole, for a cluster where ziptrail is installed by its chart
+// (which owns that role): the admin token, added to the kubeconfig.
+func (c *Cluster) adminCredentials(ctx context.Context) (err error) {
+	c.GatewayToken, err = adminToken(ctx, c.Client, c.Config, c.Kubeconfig)
+	return err
+}
+
 // GatewayCredentials creates, on a fresh control plane, the
 // ziptrail-session-runner ClusterRole and an admin ServiceAccount
 // (kube-system/ziptrail-admin, bound to cluster-admin), and adds a token of
@@ -50,7 +58,17 @@ func GatewayCredentials(ctx context.Context, k8s client.Client, cfg *rest.Config
 	if err := yaml.Unmarshal(data, role); err != nil {
 		return "", fmt.Errorf("the session-runner ClusterRole: %w", err)
 	}
-	objs := []client.Object{role,
+	if err := k8s.Create(ctx, role); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("create ClusterRole %s: %w", role.Name, err)
+	}
+	return adminToken(ctx, k8s, cfg, kubeconfig)
+}
+
+// adminToken creates the admin ServiceAccount (kube-system/ziptrail-admin,
+// bound to cluster-admin) and adds a token of it to the kubeconfig's
+// current user; it returns the token.
+func adminToken(ctx context.Context, k8s client.Client, cfg *rest.Config, kubeconfig string) (string, error) {
+	objs := []client.Object{
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: adminAccount}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: adminAccount},
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "cluster-admin"},

@@ -24,10 +24,15 @@ import (
 const Audience = controlclient.Audience
 
 // The claims a bound service-account token carries in TokenReview's
-// status.user.extra: the pod the kubelet requested it for.
+// status.user.extra: the pod the kubelet requested it for, and the node
+// that pod was scheduled to when the token was issued (Kubernetes >= 1.30,
+// ServiceAccountTokenPodNodeInfo, GA in 1.33; absent for a pod not yet
+// scheduled and on older API servers).
 const (
-	ExtraPodName = "authentication.kubernetes.io/pod-name"
-	ExtraPodUID  = "authentication.kubernetes.io/pod-uid"
+	ExtraPodName  = "authentication.kubernetes.io/pod-name"
+	ExtraPodUID   = "authentication.kubernetes.io/pod-uid"
+	ExtraNodeName = "authentication.kubernetes.io/node-name"
+	ExtraNodeUID  = "authentication.kubernetes.io/node-uid"
 )
 
 // Caller is who a verified token says is calling.
@@ -41,6 +46,10 @@ type Caller struct {
 	// Pod and PodUID are the pod the token is bound to (the kubelet binds
 	// every projected token to its pod); empty for unbound tokens.
 	Pod, PodUID string
+	// Node and NodeUID are the node of that pod, as the API server signed
+	// it into the token (the kubelet requests the token after the pod is
+	// bound to its node); empty when the token carries no node.
+	Node, NodeUID string
 	// Expires is the token's expiry (its exp claim); zero when unknown.
 	Expires time.Time
 }
@@ -210,6 +219,10 @@ func callerOf(u authnv1.UserInfo, token string) Caller {
 	if c.Namespace != "" { // bound-object claims mean something only for service accounts
 		c.Pod = first(u.Extra[ExtraPodName])
 		c.PodUID = first(u.Extra[ExtraPodUID])
+		if c.Pod != "" { // the node claim comes only with a pod's
+			c.Node = first(u.Extra[ExtraNodeName])
+			c.NodeUID = first(u.Extra[ExtraNodeUID])
+		}
 	}
 	return c
 }

@@ -526,6 +526,82 @@ func TestAuthenticatedControlStream(t *testing.T) {
 		}
 	})
 
+	t.Run("the node is the token's, the Hello's only when the token has none", func(t *testing.T) {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
+		if err := a.k8s.Create(ctx, node); err != nil {
+			t.Fatal(err)
+		}
+		a.serviceAccount(t, "team-a", "fn")
+		placed := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "map-on-a"},
+			Spec: corev1.PodSpec{ServiceAccountName: "fn", NodeName: "node-a", Containers: []corev1.Container{{Name: "user-container", Image: "example.com/fn"}}}}
+		if err := a.k8s.Create(ctx, placed); err != nil {
+			t.Fatal(err)
+		}
+		tokPlaced := a.podToken(t, placed, control.Audience)
+
+		// What TokenReview says of each token.
+		rv := &control.TokenReviewer{Client: a.k8s}
+		cases := []struct {
+			name, token, node, nodeUID string
+		}{
+			{"a pod on node-a", tokPlaced, "node-a", string(node.UID)},
+			{"a pod not scheduled", tokP, "", ""},
+			{"a token bound to no pod", a.saToken(t, "team-a", "fn", control.Audience), "", ""},
+		}
+		for _, c := range cases {
+			caller, err := rv.Authenticate(ctx, c.token)
+			if err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			if caller.Node != c.node || caller.NodeUID != c.nodeUID {
+				t.Errorf("%s: caller node %q (uid %q), want %q (uid %q)", c.name, caller.Node, caller.NodeUID, c.node, c.nodeUID)
+			}
+		}
+
+		// The stream's identity: the token's node whatever the Hello
+		// claims; the Hello's when the token carries none.
+		hello := func(token, pod, node string) controlv1.Control_ConnectClient {
+			t.Helper()
+			st, err := a.cl.Connect(withToken(ctx, token))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_Hello{Hello: &controlv1.Hello{
+				Namespace: "team-a", Workflow: "wf", Function: "map", Pod: pod, Node: node, DataplaneAddr: "10.0.0.1:9192"}}}); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				m, err := st.Recv()
+				if err != nil {
+					t.Fatalf("%s's stream: %v", pod, err)
+				}
+				if m.GetKeys() != nil {
+					return st
+				}
+			}
+		}
+		nodeOf := func(pod string) (string, bool) {
+			for _, id := range a.srv.Sidecars("team-a") {
+				if id.Pod == pod {
+					return id.Node, true
+				}
+			}
+			return "", false
+		}
+		st := hello(tokPlaced, "map-on-a", "node-forged")
+		defer st.CloseSend()
+		waitFor(t, "map-on-a's stream", func() bool { _, ok := nodeOf("map-on-a"); return ok })
+		if got, _ := nodeOf("map-on-a"); got != "node-a" {
+			t.Errorf("a pod on node-a saying node-forged in its Hello: identity node %q, want the token's node-a", got)
+		}
+		st2 := hello(a.podToken(t, a.pod(t, "team-a", "map-hint"), control.Audience), "map-hint", "node-hint")
+		defer st2.CloseSend()
+		waitFor(t, "map-hint's stream", func() bool { _, ok := nodeOf("map-hint"); return ok })
+		if got, _ := nodeOf("map-hint"); got != "node-hint" {
+			t.Errorf("a token without a node, Hello saying node-hint: identity node %q, want the hint", got)
+		}
+	})
+
 	t.Run("activator-ext reads keys when allow-listed", func(t *testing.T) {
 		act := a.saToken(t, "knative-serving", "activator", control.Audience)
 		for _, ns := range []string{"team-a", "team-b"} {

@@ -31,8 +31,10 @@ import (
 )
 
 // Identity is a sidecar's stream: Namespace and Pod are its token's
-// (verified), PodUID and ServiceAccount too; Workflow, Function, Node and
-// DataplaneAddr are what it said in its Hello.
+// (verified), PodUID and ServiceAccount too; Node is the token's too when
+// it carries one (Caller.Node), else what the Hello said (a routing hint
+// only); Workflow, Function and DataplaneAddr are what it said in its
+// Hello.
 type Identity struct {
 	Namespace, Workflow, Function, Pod, Node, DataplaneAddr string
 	PodUID, ServiceAccount                                  string
@@ -167,8 +169,16 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 		return status.Errorf(codes.PermissionDenied, "Hello names pod %q, but the token is %s's: a sidecar connects "+
 			"only as its own pod", hello.Pod, caller)
 	}
+	// The node is the token's, signed by the API server. A token without
+	// one (an API server older than 1.30) leaves the Hello's, which
+	// nothing verifies: it is then a routing hint only (activator-ext's
+	// locality preference), never a trust decision.
+	node := caller.Node
+	if node == "" {
+		node = hello.Node
+	}
 	c := &conn{
-		id: Identity{Namespace: caller.Namespace, Workflow: hello.Workflow, Function: hello.Function, Pod: caller.Pod, Node: hello.Node,
+		id: Identity{Namespace: caller.Namespace, Workflow: hello.Workflow, Function: hello.Function, Pod: caller.Pod, Node: node,
 			DataplaneAddr: hello.DataplaneAddr, PodUID: caller.PodUID, ServiceAccount: caller.ServiceAccount},
 		out:     make(chan *controlv1.OperatorMessage, 256),
 		gone:    make(chan struct{}),

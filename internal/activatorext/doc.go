@@ -8,7 +8,16 @@
 //   - LocalityThrottler wraps the activator's throttler: among the ready pods
 //     of the target revision it prefers one on the node of the producer of
 //     the request's largest referenced object, and keeps Knative's choice
-//     otherwise.
+//     otherwise. That node comes in the Ziptrail-Producer-Node header, set
+//     by the operator's dispatcher (internal/dispatch): the orchestrator
+//     remembers, for each reference a sidecar reports over its control
+//     stream (ObjectReady), the node of the reporting pod, which is the
+//     node the API server signed into that pod's service-account token
+//     (TokenReview's authentication.kubernetes.io/node-name; only on an API
+//     server older than 1.30, the node the sidecar's Hello names, a hint).
+//     The header is a preference, never a trust decision: a request
+//     without it, or naming a node with no ready pod, goes where Knative
+//     sends it.
 //
 // The package depends on Kubernetes types (the throttler's revision id,
 // Endpoints) but not on Knative's: cmd/activator-ext adapts Knative's
@@ -18,15 +27,18 @@ package activatorext
 import (
 	"net/http"
 	"strings"
+
+	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
 // Headers set by ziptrail's dispatcher on invocations.
 const (
 	// HeaderRefs carries the invocation's object references, comma separated.
-	HeaderRefs = "Ziptrail-Refs"
+	HeaderRefs = invocation.HeaderRefs
 	// HeaderProducerNode names the node of the pod that produced the
-	// invocation's largest referenced object.
-	HeaderProducerNode = "Ziptrail-Producer-Node"
+	// invocation's largest referenced object whose producer the operator
+	// knows; absent when it knows none.
+	HeaderProducerNode = invocation.HeaderProducerNode
 )
 
 // MaxRefs bounds the references one request keeps alive (a header is user

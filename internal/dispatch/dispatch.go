@@ -56,6 +56,12 @@ type Options struct {
 	BaseBackoff time.Duration // first retry delay; default 50ms, doubled each try
 	MaxBackoff  time.Duration // default 5s
 	MaxBody     int64         // response bytes kept; default 1 MiB
+	// ProducerNode, when set, names the node of the pod that produced the
+	// envelope's largest referenced object ("" when unknown); each request
+	// then carries it as invocation.HeaderProducerNode, which
+	// activator-ext's locality preference reads. It is called for every
+	// try and must be safe for concurrent use.
+	ProducerNode func(env *invocation.Envelope) string
 	// OnResult is called once per invocation: from a worker goroutine, or
 	// from SubmitWait's caller for an invocation refused at submission.
 	OnResult func(Result)
@@ -292,6 +298,11 @@ func (d *Dispatcher) try(ctx context.Context, env *invocation.Envelope, body []b
 	if refs := env.Refs(); len(refs) > 0 {
 		req.Header.Set(invocation.HeaderRefs, strings.Join(refs, ","))
 	}
+	if d.opts.ProducerNode != nil {
+		if node := d.opts.ProducerNode(env); node != "" && validHeaderValue(node) {
+			req.Header.Set(invocation.HeaderProducerNode, node)
+		}
+	}
 	resp, err := d.opts.Client.Do(req)
 	if err != nil {
 		return 0, nil, nil, err
@@ -328,3 +339,10 @@ func transient(status int, err error) bool {
 type permanentError struct{ error }
 
 func (p permanentError) Unwrap() error { return p.error }
+
+// validHeaderValue reports whether v can travel as a header value as is: a
+// node name that cannot (control characters) is dropped rather than failing
+// the request, since locality is a preference only.
+func validHeaderValue(v string) bool {
+	return !strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == 0x7f })
+}

@@ -88,6 +88,55 @@ func TestDeliversEnvelopeAndHeaders(t *testing.T) {
 	}
 }
 
+// The producer node Options.ProducerNode names travels in
+// Ziptrail-Producer-Node, on every try; without one (no ProducerNode, an
+// unknown producer, a value no header can carry) the header is absent.
+func TestProducerNodeHeader(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fn   func(*invocation.Envelope) string
+		want []string
+	}{
+		{"named", func(env *invocation.Envelope) string {
+			if env.Namespace != "ns" || len(env.Objects) != 1 || env.Objects[0].Ref != "zt1.x" {
+				return "wrong-envelope"
+			}
+			return "node-7"
+		}, []string{"node-7"}},
+		{"unknown producer", func(*invocation.Envelope) string { return "" }, nil},
+		{"no ProducerNode", nil, nil},
+		{"not a header value", func(*invocation.Envelope) string { return "node\r\nX-Evil: 1" }, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls atomic.Int32
+			var mu sync.Mutex
+			var got [][]string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				got = append(got, r.Header.Values(invocation.HeaderProducerNode))
+				mu.Unlock()
+				if calls.Add(1) == 1 {
+					http.Error(w, "starting", http.StatusServiceUnavailable) // retried: the header again
+					return
+				}
+				fmt.Fprint(w, "ok")
+			}))
+			defer srv.Close()
+			res := run(t, Options{Resolver: staticResolver{srv.URL}, BaseBackoff: time.Millisecond, ProducerNode: tc.fn}, 1)
+			if res[0].Err != nil || res[0].Tries != 2 {
+				t.Fatalf("result %+v", res[0])
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i, h := range got {
+				if fmt.Sprint(h) != fmt.Sprint(tc.want) {
+					t.Errorf("try %d: %s %q, want %q", i+1, invocation.HeaderProducerNode, h, tc.want)
+				}
+			}
+		})
+	}
+}
+
 func TestRetriesTransientFailuresOnly(t *testing.T) {
 	var calls atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

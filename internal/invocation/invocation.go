@@ -25,6 +25,11 @@ const (
 	// HeaderRefs lists the envelope's references (comma-separated), for the
 	// activator extension that keeps them alive during a cold start.
 	HeaderRefs = "Ziptrail-Refs"
+	// HeaderProducerNode names the node of the pod that produced the
+	// envelope's largest referenced object whose producer the operator
+	// knows (from that pod's control stream), for the activator
+	// extension's locality preference. Absent when no producer is known.
+	HeaderProducerNode = "Ziptrail-Producer-Node"
 	// HeaderErrorReason names the error class (a local API reason such as
 	// PRODUCER_GONE) on a sidecar's 424 answer to an invocation whose
 	// inputs it could not resolve, so the caller's SDK can type the error.

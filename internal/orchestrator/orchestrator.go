@@ -87,6 +87,10 @@ type Orchestrator struct {
 	heldMu   sync.Mutex
 	held     map[string]*heldResult // by session
 	heldRefs map[string]string      // result reference -> session
+
+	// producers are the nodes of the pods that reported references
+	// (ObjectReady), for the dispatcher's Ziptrail-Producer-Node.
+	producers *producerNodes
 }
 
 type workflowInfo struct {
@@ -115,10 +119,10 @@ func New(opts Options) (*Orchestrator, error) {
 	}
 	o := &Orchestrator{opts: opts, engine: engine.New(0), sessions: sessions.NewRegistry(), workflows: map[string]*workflowInfo{}, outSig: make(chan struct{}, 1),
 		changes: make(chan event.TypedGenericEvent[*v1alpha1.Workflow], 1024), keys: &keyrings{src: opts.Keys},
-		held: map[string]*heldResult{}, heldRefs: map[string]string{}}
+		held: map[string]*heldResult{}, heldRefs: map[string]string{}, producers: newProducerNodes(DefaultProducerNodes)}
 	o.sessions.Now = opts.Now
 	d, err := dispatch.New(dispatch.Options{Resolver: opts.Resolver, Ingress: opts.Ingress, Concurrency: opts.Concurrency,
-		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult})
+		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult, ProducerNode: o.producers.largest})
 	if err != nil {
 		return nil, err
 	}
@@ -437,11 +441,17 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-// ObjectReady implements control.Events: an object a sidecar reports.
+// ObjectReady implements control.Events: an object a sidecar reports. A
+// reference is remembered with the reporting pod's node (the node its token
+// names, see control.Identity) before the engine may invoke its consumer,
+// so that consumer's request names the node to activator-ext.
 func (o *Orchestrator) ObjectReady(_ context.Context, from control.Identity, ev *controlv1.ObjectReady) error {
 	key := Key(from.Namespace, from.Workflow)
 	if o.workflow(key) == nil {
 		return fmt.Errorf("unknown workflow %s", key)
+	}
+	if from.Node != "" && ev.Ref != "" {
+		o.producers.remember(from.Namespace, ev.Ref, from.Node)
 	}
 	o.objectReady(key, engine.Object{Bucket: ev.Bucket, Key: ev.Key, Session: ev.Session, Size: ev.Size, Ref: ev.Ref, Inline: ev.Inline,
 		Metadata: ev.Metadata, Producer: ev.ProducerFunction, Invocation: ev.InvocationId}, o.opts.Now())

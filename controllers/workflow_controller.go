@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
@@ -113,11 +114,17 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 		return ctrl.Result{}, err
 	}
 
-	r.updateServiceStatus(ctx, wf, want.services)
+	serving := r.updateServiceStatus(ctx, wf, want.services)
 	setReady(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionTargetsResolved, v1alpha1.ConditionServicesReady)
 	wf.Status.Functions = int32(len(wf.Spec.Functions))
 	if r.Sink != nil {
-		ready := readyStatus(wf.Status.Conditions) == metav1.ConditionTrue
+		// Sessions are admitted while every function serves traffic, even
+		// when a Service is not Ready because Knative is rolling out a new
+		// revision of it: its Route keeps sending requests to the previous
+		// ready revision meanwhile, so refusing sessions would make every
+		// update of a function an outage.
+		ready := readyStatus(wf.Status.Conditions) == metav1.ConditionTrue ||
+			(serving && meta.IsStatusConditionTrue(wf.Status.Conditions, v1alpha1.ConditionTargetsResolved))
 		if err := r.Sink.SetWorkflow(wf, ready, readyMessage(wf.Status.Conditions)); err != nil {
 			setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionReady, false, v1alpha1.ReasonInvalidSpec, "trigger engine: "+err.Error())
 			return ctrl.Result{}, nil
@@ -133,21 +140,45 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 }
 
 // updateServiceStatus sets ServicesReady from the Knative Services' own
-// Ready conditions.
-func (r *WorkflowReconciler) updateServiceStatus(ctx context.Context, wf *v1alpha1.Workflow, services []*servingv1.Service) {
+// Ready conditions. It reports whether every Service serves traffic
+// (servesTraffic), Ready or not.
+func (r *WorkflowReconciler) updateServiceStatus(ctx context.Context, wf *v1alpha1.Workflow, services []*servingv1.Service) (serving bool) {
 	var notReady []string
+	serving = true
 	for _, want := range services {
 		got := &servingv1.Service{}
-		if err := r.Get(ctx, client.ObjectKeyFromObject(want), got); err != nil || !got.IsReady() {
+		err := r.Get(ctx, client.ObjectKeyFromObject(want), got)
+		if err != nil || !got.IsReady() {
 			notReady = append(notReady, want.Name)
+		}
+		if err != nil || !servesTraffic(got) {
+			serving = false
 		}
 	}
 	if len(notReady) > 0 {
 		setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionServicesReady, false, v1alpha1.ReasonServiceNotReady,
 			fmt.Sprintf("Knative Services not ready: %s", strings.Join(notReady, ", ")))
-		return
+		return serving
 	}
 	setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionServicesReady, true, v1alpha1.ReasonServicesReady, "")
+	return serving
+}
+
+// servesTraffic reports whether a Knative Service's Route sends requests to
+// a ready revision: its status has a URL and traffic that Knative's Route
+// reconciler published (it publishes traffic only once the ingress serves
+// it, and keeps the previous traffic while a new revision rolls out or
+// fails to start).
+func servesTraffic(s *servingv1.Service) bool {
+	if s.Status.URL == nil || s.Status.LatestReadyRevisionName == "" {
+		return false
+	}
+	for _, t := range s.Status.Traffic {
+		if t.RevisionName != "" && t.Percent != nil && *t.Percent > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // SetupWithManager watches Workflows and everything they own.

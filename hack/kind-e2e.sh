@@ -47,6 +47,11 @@ kubectl apply -f "$SERVING/serving-core.yaml"
 kubectl apply -f "$KOURIER/kourier.yaml"
 kubectl patch configmap/config-network -n knative-serving --type merge \
 	-p '{"data":{"ingress-class":"kourier.ingress.networking.knative.dev"}}'
+# As on the local target (e2e/suite_test.go): two pods per function by
+# default (the fan-out and fault specs expect them); functions that set their
+# own min-scale, and scale-to-zero, keep Knative's behaviour.
+kubectl patch configmap/config-autoscaler -n knative-serving --type merge \
+	-p '{"data":{"min-scale":"2"}}'
 # Kourier's gateway is a LoadBalancer Service; on kind it is reached through
 # its NodePort, and sslip.io gives the default domain.
 kubectl apply -f "$SERVING/serving-default-domain.yaml"
@@ -78,5 +83,7 @@ trap 'kill "$pf_ingress" "$pf_gateway" 2>/dev/null || true; cleanup' EXIT
 for port in 18080 18088; do
 	for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.2; done
 done
+# Only ./e2e/: e2e/node, e2e/knative and e2e/helm start their own local
+# cluster (root, this host) and do not run against kind.
 E2E_TARGET=kind E2E_INGRESS=127.0.0.1:18080 E2E_GATEWAY=127.0.0.1:18088 \
-	go test -count=1 -timeout 30m ./e2e/... "$@"
+	go test -count=1 -timeout 60m ./e2e/ "$@"

@@ -57,6 +57,10 @@ bench-dataplane: deps ## ziptrail vs raw TCP vs Redis vs S3, one run; writes doc
 bench-chain: deps ## Workflow latency on the local cluster: 2/4/100-function chains and a 1,000-step ring (root).
 	$(DEPS_ENV); go run ./bench/chain -ring 1000
 
+.PHONY: bench-coldstart
+bench-coldstart: deps ## Cold starts on the local cluster: reader invoked with a reference from zero, warm baseline, autoscaler under load (root).
+	$(DEPS_ENV); go run ./bench/coldstart
+
 .PHONY: bench-sidecarmem
 bench-sidecarmem: deps ## Resident memory of queue-proxy-zl vs stock queue-proxy (root).
 	$(DEPS_ENV); go run ./bench/sidecarmem

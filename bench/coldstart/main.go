@@ -1,0 +1,631 @@
+// Command coldstart measures cold starts on the local cluster (real
+// Knative Serving, the KPA autoscaler and the activator), in one run:
+//
+//  1. A function invoked with a reference while it is scaled to zero:
+//     `hold` (one pod, always up) sends a 1 MiB object, which stays in its
+//     pod, to bucket big; the bucket's Immediate trigger invokes `read`
+//     (min-scale 0), which Knative starts from zero through the activator,
+//     and `read` pulls the object by reference. Per round: invocation →
+//     function start (time.time() in `hold` right after send_object returned
+//     vs at the top of `read`'s handler; pods are processes on this host,
+//     so both read the same clock), the whole session as the client sees it,
+//     and the bytes `read` got.
+//  2. The same pair with `read` kept warm (min-scale 1): the baseline.
+//  3. The autoscaler's reaction under load: a function (min-scale 1,
+//     max-scale 4, container concurrency 1) whose handler sleeps 1 s gets a
+//     session every 250 ms; the time from the start of the load to the 2nd
+//     and 3rd Ready pod.
+//
+// The two timestamps travel back in the result: `hold` sends its own to
+// bucket done after the big object, `read` sends its start, the length
+// it read and whether it was mapped from shared memory to done, and `join`
+// (a warm pod; a BySet trigger on both keys) writes them to the output.
+// That adds one warm hop to the whole session's time, not to invocation →
+// start.
+//
+//	go run ./bench/coldstart [-n 20] [-autoscale-reps 3] [-out docs/bench]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/localcluster"
+	"github.com/ziptrail/ziptrail/internal/localk8s"
+)
+
+const (
+	namespace = "bench"
+	blobSize  = 1 << 20 // above the inline threshold: by reference
+	window    = "6s"    // the functions' and the cluster's stable window
+)
+
+// holdHandler sends the session's blob (a reference: it stays in this pod)
+// and then, with the time send_object returned, its stamp.
+var holdHandler = fmt.Sprintf(`import time, ziptrail
+N = %d
+def handle(inv):
+    seed = inv.objects[0].bytes()
+    unit = seed + bytes(range(256))
+    ziptrail.send_object("big", "blob", (unit * (N // len(unit) + 1))[:N], metadata={"seed": seed.decode()})
+    sent = time.time()
+    ziptrail.send_object("done", "sent", repr(sent))
+    return b""
+ziptrail.serve(handle)
+`, blobSize)
+
+// readHandler stamps its start first, then reads the object (a pull from
+// the holder's pod) and reports what it got.
+const readHandler = `import json, time, ziptrail
+def handle(inv):
+    start = time.time()
+    o = inv.objects[0]
+    data = o.bytes()
+    ok = data.startswith(o.metadata["seed"].encode())
+    ziptrail.send_object("done", "read", json.dumps({"start": start, "len": len(data), "mapped": o._map is not None, "ok": ok}))
+    return b""
+ziptrail.serve(handle)
+`
+
+// joinHandler writes both stamps to the output bucket.
+const joinHandler = `import json, ziptrail
+def handle(inv):
+    r = json.loads(inv.object("done", "read").bytes())
+    r["sent"] = float(inv.object("done", "sent").bytes())
+    ziptrail.send_object("output", "result", json.dumps(r))
+    return b""
+ziptrail.serve(handle)
+`
+
+// workHandler works 1 s per invocation and returns its input.
+const workHandler = `import time, ziptrail
+def handle(inv):
+    time.sleep(1)
+    return inv.objects[0].bytes()
+ziptrail.serve(handle)
+`
+
+// Round is one session of the hold → read pair.
+type Round struct {
+	InvokeToStartMs float64 `json:"invokeToStartMs"` // hold's send_object returned → read's handler started
+	SessionMs       float64 `json:"sessionMs"`       // client: start → result
+	Bytes           int     `json:"bytes"`           // what read got from the reference
+	Mapped          bool    `json:"mapped"`          // read it from shared memory (pulled into its sidecar)
+	PodStarted      bool    `json:"podStarted"`      // a read pod appeared during the session (cold rounds)
+	ScaleToZeroMs   float64 `json:"scaleToZeroMs,omitempty"`
+}
+
+// Stats are nearest-rank percentiles in milliseconds.
+type Stats struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	P95 float64 `json:"p95"`
+	Min float64 `json:"min"`
+	Max float64 `json:"max"`
+}
+
+// Scale is one repetition of the load on the autoscaled function.
+type Scale struct {
+	SecondReadyMs float64 `json:"secondReadyMs"` // load start → 2nd Ready pod
+	ThirdReadyMs  float64 `json:"thirdReadyMs"`  // load start → 3rd Ready pod
+	MaxReady      int     `json:"maxReady"`
+	Sessions      int     `json:"sessions"`
+	LoadSeconds   float64 `json:"loadSeconds"`
+	BackToOneMs   float64 `json:"backToOneMs"` // last result → one pod left
+}
+
+type report struct {
+	Host    map[string]any `json:"host"`
+	Config  map[string]any `json:"config"`
+	Cold    []Round        `json:"cold"`
+	Warm    []Round        `json:"warm"`
+	Summary map[string]any `json:"summary"`
+	Scale   []Scale        `json:"autoscale"`
+}
+
+func main() {
+	n := flag.Int("n", 20, "rounds of the cold and of the warm pair")
+	reps := flag.Int("autoscale-reps", 3, "repetitions of the load on the autoscaled function")
+	interval := flag.Duration("interval", 250*time.Millisecond, "time between sessions of the load")
+	out := flag.String("out", "docs/bench", "directory for coldstart.json and coldstart.md (empty: none)")
+	flag.Parse()
+	if err := run(*n, *reps, *interval, *out); err != nil {
+		fmt.Fprintln(os.Stderr, "coldstart:", err)
+		os.Exit(1)
+	}
+}
+
+func run(n, reps int, interval time.Duration, outDir string) error {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "ziptrail-coldstart-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	autoscaler := map[string]string{"scale-to-zero-grace-period": "2s", "stable-window": window}
+	t0 := time.Now()
+	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: os.Stderr,
+		Knative: map[string]map[string]string{"config-autoscaler": autoscaler},
+		Kubernetes: localk8s.Options{NetPrefix: "ztcs", ClusterCIDR: netip.MustParsePrefix("10.230.0.0/16"),
+			ServiceCIDR: netip.MustParsePrefix("10.107.0.0/16"),
+			WaitForHost: 45 * time.Minute}}) // other suites may hold the host's one cluster
+	if err != nil {
+		return err
+	}
+	defer c.Down(context.Background())
+	fmt.Fprintf(os.Stderr, "cluster up in %s\n", time.Since(t0).Round(time.Second))
+	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		return err
+	}
+	b := &bench{c: c, ctx: ctx}
+	rep := report{
+		Host: hostInfo(),
+		Config: map[string]any{"rounds": n, "objectBytes": blobSize, "configAutoscaler": autoscaler,
+			"revisionWindow": window, "loadIntervalMs": interval.Milliseconds(), "autoscaleReps": reps, "nodes": 2},
+		Summary: map[string]any{},
+	}
+
+	// 1. Cold: read scaled to zero before every round.
+	if rep.Cold, err = b.pair("cold", 0, n); err != nil {
+		return err
+	}
+	// 2. Warm baseline: read kept up; one warm-up session first.
+	if rep.Warm, err = b.pair("warm", 1, n); err != nil {
+		return err
+	}
+	// 3. The autoscaler under load.
+	if rep.Scale, err = b.autoscale(reps, interval); err != nil {
+		return err
+	}
+
+	col := func(rs []Round, f func(Round) float64) Stats {
+		var v []float64
+		for _, r := range rs {
+			if x := f(r); x != 0 {
+				v = append(v, x)
+			}
+		}
+		return stats(v)
+	}
+	inv := func(r Round) float64 { return r.InvokeToStartMs }
+	ses := func(r Round) float64 { return r.SessionMs }
+	rep.Summary["coldInvokeToStart"] = col(rep.Cold, inv)
+	rep.Summary["coldSession"] = col(rep.Cold, ses)
+	rep.Summary["coldBytes"] = col(rep.Cold, func(r Round) float64 { return float64(r.Bytes) })
+	rep.Summary["coldScaleToZero"] = col(rep.Cold, func(r Round) float64 { return r.ScaleToZeroMs })
+	rep.Summary["warmInvokeToStart"] = col(rep.Warm, inv)
+	rep.Summary["warmSession"] = col(rep.Warm, ses)
+	var second, third []float64
+	for _, s := range rep.Scale {
+		second, third = append(second, s.SecondReadyMs), append(third, s.ThirdReadyMs)
+	}
+	rep.Summary["secondReadyPod"], rep.Summary["thirdReadyPod"] = stats(second), stats(third)
+
+	md := markdown(rep)
+	fmt.Print("\n" + md)
+	if outDir == "" {
+		return nil
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(outDir, "coldstart.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(outDir, "coldstart.md"), []byte("# Cold starts (`bench/coldstart`)\n\n"+md), 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("\nwrote %s and %s\n", filepath.Join(outDir, "coldstart.json"), filepath.Join(outDir, "coldstart.md"))
+	return nil
+}
+
+type bench struct {
+	c   *localcluster.Cluster
+	ctx context.Context
+}
+
+// fn is a Python function on the image catalog's generic Python with its
+// scale bounds, container concurrency (0: Knative's default) and revision
+// annotations.
+func fn(name, code string, minScale, maxScale int32, cc int64, annotations map[string]string) v1alpha1.FunctionSpec {
+	f := v1alpha1.FunctionSpec{Name: name, Image: "ghcr.io/ziptrail/python:3", Command: []string{"python3", "-c", code},
+		MinScale: &minScale, MaxScale: &maxScale}
+	if cc > 0 {
+		f.ContainerConcurrency = &cc
+	}
+	if len(annotations) > 0 {
+		raw, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+		f.Template = &runtime.RawExtension{Raw: raw}
+	}
+	return f
+}
+
+// pair deploys hold → read (read with min-scale readMin) and runs n rounds;
+// with readMin 0 each round waits for read to have no pod first.
+func (b *bench) pair(name string, readMin int32, n int) ([]Round, error) {
+	win := map[string]string{"autoscaling.knative.dev/window": window}
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Spec: v1alpha1.WorkflowSpec{
+		Entry: "hold",
+		Functions: []v1alpha1.FunctionSpec{
+			fn("hold", holdHandler, 1, 1, 0, nil),
+			fn("read", readHandler, readMin, 1, 0, win),
+			fn("join", joinHandler, 1, 1, 0, nil),
+		},
+		Buckets: []v1alpha1.NamedBucket{{Name: "big"}, {Name: "done"}, {Name: "output"}},
+		Triggers: []v1alpha1.NamedTrigger{
+			{Name: "read-blob", Spec: v1alpha1.TriggerSpec{Bucket: "big", Primitive: v1alpha1.Immediate, Targets: []string{"read"}}},
+			{Name: "join", Spec: v1alpha1.TriggerSpec{Bucket: "done", Primitive: v1alpha1.BySet,
+				BySet: &v1alpha1.BySetParams{Keys: []string{"sent", "read"}}, Targets: []string{"join"}}},
+		},
+	}}
+	if err := b.deploy(wf); err != nil {
+		return nil, err
+	}
+	defer b.remove(wf)
+	readSvc := name + "-read"
+	var rounds []Round
+	for i := -1; i < n; i++ { // round -1: warm-up, not counted
+		var toZero time.Duration
+		if readMin == 0 {
+			t := time.Now()
+			if err := b.waitPods(readSvc, 10*time.Minute, func(all, _ int) bool { return all == 0 }); err != nil {
+				return nil, fmt.Errorf("%s: waiting for read to scale to zero: %w", name, err)
+			}
+			toZero = time.Since(t)
+		}
+		w := b.watch(readSvc)
+		r, err := b.round(wf.Name, fmt.Sprintf("%s-%02d", name, i+1))
+		w.stop()
+		if err != nil {
+			return nil, err
+		}
+		r.PodStarted = w.maxAll > 0
+		if i > 0 {
+			// The wait before this round started when the previous one ended.
+			rounds[len(rounds)-1].ScaleToZeroMs = ms(toZero)
+		}
+		if readMin == 0 && !r.PodStarted {
+			return nil, fmt.Errorf("%s: round %d: no read pod seen during the session", name, i+1)
+		}
+		if i >= 0 {
+			rounds = append(rounds, r)
+		}
+		fmt.Fprintf(os.Stderr, "%s %2d: invocation -> start %8.1f ms, session %8.1f ms, %d bytes (mapped %v)\n",
+			name, i+1, r.InvokeToStartMs, r.SessionMs, r.Bytes, r.Mapped)
+	}
+	return rounds, nil
+}
+
+// round runs one session of the pair and checks what read got.
+func (b *bench) round(wf, seed string) (Round, error) {
+	t := time.Now()
+	out, err := session(b.c.GatewayURL, b.c.GatewayToken, wf, seed)
+	total := time.Since(t)
+	if err != nil {
+		return Round{}, err
+	}
+	var res struct {
+		Start, Sent float64
+		Len         int
+		Mapped, OK  bool
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		return Round{}, fmt.Errorf("%s: result %q: %w", wf, out, err)
+	}
+	if res.Len != blobSize || !res.OK {
+		return Round{}, fmt.Errorf("%s: read got %d bytes (want %d), content ok %v", wf, res.Len, blobSize, res.OK)
+	}
+	return Round{InvokeToStartMs: (res.Start - res.Sent) * 1e3, SessionMs: ms(total), Bytes: res.Len, Mapped: res.Mapped}, nil
+}
+
+// autoscale puts a session every interval on a function that works 1 s per
+// invocation, one at a time per pod, until its 3rd pod is Ready, reps times.
+func (b *bench) autoscale(reps int, interval time.Duration) ([]Scale, error) {
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: "load", Namespace: namespace}, Spec: v1alpha1.WorkflowSpec{
+		Entry:     "work",
+		Functions: []v1alpha1.FunctionSpec{fn("work", workHandler, 1, 4, 1, map[string]string{"autoscaling.knative.dev/window": window})},
+		Buckets:   []v1alpha1.NamedBucket{{Name: "output"}},
+	}}
+	if err := b.deploy(wf); err != nil {
+		return nil, err
+	}
+	defer b.remove(wf)
+	const svc = "load-work"
+	var out []Scale
+	for rep := 0; rep < reps; rep++ {
+		// One pod, nothing terminating.
+		if err := b.waitPods(svc, 10*time.Minute, func(all, ready int) bool { return all == 1 && ready == 1 }); err != nil {
+			return nil, fmt.Errorf("load: waiting for one pod: %w", err)
+		}
+		w := b.watch(svc)
+		start := time.Now()
+		var (
+			wg     sync.WaitGroup
+			mu     sync.Mutex
+			failed []string
+			count  int
+		)
+		deadline := start.Add(5 * time.Minute)
+		for i := 0; w.readyAt(3).IsZero() && time.Now().Before(deadline); i++ {
+			input := fmt.Sprintf("r%d-%04d", rep, i)
+			count++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got, err := session(b.c.GatewayURL, b.c.GatewayToken, wf.Name, input)
+				if err == nil && got != input {
+					err = fmt.Errorf("result %q, want %q", got, input)
+				}
+				if err != nil {
+					mu.Lock()
+					failed = append(failed, fmt.Sprintf("%s: %v", input, err))
+					mu.Unlock()
+				}
+			}()
+			time.Sleep(interval)
+		}
+		load := time.Since(start)
+		wg.Wait()
+		done := time.Now()
+		w.stop()
+		if len(failed) > 0 {
+			return nil, fmt.Errorf("load: %d of %d sessions failed:\n%s", len(failed), count, strings.Join(failed, "\n"))
+		}
+		if w.readyAt(3).IsZero() {
+			return nil, fmt.Errorf("load: no 3rd Ready pod after %s of load (max %d)", load.Round(time.Second), w.maxReady)
+		}
+		if err := b.waitPods(svc, 10*time.Minute, func(all, ready int) bool { return all == 1 && ready == 1 }); err != nil {
+			return nil, fmt.Errorf("load: waiting for the scale-down: %w", err)
+		}
+		s := Scale{SecondReadyMs: ms(w.readyAt(2).Sub(start)), ThirdReadyMs: ms(w.readyAt(3).Sub(start)), MaxReady: w.maxReady,
+			Sessions: count, LoadSeconds: load.Seconds(), BackToOneMs: ms(time.Since(done))}
+		fmt.Fprintf(os.Stderr, "load %d: 2nd Ready pod %.0f ms, 3rd %.0f ms after the load started; %d sessions over %.1f s, 0 failed; back to one pod %.0f ms after the last result\n",
+			rep+1, s.SecondReadyMs, s.ThirdReadyMs, s.Sessions, s.LoadSeconds, s.BackToOneMs)
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+func (b *bench) deploy(wf *v1alpha1.Workflow) error {
+	t := time.Now()
+	if err := b.c.Client.Create(b.ctx, wf); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for time.Now().Before(deadline) {
+		got := &v1alpha1.Workflow{}
+		if err := b.c.Client.Get(b.ctx, client.ObjectKeyFromObject(wf), got); err == nil && meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady) {
+			fmt.Fprintf(os.Stderr, "%s: ready in %s\n", wf.Name, time.Since(t).Round(time.Millisecond))
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not ready after 10m", wf.Name)
+}
+
+// remove deletes a workflow and waits (up to 5 minutes) for its pods to go,
+// so that the next part runs on a quiet node.
+func (b *bench) remove(wf *v1alpha1.Workflow) {
+	_ = b.c.Client.Delete(context.Background(), wf)
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		var list corev1.PodList
+		if err := b.c.Client.List(b.ctx, &list, client.InNamespace(namespace)); err == nil && len(list.Items) == 0 {
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// pods counts a Knative Service's pods: all of them (terminating ones
+// included) and the Ready ones not being deleted.
+func (b *bench) pods(svc string) (all, ready int, err error) {
+	var list corev1.PodList
+	if err := b.c.Client.List(b.ctx, &list, client.InNamespace(namespace), client.MatchingLabels{"serving.knative.dev/service": svc}); err != nil {
+		return 0, 0, err
+	}
+	for _, p := range list.Items {
+		all++
+		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				ready++
+			}
+		}
+	}
+	return all, ready, nil
+}
+
+func (b *bench) waitPods(svc string, timeout time.Duration, ok func(all, ready int) bool) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		all, ready, err := b.pods(svc)
+		if err == nil && ok(all, ready) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: %d pods (%d ready) after %s (%v)", svc, all, ready, timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// podWatch lists a Service's pods every 100 ms until stopped: the most pods
+// and Ready pods it saw, and when it first saw k Ready pods.
+type podWatch struct {
+	mu       sync.Mutex
+	maxAll   int
+	maxReady int
+	reached  map[int]time.Time
+	done     chan struct{}
+	stopped  chan struct{}
+}
+
+func (b *bench) watch(svc string) *podWatch {
+	w := &podWatch{reached: map[int]time.Time{}, done: make(chan struct{}), stopped: make(chan struct{})}
+	go func() {
+		defer close(w.stopped)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if all, ready, err := b.pods(svc); err == nil {
+				now := time.Now()
+				w.mu.Lock()
+				w.maxAll, w.maxReady = max(w.maxAll, all), max(w.maxReady, ready)
+				for k := 1; k <= ready; k++ {
+					if _, ok := w.reached[k]; !ok {
+						w.reached[k] = now
+					}
+				}
+				w.mu.Unlock()
+			}
+			select {
+			case <-w.done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return w
+}
+
+func (w *podWatch) stop() {
+	close(w.done)
+	<-w.stopped
+}
+
+func (w *podWatch) readyAt(k int) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reached[k]
+}
+
+// session starts a session through the gateway and waits (long polls, up
+// to 10 minutes) for its result.
+func session(gateway, token, wf, input string) (string, error) {
+	do := func(method, url string, body io.Reader) (int, []byte, error) {
+		req, err := http.NewRequest(method, url, body)
+		if err != nil {
+			return 0, nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, b, err
+	}
+	code, body, err := do(http.MethodPost, gateway+"/v1/namespaces/"+namespace+"/workflows/"+wf+"/sessions", strings.NewReader(input))
+	if err != nil {
+		return "", err
+	}
+	if code != http.StatusCreated {
+		return "", fmt.Errorf("start %s: %d %s", wf, code, body)
+	}
+	var s struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(body, &s); err != nil || s.ID == "" {
+		return "", fmt.Errorf("start %s: %s (%v)", wf, body, err)
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		code, out, err := do(http.MethodGet, gateway+"/v1/namespaces/"+namespace+"/sessions/"+s.ID+"/result?wait=1m", nil)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case code == http.StatusOK:
+			return string(out), nil
+		case code == http.StatusAccepted && time.Now().Before(deadline):
+		default:
+			return "", fmt.Errorf("session %s: %d %.500s", s.ID, code, out)
+		}
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+
+// stats are nearest-rank percentiles of v.
+func stats(v []float64) Stats {
+	if len(v) == 0 {
+		return Stats{}
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	at := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return s[max(0, min(i, len(s)-1))]
+	}
+	return Stats{N: len(s), P50: at(0.50), P95: at(0.95), Min: s[0], Max: s[len(s)-1]}
+}
+
+func hostInfo() map[string]any {
+	h, _ := os.Hostname()
+	load, _ := os.ReadFile("/proc/loadavg")
+	return map[string]any{"hostname": h, "time": time.Now().UTC().Format(time.RFC3339), "loadavg": strings.TrimSpace(string(load))}
+}
+
+// markdown is the report's tables (stdout and coldstart.md).
+func markdown(r report) string {
+	var sb strings.Builder
+	st := func(k string) Stats { return r.Summary[k].(Stats) }
+	row := func(label, k string, unit func(float64) string) {
+		s := st(k)
+		fmt.Fprintf(&sb, "| %s | %d | %s | %s | %s | %s |\n", label, s.N, unit(s.P50), unit(s.P95), unit(s.Min), unit(s.Max))
+	}
+	msu := func(v float64) string {
+		if v >= 1000 {
+			return fmt.Sprintf("%.2f s", v/1e3)
+		}
+		return fmt.Sprintf("%.1f ms", v)
+	}
+	bytesu := func(v float64) string { return fmt.Sprintf("%.0f B", v) }
+	fmt.Fprintf(&sb, "Run %s on %s (load average before it: %s). `hold` sends a %d-byte object by reference; `read` is invoked by the bucket's Immediate trigger and pulls it.\n\n",
+		r.Host["time"], r.Host["hostname"], r.Host["loadavg"], blobSize)
+	sb.WriteString("| measurement | rounds | p50 | p95 | min | max |\n|---|---|---|---|---|---|\n")
+	row("cold: invocation → function start", "coldInvokeToStart", msu)
+	row("cold: whole session", "coldSession", msu)
+	row("cold: bytes read by reference", "coldBytes", bytesu)
+	row("cold: previous session's end → read scaled to zero", "coldScaleToZero", msu)
+	row("warm: invocation → function start", "warmInvokeToStart", msu)
+	row("warm: whole session", "warmSession", msu)
+	mapped := 0
+	for _, c := range r.Cold {
+		if c.Mapped {
+			mapped++
+		}
+	}
+	fmt.Fprintf(&sb, "\nCold rounds where `read` got the object through shared memory (pulled into its sidecar): %d of %d; a read pod started in every cold round.\n\n", mapped, len(r.Cold))
+	sb.WriteString("Autoscaler under load (min-scale 1, max-scale 4, container concurrency 1, 1 s per invocation, a session every ")
+	fmt.Fprintf(&sb, "%v ms):\n\n", r.Config["loadIntervalMs"])
+	sb.WriteString("| repetition | load start → 2nd Ready pod | → 3rd Ready pod | max Ready | sessions | load | last result → one pod |\n|---|---|---|---|---|---|---|\n")
+	for i, s := range r.Scale {
+		fmt.Fprintf(&sb, "| %d | %s | %s | %d | %d | %.1f s | %s |\n", i+1, msu(s.SecondReadyMs), msu(s.ThirdReadyMs), s.MaxReady, s.Sessions, s.LoadSeconds, msu(s.BackToOneMs))
+	}
+	return sb.String()
+}

@@ -60,15 +60,17 @@ const (
 )
 
 // holdHandler sends the session's blob (a reference: it stays in this pod)
-// and then, with the time send_object returned, its stamp.
-var holdHandler = fmt.Sprintf(`import time, ziptrail
+// and then its stamps: before send_object and when it returned.
+var holdHandler = fmt.Sprintf(`import json, time, ziptrail
 N = %d
 def handle(inv):
     seed = inv.objects[0].bytes()
     unit = seed + bytes(range(256))
-    ziptrail.send_object("big", "blob", (unit * (N // len(unit) + 1))[:N], metadata={"seed": seed.decode()})
+    blob = (unit * (N // len(unit) + 1))[:N]
+    before = time.time()
+    ziptrail.send_object("big", "blob", blob, metadata={"seed": seed.decode()})
     sent = time.time()
-    ziptrail.send_object("done", "sent", repr(sent))
+    ziptrail.send_object("done", "sent", json.dumps([before, sent]))
     return b""
 ziptrail.serve(handle)
 `, blobSize)
@@ -90,7 +92,7 @@ ziptrail.serve(handle)
 const joinHandler = `import json, ziptrail
 def handle(inv):
     r = json.loads(inv.object("done", "read").bytes())
-    r["sent"] = float(inv.object("done", "sent").bytes())
+    r["before"], r["sent"] = json.loads(inv.object("done", "sent").bytes())
     ziptrail.send_object("output", "result", json.dumps(r))
     return b""
 ziptrail.serve(handle)
@@ -108,10 +110,18 @@ ziptrail.serve(handle)
 type Round struct {
 	InvokeToStartMs float64 `json:"invokeToStartMs"` // hold's send_object returned → read's handler started
 	SessionMs       float64 `json:"sessionMs"`       // client: start → result
+	SendMs          float64 `json:"sendMs"`          // hold's send_object of the 1 MiB object
 	Bytes           int     `json:"bytes"`           // what read got from the reference
 	Mapped          bool    `json:"mapped"`          // read it from shared memory (pulled into its sidecar)
 	PodStarted      bool    `json:"podStarted"`      // a read pod appeared during the session (cold rounds)
-	ScaleToZeroMs   float64 `json:"scaleToZeroMs,omitempty"`
+	// Cold rounds, from hold's stamp, seen by listing pods every 100 ms:
+	// the read pod exists, and it is Ready.
+	PodSeenMs  float64 `json:"podSeenMs,omitempty"`
+	PodReadyMs float64 `json:"podReadyMs,omitempty"`
+	// Cold rounds, from the end of this session: Knative scaled read to
+	// zero (no pod left that is not terminating), and its pod is gone.
+	ScaledToZeroMs float64 `json:"scaledToZeroMs,omitempty"`
+	PodGoneMs      float64 `json:"podGoneMs,omitempty"`
 }
 
 // Stats are nearest-rank percentiles in milliseconds.
@@ -211,9 +221,14 @@ func run(n, reps int, interval time.Duration, outDir string) error {
 	rep.Summary["coldInvokeToStart"] = col(rep.Cold, inv)
 	rep.Summary["coldSession"] = col(rep.Cold, ses)
 	rep.Summary["coldBytes"] = col(rep.Cold, func(r Round) float64 { return float64(r.Bytes) })
-	rep.Summary["coldScaleToZero"] = col(rep.Cold, func(r Round) float64 { return r.ScaleToZeroMs })
+	rep.Summary["coldPodSeen"] = col(rep.Cold, func(r Round) float64 { return r.PodSeenMs })
+	rep.Summary["coldPodReady"] = col(rep.Cold, func(r Round) float64 { return r.PodReadyMs })
+	rep.Summary["coldScaledToZero"] = col(rep.Cold, func(r Round) float64 { return r.ScaledToZeroMs })
+	rep.Summary["coldPodGone"] = col(rep.Cold, func(r Round) float64 { return r.PodGoneMs })
 	rep.Summary["warmInvokeToStart"] = col(rep.Warm, inv)
 	rep.Summary["warmSession"] = col(rep.Warm, ses)
+	rep.Summary["coldSend"] = col(rep.Cold, func(r Round) float64 { return r.SendMs })
+	rep.Summary["warmSend"] = col(rep.Warm, func(r Round) float64 { return r.SendMs })
 	var second, third []float64
 	for _, s := range rep.Scale {
 		second, third = append(second, s.SecondReadyMs), append(third, s.ThirdReadyMs)
@@ -285,24 +300,36 @@ func (b *bench) pair(name string, readMin int32, n int) ([]Round, error) {
 	readSvc := name + "-read"
 	var rounds []Round
 	for i := -1; i < n; i++ { // round -1: warm-up, not counted
-		var toZero time.Duration
+		var zero, gone time.Duration
 		if readMin == 0 {
 			t := time.Now()
-			if err := b.waitPods(readSvc, 10*time.Minute, func(all, _ int) bool { return all == 0 }); err != nil {
+			if err := b.waitPods(readSvc, 10*time.Minute, func(_, live, _ int) bool { return live == 0 }); err != nil {
 				return nil, fmt.Errorf("%s: waiting for read to scale to zero: %w", name, err)
 			}
-			toZero = time.Since(t)
+			zero = time.Since(t)
+			if err := b.waitPods(readSvc, 10*time.Minute, func(all, _, _ int) bool { return all == 0 }); err != nil {
+				return nil, fmt.Errorf("%s: waiting for read's pod to go: %w", name, err)
+			}
+			gone = time.Since(t)
 		}
 		w := b.watch(readSvc)
-		r, err := b.round(wf.Name, fmt.Sprintf("%s-%02d", name, i+1))
+		r, sent, err := b.round(wf.Name, fmt.Sprintf("%s-%02d", name, i+1))
 		w.stop()
 		if err != nil {
 			return nil, err
 		}
 		r.PodStarted = w.maxAll > 0
-		if i > 0 {
+		if readMin == 0 {
+			if t := w.seen; !t.IsZero() {
+				r.PodSeenMs = ms(t.Sub(sent))
+			}
+			if t := w.readyAt(1); !t.IsZero() {
+				r.PodReadyMs = ms(t.Sub(sent))
+			}
+		}
+		if i > 0 && readMin == 0 {
 			// The wait before this round started when the previous one ended.
-			rounds[len(rounds)-1].ScaleToZeroMs = ms(toZero)
+			rounds[len(rounds)-1].ScaledToZeroMs, rounds[len(rounds)-1].PodGoneMs = ms(zero), ms(gone)
 		}
 		if readMin == 0 && !r.PodStarted {
 			return nil, fmt.Errorf("%s: round %d: no read pod seen during the session", name, i+1)
@@ -310,32 +337,34 @@ func (b *bench) pair(name string, readMin int32, n int) ([]Round, error) {
 		if i >= 0 {
 			rounds = append(rounds, r)
 		}
-		fmt.Fprintf(os.Stderr, "%s %2d: invocation -> start %8.1f ms, session %8.1f ms, %d bytes (mapped %v)\n",
-			name, i+1, r.InvokeToStartMs, r.SessionMs, r.Bytes, r.Mapped)
+		fmt.Fprintf(os.Stderr, "%s %2d: send_object %.1f ms; invocation -> start %8.1f ms (pod listed %.0f ms, Ready %.0f ms), session %8.1f ms, %d bytes (mapped %v); before it: scaled to zero %.0f ms, pod gone %.0f ms\n",
+			name, i+1, r.SendMs, r.InvokeToStartMs, r.PodSeenMs, r.PodReadyMs, r.SessionMs, r.Bytes, r.Mapped, ms(zero), ms(gone))
 	}
 	return rounds, nil
 }
 
-// round runs one session of the pair and checks what read got.
-func (b *bench) round(wf, seed string) (Round, error) {
+// round runs one session of the pair and checks what read got; it returns
+// hold's stamp too.
+func (b *bench) round(wf, seed string) (Round, time.Time, error) {
 	t := time.Now()
 	out, err := session(b.c.GatewayURL, b.c.GatewayToken, wf, seed)
 	total := time.Since(t)
 	if err != nil {
-		return Round{}, err
+		return Round{}, time.Time{}, err
 	}
 	var res struct {
-		Start, Sent float64
-		Len         int
-		Mapped, OK  bool
+		Start, Sent, Before float64
+		Len                 int
+		Mapped, OK          bool
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		return Round{}, fmt.Errorf("%s: result %q: %w", wf, out, err)
+		return Round{}, time.Time{}, fmt.Errorf("%s: result %q: %w", wf, out, err)
 	}
 	if res.Len != blobSize || !res.OK {
-		return Round{}, fmt.Errorf("%s: read got %d bytes (want %d), content ok %v", wf, res.Len, blobSize, res.OK)
+		return Round{}, time.Time{}, fmt.Errorf("%s: read got %d bytes (want %d), content ok %v", wf, res.Len, blobSize, res.OK)
 	}
-	return Round{InvokeToStartMs: (res.Start - res.Sent) * 1e3, SessionMs: ms(total), Bytes: res.Len, Mapped: res.Mapped}, nil
+	sent := time.Unix(0, int64(res.Sent*1e9))
+	return Round{InvokeToStartMs: (res.Start - res.Sent) * 1e3, SessionMs: ms(total), SendMs: (res.Sent - res.Before) * 1e3, Bytes: res.Len, Mapped: res.Mapped}, sent, nil
 }
 
 // autoscale puts a session every interval on a function that works 1 s per
@@ -354,7 +383,7 @@ func (b *bench) autoscale(reps int, interval time.Duration) ([]Scale, error) {
 	var out []Scale
 	for rep := 0; rep < reps; rep++ {
 		// One pod, nothing terminating.
-		if err := b.waitPods(svc, 10*time.Minute, func(all, ready int) bool { return all == 1 && ready == 1 }); err != nil {
+		if err := b.waitPods(svc, 10*time.Minute, func(all, _, ready int) bool { return all == 1 && ready == 1 }); err != nil {
 			return nil, fmt.Errorf("load: waiting for one pod: %w", err)
 		}
 		w := b.watch(svc)
@@ -394,7 +423,7 @@ func (b *bench) autoscale(reps int, interval time.Duration) ([]Scale, error) {
 		if w.readyAt(3).IsZero() {
 			return nil, fmt.Errorf("load: no 3rd Ready pod after %s of load (max %d)", load.Round(time.Second), w.maxReady)
 		}
-		if err := b.waitPods(svc, 10*time.Minute, func(all, ready int) bool { return all == 1 && ready == 1 }); err != nil {
+		if err := b.waitPods(svc, 10*time.Minute, func(all, _, ready int) bool { return all == 1 && ready == 1 }); err != nil {
 			return nil, fmt.Errorf("load: waiting for the scale-down: %w", err)
 		}
 		s := Scale{SecondReadyMs: ms(w.readyAt(2).Sub(start)), ThirdReadyMs: ms(w.readyAt(3).Sub(start)), MaxReady: w.maxReady,
@@ -437,15 +466,18 @@ func (b *bench) remove(wf *v1alpha1.Workflow) {
 	}
 }
 
-// pods counts a Knative Service's pods: all of them (terminating ones
-// included) and the Ready ones not being deleted.
-func (b *bench) pods(svc string) (all, ready int, err error) {
+// podCounts counts a Knative Service's pods: all of them (terminating ones
+// included), those not being deleted, and the Ready ones among those.
+func (b *bench) podCounts(svc string) (all, live, ready int, err error) {
 	var list corev1.PodList
 	if err := b.c.Client.List(b.ctx, &list, client.InNamespace(namespace), client.MatchingLabels{"serving.knative.dev/service": svc}); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	for _, p := range list.Items {
 		all++
+		if p.DeletionTimestamp == nil {
+			live++
+		}
 		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
 			continue
 		}
@@ -455,18 +487,20 @@ func (b *bench) pods(svc string) (all, ready int, err error) {
 			}
 		}
 	}
-	return all, ready, nil
+	return all, live, ready, nil
 }
 
-func (b *bench) waitPods(svc string, timeout time.Duration, ok func(all, ready int) bool) error {
+// waitPods waits until ok(all pods, those not being deleted, the Ready
+// ones) holds.
+func (b *bench) waitPods(svc string, timeout time.Duration, ok func(all, live, ready int) bool) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		all, ready, err := b.pods(svc)
-		if err == nil && ok(all, ready) {
+		all, live, ready, err := b.podCounts(svc)
+		if err == nil && ok(all, live, ready) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: %d pods (%d ready) after %s (%v)", svc, all, ready, timeout, err)
+			return fmt.Errorf("%s: %d pods (%d not terminating, %d ready) after %s (%v)", svc, all, live, ready, timeout, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -478,6 +512,7 @@ type podWatch struct {
 	mu       sync.Mutex
 	maxAll   int
 	maxReady int
+	seen     time.Time // first pod listed
 	reached  map[int]time.Time
 	done     chan struct{}
 	stopped  chan struct{}
@@ -490,10 +525,13 @@ func (b *bench) watch(svc string) *podWatch {
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for {
-			if all, ready, err := b.pods(svc); err == nil {
+			if all, _, ready, err := b.podCounts(svc); err == nil {
 				now := time.Now()
 				w.mu.Lock()
 				w.maxAll, w.maxReady = max(w.maxAll, all), max(w.maxReady, ready)
+				if all > 0 && w.seen.IsZero() {
+					w.seen = now
+				}
 				for k := 1; k <= ready; k++ {
 					if _, ok := w.reached[k]; !ok {
 						w.reached[k] = now
@@ -611,9 +649,14 @@ func markdown(r report) string {
 	row("cold: invocation → function start", "coldInvokeToStart", msu)
 	row("cold: whole session", "coldSession", msu)
 	row("cold: bytes read by reference", "coldBytes", bytesu)
-	row("cold: previous session's end → read scaled to zero", "coldScaleToZero", msu)
+	row("cold: invocation → read pod listed", "coldPodSeen", msu)
+	row("cold: invocation → read pod Ready", "coldPodReady", msu)
+	row("cold: session end → Knative scaled read to zero", "coldScaledToZero", msu)
+	row("cold: session end → read's pod gone", "coldPodGone", msu)
 	row("warm: invocation → function start", "warmInvokeToStart", msu)
 	row("warm: whole session", "warmSession", msu)
+	row("hold's send_object of the object, cold pairs", "coldSend", msu)
+	row("hold's send_object of the object, warm pair", "warmSend", msu)
 	mapped := 0
 	for _, c := range r.Cold {
 		if c.Mapped {

@@ -103,7 +103,7 @@ func (c *Client) pullFromProducer(ctx context.Context, r string, dst func(size i
 	if c.Now != nil {
 		now = c.Now
 	}
-	rec, err := c.Keys.Open(r, now())
+	rec, err := c.openForProducer(r, now())
 	if err != nil {
 		return Info{}, err
 	}
@@ -197,9 +197,23 @@ func (c *Client) pullFromProducer(ctx context.Context, r string, dst func(size i
 	return info, nil
 }
 
+// openForProducer opens a reference to ask its producer: one past its
+// sealed expiry is still sent, since a keep-alive may have extended the
+// object and only the producer knows (it refuses the reference otherwise,
+// with the expiry error).
+func (c *Client) openForProducer(r string, now time.Time) (ref.Record, error) {
+	rec, err := c.Keys.Open(r, now)
+	if errors.Is(err, ref.ErrExpired) {
+		if old, oerr := c.Keys.OpenExpired(r); oerr == nil {
+			return old, nil
+		}
+	}
+	return rec, err
+}
+
 // Extend asks the producer to keep a referenced object until `until`.
 func (c *Client) Extend(ctx context.Context, r string, until time.Time) (bool, error) {
-	rec, err := c.Keys.Open(r, time.Now())
+	rec, err := c.openForProducer(r, time.Now())
 	if err != nil {
 		return false, err
 	}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,5 +90,59 @@ func TestExtendBeyondTheLimitIsRefused(t *testing.T) {
 	defer c.Close()
 	if _, err := c.Extend(context.Background(), r, time.Now().AddDate(1, 0, 0)); !errors.Is(err, ErrExtendTooFar) {
 		t.Errorf("client extend beyond the limit: %v, want ErrExtendTooFar", err)
+	}
+}
+
+// TestExtendedObjectOutlivesItsSealedExpiry: a reference is sealed with the
+// object's TTL at birth. A keep-alive (activator-ext while the consumer
+// cold-starts) extends the object at its producer; past the sealed expiry
+// the consumer still pulls it, and the keep-alive can extend it again. An
+// object nobody extended is refused with the expiry error, also when a
+// client sends the expired reference straight to the producer.
+func TestExtendedObjectOutlivesItsSealedExpiry(t *testing.T) {
+	var clock atomic.Int64
+	born := time.Now()
+	clock.Store(born.UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	s := &Server{Store: store.New(1<<20, now), Keys: keys(t, "ns"), Now: now}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close() })
+	seal := func(id string) string {
+		exp := born.Add(2 * time.Second)
+		if err := s.Store.Put(context.Background(), store.Meta{ID: id, Bucket: "b", Key: id, Reads: 1, Expires: exp}, []byte(id)); err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Keys.Seal(ref.Record{Addr: ln.Addr().String(), Key: id, Expires: exp, Reads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	kept, left := seal("kept"), seal("left")
+	c := &Client{Keys: keys(t, "ns"), Now: now}
+	defer c.Close()
+	ctx := context.Background()
+
+	// The keep-alive's first round, within the TTL: 30 s from now.
+	if ok, err := c.Extend(ctx, kept, now().Add(30*time.Second)); err != nil || !ok {
+		t.Fatalf("extend within the TTL: %v %v", ok, err)
+	}
+	clock.Add(int64(10 * time.Second)) // the sealed expiry has passed
+	// A later round still reaches the producer.
+	if ok, err := c.Extend(ctx, kept, now().Add(30*time.Second)); err != nil || !ok {
+		t.Fatalf("extend past the sealed expiry: %v %v", ok, err)
+	}
+	if got, _, err := c.Pull(ctx, kept); err != nil || string(got) != "kept" {
+		t.Fatalf("pull of the extended object past its sealed expiry: %q %v", got, err)
+	}
+	if _, _, err := c.Pull(ctx, left); !errors.Is(err, ref.ErrExpired) && !errors.Is(err, store.ErrExpired) {
+		t.Fatalf("pull of an object nobody extended: %v, want an expiry error", err)
+	}
+	if _, err := rawExtend(t, ln.Addr().String(), left, now().Add(time.Second).UnixMilli()); err == nil || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("extend of an expired object straight to the port: %v, want an expiry error", err)
 	}
 }

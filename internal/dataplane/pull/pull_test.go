@@ -101,10 +101,8 @@ func TestBadReferenceClasses(t *testing.T) {
 	if _, _, err := other.Pull(ctx, refs["o"]); !errors.Is(err, ref.ErrForeign) {
 		t.Errorf("foreign: %v", err)
 	}
-	late := &Client{Keys: keys(t, "ns"), Now: func() time.Time { return time.Now().Add(2 * time.Hour) }}
-	if _, _, err := late.Pull(ctx, refs["o"]); !errors.Is(err, ref.ErrExpired) {
-		t.Errorf("expired: %v", err)
-	}
+	// Expiry is the producer's to judge (a keep-alive may have extended the
+	// object past its sealed expiry): TestExtendedObjectOutlivesItsSealedExpiry.
 	if _, _, err := c.Pull(ctx, "zt1.garbage"); !errors.Is(err, ref.ErrMalformed) {
 		t.Errorf("garbage: %v", err)
 	}

@@ -103,7 +103,17 @@ func (s *Server) open(r string) (ref.Record, error) {
 	if s.OpenRef != nil {
 		return s.OpenRef(r, s.now())
 	}
-	return s.Keys.Open(r, s.now())
+	now := s.now()
+	rec, err := s.Keys.Open(r, now)
+	if errors.Is(err, ref.ErrExpired) && s.Store != nil {
+		// Past its sealed expiry, a reference still reaches an object a
+		// keep-alive extended (activator-ext during a cold start): the
+		// store's expiry is the object's, the sealed one its TTL at birth.
+		if old, oerr := s.Keys.OpenExpired(r); oerr == nil && s.Store.ExtendedPast(old.Key, old.Expires, now) {
+			return old, nil
+		}
+	}
+	return rec, err
 }
 
 func (s *Server) now() time.Time {

@@ -109,6 +109,24 @@ func (k *Keyring) Seal(r Record) (string, error) {
 
 // Open authenticates and decodes a reference, refusing expired and foreign ones.
 func (k *Keyring) Open(s string, now time.Time) (Record, error) {
+	r, err := k.OpenExpired(s)
+	if err != nil {
+		return Record{}, err
+	}
+	if !now.Before(r.Expires) {
+		return Record{}, fmt.Errorf("%w at %s", ErrExpired, r.Expires.UTC().Format(time.RFC3339))
+	}
+	return r, nil
+}
+
+// OpenExpired authenticates and decodes a reference of this namespace like
+// Open, but does not refuse it once its sealed expiry has passed. The
+// sealed expiry is the object's TTL at the time it was produced; a
+// keep-alive (Store.Extend, through the producer) may have kept the object
+// longer, and only its producer knows. So the data plane asks the producer
+// with an expired reference, and the producer honours it only while its
+// store still holds the object unexpired (pull.Server).
+func (k *Keyring) OpenExpired(s string) (Record, error) {
 	if !strings.HasPrefix(s, Prefix) {
 		return Record{}, fmt.Errorf("%w: missing %q prefix", ErrMalformed, Prefix)
 	}
@@ -142,9 +160,6 @@ func (k *Keyring) Open(s string, now time.Time) (Record, error) {
 	}
 	if r.Namespace != k.ns {
 		return Record{}, fmt.Errorf("%w: sealed for %s, opened in %s", ErrForeign, r.Namespace, k.ns)
-	}
-	if !now.Before(r.Expires) {
-		return Record{}, fmt.Errorf("%w at %s", ErrExpired, r.Expires.UTC().Format(time.RFC3339))
 	}
 	return r, nil
 }

@@ -160,6 +160,17 @@ func (s *Store) Read(id string) (*Lease, error) {
 	return &Lease{Meta: e.meta, Data: e.data, s: s, e: e}, nil
 }
 
+// ExtendedPast reports whether the store holds object id with an expiry
+// later than both now and sealed (the expiry its reference carries): a
+// keep-alive extended it, so a reference past its sealed expiry still
+// reaches it.
+func (s *Store) ExtendedPast(id string, sealed, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.objs[id]
+	return ok && !e.gone && e.meta.Expires.After(now) && e.meta.Expires.After(sealed)
+}
+
 // Extend pushes an object's expiry (keep-alive while a consumer cold-starts).
 func (s *Store) Extend(id string, until time.Time) bool {
 	s.mu.Lock()

@@ -1,10 +1,16 @@
 package helm
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -22,6 +28,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
 const (
@@ -247,6 +254,23 @@ var _ = Describe("helm install charts/ziptrail on the local cluster", Ordered, f
 		}
 	)
 
+	// A failed spec leaves what explains it: the operator's pods, their
+	// restarts and the end of their logs.
+	AfterEach(func() {
+		if !CurrentSpecReport().Failed() {
+			return
+		}
+		for _, p := range operatorPods() {
+			GinkgoWriter.Printf("--- pod %s phase %s labels %v ready %v\n", p.Name, p.Status.Phase, p.Labels, podReady(p))
+			for _, c := range p.Status.ContainerStatuses {
+				GinkgoWriter.Printf("    container %s restarts %d state %+v\n", c.Name, c.RestartCount, c.State)
+			}
+			if out, err := kubectlRun("", "-n", releaseNS, "logs", p.Name, "--tail", "60"); err == nil {
+				GinkgoWriter.Printf("%s\n", out)
+			}
+		}
+	})
+
 	BeforeAll(func() {
 		before = readKnativeState()
 		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: wfNS}}, metav1.CreateOptions{})
@@ -402,6 +426,40 @@ var _ = Describe("helm install charts/ziptrail on the local cluster", Ordered, f
 		Expect(forbidden).To(BeEmpty(), "the leader's log")
 	})
 
+	It("runs a word count session through the chart's session gateway, with a correct count", func() {
+		text, err := os.ReadFile(filepath.Join(controlplane.RepoRoot(), "LICENSE"))
+		Expect(err).NotTo(HaveOccurred())
+		r := runSession(wfNS, "wordcount", string(text))
+		Expect(r.status).To(Equal(http.StatusOK), "result %s; session %+v", r.result, r.session)
+		Expect(r.session.State).To(Equal(sessions.Completed))
+		var got struct {
+			Total    int `json:"total"`
+			Distinct int `json:"distinct"`
+		}
+		Expect(json.Unmarshal([]byte(r.result), &got)).To(Succeed(), r.result)
+		words := regexp.MustCompile(`[a-z]+`).FindAllString(strings.ToLower(string(text)), -1)
+		distinct := map[string]bool{}
+		for _, w := range words {
+			distinct[w] = true
+		}
+		Expect(got.Total).To(Equal(len(words)))
+		Expect(got.Distinct).To(Equal(len(distinct)))
+	})
+
+	It("without activator-ext, an object whose TTL is shorter than the consumer's cold start expires while its invocation waits in Knative's activator", func() {
+		applyWorkflow("keep", keepAliveWorkflow())
+		waitScaledToZero("keep-consume")
+		t := time.Now()
+		r := runSession(wfNS, "keep", "go")
+		GinkgoWriter.Printf("without activator-ext: session %s %s after %s, %d invocations:\n%s", r.session.ID, r.session.State,
+			time.Since(t).Round(time.Millisecond), r.session.Invocations, eventLog(r.session))
+		// The consumer's sidecar could not pull the expired object, and no
+		// re-execution rule of this workflow covers the consumer: the
+		// session fails, saying why.
+		Expect(r.session.State).To(Equal(sessions.Failed))
+		Expect(eventLog(r.session)).To(ContainSubstring("resolve inputs: data/blob: reference expired"))
+	})
+
 	It("upgrades with `helm upgrade`: activatorExt swaps Knative's activator image, the operator rolls out", func() {
 		oldLeader, _ := leader(Default)
 		out, err := helm("upgrade", release, chart, "-n", releaseNS, "--reuse-values",
@@ -451,6 +509,76 @@ var _ = Describe("helm install charts/ziptrail on the local cluster", Ordered, f
 		out, err = helm("history", release, "-n", releaseNS)
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).To(ContainSubstring("Upgrade complete"))
+	})
+
+	It("with activator-ext, keeps the same object alive through the consumer's cold start", func() {
+		waitScaledToZero("keep-consume")
+		t := time.Now()
+		r := runSession(wfNS, "keep", "go")
+		GinkgoWriter.Printf("with activator-ext: session %s %s after %s, %d invocations (object TTL %s, consumer start %s)\n", r.session.ID, r.session.State,
+			time.Since(t).Round(time.Millisecond), r.session.Invocations, keepAliveTTL, consumerStart)
+		Expect(r.status).To(Equal(http.StatusOK), "result %s; session %+v", r.result, r.session)
+		Expect(r.session.State).To(Equal(sessions.Completed))
+		Expect(r.result).To(Equal("blob:1048576"))
+		GinkgoWriter.Printf("%s", eventLog(r.session))
+		Expect(eventLog(r.session)).NotTo(ContainSubstring("expired"))
+		Expect(r.session.Invocations).To(Equal(2), "produce and consume, nothing re-executed")
+		deleteWorkflow("keep")
+	})
+
+	It("with activator-ext, sends a consumer's invocation to a ready pod on its producer's node (share over 100 invocations)", func() {
+		applyWorkflow("near", localityWorkflow())
+		// Two consumer pods on two nodes, one producer pod.
+		var producerNode string
+		nodeOf := map[string]string{}
+		Eventually(func(g Gomega) {
+			where := readyPods("near-where")
+			g.Expect(where).To(HaveLen(2))
+			g.Expect(where[0].Spec.NodeName).NotTo(Equal(where[1].Spec.NodeName), "the consumer's pods are on two nodes")
+			for _, p := range where {
+				nodeOf[p.Name] = p.Spec.NodeName
+			}
+			prod := readyPods("near-produce")
+			g.Expect(prod).To(HaveLen(1))
+			producerNode = prod[0].Spec.NodeName
+		}, "3m").Should(Succeed())
+
+		const n, parallel = 100, 4
+		var mu sync.Mutex
+		same, other := 0, 0
+		var wg sync.WaitGroup
+		work := make(chan int)
+		for w := 0; w < parallel; w++ {
+			wg.Add(1)
+			go func() {
+				defer GinkgoRecover()
+				defer wg.Done()
+				for range work {
+					r := runSession(wfNS, "near", "go")
+					Expect(r.status).To(Equal(http.StatusOK), "result %s; session %+v", r.result, r.session)
+					node, ok := nodeOf[r.result]
+					Expect(ok).To(BeTrue(), "the consumer pod %q is one of %v", r.result, nodeOf)
+					mu.Lock()
+					if node == producerNode {
+						same++
+					} else {
+						other++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		for i := 0; i < n; i++ {
+			work <- i
+		}
+		close(work)
+		wg.Wait()
+		printLocalityEvidence()
+		share := float64(same) / float64(n)
+		GinkgoWriter.Printf("locality: %d of %d invocations ran on the producer's node %s (%.0f%%); Knative alone spreads them over both nodes\n", same, n, producerNode, 100*share)
+		Expect(same + other).To(Equal(n))
+		Expect(share).To(BeNumerically(">=", 0.9))
+		deleteWorkflow("near")
 	})
 
 	It("uninstalls with `helm uninstall`, leaving nothing behind and Knative as it was", func() {

@@ -82,6 +82,13 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	kn, err = localknative.Install(ctx, localknative.Options{
 		Cluster: cluster, RepoRoot: controlplane.RepoRoot(), Ingress: ingress, Log: GinkgoWriter,
+		// Functions scale to zero within seconds (the keep-alive specs wait
+		// for it), and may start at zero.
+		// activator-ext's locality decisions are read from the
+		// activator's Prometheus endpoint.
+		ConfigMaps: map[string]map[string]string{"config-autoscaler": {
+			"stable-window": "6s", "scale-to-zero-grace-period": "6s", "allow-zero-initial-scale": "true"},
+			"config-observability": {"metrics-protocol": "prometheus"}},
 	})
 	Expect(err).NotTo(HaveOccurred())
 	cs, err = cluster.Clientset()

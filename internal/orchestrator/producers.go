@@ -1,7 +1,9 @@
 package orchestrator
 
 import (
+	"context"
 	"crypto/sha256"
+	"sort"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -89,4 +91,55 @@ func (p *producerNodes) largest(env *invocation.Envelope) string {
 		}
 	}
 	return node
+}
+
+// producerNode is the dispatcher's Ziptrail-Producer-Node for env: the
+// node of the producer of its largest referenced object whose node is
+// known. A reference reported over the control stream (ObjectReady) was
+// remembered with its pod's node; one that came back in a function's HTTP
+// response (the usual path of a function's outputs) names its producer's
+// data-plane address, sealed in it, and the node is that of the connected
+// sidecar of the namespace serving that address (remembered from then on).
+func (o *Orchestrator) producerNode(env *invocation.Envelope) string {
+	objs := make([]invocation.Object, 0, len(env.Objects))
+	for _, ob := range env.Objects {
+		if ob.Ref != "" {
+			objs = append(objs, ob)
+		}
+	}
+	sort.SliceStable(objs, func(i, j int) bool { return objs[i].Size > objs[j].Size })
+	for _, ob := range objs {
+		if n, ok := o.producers.node(env.Namespace, ob.Ref); ok {
+			return n
+		}
+		if n := o.nodeOfAddr(env.Namespace, ob.Ref); n != "" {
+			o.producers.remember(env.Namespace, ob.Ref, n)
+			return n
+		}
+	}
+	return ""
+}
+
+// nodeOfAddr opens ref with its namespace's keys (its sealed expiry does
+// not matter for a routing hint) and returns the node of the connected
+// sidecar whose data-plane address it names, "" when none.
+func (o *Orchestrator) nodeOfAddr(namespace, r string) string {
+	ctl := o.opts.Control
+	if ctl == nil || o.keys == nil || o.keys.src == nil {
+		return ""
+	}
+	nk, err := o.keys.get(context.Background(), namespace)
+	if err != nil {
+		return ""
+	}
+	rec, err := nk.kr.OpenExpired(r)
+	if err != nil {
+		return ""
+	}
+	for _, id := range ctl.Sidecars(namespace) {
+		if id.DataplaneAddr == rec.Addr && id.Node != "" {
+			return id.Node
+		}
+	}
+	return ""
 }

@@ -56,8 +56,9 @@ type Options struct {
 	// NoTiers keeps redis-server and MinIO off even when installed.
 	NoTiers bool
 	// NoOperator leaves ziptrail itself out: the cluster runs Kubernetes,
-	// Knative Serving (as released, without ziptrail's settings) and the
-	// storage tiers, and ziptrail is installed on it with its Helm chart
+	// Knative Serving (without ziptrail's settings, except its queue
+	// sidecar image: the image catalog has no stock queue-proxy, and the
+	// chart sets the same) and the storage tiers, and ziptrail is installed on it with its Helm chart
 	// (HelmValues), as on any cluster. No CRDs, operator, control Service
 	// or gateway here; GatewayURL stays empty.
 	NoOperator bool

@@ -94,6 +94,36 @@ func runs(gate, name string) int {
 
 func fileExists(path string) bool { _, err := os.Stat(path); return err == nil }
 
+// gateFunction waits (at most limit seconds) until the spec writes
+// <gate>/release, then sends "release" to bucket big: with gatedTriggers it
+// holds consumeFunction back while the spec (or Knative) removes the
+// producer's pods.
+func gateFunction(gate string, limit int) v1alpha1.FunctionSpec {
+	return pyFunction("gate", pyWaitFor+fmt.Sprintf(`
+def handle(inv):
+    wait_for(os.path.join(%q, "release"), limit=%d)
+    ziptrail.send_object("big", "release", "ok")
+    return b""`, gate, limit))
+}
+
+// consumeFunction reports the digest of bucket big's "blob" as the result.
+func consumeFunction() v1alpha1.FunctionSpec {
+	return pyFunction("consume", pyDigest+`
+def handle(inv):
+    ziptrail.send_object("output", "result", digest(inv.object("big", "blob")))
+    return b""`)
+}
+
+// gatedTriggers: the producer's "go" in gate-in opens the gate; consume
+// runs once big holds both the blob and the gate's release.
+func gatedTriggers() []v1alpha1.NamedTrigger {
+	return []v1alpha1.NamedTrigger{
+		trig("open-gate", "gate-in", v1alpha1.TriggerSpec{Primitive: v1alpha1.Immediate, Targets: []string{"gate"}}),
+		trig("consume", "big", v1alpha1.TriggerSpec{Primitive: v1alpha1.BySet,
+			BySet: &v1alpha1.BySetParams{Keys: []string{"blob", "release"}}, Targets: []string{"consume"}}),
+	}
+}
+
 var _ = Describe("fault tolerance", func() {
 	BeforeEach(func() {
 		if cluster == nil {
@@ -170,21 +200,9 @@ def handle(inv):
     ziptrail.send_object("gate-in", "go", "go")
     return b""`),
 					// Holds the consumer back until the spec has terminated the producer's pods.
-					pyFunction("gate", pyWaitFor+fmt.Sprintf(`
-def handle(inv):
-    wait_for(os.path.join(%q, "release"))
-    ziptrail.send_object("big", "release", "ok")
-    return b""`, gate)),
-					pyFunction("consume", pyDigest+`
-def handle(inv):
-    ziptrail.send_object("output", "result", digest(inv.object("big", "blob")))
-    return b""`),
+					gateFunction(gate, 120), consumeFunction(),
 				},
-				Triggers: []v1alpha1.NamedTrigger{
-					trig("open-gate", "gate-in", v1alpha1.TriggerSpec{Primitive: v1alpha1.Immediate, Targets: []string{"gate"}}),
-					trig("consume", "big", v1alpha1.TriggerSpec{Primitive: v1alpha1.BySet,
-						BySet: &v1alpha1.BySetParams{Keys: []string{"blob", "release"}}, Targets: []string{"consume"}}),
-				},
+				Triggers: gatedTriggers(),
 			}),
 		}
 		Expect(k8s.Create(ctx, wf)).To(Succeed())

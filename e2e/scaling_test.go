@@ -352,21 +352,9 @@ def handle(inv):
     ziptrail.send_object("gate-in", "go", "go")
     return b""`, size)), 0, 4, 1, map[string]string{"autoscaling.knative.dev/window": "6s"}),
 					// Holds every consumer back until the producers' pods are gone.
-					pyFunction("gate", pyWaitFor+fmt.Sprintf(`
-def handle(inv):
-    wait_for(os.path.join(%q, "release"), limit=1200)
-    ziptrail.send_object("big", "release", "ok")
-    return b""`, gate)),
-					pyFunction("consume", pyDigest+`
-def handle(inv):
-    ziptrail.send_object("output", "result", digest(inv.object("big", "blob")))
-    return b""`),
+					gateFunction(gate, 1200), consumeFunction(),
 				},
-				Triggers: []v1alpha1.NamedTrigger{
-					trig("open-gate", "gate-in", v1alpha1.TriggerSpec{Primitive: v1alpha1.Immediate, Targets: []string{"gate"}}),
-					trig("consume", "big", v1alpha1.TriggerSpec{Primitive: v1alpha1.BySet,
-						BySet: &v1alpha1.BySetParams{Keys: []string{"blob", "release"}}, Targets: []string{"consume"}}),
-				},
+				Triggers: gatedTriggers(),
 			}),
 		}
 		Expect(k8s.Create(ctx, wf)).To(Succeed())

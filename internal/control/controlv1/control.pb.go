@@ -86,6 +86,8 @@ type SidecarMessage struct {
 	//	*SidecarMessage_ObjectReady
 	//	*SidecarMessage_FunctionStarted
 	//	*SidecarMessage_FunctionFinished
+	//	*SidecarMessage_GroupJoin
+	//	*SidecarMessage_GroupLeave
 	Msg isSidecarMessage_Msg `protobuf_oneof:"msg"`
 	// seq numbers events per sidecar (from 1); the operator acknowledges them
 	// cumulatively and the sidecar re-sends unacknowledged ones after a
@@ -168,6 +170,24 @@ func (x *SidecarMessage) GetFunctionFinished() *FunctionFinished {
 	return nil
 }
 
+func (x *SidecarMessage) GetGroupJoin() *GroupJoin {
+	if x != nil {
+		if x, ok := x.Msg.(*SidecarMessage_GroupJoin); ok {
+			return x.GroupJoin
+		}
+	}
+	return nil
+}
+
+func (x *SidecarMessage) GetGroupLeave() *GroupLeave {
+	if x != nil {
+		if x, ok := x.Msg.(*SidecarMessage_GroupLeave); ok {
+			return x.GroupLeave
+		}
+	}
+	return nil
+}
+
 func (x *SidecarMessage) GetSeq() uint64 {
 	if x != nil {
 		return x.Seq
@@ -195,6 +215,14 @@ type SidecarMessage_FunctionFinished struct {
 	FunctionFinished *FunctionFinished `protobuf:"bytes,4,opt,name=function_finished,json=functionFinished,proto3,oneof"`
 }
 
+type SidecarMessage_GroupJoin struct {
+	GroupJoin *GroupJoin `protobuf:"bytes,5,opt,name=group_join,json=groupJoin,proto3,oneof"`
+}
+
+type SidecarMessage_GroupLeave struct {
+	GroupLeave *GroupLeave `protobuf:"bytes,6,opt,name=group_leave,json=groupLeave,proto3,oneof"`
+}
+
 func (*SidecarMessage_Hello) isSidecarMessage_Msg() {}
 
 func (*SidecarMessage_ObjectReady) isSidecarMessage_Msg() {}
@@ -202,6 +230,10 @@ func (*SidecarMessage_ObjectReady) isSidecarMessage_Msg() {}
 func (*SidecarMessage_FunctionStarted) isSidecarMessage_Msg() {}
 
 func (*SidecarMessage_FunctionFinished) isSidecarMessage_Msg() {}
+
+func (*SidecarMessage_GroupJoin) isSidecarMessage_Msg() {}
+
+func (*SidecarMessage_GroupLeave) isSidecarMessage_Msg() {}
 
 // Hello is the first message of a stream.
 type Hello struct {
@@ -563,6 +595,164 @@ func (x *FunctionFinished) GetOutputsSent() uint32 {
 	return 0
 }
 
+// GroupJoin: an instance in this pod joins a messaging group of a session
+// of the sidecar's namespace as rank of size (docs/messaging.md). The
+// operator answers with a GroupJoinResult naming join_id, and pushes a
+// GroupView to every pod with a member whenever the membership changes.
+type GroupJoin struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JoinId        string                 `protobuf:"bytes,1,opt,name=join_id,json=joinId,proto3" json:"join_id,omitempty"`
+	Session       string                 `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	Group         string                 `protobuf:"bytes,3,opt,name=group,proto3" json:"group,omitempty"`
+	Rank          uint32                 `protobuf:"varint,4,opt,name=rank,proto3" json:"rank,omitempty"`
+	Size          uint32                 `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
+	Mailbox       bool                   `protobuf:"varint,6,opt,name=mailbox,proto3" json:"mailbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupJoin) Reset() {
+	*x = GroupJoin{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupJoin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupJoin) ProtoMessage() {}
+
+func (x *GroupJoin) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupJoin.ProtoReflect.Descriptor instead.
+func (*GroupJoin) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GroupJoin) GetJoinId() string {
+	if x != nil {
+		return x.JoinId
+	}
+	return ""
+}
+
+func (x *GroupJoin) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *GroupJoin) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupJoin) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *GroupJoin) GetSize() uint32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *GroupJoin) GetMailbox() bool {
+	if x != nil {
+		return x.Mailbox
+	}
+	return false
+}
+
+// GroupLeave: the rank's instance in this pod ended (failed: it did not
+// leave on its own, e.g. its handler was killed).
+type GroupLeave struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Rank          uint32                 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Failed        bool                   `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupLeave) Reset() {
+	*x = GroupLeave{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupLeave) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupLeave) ProtoMessage() {}
+
+func (x *GroupLeave) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupLeave.ProtoReflect.Descriptor instead.
+func (*GroupLeave) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *GroupLeave) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *GroupLeave) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupLeave) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *GroupLeave) GetFailed() bool {
+	if x != nil {
+		return x.Failed
+	}
+	return false
+}
+
 type OperatorMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -573,6 +763,8 @@ type OperatorMessage struct {
 	//	*OperatorMessage_Ack
 	//	*OperatorMessage_Rejected
 	//	*OperatorMessage_Tiers
+	//	*OperatorMessage_GroupView
+	//	*OperatorMessage_GroupJoinResult
 	Msg           isOperatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -580,7 +772,7 @@ type OperatorMessage struct {
 
 func (x *OperatorMessage) Reset() {
 	*x = OperatorMessage{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +784,7 @@ func (x *OperatorMessage) String() string {
 func (*OperatorMessage) ProtoMessage() {}
 
 func (x *OperatorMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +797,7 @@ func (x *OperatorMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorMessage.ProtoReflect.Descriptor instead.
 func (*OperatorMessage) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *OperatorMessage) GetMsg() isOperatorMessage_Msg {
@@ -669,6 +861,24 @@ func (x *OperatorMessage) GetTiers() *Tiers {
 	return nil
 }
 
+func (x *OperatorMessage) GetGroupView() *GroupView {
+	if x != nil {
+		if x, ok := x.Msg.(*OperatorMessage_GroupView); ok {
+			return x.GroupView
+		}
+	}
+	return nil
+}
+
+func (x *OperatorMessage) GetGroupJoinResult() *GroupJoinResult {
+	if x != nil {
+		if x, ok := x.Msg.(*OperatorMessage_GroupJoinResult); ok {
+			return x.GroupJoinResult
+		}
+	}
+	return nil
+}
+
 type isOperatorMessage_Msg interface {
 	isOperatorMessage_Msg()
 }
@@ -697,6 +907,14 @@ type OperatorMessage_Tiers struct {
 	Tiers *Tiers `protobuf:"bytes,6,opt,name=tiers,proto3,oneof"`
 }
 
+type OperatorMessage_GroupView struct {
+	GroupView *GroupView `protobuf:"bytes,7,opt,name=group_view,json=groupView,proto3,oneof"`
+}
+
+type OperatorMessage_GroupJoinResult struct {
+	GroupJoinResult *GroupJoinResult `protobuf:"bytes,8,opt,name=group_join_result,json=groupJoinResult,proto3,oneof"`
+}
+
 func (*OperatorMessage_Keys) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Drop) isOperatorMessage_Msg() {}
@@ -708,6 +926,235 @@ func (*OperatorMessage_Ack) isOperatorMessage_Msg() {}
 func (*OperatorMessage_Rejected) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Tiers) isOperatorMessage_Msg() {}
+
+func (*OperatorMessage_GroupView) isOperatorMessage_Msg() {}
+
+func (*OperatorMessage_GroupJoinResult) isOperatorMessage_Msg() {}
+
+// GroupJoinResult answers a GroupJoin: error empty when the rank is this
+// pod's now; else code (a google.rpc.Code) and why.
+type GroupJoinResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	JoinId        string                 `protobuf:"bytes,1,opt,name=join_id,json=joinId,proto3" json:"join_id,omitempty"`
+	Code          int32                  `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupJoinResult) Reset() {
+	*x = GroupJoinResult{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupJoinResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupJoinResult) ProtoMessage() {}
+
+func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupJoinResult.ProtoReflect.Descriptor instead.
+func (*GroupJoinResult) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GroupJoinResult) GetJoinId() string {
+	if x != nil {
+		return x.JoinId
+	}
+	return ""
+}
+
+func (x *GroupJoinResult) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *GroupJoinResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// GroupView is a group's membership, pushed to every pod with a member
+// (and to a pod whose member just left) on every change. Addresses stay
+// in the sidecars: the SDKs see ranks only.
+type GroupView struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Size          uint32                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Mailbox       bool                   `protobuf:"varint,4,opt,name=mailbox,proto3" json:"mailbox,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Members       []*GroupMember         `protobuf:"bytes,6,rep,name=members,proto3" json:"members,omitempty"`   // live ranks
+	Gone          []uint32               `protobuf:"varint,7,rep,packed,name=gone,proto3" json:"gone,omitempty"` // ranks that joined, then left or died
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupView) Reset() {
+	*x = GroupView{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupView) ProtoMessage() {}
+
+func (x *GroupView) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupView.ProtoReflect.Descriptor instead.
+func (*GroupView) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *GroupView) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *GroupView) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupView) GetSize() uint32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *GroupView) GetMailbox() bool {
+	if x != nil {
+		return x.Mailbox
+	}
+	return false
+}
+
+func (x *GroupView) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *GroupView) GetMembers() []*GroupMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *GroupView) GetGone() []uint32 {
+	if x != nil {
+		return x.Gone
+	}
+	return nil
+}
+
+type GroupMember struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	DataplaneAddr string                 `protobuf:"bytes,2,opt,name=dataplane_addr,json=dataplaneAddr,proto3" json:"dataplane_addr,omitempty"`
+	Pod           string                 `protobuf:"bytes,3,opt,name=pod,proto3" json:"pod,omitempty"`
+	Node          string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupMember) Reset() {
+	*x = GroupMember{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupMember) ProtoMessage() {}
+
+func (x *GroupMember) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
+func (*GroupMember) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *GroupMember) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *GroupMember) GetDataplaneAddr() string {
+	if x != nil {
+		return x.DataplaneAddr
+	}
+	return ""
+}
+
+func (x *GroupMember) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+func (x *GroupMember) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
 
 // Tiers are the storage tiers the operator was started with (its flags or
 // the Secret the chart creates). The operator sends them on every stream
@@ -730,7 +1177,7 @@ type Tiers struct {
 
 func (x *Tiers) Reset() {
 	*x = Tiers{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +1189,7 @@ func (x *Tiers) String() string {
 func (*Tiers) ProtoMessage() {}
 
 func (x *Tiers) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +1202,7 @@ func (x *Tiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tiers.ProtoReflect.Descriptor instead.
 func (*Tiers) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Tiers) GetRedisAddr() string {
@@ -822,7 +1269,7 @@ type Rejected struct {
 
 func (x *Rejected) Reset() {
 	*x = Rejected{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +1281,7 @@ func (x *Rejected) String() string {
 func (*Rejected) ProtoMessage() {}
 
 func (x *Rejected) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +1294,7 @@ func (x *Rejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejected.ProtoReflect.Descriptor instead.
 func (*Rejected) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Rejected) GetSeq() uint64 {
@@ -881,7 +1328,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1340,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1353,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -928,7 +1375,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1387,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1400,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Keys) GetKeys() []*Key {
@@ -980,7 +1427,7 @@ type Key struct {
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1439,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1452,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Key) GetId() string {
@@ -1033,7 +1480,7 @@ type DropObjects struct {
 
 func (x *DropObjects) Reset() {
 	*x = DropObjects{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1492,7 @@ func (x *DropObjects) String() string {
 func (*DropObjects) ProtoMessage() {}
 
 func (x *DropObjects) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1505,7 @@ func (x *DropObjects) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropObjects.ProtoReflect.Descriptor instead.
 func (*DropObjects) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DropObjects) GetSession() string {
@@ -1086,7 +1533,7 @@ type KeepAlive struct {
 
 func (x *KeepAlive) Reset() {
 	*x = KeepAlive{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1098,7 +1545,7 @@ func (x *KeepAlive) String() string {
 func (*KeepAlive) ProtoMessage() {}
 
 func (x *KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1111,7 +1558,7 @@ func (x *KeepAlive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAlive.ProtoReflect.Descriptor instead.
 func (*KeepAlive) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KeepAlive) GetRefs() []string {
@@ -1134,12 +1581,16 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"!ziptrail/control/v1/control.proto\x12\x13ziptrail.control.v1\".\n" +
 	"\x0eGetKeysRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xcd\x02\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xd2\x03\n" +
 	"\x0eSidecarMessage\x122\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1a.ziptrail.control.v1.HelloH\x00R\x05hello\x12E\n" +
 	"\fobject_ready\x18\x02 \x01(\v2 .ziptrail.control.v1.ObjectReadyH\x00R\vobjectReady\x12Q\n" +
 	"\x10function_started\x18\x03 \x01(\v2$.ziptrail.control.v1.FunctionStartedH\x00R\x0ffunctionStarted\x12T\n" +
-	"\x11function_finished\x18\x04 \x01(\v2%.ziptrail.control.v1.FunctionFinishedH\x00R\x10functionFinished\x12\x10\n" +
+	"\x11function_finished\x18\x04 \x01(\v2%.ziptrail.control.v1.FunctionFinishedH\x00R\x10functionFinished\x12?\n" +
+	"\n" +
+	"group_join\x18\x05 \x01(\v2\x1e.ziptrail.control.v1.GroupJoinH\x00R\tgroupJoin\x12B\n" +
+	"\vgroup_leave\x18\x06 \x01(\v2\x1f.ziptrail.control.v1.GroupLeaveH\x00R\n" +
+	"groupLeave\x12\x10\n" +
 	"\x03seq\x18\x0f \x01(\x04R\x03seqB\x05\n" +
 	"\x03msg\"\xaa\x01\n" +
 	"\x05Hello\x12\x1c\n" +
@@ -1176,7 +1627,20 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\rinvocation_id\x18\x03 \x01(\tR\finvocationId\x12\x16\n" +
 	"\x06failed\x18\x04 \x01(\bR\x06failed\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12!\n" +
-	"\foutputs_sent\x18\x06 \x01(\rR\voutputsSent\"\xe1\x02\n" +
+	"\foutputs_sent\x18\x06 \x01(\rR\voutputsSent\"\x96\x01\n" +
+	"\tGroupJoin\x12\x17\n" +
+	"\ajoin_id\x18\x01 \x01(\tR\x06joinId\x12\x18\n" +
+	"\asession\x18\x02 \x01(\tR\asession\x12\x14\n" +
+	"\x05group\x18\x03 \x01(\tR\x05group\x12\x12\n" +
+	"\x04rank\x18\x04 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04size\x18\x05 \x01(\rR\x04size\x12\x18\n" +
+	"\amailbox\x18\x06 \x01(\bR\amailbox\"h\n" +
+	"\n" +
+	"GroupLeave\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x16\n" +
+	"\x06failed\x18\x04 \x01(\bR\x06failed\"\xf6\x03\n" +
 	"\x0fOperatorMessage\x12/\n" +
 	"\x04keys\x18\x01 \x01(\v2\x19.ziptrail.control.v1.KeysH\x00R\x04keys\x126\n" +
 	"\x04drop\x18\x02 \x01(\v2 .ziptrail.control.v1.DropObjectsH\x00R\x04drop\x12?\n" +
@@ -1184,8 +1648,28 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"keep_alive\x18\x03 \x01(\v2\x1e.ziptrail.control.v1.KeepAliveH\x00R\tkeepAlive\x12,\n" +
 	"\x03ack\x18\x04 \x01(\v2\x18.ziptrail.control.v1.AckH\x00R\x03ack\x12;\n" +
 	"\brejected\x18\x05 \x01(\v2\x1d.ziptrail.control.v1.RejectedH\x00R\brejected\x122\n" +
-	"\x05tiers\x18\x06 \x01(\v2\x1a.ziptrail.control.v1.TiersH\x00R\x05tiersB\x05\n" +
-	"\x03msg\"\xea\x01\n" +
+	"\x05tiers\x18\x06 \x01(\v2\x1a.ziptrail.control.v1.TiersH\x00R\x05tiers\x12?\n" +
+	"\n" +
+	"group_view\x18\a \x01(\v2\x1e.ziptrail.control.v1.GroupViewH\x00R\tgroupView\x12R\n" +
+	"\x11group_join_result\x18\b \x01(\v2$.ziptrail.control.v1.GroupJoinResultH\x00R\x0fgroupJoinResultB\x05\n" +
+	"\x03msg\"T\n" +
+	"\x0fGroupJoinResult\x12\x17\n" +
+	"\ajoin_id\x18\x01 \x01(\tR\x06joinId\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xcf\x01\n" +
+	"\tGroupView\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\rR\x04size\x12\x18\n" +
+	"\amailbox\x18\x04 \x01(\bR\amailbox\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12:\n" +
+	"\amembers\x18\x06 \x03(\v2 .ziptrail.control.v1.GroupMemberR\amembers\x12\x12\n" +
+	"\x04gone\x18\a \x03(\rR\x04gone\"n\n" +
+	"\vGroupMember\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12%\n" +
+	"\x0edataplane_addr\x18\x02 \x01(\tR\rdataplaneAddr\x12\x10\n" +
+	"\x03pod\x18\x03 \x01(\tR\x03pod\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\"\xea\x01\n" +
 	"\x05Tiers\x12\x1d\n" +
 	"\n" +
 	"redis_addr\x18\x01 \x01(\tR\tredisAddr\x12%\n" +
@@ -1230,7 +1714,7 @@ func file_ziptrail_control_v1_control_proto_rawDescGZIP() []byte {
 	return file_ziptrail_control_v1_control_proto_rawDescData
 }
 
-var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*GetKeysRequest)(nil),   // 0: ziptrail.control.v1.GetKeysRequest
 	(*SidecarMessage)(nil),   // 1: ziptrail.control.v1.SidecarMessage
@@ -1238,38 +1722,48 @@ var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*ObjectReady)(nil),      // 3: ziptrail.control.v1.ObjectReady
 	(*FunctionStarted)(nil),  // 4: ziptrail.control.v1.FunctionStarted
 	(*FunctionFinished)(nil), // 5: ziptrail.control.v1.FunctionFinished
-	(*OperatorMessage)(nil),  // 6: ziptrail.control.v1.OperatorMessage
-	(*Tiers)(nil),            // 7: ziptrail.control.v1.Tiers
-	(*Rejected)(nil),         // 8: ziptrail.control.v1.Rejected
-	(*Ack)(nil),              // 9: ziptrail.control.v1.Ack
-	(*Keys)(nil),             // 10: ziptrail.control.v1.Keys
-	(*Key)(nil),              // 11: ziptrail.control.v1.Key
-	(*DropObjects)(nil),      // 12: ziptrail.control.v1.DropObjects
-	(*KeepAlive)(nil),        // 13: ziptrail.control.v1.KeepAlive
-	nil,                      // 14: ziptrail.control.v1.ObjectReady.MetadataEntry
+	(*GroupJoin)(nil),        // 6: ziptrail.control.v1.GroupJoin
+	(*GroupLeave)(nil),       // 7: ziptrail.control.v1.GroupLeave
+	(*OperatorMessage)(nil),  // 8: ziptrail.control.v1.OperatorMessage
+	(*GroupJoinResult)(nil),  // 9: ziptrail.control.v1.GroupJoinResult
+	(*GroupView)(nil),        // 10: ziptrail.control.v1.GroupView
+	(*GroupMember)(nil),      // 11: ziptrail.control.v1.GroupMember
+	(*Tiers)(nil),            // 12: ziptrail.control.v1.Tiers
+	(*Rejected)(nil),         // 13: ziptrail.control.v1.Rejected
+	(*Ack)(nil),              // 14: ziptrail.control.v1.Ack
+	(*Keys)(nil),             // 15: ziptrail.control.v1.Keys
+	(*Key)(nil),              // 16: ziptrail.control.v1.Key
+	(*DropObjects)(nil),      // 17: ziptrail.control.v1.DropObjects
+	(*KeepAlive)(nil),        // 18: ziptrail.control.v1.KeepAlive
+	nil,                      // 19: ziptrail.control.v1.ObjectReady.MetadataEntry
 }
 var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	2,  // 0: ziptrail.control.v1.SidecarMessage.hello:type_name -> ziptrail.control.v1.Hello
 	3,  // 1: ziptrail.control.v1.SidecarMessage.object_ready:type_name -> ziptrail.control.v1.ObjectReady
 	4,  // 2: ziptrail.control.v1.SidecarMessage.function_started:type_name -> ziptrail.control.v1.FunctionStarted
 	5,  // 3: ziptrail.control.v1.SidecarMessage.function_finished:type_name -> ziptrail.control.v1.FunctionFinished
-	14, // 4: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
-	10, // 5: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
-	12, // 6: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
-	13, // 7: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
-	9,  // 8: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
-	8,  // 9: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
-	7,  // 10: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
-	11, // 11: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
-	1,  // 12: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
-	0,  // 13: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
-	6,  // 14: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
-	10, // 15: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
-	14, // [14:16] is the sub-list for method output_type
-	12, // [12:14] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	6,  // 4: ziptrail.control.v1.SidecarMessage.group_join:type_name -> ziptrail.control.v1.GroupJoin
+	7,  // 5: ziptrail.control.v1.SidecarMessage.group_leave:type_name -> ziptrail.control.v1.GroupLeave
+	19, // 6: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
+	15, // 7: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
+	17, // 8: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
+	18, // 9: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
+	14, // 10: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
+	13, // 11: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
+	12, // 12: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
+	10, // 13: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
+	9,  // 14: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
+	11, // 15: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
+	16, // 16: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
+	1,  // 17: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
+	0,  // 18: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
+	8,  // 19: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
+	15, // 20: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
+	19, // [19:21] is the sub-list for method output_type
+	17, // [17:19] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_ziptrail_control_v1_control_proto_init() }
@@ -1282,15 +1776,19 @@ func file_ziptrail_control_v1_control_proto_init() {
 		(*SidecarMessage_ObjectReady)(nil),
 		(*SidecarMessage_FunctionStarted)(nil),
 		(*SidecarMessage_FunctionFinished)(nil),
+		(*SidecarMessage_GroupJoin)(nil),
+		(*SidecarMessage_GroupLeave)(nil),
 	}
 	file_ziptrail_control_v1_control_proto_msgTypes[3].OneofWrappers = []any{}
-	file_ziptrail_control_v1_control_proto_msgTypes[6].OneofWrappers = []any{
+	file_ziptrail_control_v1_control_proto_msgTypes[8].OneofWrappers = []any{
 		(*OperatorMessage_Keys)(nil),
 		(*OperatorMessage_Drop)(nil),
 		(*OperatorMessage_KeepAlive)(nil),
 		(*OperatorMessage_Ack)(nil),
 		(*OperatorMessage_Rejected)(nil),
 		(*OperatorMessage_Tiers)(nil),
+		(*OperatorMessage_GroupView)(nil),
+		(*OperatorMessage_GroupJoinResult)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1298,7 +1796,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ziptrail_control_v1_control_proto_rawDesc), len(file_ziptrail_control_v1_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

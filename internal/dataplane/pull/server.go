@@ -47,6 +47,9 @@ type Server struct {
 	// MaxExtend bounds an extend's expiry ahead of now (default
 	// DefaultMaxExtend); a later one is refused with ErrExtendTooFar.
 	MaxExtend time.Duration
+	// Messages queues the direct messages other sidecars deliver; nil
+	// refuses them (ErrNoMessaging).
+	Messages Deliverer
 
 	mu    sync.Mutex
 	conns map[*rpc.Conn]struct{}

@@ -28,6 +28,660 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type JoinRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Group   string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Rank    uint32                 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Size    uint32                 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	// mailbox: messages to a rank that has not joined yet, or has left, wait
+	// in the fast tier until an instance joins as that rank. Without it, a
+	// send to a rank that has not joined waits for it (up to its timeout) and
+	// a send to a rank that left fails with PEER_GONE. The first join sets it.
+	Mailbox bool `protobuf:"varint,5,opt,name=mailbox,proto3" json:"mailbox,omitempty"`
+	// The invocation this instance runs (its envelope's): the membership
+	// ends when that invocation ends. Empty: only Leave (or the pod's end)
+	// ends it.
+	InvocationId string `protobuf:"bytes,6,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
+	// wait_all: return only once every rank joined (or timeout_ms passed).
+	WaitAll       bool  `protobuf:"varint,7,opt,name=wait_all,json=waitAll,proto3" json:"wait_all,omitempty"`
+	TimeoutMs     int64 `protobuf:"varint,8,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *JoinRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *JoinRequest) GetSize() uint32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *JoinRequest) GetMailbox() bool {
+	if x != nil {
+		return x.Mailbox
+	}
+	return false
+}
+
+func (x *JoinRequest) GetInvocationId() string {
+	if x != nil {
+		return x.InvocationId
+	}
+	return ""
+}
+
+func (x *JoinRequest) GetWaitAll() bool {
+	if x != nil {
+		return x.WaitAll
+	}
+	return false
+}
+
+func (x *JoinRequest) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type LeaveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Rank          uint32                 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveRequest) Reset() {
+	*x = LeaveRequest{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveRequest) ProtoMessage() {}
+
+func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
+func (*LeaveRequest) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LeaveRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *LeaveRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *LeaveRequest) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+type LeaveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveResponse) Reset() {
+	*x = LeaveResponse{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveResponse) ProtoMessage() {}
+
+func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
+func (*LeaveResponse) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{2}
+}
+
+type SendRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	From          uint32                 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"` // the sender's own rank (a rank this pod joined)
+	To            uint32                 `protobuf:"varint,4,opt,name=to,proto3" json:"to,omitempty"`
+	Tag           int64                  `protobuf:"varint,5,opt,name=tag,proto3" json:"tag,omitempty"`
+	Data          *Payload               `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
+	TimeoutMs     int64                  `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"` // 0: no limit but the call's deadline
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendRequest) Reset() {
+	*x = SendRequest{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendRequest) ProtoMessage() {}
+
+func (x *SendRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
+func (*SendRequest) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SendRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *SendRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *SendRequest) GetFrom() uint32 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *SendRequest) GetTo() uint32 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
+func (x *SendRequest) GetTag() int64 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
+}
+
+func (x *SendRequest) GetData() *Payload {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *SendRequest) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type SendResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mailboxed     bool                   `protobuf:"varint,1,opt,name=mailboxed,proto3" json:"mailboxed,omitempty"` // held in the fast tier for a rank not running
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendResponse) Reset() {
+	*x = SendResponse{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendResponse) ProtoMessage() {}
+
+func (x *SendResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
+func (*SendResponse) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SendResponse) GetMailboxed() bool {
+	if x != nil {
+		return x.Mailboxed
+	}
+	return false
+}
+
+type RecvRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Rank          uint32                 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"` // the receiver's own rank
+	AnySource     bool                   `protobuf:"varint,4,opt,name=any_source,json=anySource,proto3" json:"any_source,omitempty"`
+	From          uint32                 `protobuf:"varint,5,opt,name=from,proto3" json:"from,omitempty"`
+	AnyTag        bool                   `protobuf:"varint,6,opt,name=any_tag,json=anyTag,proto3" json:"any_tag,omitempty"`
+	Tag           int64                  `protobuf:"varint,7,opt,name=tag,proto3" json:"tag,omitempty"`
+	TimeoutMs     int64                  `protobuf:"varint,8,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"` // 0: no limit but the call's deadline
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecvRequest) Reset() {
+	*x = RecvRequest{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecvRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecvRequest) ProtoMessage() {}
+
+func (x *RecvRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecvRequest.ProtoReflect.Descriptor instead.
+func (*RecvRequest) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RecvRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *RecvRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *RecvRequest) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RecvRequest) GetAnySource() bool {
+	if x != nil {
+		return x.AnySource
+	}
+	return false
+}
+
+func (x *RecvRequest) GetFrom() uint32 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *RecvRequest) GetAnyTag() bool {
+	if x != nil {
+		return x.AnyTag
+	}
+	return false
+}
+
+func (x *RecvRequest) GetTag() int64 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
+}
+
+func (x *RecvRequest) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type RecvResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	From  uint32                 `protobuf:"varint,1,opt,name=from,proto3" json:"from,omitempty"`
+	Tag   int64                  `protobuf:"varint,2,opt,name=tag,proto3" json:"tag,omitempty"`
+	// inline when small; a large message is a file in the shared-memory
+	// directory that the caller owns (maps, then removes), like Get's.
+	Data          *Payload `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Size          int64    `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecvResponse) Reset() {
+	*x = RecvResponse{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecvResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecvResponse) ProtoMessage() {}
+
+func (x *RecvResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecvResponse.ProtoReflect.Descriptor instead.
+func (*RecvResponse) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RecvResponse) GetFrom() uint32 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *RecvResponse) GetTag() int64 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
+}
+
+func (x *RecvResponse) GetData() *Payload {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *RecvResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type MembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	AfterEpoch    uint64                 `protobuf:"varint,3,opt,name=after_epoch,json=afterEpoch,proto3" json:"after_epoch,omitempty"`
+	TimeoutMs     int64                  `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersRequest) Reset() {
+	*x = MembersRequest{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersRequest) ProtoMessage() {}
+
+func (x *MembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
+func (*MembersRequest) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *MembersRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *MembersRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *MembersRequest) GetAfterEpoch() uint64 {
+	if x != nil {
+		return x.AfterEpoch
+	}
+	return 0
+}
+
+func (x *MembersRequest) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type MembersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Size          uint32                 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	Live          []uint32               `protobuf:"varint,2,rep,packed,name=live,proto3" json:"live,omitempty"` // ranks running now
+	Gone          []uint32               `protobuf:"varint,3,rep,packed,name=gone,proto3" json:"gone,omitempty"` // ranks that joined, then left or died
+	Epoch         uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`      // grows with every membership change
+	Mailbox       bool                   `protobuf:"varint,5,opt,name=mailbox,proto3" json:"mailbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersResponse) Reset() {
+	*x = MembersResponse{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersResponse) ProtoMessage() {}
+
+func (x *MembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
+func (*MembersResponse) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *MembersResponse) GetSize() uint32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *MembersResponse) GetLive() []uint32 {
+	if x != nil {
+		return x.Live
+	}
+	return nil
+}
+
+func (x *MembersResponse) GetGone() []uint32 {
+	if x != nil {
+		return x.Gone
+	}
+	return nil
+}
+
+func (x *MembersResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *MembersResponse) GetMailbox() bool {
+	if x != nil {
+		return x.Mailbox
+	}
+	return false
+}
+
 // Payload is an object's bytes: inline (small objects) or the path of a
 // file in the shared-memory directory.
 type Payload struct {
@@ -43,7 +697,7 @@ type Payload struct {
 
 func (x *Payload) Reset() {
 	*x = Payload{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[0]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -55,7 +709,7 @@ func (x *Payload) String() string {
 func (*Payload) ProtoMessage() {}
 
 func (x *Payload) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[0]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -68,7 +722,7 @@ func (x *Payload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Payload.ProtoReflect.Descriptor instead.
 func (*Payload) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{0}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Payload) GetSource() isPayload_Source {
@@ -126,7 +780,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[1]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -138,7 +792,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[1]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -151,7 +805,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{1}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PutRequest) GetObject() *Payload {
@@ -192,7 +846,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[2]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -204,7 +858,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[2]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -217,7 +871,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{2}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PutResponse) GetRef() string {
@@ -243,7 +897,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[3]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -255,7 +909,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[3]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -268,7 +922,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{3}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetRequest) GetRef() string {
@@ -294,7 +948,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[4]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +960,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[4]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +973,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{4}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetResponse) GetObject() *Payload {
@@ -358,7 +1012,7 @@ type SendObjectRequest struct {
 
 func (x *SendObjectRequest) Reset() {
 	*x = SendObjectRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[5]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -370,7 +1024,7 @@ func (x *SendObjectRequest) String() string {
 func (*SendObjectRequest) ProtoMessage() {}
 
 func (x *SendObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[5]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -383,7 +1037,7 @@ func (x *SendObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendObjectRequest.ProtoReflect.Descriptor instead.
 func (*SendObjectRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{5}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SendObjectRequest) GetSession() string {
@@ -447,7 +1101,7 @@ type SendObjectResponse struct {
 
 func (x *SendObjectResponse) Reset() {
 	*x = SendObjectResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[6]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -459,7 +1113,7 @@ func (x *SendObjectResponse) String() string {
 func (*SendObjectResponse) ProtoMessage() {}
 
 func (x *SendObjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[6]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -472,7 +1126,7 @@ func (x *SendObjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendObjectResponse.ProtoReflect.Descriptor instead.
 func (*SendObjectResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{6}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SendObjectResponse) GetRef() string {
@@ -507,7 +1161,7 @@ type GetObjectRequest struct {
 
 func (x *GetObjectRequest) Reset() {
 	*x = GetObjectRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[7]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +1173,7 @@ func (x *GetObjectRequest) String() string {
 func (*GetObjectRequest) ProtoMessage() {}
 
 func (x *GetObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[7]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +1186,7 @@ func (x *GetObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetObjectRequest.ProtoReflect.Descriptor instead.
 func (*GetObjectRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{7}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetObjectRequest) GetSession() string {
@@ -571,7 +1225,7 @@ type InvokeRequest struct {
 
 func (x *InvokeRequest) Reset() {
 	*x = InvokeRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[8]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +1237,7 @@ func (x *InvokeRequest) String() string {
 func (*InvokeRequest) ProtoMessage() {}
 
 func (x *InvokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[8]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,7 +1250,7 @@ func (x *InvokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvokeRequest.ProtoReflect.Descriptor instead.
 func (*InvokeRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{8}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *InvokeRequest) GetUrl() string {
@@ -662,7 +1316,7 @@ type InvokeResponse struct {
 
 func (x *InvokeResponse) Reset() {
 	*x = InvokeResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[9]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +1328,7 @@ func (x *InvokeResponse) String() string {
 func (*InvokeResponse) ProtoMessage() {}
 
 func (x *InvokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[9]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +1341,7 @@ func (x *InvokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvokeResponse.ProtoReflect.Descriptor instead.
 func (*InvokeResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{9}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *InvokeResponse) GetStatus() int32 {
@@ -722,7 +1376,62 @@ var File_ziptrail_sidecar_v1_sidecar_proto protoreflect.FileDescriptor
 
 const file_ziptrail_sidecar_v1_sidecar_proto_rawDesc = "" +
 	"\n" +
-	"!ziptrail/sidecar/v1/sidecar.proto\x12\x13ziptrail.sidecar.v1\"C\n" +
+	"!ziptrail/sidecar/v1/sidecar.proto\x12\x13ziptrail.sidecar.v1\"\xde\x01\n" +
+	"\vJoinRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\rR\x04size\x12\x18\n" +
+	"\amailbox\x18\x05 \x01(\bR\amailbox\x12#\n" +
+	"\rinvocation_id\x18\x06 \x01(\tR\finvocationId\x12\x19\n" +
+	"\bwait_all\x18\a \x01(\bR\awaitAll\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\b \x01(\x03R\ttimeoutMs\"R\n" +
+	"\fLeaveRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\rR\x04rank\"\x0f\n" +
+	"\rLeaveResponse\"\xc4\x01\n" +
+	"\vSendRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\rR\x04from\x12\x0e\n" +
+	"\x02to\x18\x04 \x01(\rR\x02to\x12\x10\n" +
+	"\x03tag\x18\x05 \x01(\x03R\x03tag\x120\n" +
+	"\x04data\x18\x06 \x01(\v2\x1c.ziptrail.sidecar.v1.PayloadR\x04data\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\a \x01(\x03R\ttimeoutMs\",\n" +
+	"\fSendResponse\x12\x1c\n" +
+	"\tmailboxed\x18\x01 \x01(\bR\tmailboxed\"\xce\x01\n" +
+	"\vRecvRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x1d\n" +
+	"\n" +
+	"any_source\x18\x04 \x01(\bR\tanySource\x12\x12\n" +
+	"\x04from\x18\x05 \x01(\rR\x04from\x12\x17\n" +
+	"\aany_tag\x18\x06 \x01(\bR\x06anyTag\x12\x10\n" +
+	"\x03tag\x18\a \x01(\x03R\x03tag\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\b \x01(\x03R\ttimeoutMs\"z\n" +
+	"\fRecvResponse\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\rR\x04from\x12\x10\n" +
+	"\x03tag\x18\x02 \x01(\x03R\x03tag\x120\n" +
+	"\x04data\x18\x03 \x01(\v2\x1c.ziptrail.sidecar.v1.PayloadR\x04data\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\"\x80\x01\n" +
+	"\x0eMembersRequest\x12\x18\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x1f\n" +
+	"\vafter_epoch\x18\x03 \x01(\x04R\n" +
+	"afterEpoch\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x04 \x01(\x03R\ttimeoutMs\"}\n" +
+	"\x0fMembersResponse\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\rR\x04size\x12\x12\n" +
+	"\x04live\x18\x02 \x03(\rR\x04live\x12\x12\n" +
+	"\x04gone\x18\x03 \x03(\rR\x04gone\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\amailbox\x18\x05 \x01(\bR\amailbox\"C\n" +
 	"\aPayload\x12\x18\n" +
 	"\x06inline\x18\x01 \x01(\fH\x00R\x06inline\x12\x14\n" +
 	"\x04path\x18\x02 \x01(\tH\x00R\x04pathB\b\n" +
@@ -774,14 +1483,19 @@ const file_ziptrail_sidecar_v1_sidecar_proto_rawDesc = "" +
 	"\x06status\x18\x01 \x01(\x05R\x06status\x12!\n" +
 	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x12\x12\n" +
 	"\x04body\x18\x03 \x01(\fR\x04body\x12!\n" +
-	"\ferror_reason\x18\x04 \x01(\tR\verrorReason2\xa5\x03\n" +
+	"\ferror_reason\x18\x04 \x01(\tR\verrorReason2\xb5\x06\n" +
 	"\aSidecar\x12H\n" +
 	"\x03Put\x12\x1f.ziptrail.sidecar.v1.PutRequest\x1a .ziptrail.sidecar.v1.PutResponse\x12H\n" +
 	"\x03Get\x12\x1f.ziptrail.sidecar.v1.GetRequest\x1a .ziptrail.sidecar.v1.GetResponse\x12]\n" +
 	"\n" +
 	"SendObject\x12&.ziptrail.sidecar.v1.SendObjectRequest\x1a'.ziptrail.sidecar.v1.SendObjectResponse\x12T\n" +
 	"\tGetObject\x12%.ziptrail.sidecar.v1.GetObjectRequest\x1a .ziptrail.sidecar.v1.GetResponse\x12Q\n" +
-	"\x06Invoke\x12\".ziptrail.sidecar.v1.InvokeRequest\x1a#.ziptrail.sidecar.v1.InvokeResponseBNZLgithub.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1;sidecarv1b\x06proto3"
+	"\x06Invoke\x12\".ziptrail.sidecar.v1.InvokeRequest\x1a#.ziptrail.sidecar.v1.InvokeResponse\x12N\n" +
+	"\x04Join\x12 .ziptrail.sidecar.v1.JoinRequest\x1a$.ziptrail.sidecar.v1.MembersResponse\x12N\n" +
+	"\x05Leave\x12!.ziptrail.sidecar.v1.LeaveRequest\x1a\".ziptrail.sidecar.v1.LeaveResponse\x12K\n" +
+	"\x04Send\x12 .ziptrail.sidecar.v1.SendRequest\x1a!.ziptrail.sidecar.v1.SendResponse\x12K\n" +
+	"\x04Recv\x12 .ziptrail.sidecar.v1.RecvRequest\x1a!.ziptrail.sidecar.v1.RecvResponse\x12T\n" +
+	"\aMembers\x12#.ziptrail.sidecar.v1.MembersRequest\x1a$.ziptrail.sidecar.v1.MembersResponseBNZLgithub.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1;sidecarv1b\x06proto3"
 
 var (
 	file_ziptrail_sidecar_v1_sidecar_proto_rawDescOnce sync.Once
@@ -795,41 +1509,62 @@ func file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP() []byte {
 	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescData
 }
 
-var file_ziptrail_sidecar_v1_sidecar_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_ziptrail_sidecar_v1_sidecar_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_ziptrail_sidecar_v1_sidecar_proto_goTypes = []any{
-	(*Payload)(nil),            // 0: ziptrail.sidecar.v1.Payload
-	(*PutRequest)(nil),         // 1: ziptrail.sidecar.v1.PutRequest
-	(*PutResponse)(nil),        // 2: ziptrail.sidecar.v1.PutResponse
-	(*GetRequest)(nil),         // 3: ziptrail.sidecar.v1.GetRequest
-	(*GetResponse)(nil),        // 4: ziptrail.sidecar.v1.GetResponse
-	(*SendObjectRequest)(nil),  // 5: ziptrail.sidecar.v1.SendObjectRequest
-	(*SendObjectResponse)(nil), // 6: ziptrail.sidecar.v1.SendObjectResponse
-	(*GetObjectRequest)(nil),   // 7: ziptrail.sidecar.v1.GetObjectRequest
-	(*InvokeRequest)(nil),      // 8: ziptrail.sidecar.v1.InvokeRequest
-	(*InvokeResponse)(nil),     // 9: ziptrail.sidecar.v1.InvokeResponse
-	nil,                        // 10: ziptrail.sidecar.v1.SendObjectRequest.MetadataEntry
+	(*JoinRequest)(nil),        // 0: ziptrail.sidecar.v1.JoinRequest
+	(*LeaveRequest)(nil),       // 1: ziptrail.sidecar.v1.LeaveRequest
+	(*LeaveResponse)(nil),      // 2: ziptrail.sidecar.v1.LeaveResponse
+	(*SendRequest)(nil),        // 3: ziptrail.sidecar.v1.SendRequest
+	(*SendResponse)(nil),       // 4: ziptrail.sidecar.v1.SendResponse
+	(*RecvRequest)(nil),        // 5: ziptrail.sidecar.v1.RecvRequest
+	(*RecvResponse)(nil),       // 6: ziptrail.sidecar.v1.RecvResponse
+	(*MembersRequest)(nil),     // 7: ziptrail.sidecar.v1.MembersRequest
+	(*MembersResponse)(nil),    // 8: ziptrail.sidecar.v1.MembersResponse
+	(*Payload)(nil),            // 9: ziptrail.sidecar.v1.Payload
+	(*PutRequest)(nil),         // 10: ziptrail.sidecar.v1.PutRequest
+	(*PutResponse)(nil),        // 11: ziptrail.sidecar.v1.PutResponse
+	(*GetRequest)(nil),         // 12: ziptrail.sidecar.v1.GetRequest
+	(*GetResponse)(nil),        // 13: ziptrail.sidecar.v1.GetResponse
+	(*SendObjectRequest)(nil),  // 14: ziptrail.sidecar.v1.SendObjectRequest
+	(*SendObjectResponse)(nil), // 15: ziptrail.sidecar.v1.SendObjectResponse
+	(*GetObjectRequest)(nil),   // 16: ziptrail.sidecar.v1.GetObjectRequest
+	(*InvokeRequest)(nil),      // 17: ziptrail.sidecar.v1.InvokeRequest
+	(*InvokeResponse)(nil),     // 18: ziptrail.sidecar.v1.InvokeResponse
+	nil,                        // 19: ziptrail.sidecar.v1.SendObjectRequest.MetadataEntry
 }
 var file_ziptrail_sidecar_v1_sidecar_proto_depIdxs = []int32{
-	0,  // 0: ziptrail.sidecar.v1.PutRequest.object:type_name -> ziptrail.sidecar.v1.Payload
-	0,  // 1: ziptrail.sidecar.v1.GetResponse.object:type_name -> ziptrail.sidecar.v1.Payload
-	0,  // 2: ziptrail.sidecar.v1.SendObjectRequest.object:type_name -> ziptrail.sidecar.v1.Payload
-	10, // 3: ziptrail.sidecar.v1.SendObjectRequest.metadata:type_name -> ziptrail.sidecar.v1.SendObjectRequest.MetadataEntry
-	0,  // 4: ziptrail.sidecar.v1.InvokeRequest.object:type_name -> ziptrail.sidecar.v1.Payload
-	1,  // 5: ziptrail.sidecar.v1.Sidecar.Put:input_type -> ziptrail.sidecar.v1.PutRequest
-	3,  // 6: ziptrail.sidecar.v1.Sidecar.Get:input_type -> ziptrail.sidecar.v1.GetRequest
-	5,  // 7: ziptrail.sidecar.v1.Sidecar.SendObject:input_type -> ziptrail.sidecar.v1.SendObjectRequest
-	7,  // 8: ziptrail.sidecar.v1.Sidecar.GetObject:input_type -> ziptrail.sidecar.v1.GetObjectRequest
-	8,  // 9: ziptrail.sidecar.v1.Sidecar.Invoke:input_type -> ziptrail.sidecar.v1.InvokeRequest
-	2,  // 10: ziptrail.sidecar.v1.Sidecar.Put:output_type -> ziptrail.sidecar.v1.PutResponse
-	4,  // 11: ziptrail.sidecar.v1.Sidecar.Get:output_type -> ziptrail.sidecar.v1.GetResponse
-	6,  // 12: ziptrail.sidecar.v1.Sidecar.SendObject:output_type -> ziptrail.sidecar.v1.SendObjectResponse
-	4,  // 13: ziptrail.sidecar.v1.Sidecar.GetObject:output_type -> ziptrail.sidecar.v1.GetResponse
-	9,  // 14: ziptrail.sidecar.v1.Sidecar.Invoke:output_type -> ziptrail.sidecar.v1.InvokeResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	9,  // 0: ziptrail.sidecar.v1.SendRequest.data:type_name -> ziptrail.sidecar.v1.Payload
+	9,  // 1: ziptrail.sidecar.v1.RecvResponse.data:type_name -> ziptrail.sidecar.v1.Payload
+	9,  // 2: ziptrail.sidecar.v1.PutRequest.object:type_name -> ziptrail.sidecar.v1.Payload
+	9,  // 3: ziptrail.sidecar.v1.GetResponse.object:type_name -> ziptrail.sidecar.v1.Payload
+	9,  // 4: ziptrail.sidecar.v1.SendObjectRequest.object:type_name -> ziptrail.sidecar.v1.Payload
+	19, // 5: ziptrail.sidecar.v1.SendObjectRequest.metadata:type_name -> ziptrail.sidecar.v1.SendObjectRequest.MetadataEntry
+	9,  // 6: ziptrail.sidecar.v1.InvokeRequest.object:type_name -> ziptrail.sidecar.v1.Payload
+	10, // 7: ziptrail.sidecar.v1.Sidecar.Put:input_type -> ziptrail.sidecar.v1.PutRequest
+	12, // 8: ziptrail.sidecar.v1.Sidecar.Get:input_type -> ziptrail.sidecar.v1.GetRequest
+	14, // 9: ziptrail.sidecar.v1.Sidecar.SendObject:input_type -> ziptrail.sidecar.v1.SendObjectRequest
+	16, // 10: ziptrail.sidecar.v1.Sidecar.GetObject:input_type -> ziptrail.sidecar.v1.GetObjectRequest
+	17, // 11: ziptrail.sidecar.v1.Sidecar.Invoke:input_type -> ziptrail.sidecar.v1.InvokeRequest
+	0,  // 12: ziptrail.sidecar.v1.Sidecar.Join:input_type -> ziptrail.sidecar.v1.JoinRequest
+	1,  // 13: ziptrail.sidecar.v1.Sidecar.Leave:input_type -> ziptrail.sidecar.v1.LeaveRequest
+	3,  // 14: ziptrail.sidecar.v1.Sidecar.Send:input_type -> ziptrail.sidecar.v1.SendRequest
+	5,  // 15: ziptrail.sidecar.v1.Sidecar.Recv:input_type -> ziptrail.sidecar.v1.RecvRequest
+	7,  // 16: ziptrail.sidecar.v1.Sidecar.Members:input_type -> ziptrail.sidecar.v1.MembersRequest
+	11, // 17: ziptrail.sidecar.v1.Sidecar.Put:output_type -> ziptrail.sidecar.v1.PutResponse
+	13, // 18: ziptrail.sidecar.v1.Sidecar.Get:output_type -> ziptrail.sidecar.v1.GetResponse
+	15, // 19: ziptrail.sidecar.v1.Sidecar.SendObject:output_type -> ziptrail.sidecar.v1.SendObjectResponse
+	13, // 20: ziptrail.sidecar.v1.Sidecar.GetObject:output_type -> ziptrail.sidecar.v1.GetResponse
+	18, // 21: ziptrail.sidecar.v1.Sidecar.Invoke:output_type -> ziptrail.sidecar.v1.InvokeResponse
+	8,  // 22: ziptrail.sidecar.v1.Sidecar.Join:output_type -> ziptrail.sidecar.v1.MembersResponse
+	2,  // 23: ziptrail.sidecar.v1.Sidecar.Leave:output_type -> ziptrail.sidecar.v1.LeaveResponse
+	4,  // 24: ziptrail.sidecar.v1.Sidecar.Send:output_type -> ziptrail.sidecar.v1.SendResponse
+	6,  // 25: ziptrail.sidecar.v1.Sidecar.Recv:output_type -> ziptrail.sidecar.v1.RecvResponse
+	8,  // 26: ziptrail.sidecar.v1.Sidecar.Members:output_type -> ziptrail.sidecar.v1.MembersResponse
+	17, // [17:27] is the sub-list for method output_type
+	7,  // [7:17] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_ziptrail_sidecar_v1_sidecar_proto_init() }
@@ -837,7 +1572,7 @@ func file_ziptrail_sidecar_v1_sidecar_proto_init() {
 	if File_ziptrail_sidecar_v1_sidecar_proto != nil {
 		return
 	}
-	file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[0].OneofWrappers = []any{
+	file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[9].OneofWrappers = []any{
 		(*Payload_Inline)(nil),
 		(*Payload_Path)(nil),
 	}
@@ -847,7 +1582,7 @@ func file_ziptrail_sidecar_v1_sidecar_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ziptrail_sidecar_v1_sidecar_proto_rawDesc), len(file_ziptrail_sidecar_v1_sidecar_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

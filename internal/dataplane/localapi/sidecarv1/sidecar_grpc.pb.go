@@ -31,6 +31,11 @@ const (
 	Sidecar_SendObject_FullMethodName = "/ziptrail.sidecar.v1.Sidecar/SendObject"
 	Sidecar_GetObject_FullMethodName  = "/ziptrail.sidecar.v1.Sidecar/GetObject"
 	Sidecar_Invoke_FullMethodName     = "/ziptrail.sidecar.v1.Sidecar/Invoke"
+	Sidecar_Join_FullMethodName       = "/ziptrail.sidecar.v1.Sidecar/Join"
+	Sidecar_Leave_FullMethodName      = "/ziptrail.sidecar.v1.Sidecar/Leave"
+	Sidecar_Send_FullMethodName       = "/ziptrail.sidecar.v1.Sidecar/Send"
+	Sidecar_Recv_FullMethodName       = "/ziptrail.sidecar.v1.Sidecar/Recv"
+	Sidecar_Members_FullMethodName    = "/ziptrail.sidecar.v1.Sidecar/Members"
 )
 
 // SidecarClient is the client API for Sidecar service.
@@ -53,6 +58,32 @@ type SidecarClient interface {
 	// Invoke calls a function by URL, passing the object by reference (or
 	// inline when small), and returns its response (Zipline's invoke).
 	Invoke(ctx context.Context, in *InvokeRequest, opts ...grpc.CallOption) (*InvokeResponse, error)
+	// Direct messages between function instances (Pikachu,
+	// docs/messaging.md). An instance joins a group of its session as rank r
+	// of size n, then sends to and receives from the other ranks by rank: the
+	// sidecars resolve ranks to pods through the operator's directory, so no
+	// address reaches user code, and a rank resolves only within the
+	// namespace. Membership ends with Leave, or when the invocation that
+	// joined ends (its handler returned, failed or was killed).
+	//
+	// Errors carry a google.rpc.ErrorInfo reason (domain ziptrail.dev):
+	// PEER_GONE (the peer's instance ended or its pod died; immediate, not a
+	// timeout), MSG_TIMEOUT, MSG_FOREIGN (the peer's sidecar is not of this
+	// namespace), GROUP_CLOSED (this instance is not, or no longer, a member),
+	// GROUP_CONFLICT (the rank is taken, or the size differs from the
+	// group's) and BAD_PAYLOAD.
+	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*MembersResponse, error)
+	Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error)
+	// Send returns once the receiver's sidecar queued the message (or, for a
+	// mailbox group whose receiver is not running, the fast tier holds it):
+	// a full receiver queue holds the sender back.
+	Send(ctx context.Context, in *SendRequest, opts ...grpc.CallOption) (*SendResponse, error)
+	// Recv returns the oldest queued message matching from and tag; the
+	// messages of one sender arrive in the order it sent them.
+	Recv(ctx context.Context, in *RecvRequest, opts ...grpc.CallOption) (*RecvResponse, error)
+	// Members returns the group's live and gone ranks; with after_epoch it
+	// waits (up to timeout_ms) for a membership change newer than that epoch.
+	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
 }
 
 type sidecarClient struct {
@@ -113,6 +144,56 @@ func (c *sidecarClient) Invoke(ctx context.Context, in *InvokeRequest, opts ...g
 	return out, nil
 }
 
+func (c *sidecarClient) Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*MembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MembersResponse)
+	err := c.cc.Invoke(ctx, Sidecar_Join_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sidecarClient) Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaveResponse)
+	err := c.cc.Invoke(ctx, Sidecar_Leave_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sidecarClient) Send(ctx context.Context, in *SendRequest, opts ...grpc.CallOption) (*SendResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SendResponse)
+	err := c.cc.Invoke(ctx, Sidecar_Send_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sidecarClient) Recv(ctx context.Context, in *RecvRequest, opts ...grpc.CallOption) (*RecvResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecvResponse)
+	err := c.cc.Invoke(ctx, Sidecar_Recv_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sidecarClient) Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MembersResponse)
+	err := c.cc.Invoke(ctx, Sidecar_Members_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SidecarServer is the server API for Sidecar service.
 // All implementations must embed UnimplementedSidecarServer
 // for forward compatibility.
@@ -133,6 +214,32 @@ type SidecarServer interface {
 	// Invoke calls a function by URL, passing the object by reference (or
 	// inline when small), and returns its response (Zipline's invoke).
 	Invoke(context.Context, *InvokeRequest) (*InvokeResponse, error)
+	// Direct messages between function instances (Pikachu,
+	// docs/messaging.md). An instance joins a group of its session as rank r
+	// of size n, then sends to and receives from the other ranks by rank: the
+	// sidecars resolve ranks to pods through the operator's directory, so no
+	// address reaches user code, and a rank resolves only within the
+	// namespace. Membership ends with Leave, or when the invocation that
+	// joined ends (its handler returned, failed or was killed).
+	//
+	// Errors carry a google.rpc.ErrorInfo reason (domain ziptrail.dev):
+	// PEER_GONE (the peer's instance ended or its pod died; immediate, not a
+	// timeout), MSG_TIMEOUT, MSG_FOREIGN (the peer's sidecar is not of this
+	// namespace), GROUP_CLOSED (this instance is not, or no longer, a member),
+	// GROUP_CONFLICT (the rank is taken, or the size differs from the
+	// group's) and BAD_PAYLOAD.
+	Join(context.Context, *JoinRequest) (*MembersResponse, error)
+	Leave(context.Context, *LeaveRequest) (*LeaveResponse, error)
+	// Send returns once the receiver's sidecar queued the message (or, for a
+	// mailbox group whose receiver is not running, the fast tier holds it):
+	// a full receiver queue holds the sender back.
+	Send(context.Context, *SendRequest) (*SendResponse, error)
+	// Recv returns the oldest queued message matching from and tag; the
+	// messages of one sender arrive in the order it sent them.
+	Recv(context.Context, *RecvRequest) (*RecvResponse, error)
+	// Members returns the group's live and gone ranks; with after_epoch it
+	// waits (up to timeout_ms) for a membership change newer than that epoch.
+	Members(context.Context, *MembersRequest) (*MembersResponse, error)
 	mustEmbedUnimplementedSidecarServer()
 }
 
@@ -157,6 +264,21 @@ func (UnimplementedSidecarServer) GetObject(context.Context, *GetObjectRequest) 
 }
 func (UnimplementedSidecarServer) Invoke(context.Context, *InvokeRequest) (*InvokeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Invoke not implemented")
+}
+func (UnimplementedSidecarServer) Join(context.Context, *JoinRequest) (*MembersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Join not implemented")
+}
+func (UnimplementedSidecarServer) Leave(context.Context, *LeaveRequest) (*LeaveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Leave not implemented")
+}
+func (UnimplementedSidecarServer) Send(context.Context, *SendRequest) (*SendResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Send not implemented")
+}
+func (UnimplementedSidecarServer) Recv(context.Context, *RecvRequest) (*RecvResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Recv not implemented")
+}
+func (UnimplementedSidecarServer) Members(context.Context, *MembersRequest) (*MembersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Members not implemented")
 }
 func (UnimplementedSidecarServer) mustEmbedUnimplementedSidecarServer() {}
 func (UnimplementedSidecarServer) testEmbeddedByValue()                 {}
@@ -269,6 +391,96 @@ func _Sidecar_Invoke_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Sidecar_Join_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SidecarServer).Join(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sidecar_Join_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SidecarServer).Join(ctx, req.(*JoinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Sidecar_Leave_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SidecarServer).Leave(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sidecar_Leave_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SidecarServer).Leave(ctx, req.(*LeaveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Sidecar_Send_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SendRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SidecarServer).Send(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sidecar_Send_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SidecarServer).Send(ctx, req.(*SendRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Sidecar_Recv_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecvRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SidecarServer).Recv(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sidecar_Recv_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SidecarServer).Recv(ctx, req.(*RecvRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Sidecar_Members_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SidecarServer).Members(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sidecar_Members_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SidecarServer).Members(ctx, req.(*MembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Sidecar_ServiceDesc is the grpc.ServiceDesc for Sidecar service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -295,6 +507,26 @@ var Sidecar_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Invoke",
 			Handler:    _Sidecar_Invoke_Handler,
+		},
+		{
+			MethodName: "Join",
+			Handler:    _Sidecar_Join_Handler,
+		},
+		{
+			MethodName: "Leave",
+			Handler:    _Sidecar_Leave_Handler,
+		},
+		{
+			MethodName: "Send",
+			Handler:    _Sidecar_Send_Handler,
+		},
+		{
+			MethodName: "Recv",
+			Handler:    _Sidecar_Recv_Handler,
+		},
+		{
+			MethodName: "Members",
+			Handler:    _Sidecar_Members_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,10 +1,123 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class JoinRequest(_message.Message):
+    __slots__ = ("session", "group", "rank", "size", "mailbox", "invocation_id", "wait_all", "timeout_ms")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAILBOX_FIELD_NUMBER: _ClassVar[int]
+    INVOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_ALL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    group: str
+    rank: int
+    size: int
+    mailbox: bool
+    invocation_id: str
+    wait_all: bool
+    timeout_ms: int
+    def __init__(self, session: _Optional[str] = ..., group: _Optional[str] = ..., rank: _Optional[int] = ..., size: _Optional[int] = ..., mailbox: _Optional[bool] = ..., invocation_id: _Optional[str] = ..., wait_all: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("session", "group", "rank")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    group: str
+    rank: int
+    def __init__(self, session: _Optional[str] = ..., group: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SendRequest(_message.Message):
+    __slots__ = ("session", "group", "to", "tag", "data", "timeout_ms")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    group: str
+    to: int
+    tag: int
+    data: Payload
+    timeout_ms: int
+    def __init__(self, session: _Optional[str] = ..., group: _Optional[str] = ..., to: _Optional[int] = ..., tag: _Optional[int] = ..., data: _Optional[_Union[Payload, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., **kwargs) -> None: ...
+
+class SendResponse(_message.Message):
+    __slots__ = ("mailboxed",)
+    MAILBOXED_FIELD_NUMBER: _ClassVar[int]
+    mailboxed: bool
+    def __init__(self, mailboxed: _Optional[bool] = ...) -> None: ...
+
+class RecvRequest(_message.Message):
+    __slots__ = ("session", "group", "rank", "any_source", "any_tag", "tag", "timeout_ms")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ANY_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    ANY_TAG_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    group: str
+    rank: int
+    any_source: bool
+    any_tag: bool
+    tag: int
+    timeout_ms: int
+    def __init__(self, session: _Optional[str] = ..., group: _Optional[str] = ..., rank: _Optional[int] = ..., any_source: _Optional[bool] = ..., any_tag: _Optional[bool] = ..., tag: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., **kwargs) -> None: ...
+
+class RecvResponse(_message.Message):
+    __slots__ = ("tag", "data", "size")
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    data: Payload
+    size: int
+    def __init__(self, tag: _Optional[int] = ..., data: _Optional[_Union[Payload, _Mapping]] = ..., size: _Optional[int] = ..., **kwargs) -> None: ...
+
+class MembersRequest(_message.Message):
+    __slots__ = ("session", "group", "after_epoch", "timeout_ms")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    AFTER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    group: str
+    after_epoch: int
+    timeout_ms: int
+    def __init__(self, session: _Optional[str] = ..., group: _Optional[str] = ..., after_epoch: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class MembersResponse(_message.Message):
+    __slots__ = ("size", "live", "gone", "epoch", "mailbox")
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    GONE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MAILBOX_FIELD_NUMBER: _ClassVar[int]
+    size: int
+    live: _containers.RepeatedScalarFieldContainer[int]
+    gone: _containers.RepeatedScalarFieldContainer[int]
+    epoch: int
+    mailbox: bool
+    def __init__(self, size: _Optional[int] = ..., live: _Optional[_Iterable[int]] = ..., gone: _Optional[_Iterable[int]] = ..., epoch: _Optional[int] = ..., mailbox: _Optional[bool] = ...) -> None: ...
 
 class Payload(_message.Message):
     __slots__ = ("inline", "path")

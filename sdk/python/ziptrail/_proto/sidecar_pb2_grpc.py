@@ -59,6 +59,31 @@ class SidecarStub:
                 request_serializer=ziptrail_dot___proto_dot_sidecar__pb2.InvokeRequest.SerializeToString,
                 response_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.InvokeResponse.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/ziptrail.sidecar.v1.Sidecar/Join',
+                request_serializer=ziptrail_dot___proto_dot_sidecar__pb2.JoinRequest.SerializeToString,
+                response_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.MembersResponse.FromString,
+                _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/ziptrail.sidecar.v1.Sidecar/Leave',
+                request_serializer=ziptrail_dot___proto_dot_sidecar__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.LeaveResponse.FromString,
+                _registered_method=True)
+        self.Send = channel.unary_unary(
+                '/ziptrail.sidecar.v1.Sidecar/Send',
+                request_serializer=ziptrail_dot___proto_dot_sidecar__pb2.SendRequest.SerializeToString,
+                response_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.SendResponse.FromString,
+                _registered_method=True)
+        self.Recv = channel.unary_unary(
+                '/ziptrail.sidecar.v1.Sidecar/Recv',
+                request_serializer=ziptrail_dot___proto_dot_sidecar__pb2.RecvRequest.SerializeToString,
+                response_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.RecvResponse.FromString,
+                _registered_method=True)
+        self.Members = channel.unary_unary(
+                '/ziptrail.sidecar.v1.Sidecar/Members',
+                request_serializer=ziptrail_dot___proto_dot_sidecar__pb2.MembersRequest.SerializeToString,
+                response_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.MembersResponse.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -105,6 +130,57 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """Direct messages between function instances (Pikachu,
+        docs/messaging.md). An instance joins a group of its session as rank r
+        of size n, then sends to and receives from the other ranks by rank: the
+        sidecars resolve ranks to pods through the operator's directory, so no
+        address reaches user code, and a rank resolves only within the
+        namespace. Membership ends with Leave, or when the invocation that
+        joined ends (its handler returned, failed or was killed).
+
+        Errors carry a google.rpc.ErrorInfo reason (domain ziptrail.dev):
+        PEER_GONE (the peer's instance ended or its pod died; immediate, not a
+        timeout), MSG_TIMEOUT, MSG_FOREIGN (the peer's sidecar is not of this
+        namespace), GROUP_CLOSED (this instance is not, or no longer, a member),
+        GROUP_CONFLICT (the rank is taken, or the size differs from the
+        group's) and BAD_PAYLOAD.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Leave(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Send(self, request, context):
+        """Send returns once the receiver's sidecar queued the message (or, for a
+        mailbox group whose receiver is not running, the fast tier holds it):
+        a full receiver queue holds the sender back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Recv(self, request, context):
+        """Recv returns the oldest queued message matching from and tag; the
+        messages of one sender arrive in the order it sent them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Members(self, request, context):
+        """Members returns the group's live and gone ranks; with after_epoch it
+        waits (up to timeout_ms) for a membership change newer than that epoch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -132,6 +208,31 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.Invoke,
                     request_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.InvokeRequest.FromString,
                     response_serializer=ziptrail_dot___proto_dot_sidecar__pb2.InvokeResponse.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.JoinRequest.FromString,
+                    response_serializer=ziptrail_dot___proto_dot_sidecar__pb2.MembersResponse.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.LeaveRequest.FromString,
+                    response_serializer=ziptrail_dot___proto_dot_sidecar__pb2.LeaveResponse.SerializeToString,
+            ),
+            'Send': grpc.unary_unary_rpc_method_handler(
+                    servicer.Send,
+                    request_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.SendRequest.FromString,
+                    response_serializer=ziptrail_dot___proto_dot_sidecar__pb2.SendResponse.SerializeToString,
+            ),
+            'Recv': grpc.unary_unary_rpc_method_handler(
+                    servicer.Recv,
+                    request_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.RecvRequest.FromString,
+                    response_serializer=ziptrail_dot___proto_dot_sidecar__pb2.RecvResponse.SerializeToString,
+            ),
+            'Members': grpc.unary_unary_rpc_method_handler(
+                    servicer.Members,
+                    request_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.MembersRequest.FromString,
+                    response_serializer=ziptrail_dot___proto_dot_sidecar__pb2.MembersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +370,141 @@ class Sidecar:
             '/ziptrail.sidecar.v1.Sidecar/Invoke',
             ziptrail_dot___proto_dot_sidecar__pb2.InvokeRequest.SerializeToString,
             ziptrail_dot___proto_dot_sidecar__pb2.InvokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ziptrail.sidecar.v1.Sidecar/Join',
+            ziptrail_dot___proto_dot_sidecar__pb2.JoinRequest.SerializeToString,
+            ziptrail_dot___proto_dot_sidecar__pb2.MembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ziptrail.sidecar.v1.Sidecar/Leave',
+            ziptrail_dot___proto_dot_sidecar__pb2.LeaveRequest.SerializeToString,
+            ziptrail_dot___proto_dot_sidecar__pb2.LeaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Send(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ziptrail.sidecar.v1.Sidecar/Send',
+            ziptrail_dot___proto_dot_sidecar__pb2.SendRequest.SerializeToString,
+            ziptrail_dot___proto_dot_sidecar__pb2.SendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Recv(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ziptrail.sidecar.v1.Sidecar/Recv',
+            ziptrail_dot___proto_dot_sidecar__pb2.RecvRequest.SerializeToString,
+            ziptrail_dot___proto_dot_sidecar__pb2.RecvResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Members(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ziptrail.sidecar.v1.Sidecar/Members',
+            ziptrail_dot___proto_dot_sidecar__pb2.MembersRequest.SerializeToString,
+            ziptrail_dot___proto_dot_sidecar__pb2.MembersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,410 @@
+package model
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+)
+
+// handParams are round numbers for hand-worked cases: 50 MB/s per worker to
+// both stores in both directions (no dependence on p or w), flat request
+// rates, a task may use all of a worker's memory, no startup, no
+// stragglers.
+func handParams() Params {
+	bw := Bandwidth{PerWorker: 50e6}
+	return Params{
+		SlowRead: bw, SlowWrite: bw, SlowRequests: Flat(100),
+		FastRead: bw, FastWrite: bw, FastRequests: Flat(1e5), FastServerBandwidth: 1e9, FastShards: 1,
+		PodPullBandwidth: 200e6, PodStoreFraction: 0.5,
+		TaskMemoryFraction: 1,
+	}
+}
+
+// handPrices: $1e-5 per GiB-second of worker, $1e-6 per GET, $1e-5 per
+// PUT, no storage or fast-tier prices.
+func handPrices() Prices {
+	return Prices{WorkerPerGiBSecond: 1e-5, SlowPerGet: 1e-6, SlowPerPut: 1e-5}
+}
+
+func mustModel(t testing.TB, p Params, pr Prices) *Model {
+	t.Helper()
+	m, err := New(p, pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(math.Abs(a), math.Abs(b)) }
+
+func TestHandWorkedCases(t *testing.T) {
+	requestBound := handParams()
+	requestBound.SlowRequests = Flat(1)
+	serverBound := handParams()
+	serverBound.FastServerBandwidth = 1e9
+	cases := []struct {
+		name   string
+		params Params
+		cfg    Config
+		// wanted: total seconds, each phase's seconds and binding term,
+		// worker GiB-seconds, GETs, PUTs, fast ops
+		seconds     float64
+		phases      []float64
+		bound       []string
+		workerGiBs  float64
+		gets, puts  float64
+		fastOps     float64
+		cost        float64
+		tasks       int
+		extraChecks func(t *testing.T, p Prediction)
+	}{
+		{
+			// D = 10 GB, P = 10 workers of 1 GiB (a task holds ≤ 1 GiB):
+			// n = 10·⌈10e9/(1 GiB·10)⌉ = 10 tasks. Map: n² = 100 PUTs at
+			// 100/s = 1 s; 10 GETs of input at 100/s = 0.1 s; each task
+			// writes 1 GB at 50 MB/s = 20 s. Reduce the same. Locus's
+			// 2·max(S²/(w²q_s), S/(b·p)) = 2·max(1, 20) = 40 s.
+			// Workers: 10 × 1 GiB × 40 s = 400 GiB-s = $0.004; GETs 10 + 100,
+			// PUTs 100 + 10: $0.00011 + $0.0011.
+			name: "s3 bandwidth-bound", params: handParams(),
+			cfg:     Config{Method: S3, DataBytes: 10e9, Parallelism: 10, WorkerMemory: GiB},
+			seconds: 40, phases: []float64{20, 20}, bound: []string{"s3 read bandwidth", "s3 read bandwidth"},
+			workerGiBs: 400, gets: 110, puts: 110, cost: 400*1e-5 + 110*1e-6 + 110*1e-5, tasks: 10,
+			extraChecks: func(t *testing.T, p Prediction) {
+				if v := p.Phases[0].Term("s3 requests"); !near(v, 1) {
+					t.Errorf("map's s3 requests term = %v, want 1 s (100 PUTs at 100/s)", v)
+				}
+				if v := p.Phases[0].Term("s3 write bandwidth"); !near(v, 20) {
+					t.Errorf("map's s3 write bandwidth term = %v, want 20 s", v)
+				}
+			},
+		},
+		{
+			// The same at 1 request/s: n² = 100 PUTs take 100 s per stage
+			// (the input's 10 GETs, in their own bucket, 10 s).
+			// 2·max(100, 20) = 200 s.
+			name: "s3 request-bound", params: requestBound,
+			cfg:     Config{Method: S3, DataBytes: 10e9, Parallelism: 10, WorkerMemory: GiB},
+			seconds: 200, phases: []float64{100, 100}, bound: []string{"s3 requests", "s3 requests"},
+			workerGiBs: 2000, gets: 110, puts: 110, cost: 2000*1e-5 + 110*1e-6 + 110*1e-5, tasks: 10,
+		},
+		{
+			// Redis: D = 10 GB, 100 workers of 100 MB → n = 100 tasks of
+			// 100 MB, 10⁴ objects of 1 MB. Worker side: 100 MB at 50 MB/s
+			// = 2 s; server side: 10 GB at 1 GB/s = 10 s; requests: 10⁴ at
+			// 10⁵/s = 0.1 s. Locus: 2·max(S²/(w²q_f), S/min(b_f, b·p)) =
+			// 2·max(0.1, 10e9/min(1e9, 5e9)) = 20 s. No S3 intermediate
+			// requests: GETs are the input's 100, PUTs the output's 100.
+			name: "redis server-bound", params: serverBound,
+			cfg:     Config{Method: Redis, DataBytes: 10e9, Parallelism: 100, WorkerMemory: 100e6, FastCapacity: 10e9},
+			seconds: 20, phases: []float64{10, 10}, bound: []string{"redis server bandwidth", "redis server bandwidth"},
+			workerGiBs: 100 * 100e6 / GiB * 20, gets: 100, puts: 100, fastOps: 2e4,
+			cost: 100*100e6/GiB*20*1e-5 + 100*1e-6 + 100*1e-5, tasks: 100,
+		},
+		{
+			// Pod memory: D = 10 GB, 10 workers of 2 GB (half of which
+			// the object store may hold: 10 GB in all, it just fits) → n =
+			// 10 tasks of 1 GB. Map: read 1 GB of input at 50 MB/s = 20 s,
+			// the partitions stay in the pod. Reduce: pull 1 GB at 200
+			// MB/s = 5 s, write 1 GB of output at 50 MB/s = 20 s → 20 s.
+			// Billed: 10 workers in the map, 20 (producers hold their
+			// partitions) in the reduce: (10 + 20) × 20 s × 2 GB.
+			name: "podmemory", params: handParams(),
+			cfg:     Config{Method: PodMemory, DataBytes: 10e9, Parallelism: 10, WorkerMemory: 2e9},
+			seconds: 40, phases: []float64{20, 20}, bound: []string{"s3 read bandwidth", "s3 write bandwidth"},
+			workerGiBs: 30 * 20 * 2e9 / GiB, gets: 10, puts: 10,
+			cost: 30*20*2e9/GiB*1e-5 + 10*1e-6 + 10*1e-5, tasks: 10,
+			extraChecks: func(t *testing.T, p Prediction) {
+				if v := p.Phases[1].Term("pod pull bandwidth"); !near(v, 5) {
+					t.Errorf("reduce's pull term = %v, want 5 s", v)
+				}
+				if v := p.Phases[0].Term("s3 read bandwidth"); !near(v, 20) {
+					t.Errorf("map's input read = %v, want 20 s", v)
+				}
+			},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := mustModel(t, c.params, handPrices())
+			p, err := m.Predict(c.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !near(p.Seconds, c.seconds) {
+				t.Errorf("seconds = %v, want %v", p.Seconds, c.seconds)
+			}
+			if p.Tasks != c.tasks {
+				t.Errorf("tasks = %d, want %d", p.Tasks, c.tasks)
+			}
+			for i, ph := range p.Phases {
+				if !near(ph.Seconds, c.phases[i]) {
+					t.Errorf("phase %s = %v s, want %v", ph.Name, ph.Seconds, c.phases[i])
+				}
+				// equal terms (a stage's read and write at the same
+				// bandwidth) may tie: the wanted one must be a largest
+				if got := ph.Term(c.bound[i]); !near(got, ph.Seconds-ph.Startup) {
+					t.Errorf("phase %s: %q = %v s, want it to bound the phase (%v s; terms %v)", ph.Name, c.bound[i], got, ph.Seconds, ph.Terms)
+				}
+			}
+			if !near(p.SlowGets, c.gets) || !near(p.SlowPuts, c.puts) || (c.fastOps != 0 || p.FastOps != 0) && !near(p.FastOps, c.fastOps) {
+				t.Errorf("requests: %v GETs, %v PUTs, %v fast; want %v, %v, %v", p.SlowGets, p.SlowPuts, p.FastOps, c.gets, c.puts, c.fastOps)
+			}
+			if !near(p.Costs.Workers, c.workerGiBs*1e-5) {
+				t.Errorf("worker cost %v, want %v", p.Costs.Workers, c.workerGiBs*1e-5)
+			}
+			if !near(p.Cost, c.cost) {
+				t.Errorf("cost %v, want %v", p.Cost, c.cost)
+			}
+			if c.extraChecks != nil {
+				c.extraChecks(t, p)
+			}
+		})
+	}
+}
+
+// hybridCase: D = 100 GB, 10 workers of 1 GB (task ≤ 1 GB) → R = n = 100
+// ranges; slow store 1000 requests/s.
+func hybridCase(r float64) (Params, Config) {
+	p := handParams()
+	p.SlowRequests = Flat(1000)
+	return p, Config{Method: Hybrid, DataBytes: 100e9, Parallelism: 10, WorkerMemory: 1e9, FastCapacity: 10e9, RoundBytes: r}
+}
+
+// TestMergeTerm checks the re-derived merge phase: R reducers each read one
+// run per round, R·k GETs, so its request term is R·k/q_s seconds; its
+// bandwidth term D/(b·p) does not depend on the rounds.
+func TestMergeTerm(t *testing.T) {
+	var prev Phase
+	for i, c := range []struct {
+		r      float64
+		rounds int
+		tmq    float64
+	}{
+		// r = 10 GB: k = 10 rounds; R·k = 100·10 = 1000 GETs at 1000/s = 1 s
+		{10e9, 10, 1},
+		// r = 5 GB: k = 20; 2000 GETs: 2 s
+		{5e9, 20, 2},
+		// r = 2.5 GB: k = 40; 4 s
+		{2.5e9, 40, 4},
+	} {
+		params, cfg := hybridCase(c.r)
+		m := mustModel(t, params, handPrices())
+		p, err := m.Predict(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Rounds != c.rounds {
+			t.Fatalf("r=%v: %d rounds, want %d", c.r, p.Rounds, c.rounds)
+		}
+		merge := p.Phases[2]
+		if merge.Name != "merge" || merge.Tasks != 100 {
+			t.Fatalf("merge phase %+v", merge)
+		}
+		if got := merge.Term("s3 requests"); !near(got, c.tmq) {
+			t.Errorf("r=%v: merge request term %v s, want %v", c.r, got, c.tmq)
+		}
+		if !near(merge.SlowGets, float64(100*c.rounds)) {
+			t.Errorf("r=%v: merge GETs %v, want R·k = %d", c.r, merge.SlowGets, 100*c.rounds)
+		}
+		// 100 GB read by 10 workers at 50 MB/s: 200 s, whatever k
+		if got := merge.Term("s3 read bandwidth"); !near(got, 200) {
+			t.Errorf("r=%v: merge bandwidth term %v, want 200 s", c.r, got)
+		}
+		if i > 0 {
+			if got, want := merge.Term("s3 requests"), 2*prev.Term("s3 requests"); !near(got, want) {
+				t.Errorf("doubling the rounds: request term %v, want twice %v", got, prev.Term("s3 requests"))
+			}
+		}
+		// Per round: m = 10 tasks of r/10; the combine writes one run per
+		// range, R = 100 PUTs at 1000/s = 0.1 s
+		if got := p.Phases[1].Term("s3 requests"); !near(got, 0.1) {
+			t.Errorf("r=%v: combine's run PUTs take %v s, want 0.1", c.r, got)
+		}
+		prev = merge
+	}
+}
+
+// TestUnits is the dimensional check of every term: expressing all bytes in
+// a unit λ times smaller (every size, capacity and bandwidth × λ) leaves
+// every time unchanged, since each term is bytes/(bytes/s) or
+// requests/(requests/s); making every rate λ× faster divides every term by
+// λ. The paper's printed merge term T_mq = (S·w/r)²·T_sq = S²/q_s fails the
+// first: it grows λ².
+func TestUnits(t *testing.T) {
+	const lambda = 8.0
+	scale := func(p Params, c Config, bytes, rate float64) (Params, Config) {
+		sb := func(b Bandwidth) Bandwidth { b.PerWorker *= bytes * rate; return b }
+		p.SlowRead, p.SlowWrite, p.FastRead, p.FastWrite = sb(p.SlowRead), sb(p.SlowWrite), sb(p.FastRead), sb(p.FastWrite)
+		p.FastServerBandwidth *= bytes * rate
+		p.PodPullBandwidth *= bytes * rate
+		sc := func(rc RateCurve) RateCurve {
+			out := RateCurve{}
+			for _, pt := range rc.Points {
+				out.Points = append(out.Points, RatePoint{Size: math.Min(pt.Size*bytes, math.MaxFloat64), PerSecond: pt.PerSecond * rate})
+			}
+			return out
+		}
+		p.SlowRequests, p.FastRequests = sc(p.SlowRequests), sc(p.FastRequests)
+		c.DataBytes *= bytes
+		c.WorkerMemory *= bytes
+		c.RoundBytes *= bytes
+		c.FastCapacity *= bytes
+		c.PodMemory *= bytes
+		return p, c
+	}
+	base := handParams()
+	base.SlowRequests = RateCurve{Points: []RatePoint{{10e3, 5000}, {1e6, 3000}, {100e6, 1000}}}
+	base.FastRequests = RateCurve{Points: []RatePoint{{10e3, 1e5}, {100e6, 12}}}
+	for _, cfg := range []Config{
+		{Method: S3, DataBytes: 7e9, Parallelism: 8, WorkerMemory: 0.3e9},
+		{Method: Redis, DataBytes: 7e9, Parallelism: 8, WorkerMemory: 0.3e9, FastCapacity: 8e9},
+		{Method: PodMemory, DataBytes: 7e9, Parallelism: 64, WorkerMemory: 0.3e9},
+		{Method: Hybrid, DataBytes: 7e9, Parallelism: 8, WorkerMemory: 0.3e9, FastCapacity: 2e9},
+	} {
+		m0 := mustModel(t, base, handPrices())
+		p0, err := m0.Predict(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []struct{ bytes, rate, timeFactor float64 }{{lambda, 1, 1}, {1, lambda, 1 / lambda}} {
+			params, c := scale(base, cfg, s.bytes, s.rate)
+			p1, err := mustModel(t, params, handPrices()).Predict(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, ph := range p1.Phases {
+				for j, term := range ph.Terms {
+					if want := p0.Phases[i].Terms[j].Seconds * s.timeFactor; math.Abs(term.Seconds-want) > 1e-9*want {
+						t.Errorf("%s %s %s: bytes×%v rates×%v: %v s, want %v", cfg.Method, ph.Name, term.Name, s.bytes, s.rate, term.Seconds, want)
+					}
+				}
+			}
+		}
+	}
+	// The paper's T_mq = (S·w/r)²·T_sq with T_sq = r²/(w²·q_s):
+	paperTmq := func(s, w, r, q float64) float64 { return (s * w / r) * (s * w / r) * (r * r / (w * w * q)) }
+	// ours: R·k/q_s = (S/w)·(S/r)/q_s
+	oursTmq := func(s, w, r, q float64) float64 { return (s / w) * (s / r) / q }
+	s, w, r, q := 100e9, 1e9, 10e9, 1000.0
+	if a, b := oursTmq(s, w, r, q), oursTmq(s*lambda, w*lambda, r*lambda, q); !near(a, b) {
+		t.Errorf("derived T_mq changes with the byte unit: %v vs %v", a, b)
+	}
+	if a, b := paperTmq(s, w, r, q), paperTmq(s*lambda, w*lambda, r*lambda, q); near(a, b) || !near(b/a, lambda*lambda) {
+		t.Errorf("the paper's printed T_mq was expected to scale with bytes² (it is not a time): %v vs %v", a, b)
+	}
+}
+
+func TestInfeasible(t *testing.T) {
+	m := mustModel(t, handParams(), handPrices())
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Method: PodMemory, DataBytes: 4 * GiB, Parallelism: 64, WorkerMemory: GiB, PodMemory: GiB}, "podmemory: 4 GiB does not fit in 1 GiB of pod memory"},
+		{Config{Method: PodMemory, DataBytes: 4 * GiB, Parallelism: 4, WorkerMemory: GiB}, "podmemory: 4 GiB does not fit in the object stores of 4 pods of 1 GiB (2 GiB: 50 % each)"},
+		{Config{Method: Redis, DataBytes: 4 * GiB, Parallelism: 4, WorkerMemory: GiB, FastCapacity: GiB}, "redis: 4 GiB does not fit in 1 GiB of fast tier"},
+		{Config{Method: Hybrid, DataBytes: 4 * GiB, Parallelism: 4, WorkerMemory: GiB}, "hybrid: no fast tier to run rounds through (fast capacity 0)"},
+		{Config{Method: Hybrid, DataBytes: 4 * GiB, Parallelism: 4, WorkerMemory: GiB, FastCapacity: GiB, RoundBytes: 2 * GiB}, "hybrid: a round of 2 GiB does not fit in 1 GiB of fast tier"},
+	} {
+		_, err := m.Predict(c.cfg)
+		var ie *InfeasibleError
+		if !errors.As(err, &ie) || err.Error() != c.want {
+			t.Errorf("%+v: err %v, want %q", c.cfg, err, c.want)
+		}
+	}
+	if _, err := m.Predict(Config{Method: "tape", DataBytes: 1, Parallelism: 1, WorkerMemory: 1}); err == nil || !strings.Contains(err.Error(), "unknown method") {
+		t.Errorf("unknown method: %v", err)
+	}
+}
+
+func TestRateCurve(t *testing.T) {
+	c := DefaultParams().SlowRequests
+	for _, pt := range c.Points {
+		if got := c.At(pt.Size); !near(got, pt.PerSecond) {
+			t.Errorf("At(%v) = %v, want the measured %v", pt.Size, got, pt.PerSecond)
+		}
+	}
+	// geometric mean halfway in log size between 10 KB (5986) and 100 KB (4400)
+	if got, want := c.At(math.Sqrt(10e3*100e3)), math.Sqrt(5986*4400.0); !near(got, want) {
+		t.Errorf("At(31.6 KB) = %v, want %v", got, want)
+	}
+	if got := c.At(1); got != 5986 {
+		t.Errorf("below the smallest size: %v, want 5986", got)
+	}
+	// above 100 MB: the 100 MB point's bandwidth, 1105 × 100 MB/s
+	if got := c.At(1e9); !near(got, 110.5) {
+		t.Errorf("At(1 GB) = %v, want 110.5", got)
+	}
+}
+
+func TestBandwidthFit(t *testing.T) {
+	b := DefaultParams().SlowWrite
+	// the two points of Locus §3.2 the defaults were fitted to: 60 workers
+	// of 0.5 GB ≈ 18 MB/s, 10 of 3 GB ≈ 40 MB/s (within 5 %)
+	for _, c := range []struct {
+		p    int
+		w    float64
+		want float64
+	}{{60, 0.5 * GiB, 18e6}, {10, 3 * GiB, 40e6}} {
+		if got := b.At(c.p, c.w); math.Abs(got-c.want) > 0.05*c.want {
+			t.Errorf("b(%d, %s) = %.1f MB/s, want ≈ %.0f", c.p, FormatBytes(c.w), got/1e6, c.want/1e6)
+		}
+	}
+	if r := b.At(1, GiB) / b.At(3000, GiB); r < 2 || r > 3 {
+		t.Errorf("bandwidth from 1 to 3000 workers drops %.2f×, want 2–3× (Fig. 2)", r)
+	}
+	if got := (Bandwidth{PerWorker: 1e9, Max: 5e8}).At(1, GiB); got != 5e8 {
+		t.Errorf("cap: %v", got)
+	}
+}
+
+func TestDefaultsValid(t *testing.T) {
+	if err := DefaultParams().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := DefaultPrices().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := DefaultParams()
+	bad.FastShards = 0
+	bad.Stragglers = []float64{1, 0}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "fastShards") || !strings.Contains(err.Error(), "stragglers") {
+		t.Errorf("Validate: %v", err)
+	}
+}
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]float64{"4GiB": 4 * GiB, "1.5 GB": 1.5e9, "512Mi": 512 * MiB, "100": 100, "2tib": 2 * TiB, "10KB": 1e4} {
+		if got, err := ParseBytes(in); err != nil || got != want {
+			t.Errorf("ParseBytes(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "GiB", "4 parsecs", "-1GiB"} {
+		if _, err := ParseBytes(in); err == nil {
+			t.Errorf("ParseBytes(%q): no error", in)
+		}
+	}
+	if got := FormatBytes(4 * GiB); got != "4 GiB" {
+		t.Errorf("FormatBytes = %q", got)
+	}
+}
+
+// TestStragglersSlowTheStage: with the default distribution a stage is
+// slower than without stragglers, and speculation makes it less so.
+func TestStragglersSlowTheStage(t *testing.T) {
+	p := handParams()
+	cfg := Config{Method: S3, DataBytes: 10e9, Parallelism: 10, WorkerMemory: GiB}
+	ideal, _ := mustModel(t, p, handPrices()).Predict(cfg)
+	p.Stragglers = DefaultParams().Stragglers
+	noSpec, _ := mustModel(t, p, handPrices()).Predict(cfg)
+	p.SpeculateAfter = 0.5
+	spec, _ := mustModel(t, p, handPrices()).Predict(cfg)
+	if !(ideal.Seconds < spec.Seconds && spec.Seconds < noSpec.Seconds) {
+		t.Errorf("ideal %v < speculation %v < none %v does not hold", ideal.Seconds, spec.Seconds, noSpec.Seconds)
+	}
+	if ph := noSpec.Phases[0]; !near(ph.StragglerSeconds, ph.Seconds-20) {
+		t.Errorf("straggler seconds %v, want %v", ph.StragglerSeconds, ph.Seconds-20)
+	}
+}

@@ -1,0 +1,253 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Params are the measured characteristics of an installation's storage and
+// workers: everything the model needs besides the job and the prices. Each
+// field is filled by one calibration measurement (see the package doc);
+// DefaultParams are documented, uncalibrated defaults.
+//
+// Units: bytes, seconds, bytes per second, requests per second.
+type Params struct {
+	// SlowRead and SlowWrite are the bandwidth one worker gets to the slow
+	// store (S3) when p workers of w bytes of memory transfer at once.
+	SlowRead  Bandwidth `json:"slowRead"`
+	SlowWrite Bandwidth `json:"slowWrite"`
+	// SlowServerBandwidth caps the slow store's aggregate bandwidth, reads
+	// and writes together (0: unlimited, as Locus assumes for S3; a MinIO
+	// server on one machine has one).
+	SlowServerBandwidth float64 `json:"slowServerBandwidth,omitempty"`
+	// SlowRequests is the request rate one bucket sustains, by object size.
+	// The shuffle's intermediate bucket and the job's input/output bucket
+	// each have this rate.
+	SlowRequests RateCurve `json:"slowRequests"`
+
+	// FastRead and FastWrite are the bandwidth one worker gets to the fast
+	// store (Redis) with p workers of w bytes of memory.
+	FastRead  Bandwidth `json:"fastRead"`
+	FastWrite Bandwidth `json:"fastWrite"`
+	// FastServerBandwidth is one Redis shard's bandwidth (its NIC or, on one
+	// machine, its single-threaded copy rate), reads and writes together.
+	FastServerBandwidth float64 `json:"fastServerBandwidth"`
+	// FastShards is the number of Redis shards (servers) the fast tier has.
+	FastShards int `json:"fastShards"`
+	// FastRequests is the request rate one Redis shard sustains, by object
+	// size.
+	FastRequests RateCurve `json:"fastRequests"`
+
+	// PodPullBandwidth is the bandwidth one consumer pod gets pulling
+	// objects directly from producers' pod memory (ziptrail's data plane);
+	// there is no request-rate limit other than this bandwidth.
+	PodPullBandwidth float64 `json:"podPullBandwidth"`
+	// PodAggregateBandwidth caps the pulls of all pods together (the
+	// network, or on one machine loopback and its cores; 0: unlimited).
+	PodAggregateBandwidth float64 `json:"podAggregateBandwidth,omitempty"`
+	// PodStoreFraction is the fraction of a producer pod's memory its
+	// object store may hold (the queue-proxy-zl memory cap over the pod's
+	// memory).
+	PodStoreFraction float64 `json:"podStoreFraction"`
+
+	// WorkerStartup is the time from invoking a stage's workers to their
+	// first byte of work (a cold start), paid once per stage.
+	WorkerStartup float64 `json:"workerStartup"`
+	// TaskMemoryFraction is the fraction of a worker's memory one task's
+	// data may take (the rest holds the output being built, buffers and the
+	// runtime): a task handles at most TaskMemoryFraction·w bytes.
+	TaskMemoryFraction float64 `json:"taskMemoryFraction"`
+
+	// Stragglers are sampled per-worker bandwidths relative to the fitted
+	// Bandwidth (1 = as fitted, 0.2 = a worker five times slower): Locus
+	// §3.5's bandwidth distribution. Empty: no stragglers.
+	Stragglers []float64 `json:"stragglers,omitempty"`
+	// SpeculateAfter is x of §3.5 as a fraction: once this fraction of the
+	// tasks of a stage's last wave finished, every task still running gets
+	// a speculative copy on a freed worker and finishes with whichever copy
+	// ends first. 0 disables speculation.
+	SpeculateAfter float64 `json:"speculateAfter"`
+}
+
+// Bandwidth is the fitted per-worker bandwidth b(p, w) to a store when p
+// workers of w bytes of memory transfer at once:
+//
+//	b(p, w) = PerWorker · (w / 1 GiB)^MemoryExponent / (1 + p/ParallelismKnee)^ParallelismExponent
+//
+// capped at Max when Max > 0. The memory term is Locus Fig. 2's sub-linear
+// growth with worker size (bigger functions get a bigger network share);
+// the parallelism term its 2–3× decline as concurrency grows from 1 to
+// thousands (ParallelismKnee 0: no decline). A calibration fits the four
+// numbers by least squares on log b over a grid of (p, w).
+type Bandwidth struct {
+	PerWorker           float64 `json:"perWorker"`
+	MemoryExponent      float64 `json:"memoryExponent,omitempty"`
+	ParallelismKnee     float64 `json:"parallelismKnee,omitempty"`
+	ParallelismExponent float64 `json:"parallelismExponent,omitempty"`
+	Max                 float64 `json:"max,omitempty"`
+}
+
+// At is b(p, w) in bytes per second.
+func (b Bandwidth) At(p int, w float64) float64 {
+	v := b.PerWorker
+	if b.MemoryExponent != 0 {
+		v *= math.Pow(w/GiB, b.MemoryExponent)
+	}
+	if b.ParallelismKnee > 0 && b.ParallelismExponent != 0 {
+		v /= math.Pow(1+float64(p)/b.ParallelismKnee, b.ParallelismExponent)
+	}
+	if b.Max > 0 && v > b.Max {
+		v = b.Max
+	}
+	return v
+}
+
+// RatePoint is one measured request rate: PerSecond requests of Size bytes
+// each.
+type RatePoint struct {
+	Size      float64 `json:"size"`
+	PerSecond float64 `json:"perSecond"`
+}
+
+// RateCurve is a store's request-rate limit as a function of object size
+// (Locus Table 1), from measured points: log-log interpolation between
+// points; below the smallest size the smallest size's rate (a request
+// limit); above the largest size the largest size's bandwidth (rate ∝
+// 1/size).
+type RateCurve struct {
+	Points []RatePoint `json:"points"`
+}
+
+// Flat is a curve with the same rate at every size.
+func Flat(perSecond float64) RateCurve {
+	return RateCurve{Points: []RatePoint{{Size: 1, PerSecond: perSecond}, {Size: math.MaxFloat64, PerSecond: perSecond}}}
+}
+
+// At is the request rate (requests per second) for objects of size bytes.
+func (c RateCurve) At(size float64) float64 {
+	pts := c.Points
+	if len(pts) == 0 {
+		return math.Inf(1)
+	}
+	if size <= pts[0].Size {
+		return pts[0].PerSecond
+	}
+	last := pts[len(pts)-1]
+	if size >= last.Size {
+		return last.PerSecond * (last.Size / size)
+	}
+	i := sort.Search(len(pts), func(i int) bool { return pts[i].Size >= size })
+	a, b := pts[i-1], pts[i]
+	f := (math.Log(size) - math.Log(a.Size)) / (math.Log(b.Size) - math.Log(a.Size))
+	return math.Exp(math.Log(a.PerSecond) + f*(math.Log(b.PerSecond)-math.Log(a.PerSecond)))
+}
+
+func (c RateCurve) validate(name string) error {
+	if len(c.Points) == 0 {
+		return fmt.Errorf("%s: no points", name)
+	}
+	for i, p := range c.Points {
+		if !(p.Size > 0) || !(p.PerSecond > 0) || math.IsInf(p.PerSecond, 0) {
+			return fmt.Errorf("%s: point %d: size and rate must be positive and finite", name, i)
+		}
+		if i > 0 && p.Size <= c.Points[i-1].Size {
+			return fmt.Errorf("%s: points must be in increasing size", name)
+		}
+	}
+	return nil
+}
+
+func (b Bandwidth) validate(name string) error {
+	if !(b.PerWorker > 0) || math.IsInf(b.PerWorker, 0) {
+		return fmt.Errorf("%s: perWorker must be positive", name)
+	}
+	if b.ParallelismKnee < 0 || b.Max < 0 {
+		return fmt.Errorf("%s: parallelismKnee and max must not be negative", name)
+	}
+	return nil
+}
+
+// Validate says what is wrong with p, if anything.
+func (p Params) Validate() error {
+	var errs []error
+	for _, b := range []struct {
+		n string
+		b Bandwidth
+	}{{"slowRead", p.SlowRead}, {"slowWrite", p.SlowWrite}, {"fastRead", p.FastRead}, {"fastWrite", p.FastWrite}} {
+		errs = append(errs, b.b.validate(b.n))
+	}
+	errs = append(errs, p.SlowRequests.validate("slowRequests"), p.FastRequests.validate("fastRequests"))
+	if p.FastShards < 1 {
+		errs = append(errs, errors.New("fastShards must be at least 1"))
+	}
+	if !(p.FastServerBandwidth > 0) || !(p.PodPullBandwidth > 0) {
+		errs = append(errs, errors.New("fastServerBandwidth and podPullBandwidth must be positive"))
+	}
+	if p.SlowServerBandwidth < 0 || p.PodAggregateBandwidth < 0 || p.WorkerStartup < 0 {
+		errs = append(errs, errors.New("slowServerBandwidth, podAggregateBandwidth and workerStartup must not be negative"))
+	}
+	if !(p.PodStoreFraction > 0 && p.PodStoreFraction <= 1) || !(p.TaskMemoryFraction > 0 && p.TaskMemoryFraction <= 1) {
+		errs = append(errs, errors.New("podStoreFraction and taskMemoryFraction must be in (0, 1]"))
+	}
+	if p.SpeculateAfter < 0 || p.SpeculateAfter > 1 {
+		errs = append(errs, errors.New("speculateAfter must be in [0, 1]"))
+	}
+	for _, s := range p.Stragglers {
+		if !(s > 0) || math.IsInf(s, 0) {
+			errs = append(errs, errors.New("stragglers: every sample must be positive and finite"))
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// DefaultParams are uncalibrated defaults: the storage numbers Locus
+// measured on AWS (Lambda workers, S3, ElastiCache Redis; NSDI '19, §2.4
+// and §3.2, Table 1, Fig. 2, Fig. 4), plus assumptions for what Locus had
+// no counterpart of (pod memory). They let `ziptrail explain` run before
+// `ziptrail calibrate` has measured the installation; every output made with
+// them says so.
+func DefaultParams() Params {
+	// Fig. 2 / §3.2: 60 workers of 0.5 GB write ~18 MB/s each, 10 of 3 GB
+	// ~40 MB/s; bandwidth varies 2–3× as concurrency goes from 1 to 3000.
+	// A knee of 100 with exponent 0.25 gives (1+3000/100)^0.25 = 2.36×;
+	// the two data points then give MemoryExponent 0.39 and 26.6 MB/s at
+	// 1 GiB. Locus uses the same b for reads and for Redis.
+	lambda := Bandwidth{PerWorker: 26.6e6, MemoryExponent: 0.39, ParallelismKnee: 100, ParallelismExponent: 0.25}
+	return Params{
+		SlowRead:  lambda,
+		SlowWrite: lambda,
+		// Table 1, one S3 bucket.
+		SlowRequests: RateCurve{Points: []RatePoint{
+			{10 * KB, 5986}, {100 * KB, 4400}, {1 * MB, 3210}, {10 * MB, 1729}, {100 * MB, 1105},
+		}},
+		FastRead:  lambda,
+		FastWrite: lambda,
+		// §3.3: "one ElastiCache instance with 10Gbps NIC".
+		FastServerBandwidth: 10e9 / 8,
+		FastShards:          1,
+		// Table 1, one Redis shard.
+		FastRequests: RateCurve{Points: []RatePoint{
+			{10 * KB, 116181}, {100 * KB, 11923}, {1 * MB, 1201}, {10 * MB, 120}, {100 * MB, 12},
+		}},
+		// Assumed: a 10 Gbit/s pod network, one pull stream per consumer
+		// (DESIGN's target is ≥ 90 % of raw TCP at 10–100 MB).
+		PodPullBandwidth: 10e9 / 8,
+		PodStoreFraction: 0.5,
+		// Assumed: a Knative cold start of about a second.
+		WorkerStartup:      1,
+		TaskMemoryFraction: 0.5,
+		// Shaped after Fig. 4: most workers within ±25 % of the typical
+		// bandwidth, 2 in 40 four to eight times slower.
+		Stragglers: []float64{
+			1.25, 1.2, 1.2, 1.15, 1.15, 1.1, 1.1, 1.1, 1.05, 1.05,
+			1.05, 1.05, 1, 1, 1, 1, 1, 1, 1, 1,
+			1, 1, 0.95, 0.95, 0.95, 0.95, 0.9, 0.9, 0.9, 0.9,
+			0.85, 0.85, 0.8, 0.8, 0.75, 0.75, 0.7, 0.6, 0.25, 0.125,
+		},
+		// Locus does not give its x; 90 % of the last wave.
+		SpeculateAfter: 0.9,
+	}
+}

@@ -30,7 +30,10 @@ const (
 	KindTooLarge       Kind = "TooLarge"       // object larger than the pod's store can ever hold
 	KindInvalid        Kind = "Invalid"        // a request the sidecar refuses (missing bucket, no persist tier, ...)
 	KindFunctionFailed Kind = "FunctionFailed" // the invoked function (or its session) answered with an error
-	KindConflict       Kind = "Conflict"       // a resource that already exists or changed meanwhile (admin)
+	KindConflict       Kind = "Conflict"       // a resource that already exists or changed meanwhile (admin); a taken rank or a differing size (Join)
+	KindPeerGone       Kind = "PeerGone"       // a group's peer instance ended or its pod died (messages, collectives)
+	KindForeign        Kind = "Foreign"        // the peer's sidecar is not of this namespace (messages)
+	KindClosed         Kind = "Closed"         // this instance is not, or no longer, a member of the group
 	KindInternal       Kind = "Internal"       // anything else
 )
 
@@ -49,6 +52,9 @@ var (
 	ErrInvalid        = &Error{Kind: KindInvalid}
 	ErrFunctionFailed = &Error{Kind: KindFunctionFailed}
 	ErrConflict       = &Error{Kind: KindConflict}
+	ErrPeerGone       = &Error{Kind: KindPeerGone}
+	ErrForeign        = &Error{Kind: KindForeign}
+	ErrClosed         = &Error{Kind: KindClosed}
 )
 
 // Error is every error the SDK returns.
@@ -97,7 +103,22 @@ var reasonKinds = map[string]Kind{
 	localapi.ReasonStoreFull:    KindStoreFull,
 	localapi.ReasonBadPayload:   KindInvalid,
 	localapi.ReasonNotReady:     KindUnavailable,
+	reasonPeerGone:              KindPeerGone,
+	reasonMsgTimeout:            KindTimeout,
+	reasonMsgForeign:            KindForeign,
+	reasonGroupClosed:           KindClosed,
+	reasonGroupConflict:         KindConflict,
 }
+
+// The messaging calls' error classes (proto/ziptrail/sidecar/v1's Join,
+// Send, Recv, ...), as the sidecar sends them.
+const (
+	reasonPeerGone      = "PEER_GONE"
+	reasonMsgTimeout    = "MSG_TIMEOUT"
+	reasonMsgForeign    = "MSG_FOREIGN"
+	reasonGroupClosed   = "GROUP_CLOSED"
+	reasonGroupConflict = "GROUP_CONFLICT"
+)
 
 // codeKinds classifies gRPC errors that carry no ziptrail reason.
 var codeKinds = map[codes.Code]Kind{

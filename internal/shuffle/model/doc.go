@@ -1,0 +1,141 @@
+// Package model is the performance and cost model of a shuffle (or sort)
+// of D bytes by P parallel workers of w bytes of memory each, after Locus
+// (Pu, Venkataraman, Stoica, NSDI '19, §3), over four ways to keep the
+// intermediate data: "s3" (the slow store only), "redis" (the fast store
+// only), "podmemory" (ziptrail's producers keep their partitions in pod
+// memory and the consumers pull them directly) and "hybrid" (Locus's
+// multi-round shuffle, §3.4 and Fig. 3). It has no Kubernetes or HTTP
+// imports; package plan searches it, `ziptrail explain` prints it.
+//
+// # Tasks and stages
+//
+// A task holds at most c = TaskMemoryFraction·w bytes. A stage of D bytes
+// on P workers has n = P·⌈D/(P·c)⌉ tasks: at least D/c (Locus's S/w) and
+// whole waves of P. Every method has a map stage (read the input from the
+// slow store, partition it) and a reduce stage (gather a partition, write
+// the output to the slow store); the input and the output live in a slow
+// store bucket of their own, as in Locus ("both the inputs and the outputs
+// of the shuffle are stored on the slow storage"), with its own request
+// budget. Reads and writes within a stage are pipelined, so a stage takes
+//
+//	T_stage = WorkerStartup + max(limits)
+//
+// with one limit per bucket for requests (objects / rate(object size)),
+// one per store and direction for the workers' bandwidth (in waves of P
+// tasks, with stragglers, below) and one per store for its server-side
+// bandwidth. With the input/output terms dominated and no startup this is
+// exactly Locus Table 3: the s3 shuffle takes 2·max(n²/q_s, D/(b·P)), the
+// redis shuffle 2·max(n²/q_f, D/min(b_f, b·P)).
+//
+//   - s3: map writes n² partitions of D/n² bytes to the intermediate
+//     bucket, reduce reads them.
+//   - redis: the same n² objects in Redis (rate per shard × shards, server
+//     bandwidth per shard × shards); all D bytes must fit in the fast
+//     capacity.
+//   - podmemory: map keeps its partitions in its own pod (no transfer, so
+//     the map is bound by reading its input); reduce pulls D bytes at
+//     PodPullBandwidth per worker (no request limit; PodAggregateBandwidth
+//     caps all pulls). D must fit in the producers' object stores,
+//     P·w·PodStoreFraction, and in the PodMemory cap if one is given. The
+//     producers stay up, holding their partitions, while the reducers run,
+//     so the reduce bills 2P workers.
+//   - hybrid: k = ⌈D/r⌉ rounds of D/k bytes. A round is a shuffle of r
+//     bytes through the fast store by m = P·⌈r/(P·c)⌉ tasks (partition:
+//     read r of input from the slow store, write m² objects to the fast
+//     store; combine: read them, write one sorted run per range, R runs, to
+//     the slow store). The ranges are the final reducers, R = n (each at
+//     most one task's data), the same range partitioner in every round.
+//     Then the merge: R tasks, each reads its range's k runs and writes its
+//     part of the output. Time: k·(T_partition + T_combine) + T_merge.
+//
+// # The merge term, re-derived
+//
+// Locus prints the merge phase's request-limited time as T_mq = (S·w/r)²·
+// T_sq with T_sq = r²/(w²·q_s). That product is S²/q_s: bytes² per
+// (request/s), not a time (expressing the bytes in another unit changes
+// it), so it cannot be right as printed. Counting the merge's requests
+// instead: there are R = S/w reducers (ranges) and k = S/r rounds; every
+// round left one sorted run per range in the slow store; each reducer
+// reads its run of every round, one request each. So the merge makes
+//
+//	N_merge = R·k = (S/w)·(S/r) requests of S/(R·k) bytes (one run each),
+//
+// and its request-limited time is that count over the slow store's request
+// rate at that object size:
+//
+//	T_mq = R·k / q_s(S/(R·k))           [requests / (requests/s) = s]
+//
+// The bandwidth-limited time is the bytes over the aggregate bandwidth,
+// T_mb = S/(b·P) [bytes / (bytes/s) = s] (Locus's (S/r)·T_sb, which is
+// consistent). Doubling the rounds doubles N_merge and, at a flat rate,
+// T_mq; T_mb does not change. The output's R writes go to the output
+// bucket, a separate budget, and the merge stage takes the largest of these
+// limits (plus startup) like every stage. TestMergeTerm checks the count
+// and the doubling, TestUnits checks that every term of every method is
+// unchanged when all byte quantities are scaled (and that the printed T_mq
+// is not).
+//
+// The same count replaces Locus's per-round slow-store term T_sq =
+// r²/(w²·q_s): a round's slow-store requests are its m input reads (input
+// bucket) and its R run writes (intermediate bucket), not (r/w)²; the
+// round's (r/w)² = m² objects go to the fast store and are limited by its
+// rate, which Locus ignored (footnote 3) and this model does not.
+//
+// # Stragglers (§3.5)
+//
+// Params.Stragglers are sampled per-worker bandwidths relative to the fit
+// (Fig. 4's CDF as samples). A task that moves its share in t at the fitted
+// bandwidth takes t/s on a worker with relative bandwidth s. A stage of n
+// tasks on P workers takes W = ⌈n/P⌉ waves: the W−1 waves before the last
+// cost their mean, E[1/s] each, since workers pick up tasks as they free
+// up; the last wave ends with its slowest task. Speculation: once
+// SpeculateAfter (x) of the last wave finished, every task still running
+// gets a copy on a freed worker and ends with the earlier of the two. The
+// expectations are computed exactly over the samples by order statistics
+// (see stragglers.go), not simulated, so predictions are deterministic;
+// a seeded Monte Carlo simulation in the tests checks them. Stragglers
+// lengthen the worker-bandwidth terms only; Phase.StragglerSeconds says by
+// how much.
+//
+// # Cost
+//
+// Workers: GiB-seconds of every phase's billed workers (P, or 2P for the
+// podmemory reduce) at Prices.WorkerPerGiBSecond (Locus's p·c_l·T). Slow
+// store: every GET and PUT, both buckets, and the intermediate bytes stored
+// for the job's duration. Fast store: the bytes it holds (D for redis, r
+// for hybrid) for the job's duration, its nodes, and the bytes moved
+// through it (Locus's r·c_f·T, plus per-request pricing where the service
+// has it). Speculative copies are not billed.
+//
+// # What a calibration measures
+//
+// Every Params field is filled by one measurement of `ziptrail calibrate`
+// (which is not part of this package):
+//
+//   - SlowRead, SlowWrite: the per-worker throughput of GETs and PUTs of
+//     large objects (64 MiB) to the S3 store, for p workers of w memory
+//     over a grid of p (1 … the cluster's worker slots) and w; fit PerWorker,
+//     MemoryExponent, ParallelismKnee, ParallelismExponent by least squares
+//     on log b (Max: the largest single-worker value seen).
+//   - SlowServerBandwidth: the aggregate throughput when adding workers no
+//     longer raises it (0 if it kept rising).
+//   - SlowRequests: the request rate one bucket sustains with many
+//     concurrent clients (AIMD probing as in Locus Fig. 1), at 10 KB, 100
+//     KB, 1 MB, 10 MB and 100 MB (Table 1's sizes).
+//   - FastRead, FastWrite: as SlowRead/SlowWrite, against Redis.
+//   - FastServerBandwidth: one shard's throughput at 10–100 MB values with
+//     enough clients to saturate it; FastShards: the shards configured.
+//   - FastRequests: one shard's request rate at the same five sizes.
+//   - PodPullBandwidth: one pod pulling 10–100 MB objects from another's
+//     memory over the data plane; PodAggregateBandwidth: the total when
+//     all worker slots pull at once, if it stops growing.
+//   - PodStoreFraction: the queue-proxy-zl object-store cap over the pod
+//     memory, read from the installation's configuration.
+//   - WorkerStartup: time from invoking a scaled-to-zero function to its
+//     first instruction (the median of a few cold starts).
+//   - TaskMemoryFraction: configuration of the shuffle library (how much
+//     of its memory a task fills with data), not measured.
+//   - Stragglers: the per-worker throughputs of the SlowRead runs, each
+//     divided by the fit's prediction for its (p, w).
+//   - SpeculateAfter: configuration of the shuffle library, not measured.
+package model

@@ -22,6 +22,10 @@ var (
 			"(an event naming another namespace's session), foreign_invocation (an event for another pod's invocation), " +
 			"keys_forbidden (GetKeys of a namespace the caller may not read).",
 	}, []string{"reason"})
+	groupViews = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_control_group_views_sent_total",
+		Help: "Messaging-group membership views pushed to sidecars (one per pod per change).",
+	})
 	tokenReviews = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ziptrail_control_token_reviews_total",
 		Help: "Token checks of the control service, by result: authenticated, rejected, error (TokenReview failed), cached (answered from the cache).",
@@ -46,7 +50,7 @@ func rejected(reason string) { rejections.WithLabelValues(reason).Inc() }
 
 func init() {
 	// The operator's /metrics endpoint serves controller-runtime's registry.
-	metrics.Registry.MustRegister(connectedSidecars, eventErrors, rejections, tokenReviews)
+	metrics.Registry.MustRegister(connectedSidecars, eventErrors, groupViews, rejections, tokenReviews)
 	for _, r := range []string{ReasonNoAuthenticator, ReasonNoToken, ReasonUnauthenticated, ReasonReviewUnavailable, ReasonNotPodBound,
 		ReasonForeignNamespace, ReasonForeignPod, ReasonForeignSession, ReasonForeignInvocation, ReasonKeysForbidden} {
 		rejections.WithLabelValues(r) // export zeros, so alerts on rate() see the series from the start

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/directory"
 )
 
 // Identity is a sidecar's stream: Namespace and Pod are its token's
@@ -87,15 +88,21 @@ type Server struct {
 	// and credentials the operator was started with. They travel only over
 	// this authenticated stream, never in a pod's annotations or env.
 	Tiers *controlv1.Tiers
+	// Groups is the messaging directory (docs/messaging.md); nil makes one.
+	Groups     *directory.Directory
+	groupsOnce sync.Once
 
 	mu       sync.RWMutex
 	conns    map[*conn]struct{}
 	podConns map[string]int // podKey -> open streams
 	owners   *owners
+	bySID    map[uint64]*conn
+	nextSID  atomic.Uint64
 }
 
 type conn struct {
 	id      Identity
+	sid     uint64 // the stream's id in the directory
 	out     chan *controlv1.OperatorMessage
 	gone    chan struct{}
 	once    sync.Once
@@ -109,7 +116,7 @@ func (c *conn) close() { c.once.Do(func() { close(c.gone) }) }
 // Set Auth before serving: without it every call is refused.
 func NewServer(ev Events, keys KeySource) *Server {
 	s := &Server{events: ev, keys: keys, SendTimeout: 5 * time.Second, conns: map[*conn]struct{}{},
-		podConns: map[string]int{}, owners: newOwners()}
+		podConns: map[string]int{}, owners: newOwners(), bySID: map[uint64]*conn{}}
 	s.scope, _ = ev.(SessionScope)
 	return s
 }
@@ -178,6 +185,7 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 		node = hello.Node
 	}
 	c := &conn{
+		sid: s.nextSID.Add(1),
 		id: Identity{Namespace: caller.Namespace, Workflow: hello.Workflow, Function: hello.Function, Pod: caller.Pod, Node: node,
 			DataplaneAddr: hello.DataplaneAddr, PodUID: caller.PodUID, ServiceAccount: caller.ServiceAccount},
 		out:     make(chan *controlv1.OperatorMessage, 256),
@@ -200,6 +208,7 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	pod := podKey(c.id)
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
+	s.bySID[c.sid] = c
 	s.podConns[pod]++
 	s.mu.Unlock()
 	connectedSidecars.Inc()
@@ -207,11 +216,13 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	defer func() {
 		s.mu.Lock()
 		delete(s.conns, c)
+		delete(s.bySID, c.sid)
 		if s.podConns[pod]--; s.podConns[pod] <= 0 {
 			delete(s.podConns, pod)
 		}
 		s.mu.Unlock()
 		c.close()
+		s.streamEnded(c)
 	}()
 
 	// The stream lives no longer than its token: the sidecar reconnects
@@ -320,6 +331,12 @@ func (s *Server) dispatch(ctx context.Context, c *conn, m *controlv1.SidecarMess
 			return nil
 		}
 		err = s.events.FunctionFinished(ctx, id, ev)
+	case *controlv1.SidecarMessage_GroupJoin:
+		s.groupJoin(c, msg.GroupJoin)
+		return nil
+	case *controlv1.SidecarMessage_GroupLeave:
+		s.groupLeave(c, msg.GroupLeave)
+		return nil
 	case *controlv1.SidecarMessage_Hello:
 		return status.Error(codes.InvalidArgument, "Hello may only be sent once, first")
 	default:

@@ -31,6 +31,10 @@ type Commands struct {
 	// Rejected learns of an event the operator refused (it is not sent
 	// again); nil passes the refusal to Client.Log.
 	Rejected func(*controlv1.Rejected)
+	// GroupView and GroupJoinResult are the messaging directory's
+	// (docs/messaging.md).
+	GroupView       func(*controlv1.GroupView)
+	GroupJoinResult func(*controlv1.GroupJoinResult)
 }
 
 // Client is the sidecar's end of the control stream. It reconnects with
@@ -238,6 +242,14 @@ func (c *Client) handle(m *controlv1.OperatorMessage) {
 	case *controlv1.OperatorMessage_KeepAlive:
 		if c.commands.KeepAlive != nil {
 			c.commands.KeepAlive(msg.KeepAlive)
+		}
+	case *controlv1.OperatorMessage_GroupView:
+		if c.commands.GroupView != nil {
+			c.commands.GroupView(msg.GroupView)
+		}
+	case *controlv1.OperatorMessage_GroupJoinResult:
+		if c.commands.GroupJoinResult != nil {
+			c.commands.GroupJoinResult(msg.GroupJoinResult)
 		}
 	case *controlv1.OperatorMessage_Rejected:
 		switch {

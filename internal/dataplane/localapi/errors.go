@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
@@ -31,6 +32,15 @@ const (
 	ReasonStoreFull    = "STORE_FULL"
 	ReasonBadPayload   = "BAD_PAYLOAD"
 	ReasonNotReady     = "KEYS_NOT_READY"
+
+	// Messaging (docs/messaging.md).
+	ReasonPeerGone      = "PEER_GONE"
+	ReasonMsgTimeout    = "MSG_TIMEOUT"
+	ReasonMsgForeign    = "MSG_FOREIGN"
+	ReasonGroupClosed   = "GROUP_CLOSED"
+	ReasonGroupConflict = "GROUP_CONFLICT"
+	ReasonMsgInvalid    = "MSG_INVALID"
+	ReasonNoDirectory   = "NO_DIRECTORY"
 )
 
 type class struct {
@@ -42,6 +52,13 @@ type class struct {
 // classes in match order: reference errors before the store's (a
 // producer's exhausted error wraps its store error, for instance).
 var classes = []class{
+	{messaging.ErrPeerGone, codes.Unavailable, ReasonPeerGone},
+	{messaging.ErrTimeout, codes.DeadlineExceeded, ReasonMsgTimeout},
+	{messaging.ErrForeign, codes.PermissionDenied, ReasonMsgForeign},
+	{messaging.ErrClosed, codes.FailedPrecondition, ReasonGroupClosed},
+	{messaging.ErrConflict, codes.AlreadyExists, ReasonGroupConflict},
+	{messaging.ErrInvalid, codes.InvalidArgument, ReasonMsgInvalid},
+	{messaging.ErrNoDirectory, codes.FailedPrecondition, ReasonNoDirectory},
 	{ref.ErrMalformed, codes.InvalidArgument, ReasonMalformed},
 	{ref.ErrTampered, codes.InvalidArgument, ReasonTampered},
 	{ref.ErrUnknownKey, codes.FailedPrecondition, ReasonUnknownKey},

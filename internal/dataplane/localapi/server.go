@@ -26,6 +26,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
@@ -48,6 +49,9 @@ type Server struct {
 	Spilled pull.Fallback
 	// Persist is the slow tier for persist=true objects; nil disables it.
 	Persist tier.Tier
+	// Messages is the pod's messaging router (docs/messaging.md); nil
+	// refuses the messaging calls.
+	Messages *messaging.Router
 	// Report sends an object-ready event to the operator; nil without one.
 	Report func(*controlv1.ObjectReady) error
 
@@ -249,14 +253,24 @@ func (s *Server) Get(ctx context.Context, req *sidecarv1.GetRequest) (*sidecarv1
 		resp, err := s.readLocal(ctx, rec.Key)
 		return resp, toStatus(err)
 	}
+	payload, size, err := s.fetch(ctx, req.GetRef())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &sidecarv1.GetResponse{Object: payload, Size: size, Source: "remote"}, nil
+}
+
+// fetch pulls a referenced object from its producer: inline when small,
+// else into a new file in the object directory.
+func (s *Server) fetch(ctx context.Context, r string) (*sidecarv1.Payload, int64, error) {
 	if s.Pull == nil {
-		return nil, toStatus(errNotReady)
+		return nil, 0, errNotReady
 	}
 	var (
 		buf  []byte
 		sink *fileSink
 	)
-	info, err := s.Pull(ctx, req.GetRef(), func(size int64) (io.WriterAt, error) {
+	info, err := s.Pull(ctx, r, func(size int64) (io.WriterAt, error) {
 		if size <= int64(s.InlineThreshold) {
 			buf = make([]byte, size)
 			return sliceAt(buf), nil
@@ -270,14 +284,14 @@ func (s *Server) Get(ctx context.Context, req *sidecarv1.GetRequest) (*sidecarv1
 	if sink != nil {
 		path, err := sink.done(err)
 		if err != nil {
-			return nil, toStatus(err)
+			return nil, 0, err
 		}
-		return &sidecarv1.GetResponse{Object: pathPayload(path), Size: info.Size, Source: "remote"}, nil
+		return pathPayload(path), info.Size, nil
 	}
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, 0, err
 	}
-	return &sidecarv1.GetResponse{Object: inlinePayload(buf), Size: info.Size, Source: "remote"}, nil
+	return inlinePayload(buf), info.Size, nil
 }
 
 // readLocal serves an object of this pod: from memory, else from the

@@ -28,6 +28,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/controlclient"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
+	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
@@ -135,6 +136,7 @@ type Sidecar struct {
 	client *pull.Client
 	ctl    *controlclient.Client
 	api    *localapi.Server
+	msgs   *messaging.Router
 	seq    atomic.Uint64
 	ready  chan struct{} // closed once keys are known
 	once   sync.Once
@@ -160,6 +162,7 @@ func New(cfg Config) *Sidecar {
 	if cfg.S3 != nil {
 		s.s3.Store(cfg.S3)
 	}
+	s.msgs = s.newRouter()
 	return s
 }
 
@@ -221,7 +224,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("data plane listener: %w", err)
 	}
-	s.server = &pull.Server{Store: s.Store}
+	s.server = &pull.Server{Store: s.Store, Messages: s.msgs}
 	switch {
 	case s.live():
 		s.server.Fallback = tier.Chain{s.liveRedis()}
@@ -242,8 +245,15 @@ func (s *Sidecar) Start(ctx context.Context) error {
 			Function: s.cfg.Function, Pod: s.cfg.Pod, DataplaneAddr: s.addr()},
 			controlclient.Commands{
 				Tiers: s.setTiers,
-				Keys:  func(k *controlv1.Keys) { _ = s.setKeys(k) },
-				Drop:  func(d *controlv1.DropObjects) { s.Store.DropSession(d.Session) },
+				Keys: func(k *controlv1.Keys) {
+					_ = s.setKeys(k)
+					// Keys start every stream: a new stream's operator
+					// learns this pod's group members again.
+					go s.msgs.Resync()
+				},
+				GroupView:       s.msgs.View,
+				GroupJoinResult: s.msgs.JoinResult,
+				Drop:            func(d *controlv1.DropObjects) { s.Store.DropSession(d.Session) },
 				KeepAlive: func(k *controlv1.KeepAlive) {
 					for _, r := range k.Refs {
 						if kr := s.keys.Load(); kr != nil {
@@ -302,7 +312,7 @@ func (s *Sidecar) serveLocalAPI() error {
 	if err := os.MkdirAll(s.cfg.ShmDir, 0o777); err != nil {
 		return fmt.Errorf("shared-memory directory: %w", err)
 	}
-	api := &localapi.Server{Store: s.Store, Addr: s.addr(), Dir: s.cfg.ShmDir, Namespace: s.cfg.Namespace, Function: s.cfg.Function,
+	api := &localapi.Server{Store: s.Store, Addr: s.addr(), Messages: s.msgs, Dir: s.cfg.ShmDir, Namespace: s.cfg.Namespace, Function: s.cfg.Function,
 		TTL: s.cfg.ObjectTTL, InlineThreshold: s.cfg.InlineThreshold, MaxObjectBytes: s.cfg.MemoryLimit, PutTimeout: s.cfg.PutTimeout,
 		Keys: func(ctx context.Context) (*ref.Keyring, error) {
 			if err := s.waitKeys(ctx); err != nil {
@@ -451,6 +461,8 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 		r2.ContentLength = int64(len(body))
 		r2.Header.Set("Content-Length", strconv.Itoa(len(body)))
 		s.serveFunction(w, r2, next, env)
+		// The invocation's group memberships end with it.
+		s.msgs.InvocationEnded(env.Invocation, r.Context().Err() != nil)
 	})
 }
 

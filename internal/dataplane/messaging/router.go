@@ -1,0 +1,389 @@
+// Package messaging is a sidecar's part of direct messages between
+// function instances (Pikachu, docs/messaging.md): the pod's members of
+// messaging groups, their inboxes, and sending by rank.
+//
+// An instance joins a group of its session as a rank; the operator's
+// directory (package directory, over the control stream) answers and
+// pushes the group's view, rank -> pod address, to every pod with a
+// member. Sends resolve the receiver's rank in that view and deliver over
+// the data-plane connection pulls use (pull.Client.Deliver); addresses
+// never leave the sidecar. Each delivery carries an authenticator sealed
+// with the namespace's key, so the receiving sidecar takes messages only
+// from sidecars of its own namespace. Large messages stay in the sender's
+// store and travel as references the receiver pulls when its instance
+// receives them.
+//
+// Per sender and receiver, messages are numbered: a receive takes the
+// oldest matching message and, of one sender's, the lowest number, so the
+// order holds even when some went through a mailbox. A full inbox holds
+// the sender back (the delivery returns once there is room).
+package messaging
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+)
+
+// Errors of messaging; the local API reports each as its own class.
+var (
+	ErrPeerGone    = errors.New("peer gone")
+	ErrTimeout     = errors.New("message timeout")
+	ErrForeign     = errors.New("peer of another namespace")
+	ErrClosed      = errors.New("not a member of the group")
+	ErrConflict    = errors.New("group conflict")
+	ErrInvalid     = errors.New("invalid message request")
+	ErrNoDirectory = errors.New("messaging needs the operator's directory (no control stream)")
+)
+
+// Config of a Router.
+type Config struct {
+	Self string // this pod's data-plane address
+	// Keys is the namespace's keyring (nil until the operator sent it).
+	Keys func() *ref.Keyring
+	// Control sends a message to the operator; nil: no directory.
+	Control func(*controlv1.SidecarMessage) error
+	// Deliver sends a message to the sidecar at addr.
+	Deliver func(ctx context.Context, addr string, m pull.Message) (pull.DeliverStatus, error)
+	// Mailbox holds messages for ranks not running (the fast tier); nil
+	// without one.
+	Mailbox Mailbox
+	// QueueBytes caps one member's queued message bytes (default 64 MiB):
+	// past it, deliveries wait.
+	QueueBytes int64
+	// GoneGrace bounds how long a send waits for the directory to confirm
+	// that a receiver whose sidecar failed is gone (default 1 s).
+	GoneGrace time.Duration
+	Now       func() time.Time
+}
+
+// Mailbox stores messages for a rank of a group, in order.
+type Mailbox interface {
+	Push(ctx context.Context, session, group string, rank uint32, m pull.Message) error
+	// Take removes and returns the rank's stored messages.
+	Take(ctx context.Context, session, group string, rank uint32) ([]pull.Message, error)
+}
+
+// Router is one pod's messaging state. It is safe for concurrent use.
+type Router struct {
+	cfg Config
+
+	mu     sync.Mutex
+	groups map[gkey]*group
+	joins  map[string]chan *controlv1.GroupJoinResult
+	auth   map[gkey]sealed
+}
+
+type gkey struct{ session, group string }
+
+type sealed struct {
+	token   string
+	expires time.Time
+}
+
+type group struct {
+	view    *controlv1.GroupView
+	changed chan struct{} // closed and replaced on every new view
+	local   map[uint32]*member
+	seq     map[[2]uint32]uint64 // (from, to) -> last sent
+	mailbox bool
+	size    uint32
+}
+
+type member struct {
+	rank       uint32
+	invocation string
+	inbox      []pull.Message
+	bytes      int64
+	wake       chan struct{} // closed and replaced when the inbox or state changes
+	closed     bool
+}
+
+// New returns a router.
+func New(cfg Config) *Router {
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = 64 << 20
+	}
+	if cfg.GoneGrace <= 0 {
+		cfg.GoneGrace = time.Second
+	}
+	return &Router{cfg: cfg, groups: map[gkey]*group{}, joins: map[string]chan *controlv1.GroupJoinResult{}, auth: map[gkey]sealed{}}
+}
+
+func (r *Router) now() time.Time {
+	if r.cfg.Now != nil {
+		return r.cfg.Now()
+	}
+	return time.Now()
+}
+
+func signal(ch *chan struct{}) {
+	close(*ch)
+	*ch = make(chan struct{})
+}
+
+// Join makes this pod the rank's member and waits for the directory's
+// answer; with waitAll it also waits until every rank joined once.
+func (r *Router) Join(ctx context.Context, session, name string, rank, size uint32, mailbox bool, invocation string, waitAll bool) (*controlv1.GroupView, error) {
+	switch {
+	case r.cfg.Control == nil:
+		return nil, ErrNoDirectory
+	case session == "" || name == "":
+		return nil, fmt.Errorf("%w: session and group are required", ErrInvalid)
+	case size == 0 || rank >= size:
+		return nil, fmt.Errorf("%w: rank %d of size %d", ErrInvalid, rank, size)
+	}
+	k := gkey{session, name}
+	id := newID()
+	res := make(chan *controlv1.GroupJoinResult, 1)
+	r.mu.Lock()
+	g := r.groups[k]
+	if g == nil {
+		g = &group{changed: make(chan struct{}), local: map[uint32]*member{}, seq: map[[2]uint32]uint64{}, mailbox: mailbox, size: size}
+		r.groups[k] = g
+	}
+	if _, ok := g.local[rank]; ok {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: rank %d of group %s already runs in this pod", ErrConflict, rank, name)
+	}
+	// The member exists before the directory announces it, so a message
+	// sent as soon as a peer sees the view finds it.
+	m := &member{rank: rank, invocation: invocation, wake: make(chan struct{})}
+	g.local[rank] = m
+	r.joins[id] = res
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.joins, id)
+		r.mu.Unlock()
+	}()
+	fail := func(err error) (*controlv1.GroupView, error) {
+		r.drop(k, rank, m)
+		return nil, err
+	}
+	err := r.cfg.Control(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_GroupJoin{GroupJoin: &controlv1.GroupJoin{
+		JoinId: id, Session: session, Group: name, Rank: rank, Size: size, Mailbox: mailbox}}})
+	if err != nil {
+		return fail(fmt.Errorf("join: %w", err))
+	}
+	select {
+	case jr := <-res:
+		if jr.Error != "" {
+			if jr.Code == 6 { // codes.AlreadyExists
+				return fail(fmt.Errorf("%w: %s", ErrConflict, jr.Error))
+			}
+			if jr.Code == 7 { // codes.PermissionDenied
+				return fail(fmt.Errorf("%w: %s", ErrForeign, jr.Error))
+			}
+			return fail(fmt.Errorf("%w: %s", ErrInvalid, jr.Error))
+		}
+	case <-ctx.Done():
+		r.leave(k, rank, m, false)
+		return nil, fmt.Errorf("%w: no answer from the directory: %v", ErrTimeout, context.Cause(ctx))
+	}
+	if mailbox && r.cfg.Mailbox != nil {
+		r.drainMailbox(ctx, k, m)
+	}
+	// Wait for the view that has this pod's rank (it follows the result),
+	// and for every rank with waitAll.
+	for {
+		r.mu.Lock()
+		v, ch := g.view, g.changed
+		r.mu.Unlock()
+		if v != nil && hasRank(v, rank, r.cfg.Self) && (!waitAll || uint32(len(v.Members)+len(v.Gone)) >= v.Size) {
+			return v, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			if v != nil && hasRank(v, rank, r.cfg.Self) {
+				return v, fmt.Errorf("%w: waiting for every rank of group %s to join", ErrTimeout, name)
+			}
+			r.leave(k, rank, m, false)
+			return nil, fmt.Errorf("%w: waiting for the directory's view: %v", ErrTimeout, context.Cause(ctx))
+		}
+	}
+}
+
+func hasRank(v *controlv1.GroupView, rank uint32, addr string) bool {
+	for _, m := range v.Members {
+		if m.Rank == rank {
+			return m.DataplaneAddr == addr
+		}
+	}
+	return false
+}
+
+func newID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// JoinResult routes the directory's answer to the waiting Join.
+func (r *Router) JoinResult(res *controlv1.GroupJoinResult) {
+	r.mu.Lock()
+	ch := r.joins[res.JoinId]
+	r.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- res:
+		default:
+		}
+	}
+}
+
+// View takes a group's new membership from the directory.
+func (r *Router) View(v *controlv1.GroupView) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g := r.groups[gkey{v.Session, v.Group}]
+	if g == nil || (g.view != nil && v.Epoch <= g.view.Epoch) {
+		return
+	}
+	g.view = v
+	g.size, g.mailbox = v.Size, v.Mailbox
+	signal(&g.changed)
+}
+
+// Resync joins this pod's members again on a new control stream (the
+// operator forgot them when the old one ended).
+func (r *Router) Resync() {
+	if r.cfg.Control == nil {
+		return
+	}
+	r.mu.Lock()
+	var msgs []*controlv1.SidecarMessage
+	for k, g := range r.groups {
+		for rank := range g.local {
+			msgs = append(msgs, &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_GroupJoin{GroupJoin: &controlv1.GroupJoin{
+				JoinId: newID(), Session: k.session, Group: k.group, Rank: rank, Size: g.size, Mailbox: g.mailbox}}})
+		}
+	}
+	r.mu.Unlock()
+	for _, m := range msgs {
+		_ = r.cfg.Control(m)
+	}
+}
+
+// Leave ends the rank's membership in this pod.
+func (r *Router) Leave(session, name string, rank uint32) error {
+	k := gkey{session, name}
+	r.mu.Lock()
+	g := r.groups[k]
+	var m *member
+	if g != nil {
+		m = g.local[rank]
+	}
+	r.mu.Unlock()
+	if m == nil {
+		return fmt.Errorf("%w: rank %d of group %s does not run in this pod", ErrClosed, rank, name)
+	}
+	r.leave(k, rank, m, false)
+	return nil
+}
+
+// InvocationEnded ends the memberships of an invocation whose request
+// ended (failed: it did not answer, e.g. the function was killed).
+func (r *Router) InvocationEnded(invocation string, failed bool) {
+	if invocation == "" {
+		return
+	}
+	type lm struct {
+		k    gkey
+		rank uint32
+		m    *member
+	}
+	var ls []lm
+	r.mu.Lock()
+	for k, g := range r.groups {
+		for rank, m := range g.local {
+			if m.invocation == invocation {
+				ls = append(ls, lm{k, rank, m})
+			}
+		}
+	}
+	r.mu.Unlock()
+	for _, l := range ls {
+		r.leave(l.k, l.rank, l.m, failed)
+	}
+}
+
+func (r *Router) leave(k gkey, rank uint32, m *member, failed bool) {
+	if !r.drop(k, rank, m) {
+		return
+	}
+	if r.cfg.Control != nil {
+		_ = r.cfg.Control(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_GroupLeave{GroupLeave: &controlv1.GroupLeave{
+			Session: k.session, Group: k.group, Rank: rank, Failed: failed}}})
+	}
+}
+
+// drop removes a member (false when it was gone already).
+func (r *Router) drop(k gkey, rank uint32, m *member) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g := r.groups[k]
+	if g == nil || g.local[rank] != m {
+		return false
+	}
+	delete(g.local, rank)
+	m.closed = true
+	m.inbox, m.bytes = nil, 0
+	signal(&m.wake)
+	if len(g.local) == 0 {
+		delete(r.groups, k)
+		delete(r.auth, k)
+	}
+	return true
+}
+
+// Members returns the group's view once its epoch is past after (at once
+// when after is 0), or the latest one when ctx ends first.
+func (r *Router) Members(ctx context.Context, session, name string, after uint64) (*controlv1.GroupView, error) {
+	k := gkey{session, name}
+	for {
+		r.mu.Lock()
+		g := r.groups[k]
+		if g == nil {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("%w: no rank of group %s runs in this pod", ErrClosed, name)
+		}
+		v, ch := g.view, g.changed
+		r.mu.Unlock()
+		if v != nil && v.Epoch > after {
+			return v, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			if v != nil {
+				return v, nil
+			}
+			return nil, fmt.Errorf("%w: no view of group %s yet", ErrTimeout, name)
+		}
+	}
+}
+
+// lookup finds a rank in a view: its live member, or gone when it joined
+// and left (nil, false: it has not joined yet).
+func lookup(v *controlv1.GroupView, rank uint32) (m *controlv1.GroupMember, gone bool) {
+	if v == nil {
+		return nil, false
+	}
+	for _, m := range v.Members {
+		if m.Rank == rank {
+			return m, true
+		}
+	}
+	return nil, slices.Contains(v.Gone, rank)
+}

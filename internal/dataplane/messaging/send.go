@@ -1,0 +1,140 @@
+package messaging
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+)
+
+// authTTL is how long one sealed authenticator is used for a group's
+// deliveries; receivers accept it until it expires.
+const authTTL = 5 * time.Minute
+
+// authKey is what an authenticator seals: the group it is valid for.
+func authKey(session, group string) string { return "msg\x00" + session + "\x00" + group }
+
+// Outgoing is a message to send: Data when small, else Ref (an object in
+// this pod's store, pulled by the receiver) and Size.
+type Outgoing struct {
+	Session, Group string
+	From, To       uint32
+	Tag            int64
+	Data           []byte
+	Ref            string
+	Size           uint64
+}
+
+// Send delivers a message to the rank To of the group, as the rank From
+// that runs in this pod. It waits for a rank that has not joined yet
+// (unless the group has mailboxes), and returns once the receiver's
+// sidecar queued the message; mailboxed reports that the fast tier holds
+// it for a rank not running.
+func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err error) {
+	k := gkey{o.Session, o.Group}
+	r.mu.Lock()
+	g := r.groups[k]
+	if g == nil || g.local[o.From] == nil {
+		r.mu.Unlock()
+		return false, fmt.Errorf("%w: rank %d of group %s does not run in this pod (join first)", ErrClosed, o.From, o.Group)
+	}
+	if o.To >= g.size {
+		r.mu.Unlock()
+		return false, fmt.Errorf("%w: rank %d outside the group's 0..%d", ErrInvalid, o.To, g.size-1)
+	}
+	g.seq[[2]uint32{o.From, o.To}]++
+	seq := g.seq[[2]uint32{o.From, o.To}]
+	r.mu.Unlock()
+	auth, err := r.authenticator(k)
+	if err != nil {
+		return false, err
+	}
+	msg := pull.Message{Auth: auth, Session: o.Session, Group: o.Group, From: o.From, To: o.To, Tag: o.Tag, Seq: seq,
+		Data: o.Data, Ref: o.Ref, Size: o.Size}
+	if msg.Ref == "" {
+		msg.Size = uint64(len(o.Data))
+	}
+	var failedAt time.Time // when a delivery to the listed member failed
+	for {
+		r.mu.Lock()
+		g = r.groups[k]
+		if g == nil || g.local[o.From] == nil {
+			r.mu.Unlock()
+			return false, fmt.Errorf("%w: rank %d left group %s", ErrClosed, o.From, o.Group)
+		}
+		v, ch, mbox := g.view, g.changed, g.mailbox
+		r.mu.Unlock()
+		peer, gone := lookup(v, o.To)
+		switch {
+		case peer != nil && failedAt.IsZero():
+			st, err := r.cfg.Deliver(ctx, peer.DataplaneAddr, msg)
+			switch {
+			case err == nil && st == pull.Queued:
+				return false, nil
+			case err == nil && st == pull.Foreign:
+				return false, fmt.Errorf("%w: rank %d's sidecar refused this namespace's authenticator", ErrForeign, o.To)
+			case err != nil && ctx.Err() != nil:
+				return false, r.timeout(ctx, o)
+			case err != nil && !errors.Is(err, pull.ErrProducerGone):
+				return false, err
+			}
+			// Not there (it left) or unreachable (its pod died): the
+			// directory says which soon; wait for its next view.
+			failedAt = r.now()
+		case peer != nil:
+			if r.now().Sub(failedAt) > r.cfg.GoneGrace {
+				return false, fmt.Errorf("%w: rank %d of group %s is unreachable", ErrPeerGone, o.To, o.Group)
+			}
+		case mbox && r.cfg.Mailbox != nil:
+			msg.Auth = "" // the mailbox is the namespace's own
+			if err := r.cfg.Mailbox.Push(ctx, o.Session, o.Group, o.To, msg); err != nil {
+				return false, fmt.Errorf("mailbox: %w", err)
+			}
+			return true, nil
+		case gone:
+			return false, fmt.Errorf("%w: rank %d of group %s left or died", ErrPeerGone, o.To, o.Group)
+		}
+		wait := time.NewTimer(r.cfg.GoneGrace)
+		select {
+		case <-ch:
+			failedAt = time.Time{}
+		case <-wait.C:
+		case <-ctx.Done():
+			wait.Stop()
+			return false, r.timeout(ctx, o)
+		}
+		wait.Stop()
+	}
+}
+
+func (r *Router) timeout(ctx context.Context, o Outgoing) error {
+	return fmt.Errorf("%w: sending to rank %d of group %s: %v", ErrTimeout, o.To, o.Group, context.Cause(ctx))
+}
+
+// authenticator is the group's sealed authenticator, renewed well before
+// it expires.
+func (r *Router) authenticator(k gkey) (string, error) {
+	now := r.now()
+	r.mu.Lock()
+	a, ok := r.auth[k]
+	r.mu.Unlock()
+	if ok && now.Add(authTTL/2).Before(a.expires) {
+		return a.token, nil
+	}
+	kr := r.cfg.Keys()
+	if kr == nil {
+		return "", fmt.Errorf("%w: the sidecar has no reference keys yet", ErrClosed)
+	}
+	exp := now.Add(authTTL)
+	tok, err := kr.Seal(ref.Record{Addr: r.cfg.Self, Key: authKey(k.session, k.group), Expires: exp, Reads: 1})
+	if err != nil {
+		return "", err
+	}
+	r.mu.Lock()
+	r.auth[k] = sealed{tok, exp}
+	r.mu.Unlock()
+	return tok, nil
+}

@@ -1,0 +1,66 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+)
+
+// newRouter makes the pod's messaging router (docs/messaging.md): the
+// directory over the control stream, deliveries over the pull client's
+// connections, mailboxes in the fast tier.
+func (s *Sidecar) newRouter() *messaging.Router {
+	cfg := messaging.Config{
+		Self: s.addr(),
+		Keys: func() *ref.Keyring { return s.keys.Load() },
+		Deliver: func(ctx context.Context, addr string, m pull.Message) (pull.DeliverStatus, error) {
+			if err := s.waitKeys(ctx); err != nil {
+				return 0, err
+			}
+			return s.client.Deliver(ctx, addr, m)
+		},
+		Mailbox: liveMailbox{s},
+	}
+	if s.cfg.OperatorAddr != "" {
+		cfg.Control = func(m *controlv1.SidecarMessage) error {
+			if s.ctl == nil {
+				return messaging.ErrNoDirectory
+			}
+			return s.ctl.Send(m)
+		}
+	}
+	return messaging.New(cfg)
+}
+
+// liveMailbox is the fast tier's mailbox, with the tier the operator sent.
+type liveMailbox struct{ s *Sidecar }
+
+var errNoFastTier = errors.New("the group keeps mailboxes in the fast tier, and none is configured")
+
+func (l liveMailbox) box() (*messaging.RedisMailbox, error) {
+	r := l.s.redis.Load()
+	if r == nil {
+		return nil, errNoFastTier
+	}
+	return &messaging.RedisMailbox{Client: r.Client, Namespace: l.s.cfg.Namespace, TTL: l.s.cfg.ObjectTTL}, nil
+}
+
+func (l liveMailbox) Push(ctx context.Context, session, group string, rank uint32, m pull.Message) error {
+	b, err := l.box()
+	if err != nil {
+		return err
+	}
+	return b.Push(ctx, session, group, rank, m)
+}
+
+func (l liveMailbox) Take(ctx context.Context, session, group string, rank uint32) ([]pull.Message, error) {
+	b, err := l.box()
+	if err != nil {
+		return nil, err
+	}
+	return b.Take(ctx, session, group, rank)
+}

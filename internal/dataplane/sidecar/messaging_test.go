@@ -1,0 +1,257 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// The messaging tests run sidecars connected to the operator's real
+// control server (TokenReview on a real API server), whose directory
+// resolves ranks, and Redis as the fast tier for mailboxes.
+
+type msgPod struct {
+	s    *Sidecar
+	sdk  *localapi.Client
+	stop context.CancelFunc
+	ns   string
+}
+
+func startMsgPod(t *testing.T, op *testservers.Operator, ns, pod string) *msgPod {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "zt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	cfg := Config{Namespace: ns, Pod: pod, PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: filepath.Join(t.TempDir(), "objects"),
+		MemoryLimit: 256 << 20, InlineThreshold: 64 << 10, ObjectTTL: time.Minute, OperatorAddr: op.Addr, TokenFile: op.PodToken(t, ns, pod),
+		APISocket: filepath.Join(sockDir, "sidecar.sock"), BackupTimeout: time.Second}
+	s := New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sdk, err := localapi.Dial(cfg.APISocket, cfg.ShmDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sdk.InlineThreshold = cfg.InlineThreshold
+	t.Cleanup(func() { sdk.Close() })
+	return &msgPod{s: s, sdk: sdk, stop: cancel, ns: ns}
+}
+
+func (p *msgPod) join(t *testing.T, session, group string, rank, size uint32, mailbox bool) *sidecarv1.MembersResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := p.sdk.RPC().Join(ctx, &sidecarv1.JoinRequest{Session: session, Group: group, Rank: rank, Size: size, Mailbox: mailbox})
+	if err != nil {
+		t.Fatalf("join %s rank %d: %v", group, rank, err)
+	}
+	return m
+}
+
+func (p *msgPod) send(ctx context.Context, session, group string, from, to uint32, tag int64, data []byte) (*sidecarv1.SendResponse, error) {
+	payload, err := p.sdk.Payload(data)
+	if err != nil {
+		return nil, err
+	}
+	return p.sdk.RPC().Send(ctx, &sidecarv1.SendRequest{Session: session, Group: group, From: from, To: to, Tag: tag, Data: payload})
+}
+
+func (p *msgPod) recv(ctx context.Context, session, group string, rank uint32, from uint32, timeoutMs int64) (uint32, []byte, error) {
+	m, err := p.sdk.RPC().Recv(ctx, &sidecarv1.RecvRequest{Session: session, Group: group, Rank: rank, From: from, AnyTag: true, TimeoutMs: timeoutMs})
+	if err != nil {
+		return 0, nil, err
+	}
+	data, err := p.sdk.Bytes(m.Data)
+	return m.From, data, err
+}
+
+var msgOp struct {
+	op    *testservers.Operator
+	redis *testservers.Redis
+}
+
+func messagingEnv(t *testing.T) *testservers.Operator {
+	t.Helper()
+	op := testservers.StartOperator(t)
+	r := testservers.StartRedis(t)
+	op.Server.Tiers = &controlv1.Tiers{RedisAddr: r.Addr}
+	return op
+}
+
+func within(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}
+
+// TestMessagingBetweenPods: point to point across two pods, small and
+// large (by reference) messages, order per sender kept; then the errors a
+// careless or hostile caller meets.
+func TestMessagingBetweenPods(t *testing.T) {
+	op := messagingEnv(t)
+	a := startMsgPod(t, op, "team-a", "pod-a")
+	b := startMsgPod(t, op, "team-a", "pod-b")
+	a.join(t, "s1", "g", 0, 2, false)
+	v := b.join(t, "s1", "g", 1, 2, false)
+	if v.Size != 2 {
+		t.Fatalf("view size %d", v.Size)
+	}
+	ctx, cancel := within(time.Minute)
+	defer cancel()
+
+	big := make([]byte, 3<<20) // above the inline size: travels by reference
+	_, _ = rand.Read(big)
+	msgs := [][]byte{[]byte("one"), big, []byte("three"), {}}
+	for i, m := range msgs {
+		if _, err := a.send(ctx, "s1", "g", 0, 1, int64(i), m); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	for i, want := range msgs {
+		from, got, err := b.recv(ctx, "s1", "g", 1, 0, 0)
+		if err != nil {
+			t.Fatalf("recv %d: %v", i, err)
+		}
+		if from != 0 || !bytes.Equal(got, want) {
+			t.Fatalf("message %d: from %d, %d bytes, want %d bytes from 0", i, from, len(got), len(want))
+		}
+	}
+
+	t.Run("recv times out with MSG_TIMEOUT", func(t *testing.T) {
+		_, _, err := b.recv(ctx, "s1", "g", 1, 0, 50)
+		if r := localapi.Reason(err); r != localapi.ReasonMsgTimeout {
+			t.Fatalf("reason %q (%v), want %s", r, err, localapi.ReasonMsgTimeout)
+		}
+	})
+	t.Run("a rank this pod does not run is GROUP_CLOSED", func(t *testing.T) {
+		_, err := a.send(ctx, "s1", "g", 1, 0, 0, []byte("x")) // rank 1 is b's
+		if r := localapi.Reason(err); r != localapi.ReasonGroupClosed {
+			t.Fatalf("reason %q (%v)", r, err)
+		}
+		_, _, err = a.recv(ctx, "s1", "g", 1, 0, 50)
+		if r := localapi.Reason(err); r != localapi.ReasonGroupClosed {
+			t.Fatalf("reason %q (%v)", r, err)
+		}
+	})
+	t.Run("a taken rank or another size is GROUP_CONFLICT", func(t *testing.T) {
+		for _, req := range []*sidecarv1.JoinRequest{{Session: "s1", Group: "g", Rank: 1, Size: 2}, {Session: "s1", Group: "g", Rank: 0, Size: 3}} {
+			_, err := a.sdk.RPC().Join(ctx, req)
+			if r := localapi.Reason(err); r != localapi.ReasonGroupConflict {
+				t.Fatalf("join %v: reason %q (%v)", req, r, err)
+			}
+		}
+	})
+	t.Run("a rank outside the group is MSG_INVALID", func(t *testing.T) {
+		_, err := a.send(ctx, "s1", "g", 0, 7, 0, []byte("x"))
+		if r := localapi.Reason(err); r != localapi.ReasonMsgInvalid {
+			t.Fatalf("reason %q (%v)", r, err)
+		}
+	})
+	t.Run("a peer whose pod ends is PEER_GONE", func(t *testing.T) {
+		done := make(chan error, 1)
+		go func() { _, _, err := a.recv(ctx, "s1", "g", 0, 1, 0); done <- err }()
+		b.stop() // its control stream ends: the directory announces rank 1 gone
+		err := <-done
+		if r := localapi.Reason(err); r != localapi.ReasonPeerGone {
+			t.Fatalf("reason %q (%v)", r, err)
+		}
+		_, err = a.send(ctx, "s1", "g", 0, 1, 0, []byte("late"))
+		if r := localapi.Reason(err); r != localapi.ReasonPeerGone {
+			t.Fatalf("send to the gone rank: reason %q (%v)", r, err)
+		}
+	})
+}
+
+// TestMessagingRefusesForeignDeliveries: straight to a sidecar's data
+// plane port, a delivery sealed with another namespace's key (or none, or
+// for another group) is refused, and nothing reaches the member.
+func TestMessagingRefusesForeignDeliveries(t *testing.T) {
+	op := messagingEnv(t)
+	a := startMsgPod(t, op, "team-a", "pod-a")
+	other := startMsgPod(t, op, "team-b", "pod-x")
+	a.join(t, "s1", "g", 0, 2, false)
+	other.join(t, "s1", "g", 1, 2, false) // same names, another namespace: another group
+
+	foreignKeys := other.s.keys.Load()
+	ownKeys := a.s.keys.Load()
+	seal := func(kr *ref.Keyring, key string) string {
+		tok, err := kr.Seal(ref.Record{Addr: "10.0.0.9:9192", Key: key, Expires: time.Now().Add(time.Minute), Reads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	cl := &pull.Client{Keys: foreignKeys}
+	defer cl.Close()
+	ctx, cancel := within(time.Minute)
+	defer cancel()
+	for name, auth := range map[string]string{
+		"another namespace's key": seal(foreignKeys, "msg\x00s1\x00g"),
+		"no authenticator":        "",
+		"garbage":                 "not-a-token",
+		"another group's":         seal(ownKeys, "msg\x00s1\x00other"),
+	} {
+		st, err := cl.Deliver(ctx, a.s.addr(), pull.Message{Auth: auth, Session: "s1", Group: "g", From: 1, To: 0, Data: []byte("forged")})
+		if err != nil || st != pull.Foreign {
+			t.Fatalf("%s: status %v, err %v; want foreign", name, st, err)
+		}
+	}
+	// Nothing forged reached the member.
+	_, _, err := a.recv(ctx, "s1", "g", 0, 1, 100)
+	if r := localapi.Reason(err); r != localapi.ReasonMsgTimeout {
+		t.Fatalf("a forged message reached the member, or another error: reason %q (%v)", r, err)
+	}
+	// The namespaces' groups are apart: team-b's rank 1 is not team-a's,
+	// so a send waits for a team-a rank 1 that never joins.
+	_, err = a.sdk.RPC().Send(ctx, &sidecarv1.SendRequest{Session: "s1", Group: "g", From: 0, To: 1,
+		Data: &sidecarv1.Payload{Source: &sidecarv1.Payload_Inline{Inline: []byte("x")}}, TimeoutMs: 300})
+	if r := localapi.Reason(err); r != localapi.ReasonMsgTimeout {
+		t.Fatalf("send to team-b's rank: reason %q (%v), want %s", r, err, localapi.ReasonMsgTimeout)
+	}
+}
+
+// TestMessagingMailbox: a message to a rank that has not joined waits in
+// the fast tier and reaches the instance that joins later as that rank.
+func TestMessagingMailbox(t *testing.T) {
+	op := messagingEnv(t)
+	a := startMsgPod(t, op, "team-a", "pod-a")
+	a.join(t, "s1", "mb", 0, 2, true)
+	ctx, cancel := within(time.Minute)
+	defer cancel()
+	for i := range 3 {
+		resp, err := a.send(ctx, "s1", "mb", 0, 1, 0, fmt.Appendf(nil, "early-%d", i))
+		if err != nil || !resp.Mailboxed {
+			t.Fatalf("send %d: %v (mailboxed %v)", i, err, resp.GetMailboxed())
+		}
+	}
+	b := startMsgPod(t, op, "team-a", "pod-b")
+	b.join(t, "s1", "mb", 1, 2, true)
+	if _, err := a.send(ctx, "s1", "mb", 0, 1, 0, []byte("direct")); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"early-0", "early-1", "early-2", "direct"} {
+		_, got, err := b.recv(ctx, "s1", "mb", 1, 0, 0)
+		if err != nil || string(got) != want {
+			t.Fatalf("got %q, %v; want %q", got, err, want)
+		}
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.Fatal("deadline")
+	}
+}

@@ -54,7 +54,8 @@
 // T_sq with T_sq = r²/(w²·q_s). That product is S²/q_s: bytes² per
 // (request/s), not a time (expressing the bytes in another unit changes
 // it), so it cannot be right as printed. Counting the merge's requests
-// instead: there are R = S/w reducers (ranges) and k = S/r rounds; every
+// instead: there are R = S/w reducers (ranges; here R = n, the tasks of
+// the final stage, S/c rounded up to whole waves) and k = S/r rounds; every
 // round left one sorted run per range in the slow store; each reducer
 // reads its run of every round, one request each. So the merge makes
 //

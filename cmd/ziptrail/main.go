@@ -31,6 +31,11 @@ commands:
   sessions [WORKFLOW] [-n NAMESPACE]
                        list the sessions of a namespace (or of one workflow),
                        newest first, with state, invocations and duration
+  explain --size 4GiB [--fast-capacity 1GiB] [--worker-memory 3GiB]
+          [--budget DOLLARS | --deadline DURATION] [--calibration FILE] [-o table|json]
+                       plan a shuffle with the Locus model: the chosen method,
+                       parallelism, worker memory and rounds, predicted time
+                       and cost, and every alternative's prediction
 `
 
 func main() {
@@ -50,6 +55,8 @@ func main() {
 		err = runRun(ctx, os.Args[2:], os.Stdin, os.Stdout, os.Stderr)
 	case "sessions":
 		err = runSessions(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	case "explain":
+		err = runExplain(os.Args[2:], os.Stdout, os.Stderr)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -9,25 +9,24 @@ import (
 	"math"
 	"sync"
 	"time"
-
-	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 )
 
 // Collectives over Send/Recv (MPI-style). Every member calls the same
 // collectives in the same order; each runs on its own reserved tag,
 //
-//	tag = -(seq<<4 | kind)
+//	tag = -(seq<<3 | kind)
 //
-// where seq counts the group's collectives on this member (1, 2, ...)
+// where seq counts the group's collectives on this member (0, 1, ...)
 // and kind is the collective (collBarrier ... collAlltoall), so
 // consecutive collectives never take each other's messages, and user
-// receives (AnyTag matches tags >= 0 only) never see them. Every message
-// starts with one byte: 0 data (the rest is the payload), 1 abort (the
-// rest is a JSON abortNote). A member whose part fails (a peer gone, its
-// context ended, bad arguments) sends an abort to every other rank, so the
-// ranks waiting on it fail too instead of waiting forever: a PeerGone
-// anywhere ends the collective everywhere with ErrPeerGone naming the
-// rank (a *PeerError).
+// receives (AnyTag matches tags >= 0 only) never see them. The messages
+// are frames (frame.go) shared with the Python SDK. A member whose part
+// fails (a peer gone, its context ended, bad arguments, a user function's
+// error) sends an abort to every other rank, so the ranks waiting on it
+// fail too instead of waiting forever: a PeerGone anywhere ends the
+// collective everywhere with ErrPeerGone naming the gone rank (a
+// *PeerError); another failure ends it with that failure's kind, naming
+// the member that failed.
 //
 // Algorithms: binomial trees for Barrier, Broadcast, Reduce and small
 // Allreduce (log2 n rounds), a ring (reduce-scatter, then allgather) for
@@ -54,59 +53,45 @@ const ringThreshold = 64 << 10
 // abortTimeout bounds the sends that tell the other ranks of a failure.
 const abortTimeout = 10 * time.Second
 
-const (
-	hdrData  byte = 0
-	hdrAbort byte = 1
-)
-
 // comm is what the collectives need of a group: Group over the sidecar,
 // and an in-memory transport in the algorithm tests.
 type comm interface {
 	commRank() int
 	commSize() int
 	nextSeq() int64
-	// csend sends the concatenation of parts to rank to.
-	csend(ctx context.Context, to int, tag int64, parts ...[]byte) error
+	// csend sends one message (a frame of typ, hdr and data) to each of
+	// dests in order, stopping at the first failure.
+	csend(ctx context.Context, dests []int, tag int64, typ byte, hdr, data []byte) error
 	// crecv receives the next message from rank from with tag tag.
-	crecv(ctx context.Context, from int, tag int64) (*Message, error)
+	crecv(ctx context.Context, from int, tag int64) (typ byte, hdr []byte, m *Message, err error)
 }
 
 func (g *Group) commRank() int  { return g.rank }
 func (g *Group) commSize() int  { return g.size }
-func (g *Group) nextSeq() int64 { return g.seq.Add(1) }
-func (g *Group) csend(ctx context.Context, to int, tag int64, parts ...[]byte) error {
-	n := 0
-	for _, p := range parts {
-		n += len(p)
-	}
-	var payload *sidecarv1.Payload
-	if n <= g.c.api.InlineThreshold {
-		b := make([]byte, 0, n)
-		for _, p := range parts {
-			b = append(b, p...)
-		}
-		payload = &sidecarv1.Payload{Source: &sidecarv1.Payload_Inline{Inline: b}}
-	} else {
-		path, err := writeParts(g.c.api.Dir, parts...)
-		if err != nil {
-			return &Error{Kind: KindInternal, Op: "send", Err: fmt.Errorf("write to the shared-memory directory: %w", err)}
-		}
-		payload = &sidecarv1.Payload{Source: &sidecarv1.Payload_Path{Path: path}}
-	}
-	return g.send(ctx, "send", to, tag, payload)
-}
+func (g *Group) nextSeq() int64 { return g.seq.Add(1) - 1 }
 
-func (g *Group) crecv(ctx context.Context, from int, tag int64) (*Message, error) {
-	return g.recv(ctx, "recv", from, tag, false)
-}
-
-// abortNote is an abort message's body.
+// abortNote is an abort message's header (JSON). Gone: Rank is a gone
+// peer; else Rank is the member that failed. Kind and Reason are the
+// failure's (the Go SDK's; other SDKs leave them out).
 type abortNote struct {
-	From   int    `json:"from"`   // the rank that failed
-	Rank   int    `json:"rank"`   // the rank the error names (the gone peer for PeerGone)
-	Kind   Kind   `json:"kind"`   // its error kind
-	Reason string `json:"reason"` // and reason, if any
-	Error  string `json:"error"`
+	Gone    bool   `json:"gone"`
+	Rank    int    `json:"rank"`
+	Message string `json:"message"`
+	Kind    Kind   `json:"kind,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// abortError is a failure another member reported.
+type abortError struct {
+	from int // the member that told this one
+	note abortNote
+}
+
+func (a *abortError) Error() string {
+	if a.note.Gone {
+		return fmt.Sprintf("rank %d is gone (%s)", a.note.Rank, a.note.Message)
+	}
+	return fmt.Sprintf("rank %d failed: %s", a.note.Rank, a.note.Message)
 }
 
 // coll is one collective in progress on one member.
@@ -118,49 +103,40 @@ type coll struct {
 	size int
 }
 
-// send sends a data message.
-func (x *coll) send(ctx context.Context, to int, parts ...[]byte) error {
-	return x.c.csend(ctx, to, x.tag, append([][]byte{{hdrData}}, parts...)...)
+// send sends a data message of element format f to each of dests.
+func (x *coll) send(ctx context.Context, dests []int, f string, data []byte) error {
+	return x.c.csend(ctx, dests, x.tag, frameData, []byte(f), data)
 }
 
-// recv receives a data message (its payload without the header), or the
+// recv receives a data message (its element format and data), or the
 // error an abort message carries.
-func (x *coll) recv(ctx context.Context, from int) (*Message, error) {
-	m, err := x.c.crecv(ctx, from, x.tag)
+func (x *coll) recv(ctx context.Context, from int) (string, *Message, error) {
+	typ, hdr, m, err := x.c.crecv(ctx, from, x.tag)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
-	b := m.Bytes()
-	if len(b) == 0 || (b[0] != hdrData && b[0] != hdrAbort) {
+	if typ == frameAbort {
 		m.Close()
-		return nil, &Error{Kind: KindInternal, Op: x.op, Err: fmt.Errorf("rank %d sent a malformed %s message", from, x.op)}
-	}
-	if b[0] == hdrAbort {
 		var n abortNote
-		err := json.Unmarshal(b[1:], &n)
-		m.Close()
-		if err != nil {
-			return nil, &Error{Kind: KindInternal, Op: x.op, Err: fmt.Errorf("rank %d aborted the %s (unreadable note: %v)", from, x.op, err)}
+		if err := json.Unmarshal(hdr, &n); err != nil {
+			return "", nil, &Error{Kind: KindInternal, Op: x.op, Err: fmt.Errorf("rank %d aborted the %s (unreadable note: %v)", from, x.op, err)}
 		}
-		return nil, &Error{Kind: n.Kind, Op: x.op, Reason: n.Reason, Err: &PeerError{Rank: n.Rank, Err: &abortError{note: n}}}
+		e := &Error{Kind: n.Kind, Op: x.op, Reason: n.Reason, Err: &PeerError{Rank: n.Rank, Err: &abortError{from: from, note: n}}}
+		switch {
+		case n.Gone:
+			e.Kind, e.Reason = KindPeerGone, reasonPeerGone
+		case e.Kind == "":
+			e.Kind = KindInternal
+		}
+		return "", nil, e
 	}
-	m.data = b[1:]
-	m.Size = int64(len(m.data))
-	m.Tag = 0
-	return m, nil
+	return string(hdr), m, nil
 }
 
-// abortError is a failure another rank reported.
-type abortError struct{ note abortNote }
-
-func (a *abortError) Error() string {
-	return fmt.Sprintf("aborted by rank %d: %s", a.note.From, a.note.Error)
-}
-
-// sendrecv sends parts to rank to while receiving from rank from (so a
+// sendrecv sends data to rank to while receiving from rank from (so a
 // ring or a pairwise exchange never waits on itself); the first failure
 // ends both.
-func (x *coll) sendrecv(ctx context.Context, to int, parts [][]byte, from int) (*Message, error) {
+func (x *coll) sendrecv(ctx context.Context, to int, f string, data []byte, from int) (string, *Message, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -178,49 +154,54 @@ func (x *coll) sendrecv(ctx context.Context, to int, parts [][]byte, from int) (
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := x.send(ctx, to, parts...); err != nil {
+		if err := x.send(ctx, []int{to}, f, data); err != nil {
 			fail(err)
 		}
 	}()
-	m, err := x.recv(ctx, from)
+	gf, m, err := x.recv(ctx, from)
 	if err != nil {
 		fail(err)
 	}
 	<-done
 	if first != nil {
 		m.Close()
-		return nil, first
+		return "", nil, first
 	}
-	return m, nil
+	return gf, m, nil
 }
 
 // run runs one collective on this member: its tag, and on failure the
 // aborts to the other ranks and an error naming the rank at fault.
 func run(ctx context.Context, c comm, kind int, body func(ctx context.Context, x *coll) error) error {
-	x := &coll{c: c, op: collNames[kind], tag: -(c.nextSeq()<<4 | int64(kind)), rank: c.commRank(), size: c.commSize()}
+	x := &coll{c: c, op: collNames[kind], tag: -(c.nextSeq()<<3 | int64(kind)), rank: c.commRank(), size: c.commSize()}
 	err := body(ctx, x)
 	if err == nil {
 		return nil
 	}
-	err = collError(x, err)
-	var e *Error
-	errors.As(err, &e)
-	var pe *PeerError
-	named := x.rank
-	if errors.As(err, &pe) {
-		named = pe.Rank
-	}
-	note := abortNote{From: x.rank, Rank: named, Kind: e.Kind, Reason: e.Reason, Error: fmt.Sprint(e.Err)}
+	e := collError(x, err)
+	note := abortNote{Rank: x.rank, Message: fmt.Sprint(e.Err), Kind: e.Kind, Reason: e.Reason}
 	var reported *abortError
-	if errors.As(err, &reported) {
+	var pe *PeerError
+	switch {
+	case errors.As(e, &reported):
 		note = reported.note // pass the original failure on
+	case e.Kind == KindPeerGone && errors.As(e, &pe):
+		note.Gone, note.Rank = true, pe.Rank
+	default:
+		// this member failed: name it
+		if !errors.As(e, &pe) {
+			e.Err = &PeerError{Rank: x.rank, Err: e.Err}
+		}
+	}
+	if len(note.Message) > 512 {
+		note.Message = note.Message[:512]
 	}
 	x.abort(ctx, note)
-	return err
+	return e
 }
 
 // collError makes err an *Error of the collective's operation.
-func collError(x *coll, err error) error {
+func collError(x *coll, err error) *Error {
 	var e *Error
 	if !errors.As(err, &e) {
 		kind := KindInternal
@@ -235,19 +216,15 @@ func collError(x *coll, err error) error {
 // abort tells every other rank (but a gone one) that this collective
 // failed, so that none waits on this rank forever.
 func (x *coll) abort(ctx context.Context, note abortNote) {
-	body, _ := json.Marshal(note)
+	hdr, _ := json.Marshal(note)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abortTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
 	for r := range x.size {
-		if r == x.rank || (note.Kind == KindPeerGone && r == note.Rank) {
+		if r == x.rank || (note.Gone && r == note.Rank) {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_ = x.c.csend(ctx, r, x.tag, []byte{hdrAbort}, body)
-		}()
+		wg.Go(func() { _ = x.c.csend(ctx, []int{r}, x.tag, frameAbort, hdr, nil) })
 	}
 	wg.Wait()
 }
@@ -270,15 +247,16 @@ func barrier(ctx context.Context, c comm) error {
 		if err := treeReduce(ctx, x, 0, &bytesAcc{data: []byte{}}); err != nil {
 			return err
 		}
-		m, err := treeBcast(ctx, x, 0, nil)
+		_, m, err := treeBcast(ctx, x, 0, "", nil)
 		m.Close()
 		return err
 	})
 }
 
 // Broadcast sends the root's data to every member (binomial tree); the
-// other members' data is ignored. Every member gets the data as a
-// Message (at the root: data itself), which it should Close.
+// other members' data is ignored. Every member gets the data as a Message
+// (at the root: data itself; elsewhere a mapping when large), which it
+// should Close.
 func (g *Group) Broadcast(ctx context.Context, root int, data []byte) (*Message, error) {
 	return broadcast(ctx, g, root, data)
 }
@@ -290,15 +268,16 @@ func broadcast(ctx context.Context, c comm, root int, data []byte) (*Message, er
 			return err
 		}
 		var err error
-		out, err = treeBcast(ctx, x, root, data)
+		_, out, err = treeBcast(ctx, x, root, "", data)
 		return err
 	})
 	return out, err
 }
 
-// treeBcast: binomial tree over ranks relative to root. The root returns
-// a message wrapping data.
-func treeBcast(ctx context.Context, x *coll, root int, data []byte) (*Message, error) {
+// treeBcast: binomial tree over ranks relative to root (relative rank v
+// receives from v minus its lowest set bit, then sends to v+2^k for the
+// lower bits k). The root returns a message wrapping data.
+func treeBcast(ctx context.Context, x *coll, root int, f string, data []byte) (string, *Message, error) {
 	n := x.size
 	vr := (x.rank - root + n) % n
 	var m *Message
@@ -306,8 +285,8 @@ func treeBcast(ctx context.Context, x *coll, root int, data []byte) (*Message, e
 	for ; mask < n; mask <<= 1 {
 		if vr&mask != 0 {
 			var err error
-			if m, err = x.recv(ctx, (vr-mask+root)%n); err != nil {
-				return nil, err
+			if f, m, err = x.recv(ctx, (vr-mask+root)%n); err != nil {
+				return "", nil, err
 			}
 			data = m.Bytes()
 			break
@@ -316,15 +295,17 @@ func treeBcast(ctx context.Context, x *coll, root int, data []byte) (*Message, e
 	if m == nil {
 		m = localMessage(x.rank, data)
 	}
+	var children []int
 	for mask >>= 1; mask > 0; mask >>= 1 {
 		if vr+mask < n {
-			if err := x.send(ctx, (vr+mask+root)%n, data); err != nil {
-				m.Close()
-				return nil, err
-			}
+			children = append(children, (vr+mask+root)%n)
 		}
 	}
-	return m, nil
+	if err := x.send(ctx, children, f, data); err != nil {
+		m.Close()
+		return "", nil, err
+	}
+	return f, m, nil
 }
 
 func localMessage(rank int, data []byte) *Message {
@@ -349,16 +330,17 @@ func scatter(ctx context.Context, c comm, root int, parts [][]byte) (*Message, e
 		}
 		if x.rank != root {
 			var err error
-			out, err = x.recv(ctx, root)
+			_, out, err = x.recv(ctx, root)
 			return err
 		}
 		if len(parts) != x.size {
 			return &Error{Kind: KindInvalid, Err: fmt.Errorf("the root scatters %d parts to %d ranks", len(parts), x.size)}
 		}
-		for i := 1; i < x.size; i++ {
-			to := (root + i) % x.size
-			if err := x.send(ctx, to, parts[to]); err != nil {
-				return err
+		for to := range x.size {
+			if to != root {
+				if err := x.send(ctx, []int{to}, "", parts[to]); err != nil {
+					return err
+				}
 			}
 		}
 		out = localMessage(root, parts[root])
@@ -381,12 +363,15 @@ func gather(ctx context.Context, c comm, root int, data []byte) ([]*Message, err
 			return err
 		}
 		if x.rank != root {
-			return x.send(ctx, root, data)
+			return x.send(ctx, []int{root}, "", data)
 		}
 		out = make([]*Message, x.size)
-		for i := 1; i < x.size; i++ {
-			from := (root + i) % x.size
-			m, err := x.recv(ctx, from)
+		for from := range x.size {
+			if from == root {
+				out[from] = localMessage(root, data)
+				continue
+			}
+			_, m, err := x.recv(ctx, from)
 			if err != nil {
 				closeAll(out)
 				out = nil
@@ -394,7 +379,6 @@ func gather(ctx context.Context, c comm, root int, data []byte) ([]*Message, err
 			}
 			out[from] = m
 		}
-		out[root] = localMessage(root, data)
 		return nil
 	})
 	return out, err
@@ -418,7 +402,7 @@ func alltoall(ctx context.Context, c comm, parts [][]byte) ([]*Message, error) {
 		out[x.rank] = localMessage(x.rank, parts[x.rank])
 		for s := 1; s < x.size; s++ {
 			to, from := (x.rank+s)%x.size, (x.rank-s+x.size)%x.size
-			m, err := x.sendrecv(ctx, to, [][]byte{parts[to]}, from)
+			_, m, err := x.sendrecv(ctx, to, "", parts[to], from)
 			if err != nil {
 				closeAll(out)
 				out = nil
@@ -441,27 +425,28 @@ func closeAll(ms []*Message) {
 
 // acc is a reduction's running value on one member.
 type acc interface {
-	encode() [][]byte
-	absorb(from int, in []byte) error // acc = acc op in
+	encode() (f string, data []byte)
+	absorb(from int, f string, in []byte) error // acc = acc op in
 }
 
 // treeReduce combines every member's value at root (binomial tree: in
-// round k, relative rank v receives from v+2^k and sends to v-2^k when
-// its bit k is set). Values combine in relative rank order.
+// round k, relative rank v sends to v-2^k when its bit k is set, else
+// receives from v+2^k). Values combine in relative rank order.
 func treeReduce(ctx context.Context, x *coll, root int, a acc) error {
 	n := x.size
 	vr := (x.rank - root + n) % n
 	for mask := 1; mask < n; mask <<= 1 {
 		if vr&mask != 0 {
-			return x.send(ctx, (vr-mask+root)%n, a.encode()...)
+			f, data := a.encode()
+			return x.send(ctx, []int{(vr - mask + root) % n}, f, data)
 		}
 		if src := vr | mask; src < n {
 			from := (src + root) % n
-			m, err := x.recv(ctx, from)
+			f, m, err := x.recv(ctx, from)
 			if err != nil {
 				return err
 			}
-			err = a.absorb(from, m.Bytes())
+			err = a.absorb(from, f, m.Bytes())
 			m.Close()
 			if err != nil {
 				return err
@@ -477,15 +462,18 @@ type bytesAcc struct {
 	f    func(a, b []byte) ([]byte, error)
 }
 
-func (b *bytesAcc) encode() [][]byte { return [][]byte{b.data} }
+func (b *bytesAcc) encode() (string, []byte) { return "", b.data }
 
-func (b *bytesAcc) absorb(from int, in []byte) error {
+func (b *bytesAcc) absorb(from int, _ string, in []byte) error {
 	if b.f == nil {
 		return nil // barrier
 	}
 	out, err := b.f(b.data, in)
 	if err != nil {
-		return &Error{Kind: KindInvalid, Err: &PeerError{Rank: from, Err: fmt.Errorf("reduce function: %w", err)}}
+		return &Error{Kind: KindInvalid, Err: fmt.Errorf("reduce function (with rank %d's value): %w", from, err)}
+	}
+	if len(out) > 0 && len(in) > 0 && &out[0] == &in[0] {
+		out = append([]byte(nil), out...) // in may be a mapping that goes away
 	}
 	b.data = out
 	return nil
@@ -505,7 +493,7 @@ func reduceBytes(ctx context.Context, c comm, root int, data []byte, f func(a, b
 		if err := checkRoot(root, x.size); err != nil {
 			return err
 		}
-		a := &bytesAcc{data: data, f: copying(f)}
+		a := &bytesAcc{data: data, f: f}
 		if err := treeReduce(ctx, x, root, a); err != nil {
 			return err
 		}
@@ -515,21 +503,6 @@ func reduceBytes(ctx context.Context, c comm, root int, data []byte, f func(a, b
 		return nil
 	})
 	return out, err
-}
-
-// copying makes sure a user function's result never aliases a received
-// (mapped) argument, which is unmapped after the call.
-func copying(f func(a, b []byte) ([]byte, error)) func(a, b []byte) ([]byte, error) {
-	return func(a, b []byte) ([]byte, error) {
-		out, err := f(a, b)
-		if err != nil {
-			return nil, err
-		}
-		if len(out) > 0 && len(b) > 0 && &out[0] == &b[0] {
-			out = append([]byte(nil), out...)
-		}
-		return out, nil
-	}
 }
 
 // AllreduceBytes combines every member's data with f and gives every
@@ -542,11 +515,11 @@ func (g *Group) AllreduceBytes(ctx context.Context, data []byte, f func(a, b []b
 func allreduceBytes(ctx context.Context, c comm, data []byte, f func(a, b []byte) ([]byte, error)) ([]byte, error) {
 	var out []byte
 	err := run(ctx, c, collAllreduce, func(ctx context.Context, x *coll) error {
-		a := &bytesAcc{data: data, f: copying(f)}
+		a := &bytesAcc{data: data, f: f}
 		if err := treeReduce(ctx, x, 0, a); err != nil {
 			return err
 		}
-		m, err := treeBcast(ctx, x, 0, a.data)
+		_, m, err := treeBcast(ctx, x, 0, "", a.data)
 		if err != nil {
 			return err
 		}
@@ -556,7 +529,9 @@ func allreduceBytes(ctx context.Context, c comm, data []byte, f func(a, b []byte
 	return out, err
 }
 
-// Number is the element type of the typed reductions.
+// Number is the element type of the typed reductions (on the wire: "i8"
+// or "f8", 8 bytes little-endian; an int64 array meeting a float64 one
+// of another SDK's member is a float64 one).
 type Number interface{ int64 | float64 }
 
 // Op combines two arrays of equal length element by element into dst:
@@ -618,7 +593,9 @@ func reduce[T Number](ctx context.Context, c comm, root int, data []T, op Op[T])
 // round a ring (reduce-scatter, then allgather: each member sends about
 // twice its array in total, whatever the group's size); smaller ones up a
 // binomial tree to rank 0 and back down. Every member passes an array of
-// the same length; data is not modified.
+// the same length; data is not modified. Example:
+//
+//	centroids, err := ziptrail.Allreduce(ctx, g, sums, ziptrail.Sum)
 func Allreduce[T Number](ctx context.Context, g *Group, data []T, op Op[T]) ([]T, error) {
 	return allreduce(ctx, g, data, op)
 }
@@ -637,51 +614,51 @@ func allreduce[T Number](ctx context.Context, c comm, data []T, op Op[T]) ([]T, 
 		if err := treeReduce(ctx, x, 0, a); err != nil {
 			return err
 		}
+		var f string
 		var payload []byte
 		if x.rank == 0 {
-			payload = encodeArray(a.data)
+			f, payload = a.encode()
 		}
-		m, err := treeBcast(ctx, x, 0, payload)
+		f, m, err := treeBcast(ctx, x, 0, f, payload)
 		if err != nil {
 			return err
 		}
 		defer m.Close()
-		out, err = decodeArray[T](m.Bytes())
+		out, err = decodeArray[T](f, m.Bytes())
 		if err == nil && len(out) != len(data) {
-			err = &Error{Kind: KindInvalid, Err: &PeerError{Rank: 0, Err: fmt.Errorf("allreduce result of %d elements, this rank passed %d", len(out), len(data))}}
+			err = fmt.Errorf("the result has %d elements, this rank passed %d", len(out), len(data))
 		}
-		return err
+		if err != nil {
+			return &Error{Kind: KindInvalid, Err: err}
+		}
+		return nil
 	})
 	return out, err
 }
 
 // ringAllreduce: n-1 steps of reduce-scatter (in step s, rank r sends its
-// partial segment r-s to r+1 and adds segment r-s-1 from r-1 into its
+// partial segment r-s to r+1 and combines segment r-s-1 from r-1 into its
 // own), after which rank r holds the whole reduction of segment r+1; then
-// n-1 steps of allgather pass the finished segments round. Every message
-// starts with the sender's array length (8 bytes), so members that passed
-// arrays of different lengths fail instead of mixing them.
+// n-1 steps of allgather pass the finished segments round. Segment i is
+// elements [len*i/n, len*(i+1)/n).
 func ringAllreduce[T Number](ctx context.Context, x *coll, a *arrayAcc[T]) error {
 	n, r := x.size, x.rank
 	total := len(a.data)
 	seg := func(i int) []T { return a.data[i*total/n : (i+1)*total/n] }
 	right, left := (r+1)%n, (r-1+n)%n
-	var lenHdr [8]byte
-	binary.LittleEndian.PutUint64(lenHdr[:], uint64(total))
 	step := func(send, recv int, combine bool) error {
-		m, err := x.sendrecv(ctx, right, [][]byte{lenHdr[:], encodeArray(seg(send))}, left)
+		f, m, err := x.sendrecv(ctx, right, fmtOf[T](), encodeArray(seg(send)), left)
 		if err != nil {
 			return err
 		}
 		defer m.Close()
-		b := m.Bytes()
-		if len(b) < 8 || binary.LittleEndian.Uint64(b) != uint64(total) {
-			return &Error{Kind: KindInvalid, Err: &PeerError{Rank: left, Err: fmt.Errorf("allreduce arrays differ in length (this rank's has %d elements)", total)}}
-		}
 		dst := seg(recv)
-		in, err := decodeArray[T](b[8:])
-		if err != nil || len(in) != len(dst) {
-			return &Error{Kind: KindInvalid, Err: &PeerError{Rank: left, Err: fmt.Errorf("allreduce segment of %d bytes, want %d elements", len(b)-8, len(dst))}}
+		in, err := decodeArray[T](f, m.Bytes())
+		if err == nil && len(in) != len(dst) {
+			err = fmt.Errorf("rank %d sent a segment of %d elements, want %d (do the members' arrays differ in length?)", left, len(in), len(dst))
+		}
+		if err != nil {
+			return &Error{Kind: KindInvalid, Err: err}
 		}
 		if combine {
 			a.op(dst, in)
@@ -709,18 +686,27 @@ type arrayAcc[T Number] struct {
 	op   Op[T]
 }
 
-func (a *arrayAcc[T]) encode() [][]byte { return [][]byte{encodeArray(a.data)} }
+func (a *arrayAcc[T]) encode() (string, []byte) { return fmtOf[T](), encodeArray(a.data) }
 
-func (a *arrayAcc[T]) absorb(from int, in []byte) error {
-	v, err := decodeArray[T](in)
+func (a *arrayAcc[T]) absorb(from int, f string, in []byte) error {
+	v, err := decodeArray[T](f, in)
 	if err == nil && len(v) != len(a.data) {
-		err = fmt.Errorf("rank %d passed %d elements, this rank %d", from, len(v), len(a.data))
+		err = fmt.Errorf("members reduce arrays of different lengths (rank %d's partial result has %d elements, this rank's %d)", from, len(v), len(a.data))
 	}
 	if err != nil {
-		return &Error{Kind: KindInvalid, Err: &PeerError{Rank: from, Err: err}}
+		return &Error{Kind: KindInvalid, Err: err}
 	}
 	a.op(a.data, v)
 	return nil
+}
+
+// fmtOf is the wire format of T's elements.
+func fmtOf[T Number]() string {
+	var zero T
+	if _, ok := any(zero).(float64); ok {
+		return "f8"
+	}
+	return "i8"
 }
 
 // encodeArray: 8 bytes per element, little-endian (IEEE 754 for float64).
@@ -739,15 +725,26 @@ func encodeArray[T Number](s []T) []byte {
 	return b
 }
 
-func decodeArray[T Number](b []byte) ([]T, error) {
+// decodeArray reads elements of format f as T: the same format, or int64
+// ones into a float64 array.
+func decodeArray[T Number](f string, b []byte) ([]T, error) {
+	want := fmtOf[T]()
+	if f != want && (f != "i8" || want != "f8") {
+		return nil, fmt.Errorf("members reduce different element types (%q here, %q received)", want, f)
+	}
 	if len(b)%8 != 0 {
-		return nil, fmt.Errorf("array of %d bytes (not a multiple of 8)", len(b))
+		return nil, fmt.Errorf("an array of %d bytes (not a multiple of 8)", len(b))
 	}
 	out := make([]T, len(b)/8)
 	switch v := any(out).(type) {
 	case []float64:
 		for i := range v {
-			v[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
+			u := binary.LittleEndian.Uint64(b[8*i:])
+			if f == "i8" {
+				v[i] = float64(int64(u))
+			} else {
+				v[i] = math.Float64frombits(u)
+			}
 		}
 	case []int64:
 		for i := range v {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"time"
 
@@ -233,20 +232,9 @@ func (g *Group) Recv(ctx context.Context, from int, tag int64) (*Message, error)
 }
 
 func (g *Group) recv(ctx context.Context, op string, from int, tag int64, anyTag bool) (*Message, error) {
-	if from != AnySource && (from < 0 || from >= g.size) {
-		return nil, &Error{Kind: KindInvalid, Op: op, Err: fmt.Errorf("rank %d outside the group's 0..%d", from, g.size-1)}
-	}
-	req := &sidecarv1.RecvRequest{Session: g.session, Group: g.name, Rank: uint32(g.rank), AnySource: from == AnySource,
-		AnyTag: anyTag, TimeoutMs: timeoutMs(ctx)}
-	if from != AnySource {
-		req.From = uint32(from)
-	}
-	if !anyTag {
-		req.Tag = tag
-	}
-	resp, err := g.c.api.RPC().Recv(ctx, req)
+	resp, err := g.recvRaw(ctx, op, from, tag, anyTag)
 	if err != nil {
-		return nil, peerError(rpcError(ctx, op, err), from)
+		return nil, err
 	}
 	m := &Message{From: int(resp.GetFrom()), Tag: resp.GetTag()}
 	switch src := resp.GetData().GetSource().(type) {
@@ -269,6 +257,26 @@ func (g *Group) recv(ctx context.Context, op string, from int, tag int64, anyTag
 	}
 	m.Size = int64(len(m.data))
 	return m, nil
+}
+
+// recvRaw receives a message as the sidecar answers it.
+func (g *Group) recvRaw(ctx context.Context, op string, from int, tag int64, anyTag bool) (*sidecarv1.RecvResponse, error) {
+	if from != AnySource && (from < 0 || from >= g.size) {
+		return nil, &Error{Kind: KindInvalid, Op: op, Err: fmt.Errorf("rank %d outside the group's 0..%d", from, g.size-1)}
+	}
+	req := &sidecarv1.RecvRequest{Session: g.session, Group: g.name, Rank: uint32(g.rank), AnySource: from == AnySource,
+		AnyTag: anyTag, TimeoutMs: timeoutMs(ctx)}
+	if from != AnySource {
+		req.From = uint32(from)
+	}
+	if !anyTag {
+		req.Tag = tag
+	}
+	resp, err := g.c.api.RPC().Recv(ctx, req)
+	if err != nil {
+		return nil, peerError(rpcError(ctx, op, err), from)
+	}
+	return resp, nil
 }
 
 // Members returns the group's current membership.
@@ -372,25 +380,4 @@ func peerError(err error, rank int) error {
 	}
 	e.Err = &PeerError{Rank: rank, Err: e.Err}
 	return err
-}
-
-// writeParts writes parts into one new file of the shared-memory
-// directory, for a payload the sidecar takes over.
-func writeParts(dir string, parts ...[]byte) (string, error) {
-	f, err := os.CreateTemp(dir, "put-*")
-	if err != nil {
-		return "", err
-	}
-	for _, p := range parts {
-		if _, err := f.Write(p); err != nil {
-			f.Close()
-			os.Remove(f.Name())
-			return "", err
-		}
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(f.Name())
-		return "", err
-	}
-	return f.Name(), nil
 }

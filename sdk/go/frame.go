@@ -1,0 +1,206 @@
+package ziptrail
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+)
+
+// The collectives' messages, shared with the Python SDK (ziptrail/group.py)
+// so that members of both languages can meet in one collective: a frame
+//
+//	version (1 byte, 1), type (1 byte: 0 data, 1 abort),
+//	header length (uint16), data offset (uint64), little-endian
+//
+// then the header (data: the element format, "f8", "i8", or empty for
+// bytes; abort: the JSON abortNote), then the data at the data offset:
+// right after the header for a message sent inline, or at the next page
+// boundary for one that passes through a file, so that the receiver maps
+// the data straight from the file.
+
+const (
+	frameVersion = 1
+	frameSize    = 12
+
+	frameData  byte = 0
+	frameAbort byte = 1
+)
+
+var pageSize = os.Getpagesize()
+
+func frameHead(typ byte, hdr []byte, off int) []byte {
+	b := make([]byte, frameSize, frameSize+len(hdr))
+	b[0], b[1] = frameVersion, typ
+	binary.LittleEndian.PutUint16(b[2:], uint16(len(hdr)))
+	binary.LittleEndian.PutUint64(b[4:], uint64(off))
+	return append(b, hdr...)
+}
+
+// inlineFrame is a whole message in one slice.
+func inlineFrame(typ byte, hdr, data []byte) []byte {
+	b := frameHead(typ, hdr, frameSize+len(hdr))
+	return append(b, data...)
+}
+
+var errBadFrame = errors.New("a malformed collective message (a member with another SDK version?)")
+
+// parseHead reads a frame's head; size is the whole message's.
+func parseHead(head []byte, size int64) (typ byte, hdrLen int, off int64, err error) {
+	if len(head) < frameSize {
+		return 0, 0, 0, errBadFrame
+	}
+	typ, hdrLen, off = head[1], int(binary.LittleEndian.Uint16(head[2:])), int64(binary.LittleEndian.Uint64(head[4:]))
+	if head[0] != frameVersion || (typ != frameData && typ != frameAbort) || off < int64(frameSize+hdrLen) || off > size {
+		return 0, 0, 0, errBadFrame
+	}
+	return typ, hdrLen, off, nil
+}
+
+// parseInline splits an inline message.
+func parseInline(raw []byte) (typ byte, hdr, data []byte, err error) {
+	typ, hl, off, err := parseHead(raw, int64(len(raw)))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	return typ, raw[frameSize : frameSize+hl], raw[off:], nil
+}
+
+// writeFrameFile writes a message into a new file of dir, its data at a
+// page boundary.
+func writeFrameFile(dir string, typ byte, hdr, data []byte) (string, error) {
+	base := frameSize + len(hdr)
+	off := (base + pageSize - 1) / pageSize * pageSize
+	f, err := os.CreateTemp(dir, "put-*")
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(frameHead(typ, hdr, off))
+	if err == nil {
+		_, err = f.WriteAt(data, int64(off))
+	}
+	if err == nil && len(data) == 0 {
+		err = f.Truncate(int64(off))
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
+}
+
+// readFrameFile reads a message the sidecar wrote into a file (and
+// removes the file): its data is mapped when it starts at a page boundary.
+func readFrameFile(path string) (typ byte, hdr []byte, m *Message, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer f.Close()
+	defer os.Remove(path)
+	st, err := f.Stat()
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	head := make([]byte, frameSize)
+	if _, err := io.ReadFull(f, head); err != nil {
+		return 0, nil, nil, errBadFrame
+	}
+	typ, hl, off, err := parseHead(head, st.Size())
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	hdr = make([]byte, hl)
+	if _, err := io.ReadFull(f, hdr); err != nil {
+		return 0, nil, nil, errBadFrame
+	}
+	n := st.Size() - off
+	m = &Message{Size: n}
+	switch {
+	case n == 0:
+		m.data = []byte{}
+	case off%int64(pageSize) == 0:
+		data, err := syscall.Mmap(int(f.Fd()), off, int(n), syscall.PROT_READ, syscall.MAP_SHARED)
+		if err != nil {
+			return 0, nil, nil, fmt.Errorf("map %s: %w", path, err)
+		}
+		m.data, m.buf = data, data
+	default:
+		m.data = make([]byte, n)
+		if _, err := f.ReadAt(m.data, off); err != nil {
+			return 0, nil, nil, err
+		}
+	}
+	return typ, hdr, m, nil
+}
+
+// csend sends one collective message to each of dests, in order; a large
+// one is written once into a file and hard-linked for the other requests
+// (the sidecar takes over each request's file).
+func (g *Group) csend(ctx context.Context, dests []int, tag int64, typ byte, hdr, data []byte) error {
+	if len(dests) == 0 {
+		return nil
+	}
+	if frameSize+len(hdr)+len(data) <= g.c.api.InlineThreshold {
+		raw := inlineFrame(typ, hdr, data)
+		for _, d := range dests {
+			if err := g.send(ctx, "send", d, tag, &sidecarv1.Payload{Source: &sidecarv1.Payload_Inline{Inline: raw}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	path, err := writeFrameFile(g.c.api.Dir, typ, hdr, data)
+	if err != nil {
+		return &Error{Kind: KindInternal, Op: "send", Err: fmt.Errorf("write to the shared-memory directory: %w", err)}
+	}
+	paths := []string{path}
+	for i := 1; i < len(dests); i++ {
+		p := fmt.Sprintf("%s.%d", path, i)
+		if err := os.Link(path, p); err != nil {
+			for _, p := range paths {
+				os.Remove(p)
+			}
+			return &Error{Kind: KindInternal, Op: "send", Err: fmt.Errorf("link the message file for %d requests: %w", len(dests), err)}
+		}
+		paths = append(paths, p)
+	}
+	for i, d := range dests {
+		if err := g.send(ctx, "send", d, tag, &sidecarv1.Payload{Source: &sidecarv1.Payload_Path{Path: paths[i]}}); err != nil {
+			for _, p := range paths[i+1:] {
+				os.Remove(p)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// crecv receives one collective message.
+func (g *Group) crecv(ctx context.Context, from int, tag int64) (typ byte, hdr []byte, m *Message, err error) {
+	resp, err := g.recvRaw(ctx, "recv", from, tag, false)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	switch src := resp.GetData().GetSource().(type) {
+	case *sidecarv1.Payload_Path:
+		typ, hdr, m, err = readFrameFile(src.Path)
+	default:
+		var data []byte
+		typ, hdr, data, err = parseInline(resp.GetData().GetInline())
+		m = &Message{data: data, Size: int64(len(data))}
+	}
+	if err != nil {
+		return 0, nil, nil, &Error{Kind: KindInternal, Op: "recv", Err: fmt.Errorf("from rank %d: %w", from, err)}
+	}
+	m.From = from
+	return typ, hdr, m, nil
+}

@@ -18,8 +18,8 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/controlclient"
+	"github.com/ziptrail/ziptrail/internal/controlplane"
 )
 
 // Operator is the operator's control server (with its messaging
@@ -37,7 +37,9 @@ type Operator struct {
 // noEvents: these tests run no trigger engine.
 type noEvents struct{}
 
-func (noEvents) ObjectReady(context.Context, control.Identity, *controlv1.ObjectReady) error { return nil }
+func (noEvents) ObjectReady(context.Context, control.Identity, *controlv1.ObjectReady) error {
+	return nil
+}
 func (noEvents) FunctionStarted(context.Context, control.Identity, *controlv1.FunctionStarted) error {
 	return nil
 }

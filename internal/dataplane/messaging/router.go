@@ -81,6 +81,7 @@ type Router struct {
 	groups map[gkey]*group
 	joins  map[string]chan *controlv1.GroupJoinResult
 	auth   map[gkey]sealed
+	left   chan struct{} // closed and replaced whenever a member ends
 }
 
 type gkey struct{ session, group string }
@@ -116,7 +117,40 @@ func New(cfg Config) *Router {
 	if cfg.GoneGrace <= 0 {
 		cfg.GoneGrace = time.Second
 	}
-	return &Router{cfg: cfg, groups: map[gkey]*group{}, joins: map[string]chan *controlv1.GroupJoinResult{}, auth: map[gkey]sealed{}}
+	return &Router{cfg: cfg, groups: map[gkey]*group{}, joins: map[string]chan *controlv1.GroupJoinResult{}, auth: map[gkey]sealed{},
+		left: make(chan struct{})}
+}
+
+// Live is the number of group members running in this pod.
+func (r *Router) Live() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, g := range r.groups {
+		n += len(g.local)
+	}
+	return n
+}
+
+// WaitIdle waits until no group member runs in this pod, or ctx ends. A
+// terminating pod (Knative scaling it away) keeps its data plane and
+// local API serving until then, so a live group is not cut under its
+// members: their invocations are requests in flight, which Knative's
+// drain waits for too.
+func (r *Router) WaitIdle(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		n, ch := len(r.groups), r.left
+		r.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 func (r *Router) now() time.Time {
@@ -340,6 +374,7 @@ func (r *Router) drop(k gkey, rank uint32, m *member) bool {
 	m.closed = true
 	m.inbox, m.bytes = nil, 0
 	signal(&m.wake)
+	signal(&r.left)
 	if len(g.local) == 0 {
 		delete(r.groups, k)
 		delete(r.auth, k)

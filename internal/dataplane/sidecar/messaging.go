@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
@@ -63,4 +64,14 @@ func (l liveMailbox) Take(ctx context.Context, session, group string, rank uint3
 		return nil, err
 	}
 	return b.Take(ctx, session, group, rank)
+}
+
+// groupDrain bounds how long a terminating sidecar keeps serving its
+// live group members (GroupDrainTimeout, default 10 minutes: Kubernetes'
+// grace period, Knative's revision timeout, ends it first).
+func (s *Sidecar) groupDrain() time.Duration {
+	if s.cfg.GroupDrainTimeout > 0 {
+		return s.cfg.GroupDrainTimeout
+	}
+	return 10 * time.Minute
 }

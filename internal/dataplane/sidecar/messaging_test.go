@@ -255,3 +255,34 @@ func TestMessagingMailbox(t *testing.T) {
 		t.Fatal("deadline")
 	}
 }
+
+// TestMessagingTerminatingPodServesLiveMembers: a pod Knative scales
+// away (SIGTERM: the sidecar's context ends) keeps its data plane and
+// local API while a group member still runs in it, so the group is not
+// cut under its members; once the member leaves, the sidecar shuts down.
+func TestMessagingTerminatingPodServesLiveMembers(t *testing.T) {
+	op := messagingEnv(t)
+	a := startMsgPod(t, op, "team-a", "pod-a")
+	b := startMsgPod(t, op, "team-a", "pod-b")
+	a.join(t, "s1", "g", 0, 2, false)
+	b.join(t, "s1", "g", 1, 2, false)
+	ctx, cancel := within(time.Minute)
+	defer cancel()
+
+	b.stop() // SIGTERM while rank 1 runs
+	<-b.s.BackedUp()
+	if _, err := a.send(ctx, "s1", "g", 0, 1, 0, []byte("after SIGTERM")); err != nil {
+		t.Fatalf("send to the terminating pod's live member: %v", err)
+	}
+	if _, got, err := b.recv(ctx, "s1", "g", 1, 0, 0); err != nil || string(got) != "after SIGTERM" {
+		t.Fatalf("the terminating pod's member received %q, %v", got, err)
+	}
+	if _, err := b.sdk.RPC().Leave(ctx, &sidecarv1.LeaveRequest{Session: "s1", Group: "g", Rank: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Now the sidecar closes: its rank is gone for the others.
+	_, _, err := a.recv(ctx, "s1", "g", 0, 1, 0)
+	if r := localapi.Reason(err); r != localapi.ReasonPeerGone {
+		t.Fatalf("reason %q (%v)", r, err)
+	}
+}

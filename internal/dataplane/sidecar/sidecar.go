@@ -66,6 +66,9 @@ type Config struct {
 	S3    *tier.S3
 	// BackupTimeout bounds the SIGTERM backup (inside Knative's drain).
 	BackupTimeout time.Duration
+	// GroupDrainTimeout bounds how long a terminating sidecar keeps
+	// serving messaging-group members still running (default 10 m).
+	GroupDrainTimeout time.Duration
 	// MaxOutputsBytes caps one function response with outputs, which is
 	// read whole to turn large objects into references; default
 	// invocation.MaxEnvelopeBytes. All such responses being read share
@@ -292,6 +295,12 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				_, _ = s.Backup(bctx)
 				cancel()
 				close(s.backedUp)
+				// Group members still running keep the data plane and the
+				// local API until they end (Knative's drain waits for their
+				// invocations; the pod's grace period bounds both).
+				gctx, cancel := context.WithTimeout(context.Background(), s.groupDrain())
+				_ = s.msgs.WaitIdle(gctx)
+				cancel()
 				_ = ln.Close()
 				if s.api != nil {
 					s.api.Stop()

@@ -8,6 +8,10 @@
   ``send_object``, ``get_object``.
 * Function side: ``serve(handler)``; inputs arrive as ``Invocation.objects``
   (zero-copy ``memoryview`` over shared memory for large objects).
+* Direct messages between instances (``ziptrail.group``): ``join(group,
+  rank, size)`` in a handler (or ``Client.join``), then ``send``/``recv`` and
+  the collectives ``barrier``, ``broadcast``, ``scatter``, ``gather``,
+  ``reduce``, ``allreduce``, ``alltoall``.
 * Admin client (``ziptrail.admin``, needs the ``kubernetes`` package):
   Buckets, Triggers, Workflows, and sessions through the gateway.
 
@@ -19,9 +23,12 @@ from .bucket import (META_DECLARE_ONLY, META_EXPECTED_COUNT, META_EXPECTED_KEYS,
                      create_object, get_object, send_object)
 from .client import (BytesLike, Client, Data, InlineObject, MappedObject, Response, SharedBuffer, allocate, broadcast,
                      default_client, gather, get, invoke, put, scatter, set_default_client)
-from .errors import (BadReferenceError, ConflictError, ExhaustedError, ExpiredError, FunctionFailedError, InvalidError,
-                     NotFoundError, ProducerGoneError, StoreFullError, TimeoutError_, TooLargeError, UnavailableError,
-                     ZiptrailError, ZiptrailTimeoutError)
+from .errors import (BadReferenceError, Closed, ClosedError, CollectiveAbortedError, Conflict, ConflictError,
+                     ExhaustedError, ExpiredError, Foreign, ForeignError, FunctionFailedError, GroupConflictError,
+                     InvalidError, MessageTimeout, MessageTimeoutError, NotFoundError, PeerGone, PeerGoneError,
+                     ProducerGoneError, StoreFullError, TimeoutError_, TooLargeError, UnavailableError, ZiptrailError,
+                     ZiptrailTimeoutError)
+from .group import ANY, MAX, MIN, SUM, Group, Members, Message, Op, join
 from .invocation import Invocation, Object, decode
 from .server import current_invocation, make_server, serve
 
@@ -32,10 +39,13 @@ __all__ = [
     # Pheromone
     "create_object", "send_object", "get_object", "BucketObject", "Sent", "META_GROUP", "META_EXPECTED_KEYS",
     "META_EXPECTED_COUNT", "META_DECLARE_ONLY",
+    # direct messages
+    "join", "Group", "Message", "Members", "Op", "ANY", "SUM", "MIN", "MAX",
     # function server
     "serve", "make_server", "current_invocation", "Invocation", "Object", "decode",
     # errors
     "ZiptrailError", "BadReferenceError", "ExpiredError", "ExhaustedError", "ProducerGoneError", "NotFoundError",
     "ZiptrailTimeoutError", "TimeoutError_", "UnavailableError", "StoreFullError", "TooLargeError", "InvalidError",
-    "ConflictError", "FunctionFailedError",
+    "ConflictError", "FunctionFailedError", "PeerGoneError", "MessageTimeoutError", "ForeignError", "ClosedError",
+    "GroupConflictError", "CollectiveAbortedError", "PeerGone", "MessageTimeout", "Foreign", "Closed", "Conflict",
 ]

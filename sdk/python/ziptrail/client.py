@@ -43,6 +43,7 @@ from .errors import FunctionFailedError, InvalidError, ZiptrailError, ZiptrailTi
 
 if TYPE_CHECKING:
     from ._proto import sidecar_pb2
+    from .group import Group
 
 ENV_SOCKET = "ZIPTRAIL_SOCKET"
 ENV_SHM_DIR = "ZIPTRAIL_SHM_DIR"
@@ -420,6 +421,21 @@ class Client:
         results in the order of ``refs``. On an error the objects already
         retrieved are closed and the first error is raised."""
         return _parallel(lambda r: self.get(r, timeout=timeout), list(refs), max_workers, cleanup=lambda d: d.close())
+
+    # --- direct messages (ziptrail.group) --------------------------------------
+
+    def join(self, session: str, group: str, rank: int, size: int, *, mailbox: bool = False,
+             invocation_id: str | None = None, wait_all: bool = False, timeout: float | None = None) -> Group:
+        """Joins ``group`` of ``session`` as ``rank`` of ``size`` and returns
+        the membership (send, recv, collectives: see :mod:`ziptrail.group`).
+        ``invocation_id`` (default: the handler's invocation when called in
+        one for this session, else none) ends the membership with that
+        invocation; without one, call :meth:`Group.leave`. ``mailbox`` keeps
+        messages for ranks not running; ``wait_all`` returns once every rank
+        joined (up to ``timeout`` seconds)."""
+        from .group import Group
+        return Group._join(self, session, group, rank, size, mailbox=mailbox, invocation_id=invocation_id,
+                           wait_all=wait_all, timeout=timeout)
 
     # --- the Pheromone calls (see ziptrail.bucket for the user library) -----
 

@@ -38,6 +38,8 @@ class ZiptrailError(Exception):
         self.op = op
         self.message = message
         self.reason = reason
+        #: The sidecar's ErrorInfo metadata, when it sent some.
+        self.metadata: dict[str, str] = {}
 
 
 class BadReferenceError(ZiptrailError):
@@ -120,9 +122,69 @@ class FunctionFailedError(ZiptrailError):
     kind = "FunctionFailed"
 
 
+# --- direct messaging (ziptrail.group) ---------------------------------------
+
+class PeerGoneError(ZiptrailError):
+    """The peer of a message ended: its instance left the group, its
+    invocation ended or its pod died (reason PEER_GONE). Raised as soon as
+    the directory knows, not after a timeout. ``rank`` is the peer's rank
+    when known (a collective always names it), else None."""
+
+    kind = "PeerGone"
+
+    def __init__(self, op: str, message: str, reason: str = "", rank: int | None = None) -> None:
+        super().__init__(op, message, reason)
+        self.rank = rank
+
+
+class MessageTimeoutError(ZiptrailTimeoutError):
+    """A send, receive, join or collective did not finish within its
+    timeout (reason MSG_TIMEOUT); also a ZiptrailTimeoutError and a builtin
+    ``TimeoutError``."""
+
+
+class ForeignError(ZiptrailError):
+    """The peer's sidecar is not of this namespace (reason MSG_FOREIGN)."""
+
+    kind = "Foreign"
+
+
+class ClosedError(ZiptrailError):
+    """This instance is not, or no longer, a member of the group (reason
+    GROUP_CLOSED)."""
+
+    kind = "Closed"
+
+
+class GroupConflictError(ConflictError):
+    """The rank is taken, or the size (or mailbox setting) differs from the
+    group's (reason GROUP_CONFLICT); also a ConflictError."""
+
+
+class CollectiveAbortedError(ZiptrailError):
+    """Another member aborted the collective this one was in, for a reason
+    other than a gone peer (that is a PeerGoneError); ``rank`` is that
+    member's."""
+
+    kind = "Aborted"
+
+    def __init__(self, op: str, message: str, reason: str = "", rank: int | None = None) -> None:
+        super().__init__(op, message, reason)
+        self.rank = rank
+
+
+#: Short names of the messaging errors.
+PeerGone = PeerGoneError
+MessageTimeout = MessageTimeoutError
+Foreign = ForeignError
+Closed = ClosedError
+Conflict = GroupConflictError
+
+
 BY_KIND: dict[str, type[ZiptrailError]] = {c.kind: c for c in (
     BadReferenceError, ExpiredError, ExhaustedError, ProducerGoneError, NotFoundError, ZiptrailTimeoutError,
-    UnavailableError, StoreFullError, TooLargeError, InvalidError, ConflictError, FunctionFailedError)}
+    UnavailableError, StoreFullError, TooLargeError, InvalidError, ConflictError, FunctionFailedError, PeerGoneError,
+    ForeignError, ClosedError, CollectiveAbortedError)}
 
 #: The sidecar's ErrorInfo reasons and the class each one raises.
 BY_REASON: dict[str, type[ZiptrailError]] = {
@@ -138,6 +200,11 @@ BY_REASON: dict[str, type[ZiptrailError]] = {
     "STORE_FULL": StoreFullError,
     "BAD_PAYLOAD": InvalidError,
     "KEYS_NOT_READY": UnavailableError,
+    "PEER_GONE": PeerGoneError,
+    "MSG_TIMEOUT": MessageTimeoutError,
+    "MSG_FOREIGN": ForeignError,
+    "GROUP_CLOSED": ClosedError,
+    "GROUP_CONFLICT": GroupConflictError,
 }
 
 _HINTS = {
@@ -153,12 +220,18 @@ def from_kind(kind: str, op: str, message: str, reason: str = "") -> ZiptrailErr
     return BY_KIND.get(kind, ZiptrailError)(op, message, reason)
 
 
-def from_reason(reason: str, op: str, message: str) -> ZiptrailError:
-    """Builds the error class of a sidecar ErrorInfo reason."""
+def from_reason(reason: str, op: str, message: str, metadata: dict[str, str] | None = None) -> ZiptrailError:
+    """Builds the error class of a sidecar ErrorInfo reason; ``metadata``
+    (the ErrorInfo's) is kept as the error's ``metadata``, and its "rank"
+    becomes a PeerGoneError's ``rank``."""
     hint = _HINTS.get(reason)
     if hint and hint not in message:
         message = f"{hint}: {message}"
-    return BY_REASON.get(reason, ZiptrailError)(op, message, reason)
+    err = BY_REASON.get(reason, ZiptrailError)(op, message, reason)
+    err.metadata = dict(metadata or {})
+    if isinstance(err, PeerGoneError) and err.metadata.get("rank", "").isdigit():
+        err.rank = int(err.metadata["rank"])
+    return err
 
 
 def from_rpc_error(op: str, err: Any, target: str = "") -> ZiptrailError:
@@ -183,7 +256,7 @@ def from_rpc_error(op: str, err: Any, target: str = "") -> ZiptrailError:
                 info = error_details_pb2.ErrorInfo()
                 detail.Unpack(info)
                 if info.domain == ERROR_DOMAIN and info.reason:
-                    return from_reason(info.reason, op, message)
+                    return from_reason(info.reason, op, message, dict(info.metadata))
     code = err.code() if hasattr(err, "code") else None
     where = f" at {target}" if target else ""
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

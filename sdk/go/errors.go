@@ -103,22 +103,17 @@ var reasonKinds = map[string]Kind{
 	localapi.ReasonStoreFull:    KindStoreFull,
 	localapi.ReasonBadPayload:   KindInvalid,
 	localapi.ReasonNotReady:     KindUnavailable,
-	reasonPeerGone:              KindPeerGone,
-	reasonMsgTimeout:            KindTimeout,
-	reasonMsgForeign:            KindForeign,
-	reasonGroupClosed:           KindClosed,
-	reasonGroupConflict:         KindConflict,
+	// messaging (Join, Send, Recv, ...)
+	localapi.ReasonPeerGone:      KindPeerGone,
+	localapi.ReasonMsgTimeout:    KindTimeout,
+	localapi.ReasonMsgForeign:    KindForeign,
+	localapi.ReasonGroupClosed:   KindClosed,
+	localapi.ReasonGroupConflict: KindConflict,
+	localapi.ReasonMsgInvalid:    KindInvalid,
+	localapi.ReasonNoDirectory:   KindUnavailable,
 }
 
-// The messaging calls' error classes (proto/ziptrail/sidecar/v1's Join,
-// Send, Recv, ...), as the sidecar sends them.
-const (
-	reasonPeerGone      = "PEER_GONE"
-	reasonMsgTimeout    = "MSG_TIMEOUT"
-	reasonMsgForeign    = "MSG_FOREIGN"
-	reasonGroupClosed   = "GROUP_CLOSED"
-	reasonGroupConflict = "GROUP_CONFLICT"
-)
+const reasonPeerGone = localapi.ReasonPeerGone
 
 // codeKinds classifies gRPC errors that carry no ziptrail reason.
 var codeKinds = map[codes.Code]Kind{

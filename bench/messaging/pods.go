@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/testservers"
+	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
+)
+
+// benchTB lets the test-server starters run outside a test (as in
+// bench/dataplane).
+type benchTB struct {
+	mu       sync.Mutex
+	cleanups []func()
+	dirs     []string
+}
+
+func (b *benchTB) Helper() {}
+func (b *benchTB) Fatal(args ...any) {
+	fmt.Fprintln(os.Stderr, append([]any{"bench:"}, args...)...)
+	b.run()
+	os.Exit(1)
+}
+func (b *benchTB) Fatalf(format string, args ...any) { b.Fatal(fmt.Sprintf(format, args...)) }
+func (b *benchTB) TempDir() string {
+	d, err := os.MkdirTemp("", "ziptrail-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.mu.Lock()
+	b.dirs = append(b.dirs, d)
+	b.mu.Unlock()
+	return d
+}
+func (b *benchTB) Cleanup(f func()) { b.mu.Lock(); b.cleanups = append(b.cleanups, f); b.mu.Unlock() }
+func (b *benchTB) run() {
+	b.mu.Lock()
+	cleanups, dirs := b.cleanups, b.dirs
+	b.cleanups, b.dirs = nil, nil
+	b.mu.Unlock()
+	for i := len(cleanups) - 1; i >= 0; i-- {
+		cleanups[i]()
+	}
+	for _, d := range dirs {
+		os.RemoveAll(d)
+	}
+}
+
+// namespace of every bench pod: one tenant.
+const namespace = "bench"
+
+// pods starts "pods": real queue-proxy-zl --standalone processes, each
+// with its own data-plane port, API socket and shared-memory directory
+// (in /dev/shm, a tmpfs as a pod's emptyDir with medium Memory is),
+// connected to the operator's control server and its directory.
+type pods struct {
+	tb  *benchTB
+	op  *testservers.Operator
+	bin string
+	seq int
+	mu  sync.Mutex
+}
+
+// pod is one running sidecar with the SDK client a function in that pod
+// would have.
+type pod struct {
+	name   string
+	socket string
+	shm    string
+	client *ziptrail.Client
+	cmd    *exec.Cmd
+	exited chan error
+	once   sync.Once
+}
+
+// buildSidecar builds queue-proxy-zl once, as sdk/go's tests do.
+func buildSidecar(tb *benchTB) (string, error) {
+	dir := tb.TempDir()
+	root, err := repoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "build", "-o", dir, "./cmd/queue-proxy-zl")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/queue-proxy-zl: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "queue-proxy-zl"), nil
+}
+
+// repoRoot is the module root (go run runs in the caller's directory).
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("run from inside the ziptrail module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// start runs one pod and waits until its API socket exists.
+func (p *pods) start() (*pod, error) {
+	p.mu.Lock()
+	p.seq++
+	name := fmt.Sprintf("pod-%d", p.seq)
+	p.mu.Unlock()
+	token := p.op.PodToken(p.tb, namespace, name)
+	sockDir, err := os.MkdirTemp("", "zt") // unix socket paths are short
+	if err != nil {
+		return nil, err
+	}
+	shmRoot, err := os.MkdirTemp("/dev/shm", "ziptrail-bench-")
+	if err != nil {
+		return nil, err
+	}
+	p.tb.Cleanup(func() { os.RemoveAll(sockDir); os.RemoveAll(shmRoot) })
+	s := &pod{name: name, socket: filepath.Join(sockDir, "sidecar.sock"), shm: filepath.Join(shmRoot, "objects"), exited: make(chan error, 1)}
+	s.cmd = exec.Command(p.bin, "--standalone", "--listen", fmt.Sprintf("127.0.0.1:%d", testservers.FreePort(p.tb)),
+		"--upstream", fmt.Sprintf("http://127.0.0.1:%d", testservers.FreePort(p.tb)))
+	s.cmd.Env = append(os.Environ(), "SERVING_NAMESPACE="+namespace, "SERVING_POD="+name, "SERVING_POD_IP=127.0.0.1",
+		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", testservers.FreePort(p.tb)), "ZIPTRAIL_METRICS_PORT=0",
+		"ZIPTRAIL_OPERATOR_ADDR="+p.op.Addr, "ZIPTRAIL_TOKEN_FILE="+token,
+		"ZIPTRAIL_SOCKET="+s.socket, "ZIPTRAIL_SHM_DIR="+s.shm,
+		"ZIPTRAIL_MEMORY_LIMIT="+fmt.Sprint(1<<30)) // room for a 64 MB message and its echo
+	s.cmd.Stderr = os.Stderr
+	if err := s.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { s.exited <- s.cmd.Wait() }()
+	p.tb.Cleanup(s.kill)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(s.socket); err == nil {
+			break
+		}
+		select {
+		case err := <-s.exited:
+			s.exited <- err
+			return nil, fmt.Errorf("%s exited at start: %v", name, err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s did not open its API socket within 30 s", name)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if s.client, err = ziptrail.NewClient(ziptrail.Config{Socket: s.socket, ShmDir: s.shm}); err != nil {
+		return nil, err
+	}
+	p.tb.Cleanup(func() { s.client.Close() })
+	return s, nil
+}
+
+// kill ends the process with SIGKILL (a crashed pod) and waits for it.
+func (s *pod) kill() {
+	s.once.Do(func() {
+		_ = s.cmd.Process.Signal(syscall.SIGKILL)
+		err := <-s.exited
+		s.exited <- err
+	})
+}
+
+func (s *pod) pid() int { return s.cmd.Process.Pid }
+
+// joinAll joins rank i of group from members[i], concurrently, waiting
+// until every rank joined.
+func joinAll(ctx context.Context, session, group string, members []*pod) ([]*ziptrail.Group, error) {
+	gs := make([]*ziptrail.Group, len(members))
+	err := parallel(len(members), func(i int) error {
+		var err error
+		gs[i], err = members[i].client.Join(ctx, session, group, i, len(members), ziptrail.WithWaitAll(), ziptrail.WithJoinTimeout(time.Minute))
+		return err
+	})
+	return gs, err
+}
+
+func leaveAll(gs []*ziptrail.Group) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, g := range gs {
+		if g != nil {
+			_ = g.Leave(ctx)
+		}
+	}
+}
+
+// parallel runs f(0..n-1) concurrently and returns the first error.
+func parallel(n int, f func(i int) error) error {
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- f(i) }()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func hostInfo() map[string]any {
+	h, _ := os.Hostname()
+	info := map[string]any{"hostname": h, "time": time.Now().UTC().Format(time.RFC3339), "cpus": runtime.NumCPU(), "go": runtime.Version()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				info["cpu"] = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		info["loadavg_at_start"] = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	return info
+}

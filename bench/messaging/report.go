@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+	"io"
+)
+
+var sectionTitles = map[string]string{
+	"fig7":       "Fig. 7: one message between two pods (one-way = half a ping-pong round trip)",
+	"fig8":       "Fig. 8: 64 B messages back to back, until the last is received",
+	"allreduce":  "allreduce of 1 MB of float64 (sum), until every member has the result",
+	"membership": "membership change (a 4th member joins; 3 members Watch)",
+	"death":      "death detection (SIGKILL of a member's queue-proxy-zl; 3 members blocked in Recv from it)",
+}
+
+var sectionOrder = []string{"fig7", "fig8", "allreduce", "membership", "death"}
+
+// printTable writes one markdown table per section, ziptrail against
+// every Redis variant measured for the same case.
+func printTable(w io.Writer, results []Result) {
+	for _, sec := range sectionOrder {
+		var rows []Result
+		var cases []string
+		seen := map[string]bool{}
+		for _, r := range results {
+			if r.Section == sec {
+				rows = append(rows, r)
+				if !seen[r.Case] {
+					seen[r.Case] = true
+					cases = append(cases, r.Case)
+				}
+			}
+		}
+		if len(rows) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s\n\n", sectionTitles[sec])
+		switch sec {
+		case "fig7":
+			fmt.Fprintln(w, "| size | reps | ziptrail one-way p50 | p99 | Redis one-way p50 | p99 | ziptrail round trip p50 | p99 | Redis round trip p50 | p99 | Redis / ziptrail (p50) |")
+			fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+			for _, c := range cases {
+				z, rd := find(rows, c, "ziptrail"), find(rows, c, "Redis")
+				fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, z.Reps, dur(z.P50), dur(z.P99), dur(rd.P50), dur(rd.P99),
+					dur(z.RTTP50), dur(z.RTTP99), dur(rd.RTTP50), dur(rd.RTTP99), ratio(rd.P50, z.P50))
+			}
+		case "fig8", "allreduce":
+			fmt.Fprintln(w, "| case | system | reps | p50 | p99 | vs ziptrail (p50) |")
+			fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|")
+			for _, c := range cases {
+				z := find(rows, c, "ziptrail")
+				for _, r := range rows {
+					if r.Case != c {
+						continue
+					}
+					rel := "–"
+					if r.System != "ziptrail" {
+						rel = ratio(r.P50, z.P50) + " slower"
+						if r.P50 < z.P50 {
+							rel = ratio(z.P50, r.P50) + " faster"
+						}
+					}
+					fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s |\n", c, r.System, r.Reps, dur(r.P50), dur(r.P99), rel)
+				}
+			}
+		default:
+			fmt.Fprintln(w, "| measurement | reps | p50 | p99 |")
+			fmt.Fprintln(w, "|---|---:|---:|---:|")
+			for _, r := range rows {
+				fmt.Fprintf(w, "| %s | %d | %s | %s |\n", r.Case, r.Reps, dur(r.P50), dur(r.P99))
+			}
+		}
+	}
+}
+
+func find(rows []Result, c, system string) Result {
+	for _, r := range rows {
+		if r.Case == c && r.System == system {
+			return r
+		}
+	}
+	return Result{}
+}
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}

@@ -17,7 +17,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
+import uuid
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -273,3 +275,92 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinIO]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             stop(proc)
+
+
+# --- messaging: the operator's control server and sidecars on it ------------
+
+@dataclass
+class Control:
+    """The operator's control server with its messaging directory, on a real
+    API server (tests/testenv --control): sidecars connect to ``addr`` and
+    authenticate with pod-bound tokens from :meth:`pod_token`."""
+
+    proc: subprocess.Popen
+    addr: str
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def pod_token(self, namespace: str, pod: str) -> str:
+        """Creates the pod (and its namespace) and returns the path of its
+        token for the control stream's audience."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with self._lock:
+            self.proc.stdin.write(f"pod {namespace} {pod}\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline().strip()
+        if not line.startswith("TOKEN "):
+            raise RuntimeError(f"testenv: pod {namespace}/{pod}: {line or 'exited'}")
+        return line.split(" ", 1)[1]
+
+
+@pytest.fixture(scope="session")
+def control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Control]:
+    if not os.environ.get("KUBEBUILDER_ASSETS"):
+        pytest.fail('KUBEBUILDER_ASSETS is not set: eval "$(hack/install-deps.sh --env)"')
+    tmp = tmp_path_factory.mktemp("control")
+    binary = tmp / "testenv"
+    subprocess.run(["go", "build", "-o", str(binary), "./sdk/python/tests/testenv"], cwd=REPO, check=True)
+    proc = subprocess.Popen([str(binary), "--dir", str(tmp), "--control"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line.startswith("CONTROL "):
+            raise RuntimeError(f"testenv --control did not start (exit {proc.wait()})")
+        yield Control(proc, line.split(" ", 1)[1].strip())
+    finally:
+        if proc.stdin:
+            proc.stdin.close()  # the helper stops the control plane
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            stop(proc)
+
+
+@pytest.fixture(scope="session")
+def redis_addr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server (the fast tier: mailboxes) without persistence."""
+    binary = shutil.which("redis-server") or str(CACHE / "bin" / "redis-server")
+    if not os.path.exists(binary):
+        pytest.fail("redis-server not found: run hack/install-deps.sh")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path_factory.mktemp("redis"))], stdout=subprocess.DEVNULL)
+    try:
+        wait_for("redis-server", lambda: port_open(port), proc)
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+@dataclass
+class Pods:
+    """Starts pods for messaging tests: each a queue-proxy-zl sidecar on the
+    control server, as its own pod (pod-bound token), with Redis as its
+    fast tier."""
+
+    sidecars: Sidecars
+    control: Control
+    redis: str
+
+    def start(self, namespace: str = "ns", pod: str | None = None) -> Sidecar:
+        pod = pod or f"pod-{uuid.uuid4().hex[:8]}"
+        return self.sidecars.start(namespace, SERVING_POD=pod, ZIPTRAIL_OPERATOR_ADDR=self.control.addr,
+                                   ZIPTRAIL_TOKEN_FILE=self.control.pod_token(namespace, pod),
+                                   ZIPTRAIL_REDIS_ADDR=self.redis)
+
+    def start_many(self, n: int, namespace: str = "ns") -> list[Sidecar]:
+        return [self.start(namespace) for _ in range(n)]
+
+
+@pytest.fixture
+def pods(sidecars: Sidecars, control: Control, redis_addr: str) -> Pods:
+    return Pods(sidecars, control, redis_addr)

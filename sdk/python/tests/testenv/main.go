@@ -11,9 +11,21 @@
 // stops (tearing the control plane down) when stdin closes or on SIGTERM.
 //
 //	go run ./sdk/python/tests/testenv --dir /tmp/x [--gateway 127.0.0.1:8088 --function-url http://127.0.0.1:9000/]
+//
+// With --control it runs only the operator's control server with its
+// messaging directory, authenticating sidecars with TokenReview on the API
+// server (internal/testservers.StartOperator), and prints "CONTROL <addr>"
+// once it serves. It then answers lines on stdin, one at a time:
+//
+//	pod <namespace> <name>   ->  TOKEN <path>   (creates the pod and writes its
+//	                              pod-bound token for ZIPTRAIL_TOKEN_FILE)
+//	                         or  ERR <message>
+//
+//	go run ./sdk/python/tests/testenv --dir /tmp/x --control
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -23,6 +35,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,16 +55,25 @@ import (
 	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 	"github.com/ziptrail/ziptrail/internal/orchestrator"
+	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
 func main() {
 	dir := flag.String("dir", "", "directory for the kubeconfig (required)")
 	gatewayAddr := flag.String("gateway", "", "run the operator with its session gateway on this address")
 	functionURL := flag.String("function-url", "", "mark every Knative Service Ready with this URL")
+	controlOnly := flag.Bool("control", false, "run only the operator's control server (messaging directory, TokenReview); answer `pod <ns> <name>` lines on stdin")
 	flag.Parse()
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "testenv: --dir is required")
 		os.Exit(2)
+	}
+	if *controlOnly {
+		if err := runControl(*dir, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if err := run(*dir, *gatewayAddr, *functionURL); err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
@@ -171,4 +193,95 @@ func playKnative(ctx context.Context, k8s client.Client, url *apis.URL) {
 			_ = k8s.Status().Update(ctx, svc)
 		}
 	}
+}
+
+// harness is the testservers.TB of a long-running process: Fatal fails the
+// current command (not the process), Cleanup runs at exit.
+type harness struct {
+	dir      string
+	cleanups []func()
+}
+
+type fatal string
+
+func (f fatal) Error() string { return string(f) }
+
+func (h *harness) Helper()                           {}
+func (h *harness) Fatal(args ...any)                 { panic(fatal(fmt.Sprint(args...))) }
+func (h *harness) Fatalf(format string, args ...any) { panic(fatal(fmt.Sprintf(format, args...))) }
+func (h *harness) Cleanup(f func())                  { h.cleanups = append(h.cleanups, f) }
+
+func (h *harness) TempDir() string {
+	d, err := os.MkdirTemp(h.dir, "tmp")
+	if err != nil {
+		h.Fatal(err)
+	}
+	return d
+}
+
+func (h *harness) close() {
+	for i := len(h.cleanups) - 1; i >= 0; i-- {
+		h.cleanups[i]()
+	}
+}
+
+// do runs f, turning a Fatal into an error.
+func (h *harness) do(f func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			fe, ok := r.(fatal)
+			if !ok {
+				panic(r)
+			}
+			err = fe
+		}
+	}()
+	f()
+	return nil
+}
+
+// runControl serves the operator's control server until stdin closes (or
+// SIGTERM), creating pods and their tokens on request.
+func runControl(dir string, in io.Reader, out io.Writer) error {
+	ctrl.SetLogger(logr.Discard())
+	h := &harness{dir: dir}
+	defer h.close()
+	var op *testservers.Operator
+	if err := h.do(func() { op = testservers.StartOperator(h) }); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "CONTROL %s\n", op.Addr)
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(in)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM, os.Interrupt)
+	for {
+		select {
+		case <-term:
+			return nil
+		case line, ok := <-lines:
+			if !ok {
+				return nil
+			}
+			fmt.Fprintln(out, h.command(op, line))
+		}
+	}
+}
+
+func (h *harness) command(op *testservers.Operator, line string) string {
+	f := strings.Fields(line)
+	if len(f) != 3 || f[0] != "pod" {
+		return fmt.Sprintf("ERR unknown command %q (want: pod <namespace> <name>)", line)
+	}
+	var path string
+	if err := h.do(func() { path = op.PodToken(h, f[1], f[2]) }); err != nil {
+		return "ERR " + strings.ReplaceAll(err.Error(), "\n", " ")
+	}
+	return "TOKEN " + path
 }

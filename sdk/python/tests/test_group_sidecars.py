@@ -1,0 +1,207 @@
+"""Direct messages against real sidecars: queue-proxy-zl processes (one per
+pod) on the operator's control server and its directory (tests/testenv
+--control: a real API server, TokenReview of pod-bound tokens), Redis as the
+fast tier for mailboxes. Members are threads; each uses its pod's sidecar
+through the SDK, as a function would."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from array import array
+from typing import Any, Callable
+
+import pytest
+
+import ziptrail
+from conftest import Pods, Sidecar
+
+MiB = 1 << 20
+LIMIT = 120  # seconds: a bound against hangs, never a timing assertion
+
+
+def run_members(sidecars: list[Sidecar], n: int, fn: Callable[[ziptrail.Group], Any], *, session: str, name: str = "g",
+                before: Callable[[], None] | None = None) -> list[Any]:
+    """Rank r joins through sidecars[r % len(sidecars)] (wait_all) and runs
+    fn in its own thread; returns each rank's result or exception."""
+    out: list[Any] = [None] * n
+
+    def member(r: int) -> None:
+        try:
+            with sidecars[r % len(sidecars)].client.join(session, name, r, n, wait_all=True, timeout=LIMIT) as g:
+                out[r] = fn(g)
+        except BaseException as e:  # noqa: BLE001 - checked by the test
+            out[r] = e
+
+    threads = [threading.Thread(target=member, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    if before is not None:
+        before()
+    for t in threads:
+        t.join(LIMIT)
+        assert not t.is_alive(), "a member hung"
+    return out
+
+
+def ok(results: list[Any]) -> list[Any]:
+    for r, v in enumerate(results):
+        if isinstance(v, BaseException):
+            raise AssertionError(f"rank {r} failed: {v!r}") from v
+    return results
+
+
+def shm_files(sc: Sidecar) -> list[str]:
+    return [f for f in os.listdir(sc.shm_dir) if not f.startswith(".")]
+
+
+def test_point_to_point_across_two_sidecars(pods: Pods):
+    """Small and 8 MiB messages between two pods, in order per sender; the
+    large ones arrive mapped from shared memory; nothing is left behind."""
+    a, b = pods.start_many(2)
+    big = [os.urandom(8 * MiB), os.urandom(8 * MiB)]
+    msgs = [b"one", big[0], b"", b"four" * 100, big[1], os.urandom(70_000)]
+
+    def member(g: ziptrail.Group) -> Any:
+        if g.rank == 0:
+            for i, m in enumerate(msgs):
+                assert g.send(1, m, tag=i % 2) is False
+            g.barrier()
+            return None
+        got = []
+        for i, want in enumerate(msgs):
+            with g.recv(source=ziptrail.ANY, timeout=LIMIT) as m:
+                assert (m.source, m.tag) == (0, i % 2)
+                if len(want) == 8 * MiB:
+                    assert isinstance(m.data, ziptrail.MappedObject)  # not copied into Python
+                got.append(hashlib.sha256(m.data).hexdigest())
+        assert got == [hashlib.sha256(m).hexdigest() for m in msgs]
+        view = g.members()
+        assert view.live == (0, 1) and view.size == 2
+        g.barrier()
+        return None
+
+    ok(run_members([a, b], 2, member, session="p2p"))
+    assert shm_files(b) == [] and shm_files(a) == []
+
+
+def collectives(g: ziptrail.Group) -> None:
+    """Every collective against a direct computation (roots 0 and n-1)."""
+    n, r = g.size, g.rank
+    for root in sorted({0, n - 1}):
+        for size in (100, 200_000):
+            data = bytes([root]) * size
+            got = g.broadcast(data if r == root else None, root=root)
+            assert bytes(got) == data
+            got = g.scatter([bytes([i]) * size for i in range(n)] if r == root else None, root=root)
+            assert bytes(got) == bytes([r]) * size
+            got = g.gather(bytes([r + 1]) * size, root=root)
+            assert (None if got is None else [bytes(x) for x in got]) == \
+                ([bytes([i + 1]) * size for i in range(n)] if r == root else None)
+        assert g.reduce([r, -r, 1.5], ziptrail.SUM, root=root) == \
+            ([float(sum(range(n))), float(-sum(range(n))), 1.5 * n] if r == root else None)
+        assert g.reduce(r, ziptrail.MAX, root=root) == (n - 1 if r == root else None)
+    assert g.allreduce([r, 10 - r], ziptrail.MIN) == [0, 10 - (n - 1)]
+    ring = g.allreduce(array("d", [float(r)]) * 100_000)  # 800 KB: the ring
+    assert ring == array("d", [float(sum(range(n)))]) * 100_000
+    assert g.allreduce(b"%d," % r, lambda a, b: b",".join(sorted(set(bytes(a).split(b",") + bytes(b).split(b","))))) \
+        .split(b",")[1:] == sorted(b"%d" % i for i in range(n))
+    for size in (10, 100_000):
+        got = g.alltoall([bytes([r, j]) * size for j in range(n)])
+        assert [bytes(x) for x in got] == [bytes([i, r]) * size for i in range(n)]
+    g.barrier()
+
+
+@pytest.mark.parametrize("n, per_pod", [(4, 1), (8, 2)])
+def test_every_collective(pods: Pods, n: int, per_pod: int):
+    """Every collective with 4 members (one pod each) and 8 members (two per pod)."""
+    ok(run_members(pods.start_many(n // per_pod), n, collectives, session=f"coll-{n}"))
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "barrier", "alltoall"])
+def test_sidecar_sigkilled_mid_collective(pods: Pods, collective: str):
+    """A member's pod is SIGKILLed while the others are in a collective:
+    every other member gets PeerGone naming its rank (not a timeout)."""
+    n, victim = 4, 2
+    scs = pods.start_many(n)
+    started = threading.Barrier(n + 1)  # every member and the killer
+    killed = threading.Event()
+
+    def member(g: ziptrail.Group) -> Any:
+        g.barrier()
+        started.wait(LIMIT)
+        if g.rank == victim:
+            killed.wait(LIMIT)  # a member until its pod dies under it
+            return "victim"
+        call = {"allreduce": lambda: g.allreduce(array("d", [1.0]) * 50_000),
+                "barrier": lambda: g.barrier(),
+                "alltoall": lambda: g.alltoall([b"x" * 1000] * n)}[collective]
+        call()
+        return "finished"
+
+    def kill() -> None:
+        started.wait(LIMIT)
+        scs[victim].proc.kill()  # SIGKILL: the pod dies without a word
+        killed.set()
+
+    res = run_members(scs, n, member, session=f"kill-{collective}", before=kill)
+    for r, v in enumerate(res):
+        if r != victim:
+            assert isinstance(v, ziptrail.PeerGoneError), f"rank {r}: {v!r}"
+            assert v.rank == victim, f"rank {r}: {v}"
+
+
+def test_mailbox_delivers_to_a_rank_that_joins_later(pods: Pods):
+    """A mailbox group: messages to rank 1 before any instance of it runs
+    wait in the fast tier and reach the pod that joins as rank 1 later."""
+    a = pods.start()
+    g0 = a.client.join("mb", "g", 0, 2, mailbox=True)
+    big = os.urandom(2 * MiB)
+    assert g0.send(1, b"early", tag=3, timeout=LIMIT) is True
+    assert g0.send(1, big, tag=4, timeout=LIMIT) is True
+    b = pods.start()  # the receiver's pod starts only now
+    with b.client.join("mb", "g", 1, 2) as g1:
+        assert g1.mailbox
+        with g1.recv(source=0, tag=3, timeout=LIMIT) as m:
+            assert bytes(m.data) == b"early"
+        with g1.recv(source=0, tag=4, timeout=LIMIT) as m:
+            assert hashlib.sha256(m.data).digest() == hashlib.sha256(big).digest()
+        g1.send(0, b"thanks")
+        with g0.recv(source=1, timeout=LIMIT) as m:
+            assert bytes(m.data) == b"thanks"
+    g0.leave()
+
+
+def test_namespaces_are_apart(pods: Pods):
+    """The same session and group names in two namespaces are two groups:
+    a member of one never reaches or sees the other's."""
+    a, b = pods.start("team-a"), pods.start("team-b")
+    ga = a.client.join("shared", "g", 0, 2)
+    gb = b.client.join("shared", "g", 1, 2)  # rank 1 of team-b's group, not team-a's
+    try:
+        assert ga.members().live == (0,) and gb.members().live == (1,)
+        with pytest.raises(ziptrail.MessageTimeout):
+            ga.send(1, b"hello?", timeout=1)  # team-a's rank 1 never joins
+        gb2 = b.client.join("shared", "g", 0, 2)  # rank 0 is free in team-b
+        gb2.send(1, b"same namespace")
+        with gb.recv(timeout=LIMIT) as m:
+            assert (m.source, bytes(m.data)) == (0, b"same namespace")
+        with pytest.raises(ziptrail.MessageTimeout):
+            gb.recv(timeout=1)  # nothing from team-a arrived
+        gb2.leave()
+    finally:
+        ga.leave()
+        gb.leave()
+
+
+def test_join_conflict_and_closed(pods: Pods):
+    a, b = pods.start_many(2)
+    g = a.client.join("conf", "g", 0, 3)
+    with pytest.raises(ziptrail.Conflict):
+        b.client.join("conf", "g", 0, 3)
+    with pytest.raises(ziptrail.ConflictError):
+        b.client.join("conf", "g", 1, 5)
+    g.leave()
+    with pytest.raises(ziptrail.Closed):
+        g.recv(timeout=5)

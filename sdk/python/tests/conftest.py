@@ -351,9 +351,11 @@ class Pods:
     control: Control
     redis: str
 
-    def start(self, namespace: str = "ns", pod: str | None = None) -> Sidecar:
+    def start(self, namespace: str = "ns", pod: str | None = None, function: str | None = None) -> Sidecar:
+        """A pod; with ``function`` (Python source defining ``handler``) its
+        function server runs behind the sidecar."""
         pod = pod or f"pod-{uuid.uuid4().hex[:8]}"
-        return self.sidecars.start(namespace, SERVING_POD=pod, ZIPTRAIL_OPERATOR_ADDR=self.control.addr,
+        return self.sidecars.start(namespace, function, SERVING_POD=pod, ZIPTRAIL_OPERATOR_ADDR=self.control.addr,
                                    ZIPTRAIL_TOKEN_FILE=self.control.pod_token(namespace, pod),
                                    ZIPTRAIL_REDIS_ADDR=self.redis)
 

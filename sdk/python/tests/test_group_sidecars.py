@@ -205,3 +205,36 @@ def test_join_conflict_and_closed(pods: Pods):
     g.leave()
     with pytest.raises(ziptrail.Closed):
         g.recv(timeout=5)
+
+
+HANDLER = """
+def handler(inv):
+    rank = int(inv.args)
+    g = ziptrail.join("in-handler", rank, 2, wait_all=True, timeout=120)  # no leave: the invocation's end ends it
+    total = g.allreduce(rank + 1)
+    return f"{g.session} {g.invocation_id == inv.id and inv.id != ''} {total}"
+"""
+
+
+def test_join_in_a_handler_ends_with_the_invocation(pods: Pods):
+    """Functions join from their handlers (session and invocation from the
+    envelope); the memberships end when the invocations end, so the ranks
+    are free again afterwards without any leave."""
+    caller = pods.start()
+    fns = [pods.start(function=HANDLER) for _ in range(2)]
+    results: list[Any] = [None, None]
+
+    def call(r: int) -> None:
+        results[r] = caller.client.invoke(fns[r].url, b"", session="sess-h", args=str(r).encode(), timeout=LIMIT)
+
+    threads = [threading.Thread(target=call, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(LIMIT)
+    for resp in results:
+        assert resp is not None and resp.ok, resp
+        assert resp.text() == "sess-h True 3"
+    for r in range(2):  # both ranks free again: a join neither conflicts nor waits
+        with caller.client.join("sess-h", "in-handler", r, 2, timeout=LIMIT) as g:
+            assert r in g.members().live

@@ -6,12 +6,14 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ziptrail/ziptrail/internal/invocation"
 	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
@@ -425,5 +427,88 @@ func TestGroupForeignNamespace(t *testing.T) {
 	// its own group's.
 	if m, err := gs[0].Members(ctx); err != nil || !slices.Equal(m.Live, []int{0, 1}) {
 		t.Fatalf("members here: %+v, %v", m, err)
+	}
+}
+
+// TestGroupJoinInHandler: a function joins with just (group, rank, size):
+// the session and the invocation come from its envelope, and the
+// membership ends when the invocation's request ends (no Leave), which the
+// other member watches happen.
+func TestGroupJoinInHandler(t *testing.T) {
+	op := testservers.StartOperator(t)
+	shm := functionShm(t)
+	fn := httptest.NewServer(FunctionHandler(func(ctx context.Context, inv *Invocation) ([]byte, error) {
+		g, err := JoinGroup(ctx, "h", 1, 2, WithWaitAll())
+		if err != nil {
+			return nil, err
+		}
+		if g.Session() != inv.Session {
+			return nil, fmt.Errorf("joined session %q, the invocation's is %q", g.Session(), inv.Session)
+		}
+		m, err := g.Recv(ctx, 0, 0)
+		if err != nil {
+			return nil, err
+		}
+		if err := g.Send(ctx, 0, 1, bytes.ToUpper(m.Bytes())); err != nil {
+			return nil, err
+		}
+		return []byte("ok"), nil
+	}))
+	defer fn.Close()
+	a := startPod(t, op, "ns", "pod-a")
+	b := startSidecar(t, sidecarOpts{namespace: "ns", upstream: fn.URL, shm: shm, env: []string{"SERVING_POD=pod-b",
+		"ZIPTRAIL_OPERATOR_ADDR=" + op.Addr, "ZIPTRAIL_TOKEN_FILE=" + op.PodToken(t, "ns", "pod-b")}})
+	old := SetDefault(b.client) // the function's process talks to its pod's sidecar
+	t.Cleanup(func() { SetDefault(old) })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	if _, err := JoinGroup(ctx, "h", 0, 2); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("JoinGroup outside a handler: %v, want ErrInvalid", err)
+	}
+	g0, err := a.client.Join(ctx, "sess-h", "h", 0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		code int
+		body string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		code, body := post(t, b.url(), invocation.Envelope{Namespace: "ns", Function: "fn", Session: "sess-h", Invocation: "inv-1"})
+		done <- answer{code, body}
+	}()
+	sent := make(chan error, 1)
+	go func() { sent <- g0.Send(ctx, 1, 0, []byte("ping")) }() // waits for rank 1 to join
+	select {
+	case err := <-sent:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case ans := <-done:
+		t.Fatalf("the invocation answered %d %q before it received", ans.code, ans.body)
+	}
+	m, err := g0.Recv(ctx, 1, 1)
+	if err != nil || string(m.Bytes()) != "PING" {
+		t.Fatalf("reply: %v %v", m, err)
+	}
+	if ans := <-done; ans.code != 200 || ans.body != "ok" {
+		t.Fatalf("invocation answered %d %q", ans.code, ans.body)
+	}
+	// The invocation ended: its membership did too.
+	var epoch uint64
+	for {
+		view, err := g0.Watch(ctx, epoch)
+		if err != nil {
+			t.Fatalf("watching for rank 1 to end: %v", err)
+		}
+		if slices.Equal(view.Gone, []int{1}) && slices.Equal(view.Live, []int{0}) {
+			break
+		}
+		epoch = view.Epoch
+	}
+	if _, err := g0.Recv(ctx, 1, AnyTag); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("recv from the ended invocation's rank: %v, want PeerGone", err)
 	}
 }

@@ -77,7 +77,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 from .client import BytesLike, Data, InlineObject, MappedObject, _remove, _view
-from .errors import (ClosedError, CollectiveAbortedError, InvalidError, MessageTimeoutError, PeerGoneError, ZiptrailError,
+from .errors import (CollectiveAbortedError, InvalidError, MessageTimeoutError, PeerGoneError, ZiptrailError,
                      ZiptrailTimeoutError, from_rpc_error)
 
 if TYPE_CHECKING:
@@ -610,14 +610,14 @@ class Group:
     def _sendrecv(self, ctx: _Ctx, to: int, fmt: str, data: Any, source: int) -> tuple[str, Data]:
         """Sends to ``to`` while receiving from ``source`` (neither waits for
         the other, so a ring never deadlocks on back-pressure)."""
-        t = ctx.remaining()
+        t, start = ctx.remaining(), time.monotonic()
         call = self._stub.Recv.future(self._recv_request(source, ctx.tag, t), timeout=_grpc_timeout(t))
         try:
             self._send_to(ctx, [to], fmt, data)
         except BaseException:
             call.cancel()
             raise
-        resp = _messaging(self.client, ctx.op, lambda: _result(self.client, ctx.op, call), source)
+        resp = _messaging(self.client, ctx.op, lambda: _result(self.client, ctx.op, call, _grpc_timeout(t), start), source)
         return self._data(ctx, resp.data)
 
     # --- algorithms ---------------------------------------------------------------
@@ -863,14 +863,16 @@ def _messaging(client: Client, op: str, call: Callable[[], Any], peer: int | Non
         raise
 
 
-def _result(client: Client, op: str, call: Any) -> Any:
+def _result(client: Client, op: str, call: Any, timeout: float | None, start: float) -> Any:
     """The result of a gRPC future, its error translated like Client._call's."""
     import grpc
     try:
         return call.result()
     except grpc.RpcError as e:
-        if getattr(e, "code", lambda: None)() == grpc.StatusCode.CANCELLED:
-            raise MessageTimeoutError(op, "the receive was cancelled or its deadline passed") from None
+        code = getattr(e, "code", lambda: None)()
+        if timeout is not None and time.monotonic() - start >= timeout and code in (grpc.StatusCode.CANCELLED,
+                                                                                    grpc.StatusCode.INTERNAL):
+            raise MessageTimeoutError(op, f"deadline of {timeout:g}s exceeded") from None
         raise from_rpc_error(op, e, client.socket) from None
 
 

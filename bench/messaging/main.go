@@ -30,6 +30,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,6 +72,7 @@ func main() {
 	scale := flag.Float64("scale", 1, "multiply every repetition count (at least 3 per cell)")
 	out := flag.String("out", "docs/bench", "directory for messaging.json and messaging.svg")
 	only := flag.String("only", "", "comma-separated sections to run (fig7,fig8,allreduce,membership,death); default all")
+	sizesFlag := flag.String("sizes", "", "comma-separated Fig. 7 sizes in bytes (default 64,1000,64000,1000000,16000000,64000000)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process (the functions' side: SDK and Redis clients)")
 	flag.Parse()
 	sections := map[string]bool{}
@@ -80,6 +82,21 @@ func main() {
 		}
 	}
 	want := func(s string) bool { return len(sections) == 0 || sections[s] }
+	all := len(sections) == 0
+	if *sizesFlag != "" {
+		var sizes, rs []int
+		for _, f := range strings.Split(*sizesFlag, ",") {
+			n, err := strconv.Atoi(f)
+			i := slices.Index(fig7Sizes, n)
+			if err != nil || i < 0 {
+				fmt.Fprintf(os.Stderr, "bench: -sizes: %q is not one of %v\n", f, fig7Sizes)
+				os.Exit(2)
+			}
+			sizes, rs = append(sizes, n), append(rs, fig7Reps[i])
+		}
+		fig7Sizes, fig7Reps = sizes, rs
+		all = false
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -89,7 +106,7 @@ func main() {
 		_ = pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*scale, *out, want, len(sections) == 0); err != nil {
+	if err := run(*scale, *out, want, all); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
@@ -155,6 +172,25 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 			}
 		}
 	}
+	if want("fig7") {
+		fmt.Fprintln(os.Stderr, "the floors under a 64 B message")
+		n := reps(2000, scale)
+		for _, c := range []struct {
+			name, system string
+			f            func(context.Context, int) ([]float64, error)
+		}{
+			{"local API call (Members)", "ziptrail", zt.apiRoundTrip},
+			{"Send 64 B (until queued at the receiver's sidecar)", "ziptrail", zt.sendOnly},
+			{"PING", "Redis", rb.pingRoundTrip},
+			{"LPUSH 64 B", "Redis", rb.lpushOnly},
+		} {
+			ts, err := c.f(ctx, n)
+			if err != nil {
+				return fmt.Errorf("floor %s: %w", c.name, err)
+			}
+			add(Result{Section: "floor", Case: c.name, System: c.system, Size: 64, Reps: n, P50: pct(ts, 50), P99: pct(ts, 99)})
+		}
+	}
 	if want("fig8") {
 		fmt.Fprintln(os.Stderr, "Fig. 8: 64 B messages back to back")
 		if err := zt.setupPair(ctx); err != nil {
@@ -165,7 +201,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 			for _, sys := range []struct {
 				name string
 				f    func(context.Context, int, int) ([]float64, error)
-			}{{"ziptrail", zt.stream}, {"Redis", rb.stream(false)}, {"Redis (pipelined LPUSH)", rb.stream(true)}} {
+			}{{"ziptrail", zt.stream}, {"ziptrail (8 sending goroutines)", zt.streamConcurrent}, {"Redis", rb.stream(false)}, {"Redis (pipelined LPUSH)", rb.stream(true)}} {
 				ts, err := sys.f(ctx, count, n)
 				if err != nil {
 					return fmt.Errorf("fig8 %s %d: %w", sys.name, count, err)

@@ -248,3 +248,37 @@ func (rb *redisBench) allreduce(ctx context.Context, members, n int) ([]float64,
 	}
 	return ts, nil
 }
+
+// pingRoundTrip times PING: one round trip to redis-server.
+func (rb *redisBench) pingRoundTrip(ctx context.Context, n int) ([]float64, error) {
+	c := rb.client()
+	ts := make([]float64, 0, n)
+	for i := range n + warmups {
+		t := time.Now()
+		if err := c.Ping(ctx).Err(); err != nil {
+			return nil, err
+		}
+		if i >= warmups {
+			ts = append(ts, time.Since(t).Seconds())
+		}
+	}
+	return ts, nil
+}
+
+// lpushOnly times one LPUSH of 64 B (returns once Redis holds it).
+func (rb *redisBench) lpushOnly(ctx context.Context, n int) ([]float64, error) {
+	c := rb.client()
+	key := rb.key("lpush")
+	msg := payload(64)
+	ts := make([]float64, 0, n)
+	for i := range n + warmups {
+		t := time.Now()
+		if err := c.LPush(ctx, key, msg).Err(); err != nil {
+			return nil, err
+		}
+		if i >= warmups {
+			ts = append(ts, time.Since(t).Seconds())
+		}
+	}
+	return ts, c.Del(ctx, key).Err()
+}

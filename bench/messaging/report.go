@@ -10,10 +10,11 @@ var sectionTitles = map[string]string{
 	"fig8":       "Fig. 8: 64 B messages back to back, until the last is received",
 	"allreduce":  "allreduce of 1 MB of float64 (sum), until every member has the result",
 	"membership": "membership change (a 4th member joins; 3 members Watch)",
+	"floor":      "floors under a 64 B message (single calls, no receive on the timed path)",
 	"death":      "death detection (SIGKILL of a member's queue-proxy-zl; 3 members blocked in Recv from it)",
 }
 
-var sectionOrder = []string{"fig7", "fig8", "allreduce", "membership", "death"}
+var sectionOrder = []string{"fig7", "floor", "fig8", "allreduce", "membership", "death"}
 
 // printTable writes one markdown table per section, ziptrail against
 // every Redis variant measured for the same case.
@@ -62,6 +63,12 @@ func printTable(w io.Writer, results []Result) {
 					}
 					fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s |\n", c, r.System, r.Reps, dur(r.P50), dur(r.P99), rel)
 				}
+			}
+		case "floor":
+			fmt.Fprintln(w, "| system | call | reps | p50 | p99 |")
+			fmt.Fprintln(w, "|---|---|---:|---:|---:|")
+			for _, r := range rows {
+				fmt.Fprintf(w, "| %s | %s | %d | %s | %s |\n", r.System, r.Case, r.Reps, dur(r.P50), dur(r.P99))
 			}
 		default:
 			fmt.Fprintln(w, "| measurement | reps | p50 | p99 |")

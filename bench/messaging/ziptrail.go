@@ -99,6 +99,17 @@ func (z *ztBench) pingPong(ctx context.Context, data []byte, n int) ([]float64, 
 // returns once the receiver's sidecar queued it); timed until rank 1
 // received the last.
 func (z *ztBench) stream(ctx context.Context, count, n int) ([]float64, error) {
+	return z.streamBy(ctx, 1, count, n)
+}
+
+// streamConcurrent is stream with rank 0's sends spread over 8
+// goroutines (ziptrail's counterpart of pipelining: the sends overlap,
+// so their order is no longer the program's).
+func (z *ztBench) streamConcurrent(ctx context.Context, count, n int) ([]float64, error) {
+	return z.streamBy(ctx, 8, count, n)
+}
+
+func (z *ztBench) streamBy(ctx context.Context, senders, count, n int) ([]float64, error) {
 	a, b := z.pair[0], z.pair[1]
 	msg := payload(64)
 	var ts []float64
@@ -120,10 +131,15 @@ func (z *ztBench) stream(ctx context.Context, count, n int) ([]float64, error) {
 			}()
 		}()
 		t := time.Now()
-		for range count {
-			if err := a.Send(ctx, 1, 8, msg); err != nil {
-				return nil, err
+		if err := parallel(min(senders, count), func(k int) error {
+			for j := k; j < count; j += senders {
+				if err := a.Send(ctx, 1, 8, msg); err != nil {
+					return err
+				}
 			}
+			return nil
+		}); err != nil {
+			return nil, err
 		}
 		if err := <-got; err != nil {
 			return nil, err
@@ -359,4 +375,52 @@ func (z *ztBench) death(ctx context.Context, n int) ([]float64, error) {
 		}
 	}
 	return ts, nil
+}
+
+// apiRoundTrip times Members on pod 0's sidecar: one local-API call over
+// the unix socket that involves no other pod (the floor under every Send
+// and Recv).
+func (z *ztBench) apiRoundTrip(ctx context.Context, n int) ([]float64, error) {
+	ts := make([]float64, 0, n)
+	for i := range n + warmups {
+		t := time.Now()
+		if _, err := z.pair[0].Members(ctx); err != nil {
+			return nil, err
+		}
+		if i >= warmups {
+			ts = append(ts, time.Since(t).Seconds())
+		}
+	}
+	return ts, nil
+}
+
+// sendOnly times rank 0's Send of 64 B alone (it returns once pod 1's
+// sidecar queued the message), while rank 1 receives them.
+func (z *ztBench) sendOnly(ctx context.Context, n int) ([]float64, error) {
+	a, b := z.pair[0], z.pair[1]
+	got := make(chan error, 1)
+	go func() {
+		got <- func() error {
+			for range n + warmups {
+				m, err := b.Recv(ctx, 0, 9)
+				if err != nil {
+					return err
+				}
+				m.Close()
+			}
+			return nil
+		}()
+	}()
+	msg := payload(64)
+	ts := make([]float64, 0, n)
+	for i := range n + warmups {
+		t := time.Now()
+		if err := a.Send(ctx, 1, 9, msg); err != nil {
+			return nil, err
+		}
+		if i >= warmups {
+			ts = append(ts, time.Since(t).Seconds())
+		}
+	}
+	return ts, <-got
 }

@@ -364,8 +364,10 @@ type PeerError struct {
 	Err  error
 }
 
+// Error names the rank, then the cause.
 func (e *PeerError) Error() string { return fmt.Sprintf("rank %d: %v", e.Rank, e.Err) }
 
+// Unwrap returns the cause.
 func (e *PeerError) Unwrap() error { return e.Err }
 
 // peerError names rank in a PeerGone error about it.

@@ -178,7 +178,7 @@ func run(c config) error {
 		return err
 	}
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		gs := grpc.NewServer()
+		gs := grpc.NewServer(control.ServerOptions()...)
 		controlv1.RegisterControlServer(gs, srv)
 		return serveUntil(ctx, c.controlAddr, gs.Serve, func() { gs.GracefulStop() })
 	})); err != nil {

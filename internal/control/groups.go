@@ -3,8 +3,11 @@ package control
 import (
 	"errors"
 	"fmt"
+	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/directory"
@@ -111,4 +114,14 @@ func (s *Server) sendTo(c *conn, m *controlv1.OperatorMessage) {
 	default:
 		c.close()
 	}
+}
+
+// ServerOptions are the gRPC options of the control stream's server:
+// HTTP/2 pings on an idle stream every 500 ms, and a stream whose sidecar
+// does not answer one within 400 ms is closed. A pod that vanished
+// without closing its connection (its node or network gone) is thus
+// noticed within a second, like one whose process died, and its group
+// members are announced gone (docs/messaging.md).
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{Time: 500 * time.Millisecond, Timeout: 400 * time.Millisecond})}
 }

@@ -552,7 +552,7 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		cl.Close()
 		return err
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(control.ServerOptions()...)
 	controlv1.RegisterControlServer(gs, srv)
 	go func() { _ = gs.Serve(cl) }()
 	var gen int64

@@ -65,7 +65,7 @@ func StartOperator(t TB) *Operator {
 	}
 	o.Server = control.NewServer(noEvents{}, &control.SecretKeys{Client: o.k8s})
 	o.Server.Auth = &control.TokenReviewer{Client: o.k8s}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(control.ServerOptions()...)
 	controlv1.RegisterControlServer(gs, o.Server)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

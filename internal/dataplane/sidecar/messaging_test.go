@@ -163,10 +163,14 @@ func TestMessagingBetweenPods(t *testing.T) {
 			t.Fatalf("reason %q (%v)", r, err)
 		}
 	})
-	t.Run("a peer whose pod ends is PEER_GONE", func(t *testing.T) {
+	// (A pod's death, SIGKILL of its sidecar, is the SDKs' tests': they
+	// kill real queue-proxy-zl processes.)
+	t.Run("a peer that leaves is PEER_GONE", func(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { _, _, err := a.recv(ctx, "s1", "g", 0, 1, 0); done <- err }()
-		b.stop() // its control stream ends: the directory announces rank 1 gone
+		if _, err := b.sdk.RPC().Leave(ctx, &sidecarv1.LeaveRequest{Session: "s1", Group: "g", Rank: 1}); err != nil {
+			t.Fatal(err)
+		}
 		err := <-done
 		if r := localapi.Reason(err); r != localapi.ReasonPeerGone {
 			t.Fatalf("reason %q (%v)", r, err)

@@ -239,6 +239,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		s.server.Keys = s.keys.Load()
 		_ = s.server.Serve(ln)
 	}()
+	ctlCtx, stopCtl := context.WithCancel(context.WithoutCancel(ctx))
 	if s.cfg.OperatorAddr != "" {
 		tokenFile := s.cfg.TokenFile
 		if tokenFile == "" {
@@ -267,12 +268,16 @@ func (s *Sidecar) Start(ctx context.Context) error {
 					}
 				}})
 		s.ctl.Log = s.cfg.Log
-		go func() { _ = s.ctl.Run(ctx) }()
+		// The stream outlives SIGTERM (ctx) until the shutdown below is
+		// done: the operator must not take the pod's live group members
+		// for dead while Knative drains it.
+		go func() { _ = s.ctl.Run(ctlCtx) }()
 	}
 	stopMetrics := func() {}
 	if s.cfg.MetricsPort != 0 {
 		if stopMetrics, err = s.serveMetrics(); err != nil {
 			_ = ln.Close()
+			stopCtl()
 			return fmt.Errorf("metrics listener: %w", err)
 		}
 	}
@@ -280,6 +285,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		if err := s.serveLocalAPI(); err != nil {
 			_ = ln.Close()
 			stopMetrics()
+			stopCtl()
 			return err
 		}
 	}
@@ -301,6 +307,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				gctx, cancel := context.WithTimeout(context.Background(), s.groupDrain())
 				_ = s.msgs.WaitIdle(gctx)
 				cancel()
+				stopCtl()
 				_ = ln.Close()
 				if s.api != nil {
 					s.api.Stop()

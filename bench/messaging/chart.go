@@ -89,7 +89,7 @@ func chart(results []Result) []byte {
 }
 
 func drawPanel(b *bytes.Buffer, x0, y0, w, h int, p panel) {
-	const left, bottom, top, legend = 58, 42, 22, 16
+	const left, bottom, top, legend = 58, 56, 22, 16
 	lo, hi := math.Inf(1), 0.0
 	for _, vs := range p.values {
 		for _, v := range vs {
@@ -135,11 +135,15 @@ func drawPanel(b *bytes.Buffer, x0, y0, w, h int, p panel) {
 		}
 		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", gx+(groupW-12)/2, base+14, html.EscapeString(name))
 	}
-	lx := x0 + left
+	lx, ly := x0+left, base+22
 	for _, series := range p.series {
+		sw := 24 + 6*len(series)
+		if lx+sw > x0+w {
+			lx, ly = x0+left, ly+14
+		}
 		fmt.Fprintf(b, `<rect x="%d" y="%d" width="10" height="10" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n",
-			lx, base+24, palette[series], lx+14, base+33, html.EscapeString(series))
-		lx += 24 + 7*len(series)
+			lx, ly, palette[series], lx+14, ly+9, html.EscapeString(series))
+		lx += sw
 	}
 }
 

@@ -38,7 +38,7 @@ func printTable(w io.Writer, results []Result) {
 		fmt.Fprintf(w, "\n%s\n\n", sectionTitles[sec])
 		switch sec {
 		case "fig7":
-			fmt.Fprintln(w, "| size | reps | ziptrail one-way p50 | p99 | Redis one-way p50 | p99 | ziptrail round trip p50 | p99 | Redis round trip p50 | p99 | Redis / ziptrail (p50) |")
+			fmt.Fprintln(w, "| size | reps | ziptrail one-way p50 | p99 | Redis one-way p50 | p99 | ziptrail round trip p50 | p99 | Redis round trip p50 | p99 | ziptrail speed-up (Redis p50 / ziptrail p50) |")
 			fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 			for _, c := range cases {
 				z, rd := find(rows, c, "ziptrail"), find(rows, c, "Redis")

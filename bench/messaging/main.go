@@ -61,6 +61,8 @@ var (
 	fig8Reps  = []int{200, 50, 10, 5}
 )
 
+var sidecarEnv []string
+
 const (
 	allreduceBytes = 1_000_000 // 125,000 float64
 	allreduceReps  = 10
@@ -73,6 +75,7 @@ func main() {
 	out := flag.String("out", "docs/bench", "directory for messaging.json and messaging.svg")
 	only := flag.String("only", "", "comma-separated sections to run (fig7,fig8,allreduce,membership,death); default all")
 	sizesFlag := flag.String("sizes", "", "comma-separated Fig. 7 sizes in bytes (default 64,1000,64000,1000000,16000000,64000000)")
+	sidecarProcs := flag.Int("sidecar-gomaxprocs", 0, "GOMAXPROCS of the sidecars (0: Go's default, the number of CPUs)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of this process (the functions' side: SDK and Redis clients)")
 	flag.Parse()
 	sections := map[string]bool{}
@@ -106,6 +109,10 @@ func main() {
 		_ = pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
+	if *sidecarProcs > 0 {
+		sidecarEnv = append(sidecarEnv, fmt.Sprintf("GOMAXPROCS=%d", *sidecarProcs))
+		all = false // not the default configuration: docs/bench is not written
+	}
 	if err := run(*scale, *out, want, all); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
@@ -127,7 +134,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 	}
 	op := testservers.StartOperator(tb)
 	rd := testservers.StartRedis(tb)
-	ps := &pods{tb: tb, op: op, bin: bin}
+	ps := &pods{tb: tb, op: op, bin: bin, env: sidecarEnv}
 	// Eight pods: one per member of the largest group; the ping-pongs use
 	// the first two.
 	var pp []*pod
@@ -213,6 +220,14 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 			}
 		}
 	}
+	var costs []costRow
+	if want("fig8") {
+		fmt.Fprintln(os.Stderr, "CPU per message: 10,000 × 64 B back to back, once per system")
+		var err error
+		if costs, err = cost(ctx, zt, rb, rd.Addr, 10_000); err != nil {
+			return fmt.Errorf("cost: %w", err)
+		}
+	}
 	if want("allreduce") {
 		fmt.Fprintln(os.Stderr, "allreduce of 1 MB of float64 (sum)")
 		for _, members := range []int{4, 8} {
@@ -253,6 +268,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 
 	fmt.Fprintln(os.Stderr)
 	printTable(os.Stdout, results)
+	printCost(os.Stdout, costs)
 	if !all {
 		fmt.Println("\n(a subset of sections: docs/bench not written)")
 		return nil
@@ -261,7 +277,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 		return err
 	}
 	host["elapsed_seconds"] = time.Since(start).Seconds()
-	js, _ := json.MarshalIndent(map[string]any{"host": host, "scale": scale, "results": results}, "", "  ")
+	js, _ := json.MarshalIndent(map[string]any{"host": host, "scale": scale, "results": results, "cpu_per_message": costs}, "", "  ")
 	if err := os.WriteFile(filepath.Join(outDir, "messaging.json"), append(js, '\n'), 0o644); err != nil {
 		return err
 	}

@@ -68,6 +68,7 @@ type pods struct {
 	bin string
 	seq int
 	mu  sync.Mutex
+	env []string // extra environment of every sidecar (e.g. GOMAXPROCS)
 }
 
 // pod is one running sidecar with the SDK client a function in that pod
@@ -134,6 +135,7 @@ func (p *pods) start() (*pod, error) {
 		"ZIPTRAIL_OPERATOR_ADDR="+p.op.Addr, "ZIPTRAIL_TOKEN_FILE="+token,
 		"ZIPTRAIL_SOCKET="+s.socket, "ZIPTRAIL_SHM_DIR="+s.shm,
 		"ZIPTRAIL_MEMORY_LIMIT="+fmt.Sprint(1<<30)) // room for a 64 MB message and its echo
+	s.cmd.Env = append(s.cmd.Env, p.env...)
 	s.cmd.Stderr = os.Stderr
 	if err := s.cmd.Start(); err != nil {
 		return nil, err

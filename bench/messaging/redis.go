@@ -153,7 +153,7 @@ func (rb *redisBench) stream(pipelined bool) func(ctx context.Context, count, n 
 			if err := <-got; err != nil {
 				return nil, err
 			}
-			if i > 0 {
+			if i > 0 || n == 0 { // the first is a warm-up, unless only one is asked for
 				ts = append(ts, time.Since(t).Seconds())
 			}
 		}

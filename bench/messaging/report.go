@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 )
 
 var sectionTitles = map[string]string{
@@ -94,4 +95,27 @@ func ratio(a, b float64) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f×", a/b)
+}
+
+// printCost writes the CPU each process spent per message.
+func printCost(w io.Writer, rows []costRow) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nCPU per message (%d × 64 B back to back, one run; /proc of each process, 10 ms ticks, and getrusage of the bench process)\n\n", rows[0].Messages)
+	fmt.Fprintln(w, "| system | process | CPU per message | context switches per message | run |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|")
+	for _, r := range rows {
+		names := make([]string, 0, len(r.CPU))
+		for n := range r.CPU {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		total := 0.0
+		for _, n := range names {
+			total += r.CPU[n]
+			fmt.Fprintf(w, "| %s | %s | %.0f µs | %.1f | %s |\n", r.System, n, r.CPU[n], r.Switches[n], dur(r.Seconds))
+		}
+		fmt.Fprintf(w, "| %s | all | %.0f µs | | |\n", r.System, total)
+	}
 }

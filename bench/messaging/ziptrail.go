@@ -109,6 +109,15 @@ func (z *ztBench) streamConcurrent(ctx context.Context, count, n int) ([]float64
 	return z.streamBy(ctx, 8, count, n)
 }
 
+// streamOnce is one timed stream (no warm-up).
+func (z *ztBench) streamOnce(ctx context.Context, senders, count int) (float64, error) {
+	ts, err := z.streamBy(ctx, senders, count, 0)
+	if err != nil {
+		return 0, err
+	}
+	return ts[0], nil
+}
+
 func (z *ztBench) streamBy(ctx context.Context, senders, count, n int) ([]float64, error) {
 	a, b := z.pair[0], z.pair[1]
 	msg := payload(64)
@@ -144,7 +153,7 @@ func (z *ztBench) streamBy(ctx context.Context, senders, count, n int) ([]float6
 		if err := <-got; err != nil {
 			return nil, err
 		}
-		if i > 0 { // the first is a warm-up
+		if i > 0 || n == 0 { // the first is a warm-up, unless only one is asked for
 			ts = append(ts, time.Since(t).Seconds())
 		}
 	}

@@ -72,7 +72,7 @@ func logPodsOnFailure(ns string) {
 	})
 }
 
-var _ = Describe("the k-means sample (allreduce between function instances)", func() {
+var _ = Describe("the kmeans sample (k-means, allreduce between function instances)", func() {
 	It("computes with 4 workers on several pods what one process computes", func() {
 		root := controlplane.RepoRoot()
 		params := strings.TrimSpace(string(sampleInput("kmeans", "params.json")))

@@ -24,6 +24,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -35,6 +36,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/testservers"
+	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
 // Result is one measured cell.
@@ -120,6 +122,37 @@ func main() {
 	}
 }
 
+// retried lists the cells that failed with a messaging error and ran again.
+type retried struct {
+	Cell  string `json:"cell"`
+	Error string `json:"error"`
+}
+
+var retries []retried
+
+// attempt runs one cell with a time bound; a ziptrail messaging error
+// (a member taken for gone or closed: the operator ended a healthy pod's
+// control stream) is recorded, reset rejoins, and the cell runs again, at
+// most twice more.
+func attempt[T any](ctx context.Context, cell string, reset func(context.Context) error, f func(context.Context) (T, error)) (T, error) {
+	for try := 0; ; try++ {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		v, err := f(cctx)
+		cancel()
+		retry := errors.Is(err, ziptrail.ErrPeerGone) || errors.Is(err, ziptrail.ErrClosed) || errors.Is(err, ziptrail.ErrTimeout)
+		if err == nil || !retry || try == 2 {
+			return v, err
+		}
+		fmt.Fprintf(os.Stderr, "  %s: %v (control-stream drops so far: %d); again\n", cell, err, streamDrops.Load())
+		retries = append(retries, retried{cell, err.Error()})
+		if reset != nil {
+			if err := reset(ctx); err != nil {
+				return v, err
+			}
+		}
+	}
+}
+
 func reps(n int, scale float64) int { return max(3, int(float64(n)*scale)) }
 
 func run(scale float64, outDir string, want func(string) bool, all bool) error {
@@ -168,7 +201,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 				name string
 				f    func(context.Context, []byte, int) ([]float64, error)
 			}{{"ziptrail", zt.pingPong}, {"Redis", rb.pingPong}} {
-				rtts, err := sys.f(ctx, data, n)
+				rtts, err := attempt(ctx, "fig7 "+sys.name+" "+human(size), zt.setupPair, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, data, n) })
 				if err != nil {
 					return fmt.Errorf("fig7 %s %s: %w", sys.name, human(size), err)
 				}
@@ -191,7 +224,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 			{"PING", "Redis", rb.pingRoundTrip},
 			{"LPUSH 64 B", "Redis", rb.lpushOnly},
 		} {
-			ts, err := c.f(ctx, n)
+			ts, err := attempt(ctx, "floor "+c.name, zt.setupPair, func(ctx context.Context) ([]float64, error) { return c.f(ctx, n) })
 			if err != nil {
 				return fmt.Errorf("floor %s: %w", c.name, err)
 			}
@@ -212,7 +245,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 				if count == 1 && sys.name != "ziptrail" && strings.HasPrefix(sys.name, "ziptrail") {
 					continue // one message: one sender
 				}
-				ts, err := sys.f(ctx, count, n)
+				ts, err := attempt(ctx, "fig8 "+sys.name+" "+msgs(count), zt.setupPair, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, count, n) })
 				if err != nil {
 					return fmt.Errorf("fig8 %s %d: %w", sys.name, count, err)
 				}
@@ -224,7 +257,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 	if want("fig8") {
 		fmt.Fprintln(os.Stderr, "CPU per message: 10,000 × 64 B back to back, once per system")
 		var err error
-		if costs, err = cost(ctx, zt, rb, rd.Addr, 10_000); err != nil {
+		if costs, err = attempt(ctx, "cost", zt.setupPair, func(ctx context.Context) ([]costRow, error) { return cost(ctx, zt, rb, rd.Addr, 10_000) }); err != nil {
 			return fmt.Errorf("cost: %w", err)
 		}
 	}
@@ -236,7 +269,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 				name string
 				f    func(context.Context, int, int) ([]float64, error)
 			}{{"ziptrail", zt.allreduce}, {"Redis", rb.allreduce}} {
-				ts, err := sys.f(ctx, members, n)
+				ts, err := attempt(ctx, fmt.Sprintf("allreduce %s %d", sys.name, members), nil, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, members, n) })
 				if err != nil {
 					return fmt.Errorf("allreduce %s %d: %w", sys.name, members, err)
 				}
@@ -248,7 +281,12 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 	if want("membership") {
 		fmt.Fprintln(os.Stderr, "membership change: a 4th member joins, 3 watch")
 		n := reps(membershipReps, scale)
-		ts, joins, err := zt.membership(ctx, n)
+		type pair struct{ seen, joins []float64 }
+		p, err := attempt(ctx, "membership", nil, func(ctx context.Context) (pair, error) {
+			s, j, err := zt.membership(ctx, n)
+			return pair{s, j}, err
+		})
+		ts, joins := p.seen, p.joins
 		if err != nil {
 			return fmt.Errorf("membership: %w", err)
 		}
@@ -258,7 +296,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 	if want("death") {
 		fmt.Fprintln(os.Stderr, "death detection: SIGKILL a member's sidecar, 3 blocked in Recv from it")
 		n := reps(deathReps, scale)
-		ts, err := zt.death(ctx, n)
+		ts, err := attempt(ctx, "death", nil, func(ctx context.Context) ([]float64, error) { return zt.death(ctx, n) })
 		if err != nil {
 			return fmt.Errorf("death: %w", err)
 		}
@@ -269,6 +307,10 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 	fmt.Fprintln(os.Stderr)
 	printTable(os.Stdout, results)
 	printCost(os.Stdout, costs)
+	fmt.Printf("\ncontrol streams of sidecars that ended and reconnected during the run: %d; cells run again after a messaging error: %d\n", streamDrops.Load(), len(retries))
+	for _, r := range retries {
+		fmt.Printf("  %s: %s\n", r.Cell, r.Error)
+	}
 	if !all {
 		fmt.Println("\n(a subset of sections: docs/bench not written)")
 		return nil
@@ -277,7 +319,8 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 		return err
 	}
 	host["elapsed_seconds"] = time.Since(start).Seconds()
-	js, _ := json.MarshalIndent(map[string]any{"host": host, "scale": scale, "results": results, "cpu_per_message": costs}, "", "  ")
+	js, _ := json.MarshalIndent(map[string]any{"host": host, "scale": scale, "results": results, "cpu_per_message": costs,
+		"control_stream_drops": streamDrops.Load(), "retried_cells": retries}, "", "  ")
 	if err := os.WriteFile(filepath.Join(outDir, "messaging.json"), append(js, '\n'), 0o644); err != nil {
 		return err
 	}

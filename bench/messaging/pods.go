@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -136,7 +138,7 @@ func (p *pods) start() (*pod, error) {
 		"ZIPTRAIL_SOCKET="+s.socket, "ZIPTRAIL_SHM_DIR="+s.shm,
 		"ZIPTRAIL_MEMORY_LIMIT="+fmt.Sprint(1<<30)) // room for a 64 MB message and its echo
 	s.cmd.Env = append(s.cmd.Env, p.env...)
-	s.cmd.Stderr = os.Stderr
+	s.cmd.Stderr = stderrCounter{}
 	if err := s.cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -163,6 +165,20 @@ func (p *pods) start() (*pod, error) {
 	}
 	p.tb.Cleanup(func() { s.client.Close() })
 	return s, nil
+}
+
+// streamDrops counts the sidecars' "control stream:" errors: each is a
+// control stream to the operator that ended and was reconnected (the
+// directory takes the pod's members for gone when it ends).
+var streamDrops atomic.Int64
+
+// stderrCounter forwards a sidecar's stderr and counts its control-stream
+// errors.
+type stderrCounter struct{}
+
+func (stderrCounter) Write(b []byte) (int, error) {
+	streamDrops.Add(int64(bytes.Count(b, []byte("control stream:"))))
+	return os.Stderr.Write(b)
 }
 
 // kill ends the process with SIGKILL (a crashed pod) and waits for it.

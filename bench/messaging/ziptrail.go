@@ -51,6 +51,7 @@ func (z *ztBench) pingPong(ctx context.Context, data []byte, n int) ([]float64, 
 	total := n + warmups
 	echoed := make(chan error, 1)
 	go func() {
+		defer cancel() // a failed echo must not leave rank 0 waiting
 		echoed <- func() error {
 			for range total {
 				m, err := b.Recv(ctx, 0, 7)
@@ -75,6 +76,13 @@ func (z *ztBench) pingPong(ctx context.Context, data []byte, n int) ([]float64, 
 		}
 		m, err := a.Recv(ctx, 1, 7)
 		if err != nil {
+			select {
+			case eerr := <-echoed:
+				if eerr != nil {
+					return nil, fmt.Errorf("echo: %w", eerr)
+				}
+			default:
+			}
 			return nil, err
 		}
 		touch(m.Bytes())
@@ -120,6 +128,8 @@ func (z *ztBench) streamOnce(ctx context.Context, senders, count int) (float64, 
 
 func (z *ztBench) streamBy(ctx context.Context, senders, count, n int) ([]float64, error) {
 	a, b := z.pair[0], z.pair[1]
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	msg := payload(64)
 	var ts []float64
 	for i := range n + 1 {

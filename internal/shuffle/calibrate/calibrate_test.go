@@ -1,0 +1,169 @@
+package calibrate
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ziptrail/ziptrail/internal/shuffle/model"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// TestMeasureRealServers runs a quick calibration (objects up to 10 MB,
+// 100 ms per point) against a real redis-server and MinIO and the
+// in-process data plane, and checks the structure of what it measured —
+// not timings.
+func TestMeasureRealServers(t *testing.T) {
+	rs := testservers.StartRedis(t)
+	mi := testservers.StartMinIO(t)
+	bucket := mi.Bucket(t, "calibrate")
+	var progress bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	workers := []int{1, 2, 4, 8}
+	m, err := Measure(ctx, Config{
+		Redis:            &redis.Options{Addr: rs.Addr},
+		S3:               S3Endpoint{Endpoint: mi.Endpoint, AccessKey: mi.AccessKey, SecretKey: mi.SecretKey, Bucket: bucket},
+		DurationPerPoint: 100 * time.Millisecond,
+		MaxObject:        10 * model.MB,
+		Workers:          workers,
+		Progress:         &progress,
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress.String())
+	}
+	t.Log("\n" + progress.String())
+
+	// every step reported, numbered
+	bwSizes := BandwidthSizes(10 * model.MB)
+	if len(bwSizes) != 2 || len(RateSizes(10*model.MB)) != 4 {
+		t.Fatalf("quick sizes: %v %v", bwSizes, RateSizes(10*model.MB))
+	}
+	steps := 2*2*len(workers)*len(bwSizes) + len(workers)*len(bwSizes) + 2*2*4 + 1
+	if !strings.Contains(progress.String(), "calibrating: "+strconv.Itoa(steps)+" steps") || !strings.Contains(progress.String(), "["+strconv.Itoa(steps)+"/"+strconv.Itoa(steps)+"]") {
+		t.Errorf("progress does not number %d steps:\n%s", steps, progress.String())
+	}
+
+	// the bandwidth grid is complete and positive
+	if want := 2*2*len(workers)*len(bwSizes) + len(workers)*len(bwSizes); len(m.Bandwidth) != want {
+		t.Fatalf("%d bandwidth points, want %d", len(m.Bandwidth), want)
+	}
+	agg := map[string]map[int]float64{}
+	for _, p := range m.Bandwidth {
+		if len(p.PerWorker) != p.Workers || !(p.Aggregate > 0) || p.Requests < p.Workers {
+			t.Errorf("point %+v: want a positive bandwidth per worker and at least one request each", p)
+		}
+		for _, v := range p.PerWorker {
+			if !(v > 0) {
+				t.Errorf("point %s %s %d × %s: worker bandwidth %g", p.Store, p.Op, p.Workers, FormatSize(p.Size), v)
+			}
+		}
+		k := p.Store + " " + p.Op + " " + FormatSize(p.Size)
+		if agg[k] == nil {
+			agg[k] = map[int]float64{}
+		}
+		agg[k][p.Workers] = p.Aggregate
+	}
+	// physics: a second worker does not cut the aggregate (beyond noise on
+	// a shared machine: half)
+	for k, a := range agg {
+		if a[2] < 0.5*a[1] {
+			t.Errorf("%s: aggregate %s with 2 workers, %s with 1", k, FormatRate(a[2]), FormatRate(a[1]))
+		}
+	}
+
+	// request rates: 10 KB objects sustain more requests than 10 MB ones,
+	// and 10 MB objects more bytes
+	if len(m.Rates) != 2*2*4 {
+		t.Fatalf("%d rate points, want 16", len(m.Rates))
+	}
+	for _, store := range []string{S3, Redis} {
+		for _, op := range []string{Read, Write} {
+			rs := m.rates(store, op)
+			small, large := rs[0], rs[len(rs)-1]
+			if small.Size != 10*model.KB || large.Size != 10*model.MB {
+				t.Fatalf("%s %s rate sizes %v…%v", store, op, small.Size, large.Size)
+			}
+			if !(small.PerSecond > large.PerSecond) || !(large.PerSecond*large.Size > small.PerSecond*small.Size) {
+				t.Errorf("%s %s: %.0f/s at 10 KB, %.0f/s at 10 MB", store, op, small.PerSecond, large.PerSecond)
+			}
+			for _, p := range rs {
+				if len(p.Probes) == 0 || p.Concurrency < 1 || p.Probes[0].Concurrency != 1 {
+					t.Errorf("rate point %+v: no probes", p)
+				}
+			}
+		}
+	}
+	if len(m.Server) != 1 || !(m.Server[0].Aggregate > 0) {
+		t.Errorf("server points %+v", m.Server)
+	}
+
+	// the fit: valid params, positive where measured
+	p, notes, err := Fit(m, model.DefaultParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(strings.Join(notes, "\n"))
+	for name, b := range map[string]model.Bandwidth{"slowRead": p.SlowRead, "slowWrite": p.SlowWrite, "fastRead": p.FastRead, "fastWrite": p.FastWrite} {
+		if !(b.PerWorker > 0) || !(b.Max > 0) || b.ParallelismExponent < 0 || b.MemoryExponent != 0 {
+			t.Errorf("%s = %+v", name, b)
+		}
+		for _, w := range workers {
+			if !(b.At(w, model.GiB) > 0) {
+				t.Errorf("%s at %d workers: %g", name, w, b.At(w, model.GiB))
+			}
+		}
+	}
+	if !(p.PodPullBandwidth > 0) || !(p.FastServerBandwidth > 0) || p.SlowServerBandwidth < 0 || p.PodAggregateBandwidth < 0 {
+		t.Errorf("params %+v", p)
+	}
+	for _, pt := range m.Bandwidth {
+		if pt.Store == Redis && pt.Size >= BulkSize && pt.Aggregate > p.FastServerBandwidth {
+			t.Errorf("redis server bandwidth %s below a measured aggregate %s", FormatRate(p.FastServerBandwidth), FormatRate(pt.Aggregate))
+		}
+	}
+	for _, c := range []model.RateCurve{p.SlowRequests, p.FastRequests} {
+		if len(c.Points) != 4 {
+			t.Errorf("rate curve %v", c.Points)
+		}
+		for i := 1; i < len(c.Points); i++ {
+			if c.Points[i].PerSecond > c.Points[i-1].PerSecond {
+				t.Errorf("rate curve rises: %v", c.Points)
+			}
+		}
+	}
+	if len(p.Stragglers) != 1+2+4+8 {
+		t.Errorf("%d straggler samples", len(p.Stragglers))
+	}
+	if _, err := model.New(p, model.DefaultPrices()); err != nil {
+		t.Error(err)
+	}
+
+	// nothing left behind
+	if n, err := rs.Client.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Errorf("redis keeps %d keys (%v)", n, err)
+	}
+	for o := range mi.Client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Recursive: true}) {
+		t.Errorf("s3 keeps %s (%v)", o.Key, o.Err)
+	}
+}
+
+func TestMeasureRejectsBadConfig(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []Config{
+		{},
+		{Redis: &redis.Options{Addr: "127.0.0.1:1"}},
+		{Redis: &redis.Options{Addr: "127.0.0.1:1"}, S3: S3Endpoint{Endpoint: "127.0.0.1:1", Bucket: "b"}, MaxObject: 100 * model.KB},
+		{Redis: &redis.Options{Addr: "127.0.0.1:1"}, S3: S3Endpoint{Endpoint: "127.0.0.1:1", Bucket: "b"}, Workers: []int{2, 1}},
+	} {
+		if _, err := Measure(ctx, c); err == nil {
+			t.Errorf("config %+v accepted", c)
+		}
+	}
+}

@@ -51,8 +51,7 @@ func (z *ztBench) pingPong(ctx context.Context, data []byte, n int) ([]float64, 
 	total := n + warmups
 	echoed := make(chan error, 1)
 	go func() {
-		defer cancel() // a failed echo must not leave rank 0 waiting
-		echoed <- func() error {
+		err := func() error {
 			for range total {
 				m, err := b.Recv(ctx, 0, 7)
 				if err != nil {
@@ -67,6 +66,10 @@ func (z *ztBench) pingPong(ctx context.Context, data []byte, n int) ([]float64, 
 			}
 			return nil
 		}()
+		echoed <- err
+		if err != nil {
+			cancel() // a failed echo must not leave rank 0 waiting
+		}
 	}()
 	rtts := make([]float64, 0, n)
 	for i := range total {

@@ -56,26 +56,6 @@ func (c Producer) Extend(ctx context.Context, params func(Producer_extend_Params
 
 }
 
-func (c Producer) Deliver(ctx context.Context, params func(Producer_deliver_Params) error) (Producer_deliver_Results_Future, capnp.ReleaseFunc) {
-
-	s := capnp.Send{
-		Method: capnp.Method{
-			InterfaceID:   0x92f2c9e5b53c849c,
-			MethodID:      2,
-			InterfaceName: "dataplane.capnp:Producer",
-			MethodName:    "deliver",
-		},
-	}
-	if params != nil {
-		s.ArgsSize = capnp.ObjectSize{DataSize: 0, PointerCount: 1}
-		s.PlaceArgs = func(s capnp.Struct) error { return params(Producer_deliver_Params(s)) }
-	}
-
-	ans, release := capnp.Client(c).SendCall(ctx, s)
-	return Producer_deliver_Results_Future{Future: ans.Future()}, release
-
-}
-
 func (c Producer) WaitStreaming() error {
 	return capnp.Client(c).WaitStreaming()
 }
@@ -152,8 +132,6 @@ type Producer_Server interface {
 	Open(context.Context, Producer_open) error
 
 	Extend(context.Context, Producer_extend) error
-
-	Deliver(context.Context, Producer_deliver) error
 }
 
 // Producer_NewServer creates a new Server from an implementation of Producer_Server.
@@ -172,7 +150,7 @@ func Producer_ServerToClient(s Producer_Server) Producer {
 // This can be used to create a more complicated Server.
 func Producer_Methods(methods []server.Method, s Producer_Server) []server.Method {
 	if cap(methods) == 0 {
-		methods = make([]server.Method, 0, 3)
+		methods = make([]server.Method, 0, 2)
 	}
 
 	methods = append(methods, server.Method{
@@ -196,18 +174,6 @@ func Producer_Methods(methods []server.Method, s Producer_Server) []server.Metho
 		},
 		Impl: func(ctx context.Context, call *server.Call) error {
 			return s.Extend(ctx, Producer_extend{call})
-		},
-	})
-
-	methods = append(methods, server.Method{
-		Method: capnp.Method{
-			InterfaceID:   0x92f2c9e5b53c849c,
-			MethodID:      2,
-			InterfaceName: "dataplane.capnp:Producer",
-			MethodName:    "deliver",
-		},
-		Impl: func(ctx context.Context, call *server.Call) error {
-			return s.Deliver(ctx, Producer_deliver{call})
 		},
 	})
 
@@ -246,23 +212,6 @@ func (c Producer_extend) Args() Producer_extend_Params {
 func (c Producer_extend) AllocResults() (Producer_extend_Results, error) {
 	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 8, PointerCount: 0})
 	return Producer_extend_Results(r), err
-}
-
-// Producer_deliver holds the state for a server call to Producer.deliver.
-// See server.Call for documentation.
-type Producer_deliver struct {
-	*server.Call
-}
-
-// Args returns the call's arguments.
-func (c Producer_deliver) Args() Producer_deliver_Params {
-	return Producer_deliver_Params(c.Call.Args())
-}
-
-// AllocResults allocates the results struct.
-func (c Producer_deliver) AllocResults() (Producer_deliver_Results, error) {
-	r, err := c.Call.AllocResults(capnp.ObjectSize{DataSize: 8, PointerCount: 0})
-	return Producer_deliver_Results(r), err
 }
 
 // Producer_List is a list of Producer.
@@ -668,407 +617,6 @@ func (f Producer_extend_Results_Future) Struct() (Producer_extend_Results, error
 	return Producer_extend_Results(p.Struct()), err
 }
 
-type Producer_deliver_Params capnp.Struct
-
-// Producer_deliver_Params_TypeID is the unique identifier for the type Producer_deliver_Params.
-const Producer_deliver_Params_TypeID = 0xf25c3d344bff49e2
-
-func NewProducer_deliver_Params(s *capnp.Segment) (Producer_deliver_Params, error) {
-	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
-	return Producer_deliver_Params(st), err
-}
-
-func NewRootProducer_deliver_Params(s *capnp.Segment) (Producer_deliver_Params, error) {
-	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1})
-	return Producer_deliver_Params(st), err
-}
-
-func ReadRootProducer_deliver_Params(msg *capnp.Message) (Producer_deliver_Params, error) {
-	root, err := msg.Root()
-	return Producer_deliver_Params(root.Struct()), err
-}
-
-func (s Producer_deliver_Params) String() string {
-	str, _ := text.Marshal(0xf25c3d344bff49e2, capnp.Struct(s))
-	return str
-}
-
-func (s Producer_deliver_Params) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
-	return capnp.Struct(s).EncodeAsPtr(seg)
-}
-
-func (Producer_deliver_Params) DecodeFromPtr(p capnp.Ptr) Producer_deliver_Params {
-	return Producer_deliver_Params(capnp.Struct{}.DecodeFromPtr(p))
-}
-
-func (s Producer_deliver_Params) ToPtr() capnp.Ptr {
-	return capnp.Struct(s).ToPtr()
-}
-func (s Producer_deliver_Params) IsValid() bool {
-	return capnp.Struct(s).IsValid()
-}
-
-func (s Producer_deliver_Params) Message() *capnp.Message {
-	return capnp.Struct(s).Message()
-}
-
-func (s Producer_deliver_Params) Segment() *capnp.Segment {
-	return capnp.Struct(s).Segment()
-}
-func (s Producer_deliver_Params) Msg() (Message, error) {
-	p, err := capnp.Struct(s).Ptr(0)
-	return Message(p.Struct()), err
-}
-
-func (s Producer_deliver_Params) HasMsg() bool {
-	return capnp.Struct(s).HasPtr(0)
-}
-
-func (s Producer_deliver_Params) SetMsg(v Message) error {
-	return capnp.Struct(s).SetPtr(0, capnp.Struct(v).ToPtr())
-}
-
-// NewMsg sets the msg field to a newly
-// allocated Message struct, preferring placement in s's segment.
-func (s Producer_deliver_Params) NewMsg() (Message, error) {
-	ss, err := NewMessage(capnp.Struct(s).Segment())
-	if err != nil {
-		return Message{}, err
-	}
-	err = capnp.Struct(s).SetPtr(0, capnp.Struct(ss).ToPtr())
-	return ss, err
-}
-
-// Producer_deliver_Params_List is a list of Producer_deliver_Params.
-type Producer_deliver_Params_List = capnp.StructList[Producer_deliver_Params]
-
-// NewProducer_deliver_Params creates a new list of Producer_deliver_Params.
-func NewProducer_deliver_Params_List(s *capnp.Segment, sz int32) (Producer_deliver_Params_List, error) {
-	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 0, PointerCount: 1}, sz)
-	return capnp.StructList[Producer_deliver_Params](l), err
-}
-
-// Producer_deliver_Params_Future is a wrapper for a Producer_deliver_Params promised by a client call.
-type Producer_deliver_Params_Future struct{ *capnp.Future }
-
-func (f Producer_deliver_Params_Future) Struct() (Producer_deliver_Params, error) {
-	p, err := f.Future.Ptr()
-	return Producer_deliver_Params(p.Struct()), err
-}
-func (p Producer_deliver_Params_Future) Msg() Message_Future {
-	return Message_Future{Future: p.Future.Field(0, nil)}
-}
-
-type Producer_deliver_Results capnp.Struct
-
-// Producer_deliver_Results_TypeID is the unique identifier for the type Producer_deliver_Results.
-const Producer_deliver_Results_TypeID = 0xf5108b8cf47a539f
-
-func NewProducer_deliver_Results(s *capnp.Segment) (Producer_deliver_Results, error) {
-	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 0})
-	return Producer_deliver_Results(st), err
-}
-
-func NewRootProducer_deliver_Results(s *capnp.Segment) (Producer_deliver_Results, error) {
-	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 8, PointerCount: 0})
-	return Producer_deliver_Results(st), err
-}
-
-func ReadRootProducer_deliver_Results(msg *capnp.Message) (Producer_deliver_Results, error) {
-	root, err := msg.Root()
-	return Producer_deliver_Results(root.Struct()), err
-}
-
-func (s Producer_deliver_Results) String() string {
-	str, _ := text.Marshal(0xf5108b8cf47a539f, capnp.Struct(s))
-	return str
-}
-
-func (s Producer_deliver_Results) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
-	return capnp.Struct(s).EncodeAsPtr(seg)
-}
-
-func (Producer_deliver_Results) DecodeFromPtr(p capnp.Ptr) Producer_deliver_Results {
-	return Producer_deliver_Results(capnp.Struct{}.DecodeFromPtr(p))
-}
-
-func (s Producer_deliver_Results) ToPtr() capnp.Ptr {
-	return capnp.Struct(s).ToPtr()
-}
-func (s Producer_deliver_Results) IsValid() bool {
-	return capnp.Struct(s).IsValid()
-}
-
-func (s Producer_deliver_Results) Message() *capnp.Message {
-	return capnp.Struct(s).Message()
-}
-
-func (s Producer_deliver_Results) Segment() *capnp.Segment {
-	return capnp.Struct(s).Segment()
-}
-func (s Producer_deliver_Results) Status() DeliverStatus {
-	return DeliverStatus(capnp.Struct(s).Uint16(0))
-}
-
-func (s Producer_deliver_Results) SetStatus(v DeliverStatus) {
-	capnp.Struct(s).SetUint16(0, uint16(v))
-}
-
-// Producer_deliver_Results_List is a list of Producer_deliver_Results.
-type Producer_deliver_Results_List = capnp.StructList[Producer_deliver_Results]
-
-// NewProducer_deliver_Results creates a new list of Producer_deliver_Results.
-func NewProducer_deliver_Results_List(s *capnp.Segment, sz int32) (Producer_deliver_Results_List, error) {
-	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 8, PointerCount: 0}, sz)
-	return capnp.StructList[Producer_deliver_Results](l), err
-}
-
-// Producer_deliver_Results_Future is a wrapper for a Producer_deliver_Results promised by a client call.
-type Producer_deliver_Results_Future struct{ *capnp.Future }
-
-func (f Producer_deliver_Results_Future) Struct() (Producer_deliver_Results, error) {
-	p, err := f.Future.Ptr()
-	return Producer_deliver_Results(p.Struct()), err
-}
-
-type Message capnp.Struct
-
-// Message_TypeID is the unique identifier for the type Message.
-const Message_TypeID = 0x9dc05c34182bfbfb
-
-func NewMessage(s *capnp.Segment) (Message, error) {
-	st, err := capnp.NewStruct(s, capnp.ObjectSize{DataSize: 32, PointerCount: 5})
-	return Message(st), err
-}
-
-func NewRootMessage(s *capnp.Segment) (Message, error) {
-	st, err := capnp.NewRootStruct(s, capnp.ObjectSize{DataSize: 32, PointerCount: 5})
-	return Message(st), err
-}
-
-func ReadRootMessage(msg *capnp.Message) (Message, error) {
-	root, err := msg.Root()
-	return Message(root.Struct()), err
-}
-
-func (s Message) String() string {
-	str, _ := text.Marshal(0x9dc05c34182bfbfb, capnp.Struct(s))
-	return str
-}
-
-func (s Message) EncodeAsPtr(seg *capnp.Segment) capnp.Ptr {
-	return capnp.Struct(s).EncodeAsPtr(seg)
-}
-
-func (Message) DecodeFromPtr(p capnp.Ptr) Message {
-	return Message(capnp.Struct{}.DecodeFromPtr(p))
-}
-
-func (s Message) ToPtr() capnp.Ptr {
-	return capnp.Struct(s).ToPtr()
-}
-func (s Message) IsValid() bool {
-	return capnp.Struct(s).IsValid()
-}
-
-func (s Message) Message() *capnp.Message {
-	return capnp.Struct(s).Message()
-}
-
-func (s Message) Segment() *capnp.Segment {
-	return capnp.Struct(s).Segment()
-}
-func (s Message) Auth() (string, error) {
-	p, err := capnp.Struct(s).Ptr(0)
-	return p.Text(), err
-}
-
-func (s Message) HasAuth() bool {
-	return capnp.Struct(s).HasPtr(0)
-}
-
-func (s Message) AuthBytes() ([]byte, error) {
-	p, err := capnp.Struct(s).Ptr(0)
-	return p.TextBytes(), err
-}
-
-func (s Message) SetAuth(v string) error {
-	return capnp.Struct(s).SetText(0, v)
-}
-
-func (s Message) Session() (string, error) {
-	p, err := capnp.Struct(s).Ptr(1)
-	return p.Text(), err
-}
-
-func (s Message) HasSession() bool {
-	return capnp.Struct(s).HasPtr(1)
-}
-
-func (s Message) SessionBytes() ([]byte, error) {
-	p, err := capnp.Struct(s).Ptr(1)
-	return p.TextBytes(), err
-}
-
-func (s Message) SetSession(v string) error {
-	return capnp.Struct(s).SetText(1, v)
-}
-
-func (s Message) Group() (string, error) {
-	p, err := capnp.Struct(s).Ptr(2)
-	return p.Text(), err
-}
-
-func (s Message) HasGroup() bool {
-	return capnp.Struct(s).HasPtr(2)
-}
-
-func (s Message) GroupBytes() ([]byte, error) {
-	p, err := capnp.Struct(s).Ptr(2)
-	return p.TextBytes(), err
-}
-
-func (s Message) SetGroup(v string) error {
-	return capnp.Struct(s).SetText(2, v)
-}
-
-func (s Message) From() uint32 {
-	return capnp.Struct(s).Uint32(0)
-}
-
-func (s Message) SetFrom(v uint32) {
-	capnp.Struct(s).SetUint32(0, v)
-}
-
-func (s Message) To() uint32 {
-	return capnp.Struct(s).Uint32(4)
-}
-
-func (s Message) SetTo(v uint32) {
-	capnp.Struct(s).SetUint32(4, v)
-}
-
-func (s Message) Tag() int64 {
-	return int64(capnp.Struct(s).Uint64(8))
-}
-
-func (s Message) SetTag(v int64) {
-	capnp.Struct(s).SetUint64(8, uint64(v))
-}
-
-func (s Message) Seq() uint64 {
-	return capnp.Struct(s).Uint64(16)
-}
-
-func (s Message) SetSeq(v uint64) {
-	capnp.Struct(s).SetUint64(16, v)
-}
-
-func (s Message) Data() ([]byte, error) {
-	p, err := capnp.Struct(s).Ptr(3)
-	return []byte(p.Data()), err
-}
-
-func (s Message) HasData() bool {
-	return capnp.Struct(s).HasPtr(3)
-}
-
-func (s Message) SetData(v []byte) error {
-	return capnp.Struct(s).SetData(3, v)
-}
-
-func (s Message) Ref() (string, error) {
-	p, err := capnp.Struct(s).Ptr(4)
-	return p.Text(), err
-}
-
-func (s Message) HasRef() bool {
-	return capnp.Struct(s).HasPtr(4)
-}
-
-func (s Message) RefBytes() ([]byte, error) {
-	p, err := capnp.Struct(s).Ptr(4)
-	return p.TextBytes(), err
-}
-
-func (s Message) SetRef(v string) error {
-	return capnp.Struct(s).SetText(4, v)
-}
-
-func (s Message) Size() uint64 {
-	return capnp.Struct(s).Uint64(24)
-}
-
-func (s Message) SetSize(v uint64) {
-	capnp.Struct(s).SetUint64(24, v)
-}
-
-// Message_List is a list of Message.
-type Message_List = capnp.StructList[Message]
-
-// NewMessage creates a new list of Message.
-func NewMessage_List(s *capnp.Segment, sz int32) (Message_List, error) {
-	l, err := capnp.NewCompositeList(s, capnp.ObjectSize{DataSize: 32, PointerCount: 5}, sz)
-	return capnp.StructList[Message](l), err
-}
-
-// Message_Future is a wrapper for a Message promised by a client call.
-type Message_Future struct{ *capnp.Future }
-
-func (f Message_Future) Struct() (Message, error) {
-	p, err := f.Future.Ptr()
-	return Message(p.Struct()), err
-}
-
-type DeliverStatus uint16
-
-// DeliverStatus_TypeID is the unique identifier for the type DeliverStatus.
-const DeliverStatus_TypeID = 0xb5fe8175c178f4a0
-
-// Values of DeliverStatus.
-const (
-	DeliverStatus_queued  DeliverStatus = 0
-	DeliverStatus_notHere DeliverStatus = 1
-	DeliverStatus_foreign DeliverStatus = 2
-)
-
-// String returns the enum's constant name.
-func (c DeliverStatus) String() string {
-	switch c {
-	case DeliverStatus_queued:
-		return "queued"
-	case DeliverStatus_notHere:
-		return "notHere"
-	case DeliverStatus_foreign:
-		return "foreign"
-
-	default:
-		return ""
-	}
-}
-
-// DeliverStatusFromString returns the enum value with a name,
-// or the zero value if there's no such value.
-func DeliverStatusFromString(c string) DeliverStatus {
-	switch c {
-	case "queued":
-		return DeliverStatus_queued
-	case "notHere":
-		return DeliverStatus_notHere
-	case "foreign":
-		return DeliverStatus_foreign
-
-	default:
-		return 0
-	}
-}
-
-type DeliverStatus_List = capnp.EnumList[DeliverStatus]
-
-func NewDeliverStatus_List(s *capnp.Segment, sz int32) (DeliverStatus_List, error) {
-	return capnp.NewEnumList[DeliverStatus](s, sz)
-}
-
 type Reader capnp.Client
 
 // Reader_TypeID is the unique identifier for the type Reader.
@@ -1387,76 +935,50 @@ func (f Reader_read_Results_Future) Struct() (Reader_read_Results, error) {
 	return Reader_read_Results(p.Struct()), err
 }
 
-const schema_db58b1e59cd6dc5d = "x\xda\x8cU_h\x1c\xd5\x17>\xdf\xbd3;\x1bH" +
-	"\xd8\xbd\xcc\x946\xa5%m\xd8\x964\xbf\xa6\xf4\xd7\x06" +
-	"l\x83uc\xb0\xb5\xb6\x04s\xb3\x14|\xa8\xc8${" +
-	"w\x13\x9a\xec\xa63\xb3\x9a\x16%\x16*V\xac\x7f*" +
-	"}Q*\xf5U\xf0\x0fE\xfa\"(\xea\x8bT}\xf1" +
-	"\xc1BQ\x11\x84\x8a \xfa\x10\xd3\x17\x8b\x1d9\x93\xcc" +
-	"n\xb7i\xado\xbb\x1f\xdf\x9es\xbe\xf3}\xf7\xec\xce" +
-	"\xf7\xc4\xb0\xf5\xff\xae\x17m\x12z\xd8\xce\xc4\x1fY\xbf" +
-	"\x97\xeb\xa5\xa7\xce\x91\xee\x06\x88,\x87h\xf7\xbbb\x04" +
-	"\x04\xf7\x92(\x12\xe2\x0b\xa7\x1f\xbc|\xfd\xca\xe2\x1b\xa4" +
-	"\xf22~\xf2\x87\xab\x17\xae_z\xe2{\"\xb8\xdf\x8a" +
-	"\xaf\xdc\x1f\x85C\xe4^\x13_\xbaZ:D\xf1\xcd\x9b" +
-	"\xff[7x\xf4\xb3\xb7I\xe7a\xb5\xd8\xb6\xcd\xb4\xbd" +
-	"\xf2\x0b\xf7a\xa6\xed\xde'\x1f\x10\x84\xf8\xf0\xd7\xb7\xfe" +
-	"2\x07\xff\xbc\xb8\xd2\xdbN\x9a\x9f\xb0w\x81\xb0\xfb\x94" +
-	"\xdd\x03B\xfcj\xf8\xebw\x95#\xbf}@z-\xc4" +
-	"\xcax\xe72\xeby\xbc73\xcf\x10\xe2w\x96\xe6?" +
-	"o\x9c\xbau\x99T^\xb4\x8dw#\xb3\xe8\xc2\xe1\xbe" +
-	"\x7fg\x1e'\xc4[\xdf\x9a\x98x\x7fi\xef\xb5U:" +
-	"\x94\xf3\xb1\xdb\x9d\x10\xd78\x8f\xba\xfb\xf8S<{\xe5" +
-	"\x9b\xea\xf8\xf9\x87~\"\xb5\x96\x07\x03\xb7\xdd\xe2\xf4r" +
-	"\xdb\x01\x87\xb72|\xe0\xd3\xd1\xd7\x96\x16~IGO" +
-	"\x18\xa3N?3\x8e8<\xd8\xd5\x03\xfb?<\xb7g" +
-	"\xeb\x1fm\x8c\xcb\xce\x103>I\x18??\x16\x1f\x1e" +
-	"\xdcwt\x91Tw\x93\xb01\x9b\xac~K\x96\x9b\\" +
-	",\x9d\\:\xfbr\xfe\xc6\xed\xde\xec\xcf\x1eb\x82\xce" +
-	"\x16i .\xfb\x91?7\xe3\xd7,\xb3c\xd2\x9f\xab" +
-	"\xcd\x0d\x8d\x05\xf5rc\xd2\x04;\xcc|dj\xe5\xc2" +
-	"\xb8\x09\x1b3QH\xda\x92\x16\x91\x05\"\xd5\xb5\x9eH" +
-	"g%\xb4' \xeb\xc7\x00\x12\xe0M\xa7\xb5\xc4\x9d\xb5" +
-	"\x88\xc6\x00\xdd)m\xa2\xa6l\xa4\xd6)\xddOB\xed" +
-	"w\xd0\x12\x8c4Rj\xef\x10\x095\xe0@4\xa5\"" +
-	"\x95\xa46\x8f\x90Pk\x9c\\}\xce\xd4\x86Q\\\x9e" +
-	"w\x18\x0be33\xfd\xb4\x09\x861\x86\xbb\xcc4j" +
-	"\xc2\xd0\xaf\x9ad\xa2\xbeT\x92\xdb\x81~\xa2\x92\x05\x89" +
-	"R\x1e\x02\x0a\xf0x_n\x17F\x88JY\xc6=\xc6" +
-	"\x85\xf08D\xae\xc2.\xa2R'\xe3\xeb \x00\xe9A" +
-	"\xb2\xfdI\x99<\xc3\x1b\x98n\xc1\x83E\xe4vc=" +
-	"Q\xc9c|\x13\xe36<\xd8D\xeeF\xf4\x12\x95\xd6" +
-	"1^`<#<d\x88\xdc\xcd\x09\xbe\x81\xf1>\xc6" +
-	"\x1d\xe9\xb1\xb7\xee\x96\xa4\xfe&\xc6\xb73\x9e\xb5<d" +
-	"\x89\xdcm\x09\xbf\xc0\xf8N\xc6;\xa4\x87\x0e\"w " +
-	"\xe1\xf71>\x08\x81\x9c\xdf\x88\xa6\xd0I\x02\x9d\x84\x85" +
-	"\xd0\x84\xe1t\xbd\x96~\xef\xa9\x06\xf5\xc6\\\xfa-W" +
-	"\x09\xea\xb3\xc8\x92@\x96 \xa3z\xfa\xd1\x89\xfc*l" +
-	"\x12\xb0\x09Nh\x8e\xa3\x83\x04:\x089^4\xbaH" +
-	"\xa0\x8b\xe0\x04\xa6\xd2,\x14N\x9f4)\xabi\x87\\" +
-	"\x157v\xb10nz\x92\xb4i\xaf\x19\xb6\xe7\x86\x88" +
-	"\xf4\xbc\x84>-\xb0\xe2\x8a:\xd5O\xa4\x9f\x95\xd0g" +
-	"\xd8\x12$\x96\xa8\x17\x98\xf8\xbc\x84>+\xa0\xa4H\x0c" +
-	"Q/\xf5\x12\xe9\xd3\x12\xfauvC&n\xa8W\xf8" +
-	"\xe7g$\xf4y\x81b`\xfc\xb2\x09\xa0Z\xaf\x9b\x00" +
-	"u\xc7\xdc\xc5\x89\xc6\xe41\x13\xa5\x9a\x9cc\xe6DS" +
-	"\xdf\x94\xf1\xcb\xa9\xf0\xd5\xfa\xc6\x93\xf2;\xb8Ka\xcc" +
-	"\x0f|9\x1b\xealS\xdc6\x9e\xb9 \xa1wr\xe6" +
-	"\xc4\xb2\xba\x01\x06\xfb$\xf4\xa0@\xb1^\xa9\x84&j" +
-	"\xce1cj\xd5h*5cu\xba\x1fY\xce~\xa9" +
-	"'\xf2\xa3F\x98\xbc\xbad9\x1b\x87\x12YkF\x88" +
-	" T\xd7\x08Q\xf1x\xc34Ly\xa1V\x8f\x0e\x9a" +
-	"\xc0,T\xea\x81\x99\xae\xd6\x9a%\x91\x96,.K\xe0" +
-	"ZV\xf2\x82\xd3\x83\x8a\xf4\xc4)\xc5/\xd8vr\xac" +
-	"\xb2\xfd\xd9\xddu\x0f|R\x1cv\xf9\xb6\x93\xd2\xdf:" +
-	")mQ\xba_b\xc6\xfc\\\xe0\xb7\xef\xb4\xb7\xb5\xd3" +
-	"40\x03\x87\x88\xf4v\x09\xbdG\xb4\x853\x9e\x0bL" +
-	"\xc5D\x93SD\xb4j\xa9\xf2^'\xb1\xc8F\xde\xbf" +
-	"\xe7\xc4=z6j\xd1\xf4\xcc\x91\xda49\xf3\xa3a" +
-	"\xfa\x96\xfe\xe5\x10\xaf\xdc\xb3\xc2r\xd7\xb6C\xdc\xdb\xda" +
-	"\x9a3\x1bV\x91o\xfd}\x12\x90\xffOe\xd3\x03\xdf" +
-	"Vx\xa8U\xb8\x18&YB\xae\xf5GI@\x8e\xf0" +
-	"O\x00\x00\x00\xff\xff\x1a\x19\xda\x0f"
+const schema_db58b1e59cd6dc5d = "x\xda\x84\x93\xcfkSY\x1c\xc5\xbf\xe7\xde\x97y)" +
+	"4d.\x09\x94vSZ2\x9di\x98\x94v:\x8b" +
+	"N\x18L\x10\xac\xa2\x14r#\x057\"/\xc9M\x1b" +
+	"\x9a&\xe1\xe5\x85\xb6\xa2h\xa1b\x0b\xfe\xaat%E" +
+	"\xff\x02\x15\x117.\xdcW\xddZ\x10\x15qQ\x11D" +
+	"A\xed\xa6.|r\xd3\xbe\xa4\xb5\x06w\x8f\xf0\xbd\xe7" +
+	"s\xbe\xe7|3x\x13Ic(\xf0\xa7AL\x0e\xfa" +
+	"~s\xef\x1b\x1fr\xe5\xe3\xa7\x96Iv\x02D\x86I" +
+	"4\xbc\x85\x83 \x84\xc0\x12\x04wu\xe1\xff\x07\x1bk" +
+	"\x9f\xaf\x93\xf8\x9d\xbb'_\xae\xafn\xdc;\xf1\x82\x08" +
+	"\xa1\x1e\xf68\x14c&Q\xa8\x9f]\x0c\xcd\xe9/\xf7" +
+	"\xd8\x93o_\xd5\x91/\xb7v\xd4|u9\x8b\xfd\x03" +
+	"\xc2p\x81u\x83\xe0^\xa9\xbe{\x96\x1f\x7f\x7f\x87d" +
+	"\x07\xd8\x0ep\x8ewi\xe0<\x9f!\xb8}72\x99" +
+	"\xdb\x9b\xff=\xdf\x07|\xc5\x1f\x866\xb8\x06\xbe\xe1\x87" +
+	"Cm\xfa\xa5;\xbd\xf6t\"\xbdr\xe05\x89\x0e\xcd" +
+	"\x83V\xfb\xc4{\xb5\xda\x16\xd7\xf6\x93\xa3\x8f\xc6\xaen" +
+	"\x9e{\xeb9\xaaOt\x1aQ=\xd1ch\xde\xfa\xe8" +
+	"\xa1\xbb\xcb#}\x1f\xf7L\xcc\x1bq=\xb1d\xccP" +
+	"\xcc\xcdY\x8eU)Z%C\x0dd\xadJ\xa9\x12O" +
+	"\xd9\xe5\\-\xab\xec\x015\xeb\xa8R.\x92V\xd5Z" +
+	"\xd1\xa9\x924\xb8Ad\x80H\x04\xba\x88\xa4\x9fC\x86" +
+	"\x19xy\x0a \x06\xbd\xbe\xa7\xc5~\xd4\"J\x01\xd2" +
+	"\xcf}D\x0d\xd3\xf0\xf2\x14CQb\xe2\x0f\x13M\xbb" +
+	"\xf0\x9a\x13\x9dqb\"`\x06\xcb\x15UJ\"\xb1\xed" +
+	")\x89\x14\x9a4\xbe\xcf\xb9\x1e\x8e\xa4Uw\xdd\xb8\x0c" +
+	"7|\x9f\x8d\x13\xc9Y\x0e\xb9\xc0\x00\x84u\"b>" +
+	"J$\xcfp\xc8E\x06\xc1\x10\xd6\xbd\x89\x0bz\xf0<" +
+	"\x87\xbc\xc4 8\x0b\x83\x13\x89\xa5^\"\xb9\xc0!\xaf" +
+	"1\x08\x83\x87a\x10\x89\xcb\xfa\xf9\"\x87\\aH\xd8" +
+	"\xca\xca)\x1b\xa2Y3\x01\x82\x10\xac\x16N+\xb4\x11" +
+	"C\x1b!\x91\xa9e\xa7\x94\x83vbh'\x98Sj" +
+	"\xce\xfb\x0eN*+\x87\x001\x04\xe8'\xfb\xa5\xeb\xf2" +
+	"\x03\x9a\x12IY\xb6\xc5\xa7\xab\xd2\xdfX\xae_{\x8e" +
+	"p\xc8A\x06\x01\xb6\xbd]L\xff\xf8\x17\x87\xfc\x97!" +
+	"Q\xce\xe7\xab\xcai\xf8(\xaa\xd2\x843\x09?1\xf8" +
+	"w\xe1\xe0\xe1\x12\xdb<\xdd\x9cQo\xce\xbbnx\x87" +
+	")\x84n\xceg\x06\xb5\xa5\x16\xa5\xec6\xadO\xc9\xd4" +
+	"\x95\xec:\xa5h\xf3\x94\x82\xfaq\xeb\xf5\xf7\xd6\x9b\xb2" +
+	"\x82\xb6\xb57\x80\xdef\x00^\xbb\xb1\xa3D\xf2o\x0e" +
+	"9\xc2`\xda*\xef%\xedVl\x95WNv\x92\x88" +
+	"\xf6%\xc0[\xfd\x15\x12:\xf5_33-\x98\xb5\x92" +
+	"S(\x8e\x97\x0ad\xce\x8eU\xe1#\x06\x1f\xe1{\x00" +
+	"\x00\x00\xff\xff\x99\x00'8"
 
 func RegisterSchema(reg *schemas.Registry) {
 	reg.Register(&schemas.Schema{
@@ -1464,16 +986,12 @@ func RegisterSchema(reg *schemas.Registry) {
 		Nodes: []uint64{
 			0x915f536f64ed04b3,
 			0x92f2c9e5b53c849c,
-			0x9dc05c34182bfbfb,
 			0x9ff34865fafecb4b,
 			0xaeeb5566d5e8738e,
-			0xb5fe8175c178f4a0,
 			0xd939f4ad62629a26,
 			0xdf3e945267ccc96d,
 			0xe67ff48f4dbe4640,
 			0xee263891af4546d6,
-			0xf25c3d344bff49e2,
-			0xf5108b8cf47a539f,
 		},
 		Compressed: true,
 	})

@@ -2,21 +2,20 @@ package localapi
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
-	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
 // The messaging calls (docs/messaging.md): the function's side of
-// messaging.Router. Large messages go as objects of this pod's store,
-// read once, which the receiver's sidecar pulls into its own pod's
-// shared memory when its instance receives them.
-
-// messageInline is the largest message sent inside the delivery itself.
-const messageInline = 256 << 10
+// messaging.Router. A large message is a file of the object directory at
+// both ends: the sender's is streamed to the receiver's sidecar, which
+// writes it into a new file that the receiving function maps.
 
 func (s *Server) router() (*messaging.Router, error) {
 	if s.Messages == nil {
@@ -88,31 +87,38 @@ func (s *Server) Send(ctx context.Context, req *sidecarv1.SendRequest) (*sidecar
 	}
 	ctx, cancel := withTimeout(ctx, req.GetTimeoutMs())
 	defer cancel()
-	data, release, err := s.load(ctx, req.GetData())
+	out := messaging.Outgoing{Session: req.GetSession(), Group: req.GetGroup(), From: req.GetFrom(), To: req.GetTo(), Tag: req.GetTag()}
+	mailboxed, err := s.send(ctx, r, out, req.GetData())
 	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer release()
-	out := messaging.Outgoing{Session: req.GetSession(), Group: req.GetGroup(), From: req.GetFrom(), To: req.GetTo(), Tag: req.GetTag(), Data: data}
-	var stored string
-	if len(data) > messageInline {
-		// Large: an object of this pod, read once by the receiver's
-		// sidecar (or by the tiers' copy if this pod is gone by then).
-		stored = s.newID("msg")
-		m := store.Meta{ID: stored, Session: req.GetSession(), Reads: 1, Expires: s.now().Add(s.ttl(0))}
-		if out.Ref, err = s.put(ctx, m, data); err != nil {
-			return nil, toStatus(err)
-		}
-		out.Data, out.Size = nil, uint64(len(data))
-	}
-	mailboxed, err := r.Send(ctx, out)
-	if err != nil {
-		if stored != "" {
-			s.Store.Remove(stored)
-		}
 		return nil, toStatus(err)
 	}
 	return &sidecarv1.SendResponse{Mailboxed: mailboxed}, nil
+}
+
+// send sends a message whose bytes are inline or a payload file of the
+// object directory (which the sidecar takes over: it streams the file to
+// the receiver's sidecar, then removes it).
+func (s *Server) send(ctx context.Context, r *messaging.Router, out messaging.Outgoing, p *sidecarv1.Payload) (bool, error) {
+	switch src := p.GetSource().(type) {
+	case *sidecarv1.Payload_Inline:
+		out.Data = src.Inline
+		if out.Data == nil {
+			out.Data = []byte{}
+		}
+	case *sidecarv1.Payload_Path:
+		f, st, err := invocation.OpenInDir(s.Dir, src.Path)
+		if err != nil {
+			return false, fmt.Errorf("%w: %v", ErrBadPayload, err)
+		}
+		defer func() {
+			f.Close()
+			_ = os.Remove(f.Name())
+		}()
+		out.File, out.Size = f, uint64(st.Size())
+	default:
+		return false, fmt.Errorf("%w: neither inline bytes nor a file", ErrBadPayload)
+	}
+	return r.Send(ctx, out)
 }
 
 func (s *Server) Recv(ctx context.Context, req *sidecarv1.RecvRequest) (*sidecarv1.RecvResponse, error) {
@@ -127,16 +133,10 @@ func (s *Server) Recv(ctx context.Context, req *sidecarv1.RecvRequest) (*sidecar
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	resp := &sidecarv1.RecvResponse{From: m.From, Tag: m.Tag, Size: int64(m.Size)}
-	if m.Ref == "" {
-		resp.Data, resp.Size = inlinePayload(m.Data), int64(len(m.Data))
-		return resp, nil
+	resp := &sidecarv1.RecvResponse{From: m.From, Tag: m.Tag, Size: int64(m.Size), Data: inlinePayload(m.Data)}
+	if m.Path != "" {
+		// A large message is already a file of the object directory.
+		resp.Data = pathPayload(m.Path)
 	}
-	// The sender's pod holds it: pull it into this pod's shared memory.
-	payload, size, err := s.fetch(context.WithoutCancel(ctx), m.Ref)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	resp.Data, resp.Size = payload, size
 	return resp, nil
 }

@@ -3,44 +3,37 @@ package messaging
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 )
 
-// Accept queues a delivery from another sidecar for a rank of this pod
-// (pull.Deliverer). It checks the authenticator first: it must be sealed
-// with this namespace's key for this very group.
-func (r *Router) Accept(m pull.Message) (pull.DeliverStatus, func(context.Context) error) {
-	kr := r.cfg.Keys()
-	if kr == nil {
-		return pull.NotHere, nil
-	}
-	rec, err := kr.Open(m.Auth, r.now())
-	if err != nil || rec.Key != authKey(m.Session, m.Group) {
-		refusedForeign.Inc()
-		return pull.Foreign, nil
-	}
-	m.Auth = ""
+// accept queues a message from another sidecar (its authenticator
+// checked) for a rank of this pod. A message that finds no member here is
+// dropped (its file removed) and answered NotHere.
+func (r *Router) accept(m Message) (Status, func(context.Context) error) {
 	k := gkey{m.Session, m.Group}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	g := r.groups[k]
 	if g == nil || g.local[m.To] == nil {
-		return pull.NotHere, nil
+		if m.Path != "" {
+			_ = os.Remove(m.Path)
+		}
+		return NotHere, nil
 	}
 	mb := g.local[m.To]
 	mb.inbox = append(mb.inbox, m)
-	mb.bytes += int64(len(m.Data))
+	mb.bytes += int64(m.Size)
 	received.Inc()
 	signal(&mb.wake)
 	if mb.bytes <= r.cfg.QueueBytes {
-		return pull.Queued, nil
+		return Queued, nil
 	}
 	// Full: the sender waits for room (back-pressure), or for the member
 	// to end (its messages are dropped with it, and the sender told so).
-	return pull.Queued, func(ctx context.Context) error {
+	return Queued, func(ctx context.Context) error {
 		for {
 			r.mu.Lock()
 			full, closed, ch := mb.bytes > r.cfg.QueueBytes, mb.closed, mb.wake
@@ -68,7 +61,7 @@ type Filter struct {
 	Tag       int64
 }
 
-func (f Filter) match(m *pull.Message) bool {
+func (f Filter) match(m *Message) bool {
 	return (f.AnySource || m.From == f.From) && ((f.AnyTag && m.Tag >= 0) || (!f.AnyTag && m.Tag == f.Tag))
 }
 
@@ -80,7 +73,7 @@ const mailboxPoll = 50 * time.Millisecond
 // one until ctx ends. It fails at once with ErrPeerGone when the sender it
 // waits for (every other rank, for any source) is gone and nothing
 // matching is queued.
-func (r *Router) Recv(ctx context.Context, session, name string, rank uint32, f Filter) (pull.Message, error) {
+func (r *Router) Recv(ctx context.Context, session, name string, rank uint32, f Filter) (Message, error) {
 	k := gkey{session, name}
 	for {
 		r.mu.Lock()
@@ -91,7 +84,7 @@ func (r *Router) Recv(ctx context.Context, session, name string, rank uint32, f 
 		}
 		if mb == nil {
 			r.mu.Unlock()
-			return pull.Message{}, fmt.Errorf("%w: rank %d of group %s does not run in this pod", ErrClosed, rank, name)
+			return Message{}, fmt.Errorf("%w: rank %d of group %s does not run in this pod", ErrClosed, rank, name)
 		}
 		if m, ok := mb.take(f); ok {
 			signal(&mb.wake)
@@ -104,7 +97,7 @@ func (r *Router) Recv(ctx context.Context, session, name string, rank uint32, f 
 			continue
 		}
 		if err := peersGone(v, rank, f); err != nil {
-			return pull.Message{}, fmt.Errorf("%w (group %s)", err, name)
+			return Message{}, fmt.Errorf("%w (group %s)", err, name)
 		}
 		var poll <-chan time.Time
 		if mbox {
@@ -117,7 +110,7 @@ func (r *Router) Recv(ctx context.Context, session, name string, rank uint32, f 
 		case <-wch:
 		case <-poll:
 		case <-ctx.Done():
-			return pull.Message{}, fmt.Errorf("%w: receiving as rank %d of group %s: %v", ErrTimeout, rank, name, context.Cause(ctx))
+			return Message{}, fmt.Errorf("%w: receiving as rank %d of group %s: %v", ErrTimeout, rank, name, context.Cause(ctx))
 		}
 	}
 }
@@ -125,7 +118,7 @@ func (r *Router) Recv(ctx context.Context, session, name string, rank uint32, f 
 // take removes the message a receive gets: the first match in arrival
 // order, or an earlier-numbered one of the same sender (one that came
 // through the mailbox after later ones came directly).
-func (mb *member) take(f Filter) (pull.Message, bool) {
+func (mb *member) take(f Filter) (Message, bool) {
 	pick := -1
 	for i := range mb.inbox {
 		m := &mb.inbox[i]
@@ -139,11 +132,11 @@ func (mb *member) take(f Filter) (pull.Message, bool) {
 		}
 	}
 	if pick < 0 {
-		return pull.Message{}, false
+		return Message{}, false
 	}
 	m := mb.inbox[pick]
 	mb.inbox = append(mb.inbox[:pick], mb.inbox[pick+1:]...)
-	mb.bytes -= int64(len(m.Data))
+	mb.bytes -= int64(m.Size)
 	return m, true
 }
 
@@ -188,7 +181,7 @@ func (r *Router) drainMailbox(ctx context.Context, k gkey, mb *member) int {
 	}
 	for _, m := range msgs {
 		mb.inbox = append(mb.inbox, m)
-		mb.bytes += int64(len(m.Data))
+		mb.bytes += int64(m.Size)
 	}
 	mailboxed.Add(float64(len(msgs)))
 	signal(&mb.wake)

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 )
 
 // RedisMailbox keeps messages for ranks not running in the fast tier: one
@@ -26,36 +24,31 @@ func (b *RedisMailbox) key(session, group string, rank uint32) string {
 	return fmt.Sprintf("zt:mbox:%s:%d:%s:%d:%s:%d", b.Namespace, len(session), session, len(group), group, rank)
 }
 
-// header: from, tag, seq, size, len(ref).
+// header: from, tag, seq, size, reserved; then the bytes.
 const headerLen = 4 + 8 + 8 + 8 + 4
 
-func encode(m pull.Message) []byte {
-	out := make([]byte, headerLen, headerLen+len(m.Ref)+len(m.Data))
+func encode(m Message) []byte {
+	out := make([]byte, headerLen, headerLen+len(m.Data))
 	binary.BigEndian.PutUint32(out[0:], m.From)
 	binary.BigEndian.PutUint64(out[4:], uint64(m.Tag))
 	binary.BigEndian.PutUint64(out[12:], m.Seq)
 	binary.BigEndian.PutUint64(out[20:], m.Size)
-	binary.BigEndian.PutUint32(out[28:], uint32(len(m.Ref)))
-	out = append(out, m.Ref...)
+	binary.BigEndian.PutUint32(out[28:], 0) // reserved
 	return append(out, m.Data...)
 }
 
 var errCorrupt = errors.New("mailbox: corrupt message")
 
-func decode(b []byte) (pull.Message, error) {
+func decode(b []byte) (Message, error) {
 	if len(b) < headerLen {
-		return pull.Message{}, errCorrupt
+		return Message{}, errCorrupt
 	}
-	m := pull.Message{From: binary.BigEndian.Uint32(b[0:]), Tag: int64(binary.BigEndian.Uint64(b[4:])),
+	m := Message{From: binary.BigEndian.Uint32(b[0:]), Tag: int64(binary.BigEndian.Uint64(b[4:])),
 		Seq: binary.BigEndian.Uint64(b[12:]), Size: binary.BigEndian.Uint64(b[20:])}
-	n := int(binary.BigEndian.Uint32(b[28:]))
-	if n > len(b)-headerLen {
-		return pull.Message{}, errCorrupt
+	if binary.BigEndian.Uint32(b[28:]) != 0 || uint64(len(b)-headerLen) != m.Size {
+		return Message{}, errCorrupt
 	}
-	m.Ref = string(b[headerLen : headerLen+n])
-	if d := b[headerLen+n:]; len(d) > 0 {
-		m.Data = d
-	}
+	m.Data = b[headerLen:]
 	return m, nil
 }
 
@@ -67,7 +60,7 @@ func (b *RedisMailbox) ttl() time.Duration {
 }
 
 // Push appends a message to the rank's mailbox.
-func (b *RedisMailbox) Push(ctx context.Context, session, group string, rank uint32, m pull.Message) error {
+func (b *RedisMailbox) Push(ctx context.Context, session, group string, rank uint32, m Message) error {
 	k := b.key(session, group, rank)
 	p := b.Client.TxPipeline()
 	p.RPush(ctx, k, encode(m))
@@ -77,7 +70,7 @@ func (b *RedisMailbox) Push(ctx context.Context, session, group string, rank uin
 }
 
 // Take removes and returns the rank's messages.
-func (b *RedisMailbox) Take(ctx context.Context, session, group string, rank uint32) ([]pull.Message, error) {
+func (b *RedisMailbox) Take(ctx context.Context, session, group string, rank uint32) ([]Message, error) {
 	k := b.key(session, group, rank)
 	p := b.Client.TxPipeline()
 	r := p.LRange(ctx, k, 0, -1)
@@ -85,7 +78,7 @@ func (b *RedisMailbox) Take(ctx context.Context, session, group string, rank uin
 	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	var out []pull.Message
+	var out []Message
 	for _, s := range r.Val() {
 		m, err := decode([]byte(s))
 		if err != nil {

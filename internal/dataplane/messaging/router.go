@@ -6,12 +6,12 @@
 // directory (package directory, over the control stream) answers and
 // pushes the group's view, rank -> pod address, to every pod with a
 // member. Sends resolve the receiver's rank in that view and deliver over
-// the data-plane connection pulls use (pull.Client.Deliver); addresses
-// never leave the sidecar. Each delivery carries an authenticator sealed
+// a message stream to the receiver's sidecar on the data-plane port
+// (stream.go); addresses never leave the sidecar. Each delivery carries an authenticator sealed
 // with the namespace's key, so the receiving sidecar takes messages only
-// from sidecars of its own namespace. Large messages stay in the sender's
-// store and travel as references the receiver pulls when its instance
-// receives them.
+// from sidecars of its own namespace. Large messages go from the sender's
+// shared-memory file to the receiver's without a copy through either
+// sidecar's heap (sendfile, then a read into a new file).
 //
 // Per sender and receiver, messages are numbered: a receive takes the
 // oldest matching message and, of one sender's, the lowest number, so the
@@ -25,12 +25,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 )
 
@@ -43,6 +43,7 @@ var (
 	ErrConflict    = errors.New("group conflict")
 	ErrInvalid     = errors.New("invalid message request")
 	ErrNoDirectory = errors.New("messaging needs the operator's directory (no control stream)")
+	ErrRefused     = errors.New("the receiving pod could not store the message")
 )
 
 // Config of a Router.
@@ -52,11 +53,16 @@ type Config struct {
 	Keys func() *ref.Keyring
 	// Control sends a message to the operator; nil: no directory.
 	Control func(*controlv1.SidecarMessage) error
-	// Deliver sends a message to the sidecar at addr.
-	Deliver func(ctx context.Context, addr string, m pull.Message) (pull.DeliverStatus, error)
 	// Mailbox holds messages for ranks not running (the fast tier); nil
 	// without one.
 	Mailbox Mailbox
+	// NewFile makes a file in the pod's object directory for a large
+	// incoming message (the receiver takes it over); nil keeps every
+	// message in memory.
+	NewFile func() (*os.File, string, error)
+	// InlineMax is the largest incoming message kept in memory rather
+	// than in a file (default 64 KiB).
+	InlineMax int
 	// QueueBytes caps one member's queued message bytes (default 64 MiB):
 	// past it, deliveries wait.
 	QueueBytes int64
@@ -66,11 +72,31 @@ type Config struct {
 	Now       func() time.Time
 }
 
+func (c *Config) inlineMax() int {
+	if c.InlineMax > 0 {
+		return c.InlineMax
+	}
+	return 64 << 10
+}
+
+// Message is a message as a member's inbox holds it.
+type Message struct {
+	Session, Group string
+	From, To       uint32
+	Tag            int64
+	Seq            uint64 // per sender and receiver, from 1
+	Data           []byte // a small message's bytes
+	// Path is a large message's file in the pod's object directory: the
+	// inbox owns it until a receive hands it over.
+	Path string
+	Size uint64
+}
+
 // Mailbox stores messages for a rank of a group, in order.
 type Mailbox interface {
-	Push(ctx context.Context, session, group string, rank uint32, m pull.Message) error
+	Push(ctx context.Context, session, group string, rank uint32, m Message) error
 	// Take removes and returns the rank's stored messages.
-	Take(ctx context.Context, session, group string, rank uint32) ([]pull.Message, error)
+	Take(ctx context.Context, session, group string, rank uint32) ([]Message, error)
 }
 
 // Router is one pod's messaging state. It is safe for concurrent use.
@@ -82,6 +108,8 @@ type Router struct {
 	joins  map[string]chan *controlv1.GroupJoinResult
 	auth   map[gkey]sealed
 	left   chan struct{} // closed and replaced whenever a member ends
+	// streams are the message streams to other sidecars.
+	streams Streams
 }
 
 type gkey struct{ session, group string }
@@ -103,7 +131,7 @@ type group struct {
 type member struct {
 	rank       uint32
 	invocation string
-	inbox      []pull.Message
+	inbox      []Message
 	bytes      int64
 	wake       chan struct{} // closed and replaced when the inbox or state changes
 	closed     bool
@@ -372,6 +400,11 @@ func (r *Router) drop(k gkey, rank uint32, m *member) bool {
 	}
 	delete(g.local, rank)
 	m.closed = true
+	for _, msg := range m.inbox {
+		if msg.Path != "" {
+			_ = os.Remove(msg.Path) // unread: nobody will map it
+		}
+	}
 	m.inbox, m.bytes = nil, 0
 	signal(&m.wake)
 	signal(&r.left)

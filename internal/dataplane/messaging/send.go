@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 )
 
@@ -17,14 +18,14 @@ const authTTL = 5 * time.Minute
 // authKey is what an authenticator seals: the group it is valid for.
 func authKey(session, group string) string { return "msg\x00" + session + "\x00" + group }
 
-// Outgoing is a message to send: Data when small, else Ref (an object in
-// this pod's store, pulled by the receiver) and Size.
+// Outgoing is a message to send: Data when small, else File (Size bytes
+// from its start; the caller closes it after Send returns).
 type Outgoing struct {
 	Session, Group string
 	From, To       uint32
 	Tag            int64
 	Data           []byte
-	Ref            string
+	File           *os.File
 	Size           uint64
 }
 
@@ -52,9 +53,8 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 	if err != nil {
 		return false, err
 	}
-	msg := pull.Message{Auth: auth, Session: o.Session, Group: o.Group, From: o.From, To: o.To, Tag: o.Tag, Seq: seq,
-		Data: o.Data, Ref: o.Ref, Size: o.Size}
-	if msg.Ref == "" {
+	msg := Message{Session: o.Session, Group: o.Group, From: o.From, To: o.To, Tag: o.Tag, Seq: seq, Data: o.Data, Size: o.Size}
+	if o.File == nil {
 		msg.Size = uint64(len(o.Data))
 	}
 	var failedAt time.Time // when a delivery to the listed member failed
@@ -70,15 +70,17 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 		peer, gone := lookup(v, o.To)
 		switch {
 		case peer != nil && failedAt.IsZero():
-			st, err := r.cfg.Deliver(ctx, peer.DataplaneAddr, msg)
+			st, err := r.streams.Deliver(ctx, peer.DataplaneAddr, auth, msg, o.File)
 			switch {
-			case err == nil && st == pull.Queued:
+			case err == nil && st == Queued:
 				return false, nil
-			case err == nil && st == pull.Foreign:
+			case err == nil && st == Foreign:
 				return false, fmt.Errorf("%w: rank %d's sidecar refused this namespace's authenticator", ErrForeign, o.To)
+			case err == nil && st == Refused:
+				return false, fmt.Errorf("%w: rank %d's pod could not store the message", ErrRefused, o.To)
 			case err != nil && ctx.Err() != nil:
 				return false, r.timeout(ctx, o)
-			case err != nil && !errors.Is(err, pull.ErrProducerGone):
+			case err != nil && !errors.Is(err, ErrUnreachable):
 				return false, err
 			}
 			// Not there (it left) or unreachable (its pod died): the
@@ -89,7 +91,12 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 				return false, fmt.Errorf("%w: rank %d of group %s is unreachable", ErrPeerGone, o.To, o.Group)
 			}
 		case mbox && r.cfg.Mailbox != nil:
-			msg.Auth = "" // the mailbox is the namespace's own
+			if o.File != nil && msg.Data == nil {
+				// The fast tier holds the bytes themselves.
+				if msg.Data, err = readAll(o.File, o.Size); err != nil {
+					return false, err
+				}
+			}
 			if err := r.cfg.Mailbox.Push(ctx, o.Session, o.Group, o.To, msg); err != nil {
 				return false, fmt.Errorf("mailbox: %w", err)
 			}
@@ -137,4 +144,13 @@ func (r *Router) authenticator(k gkey) (string, error) {
 	r.auth[k] = sealed{tok, exp}
 	r.mu.Unlock()
 	return tok, nil
+}
+
+func readAll(f *os.File, size uint64) ([]byte, error) {
+	b := make([]byte, size)
+	_, err := f.ReadAt(b, 0)
+	if errors.Is(err, io.EOF) {
+		err = fmt.Errorf("the message's file is shorter than its %d bytes", size)
+	}
+	return b, err
 }

@@ -6,9 +6,11 @@
 package pull
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -47,13 +49,19 @@ type Server struct {
 	// MaxExtend bounds an extend's expiry ahead of now (default
 	// DefaultMaxExtend); a later one is refused with ErrExtendTooFar.
 	MaxExtend time.Duration
-	// Messages queues the direct messages other sidecars deliver; nil
-	// refuses them (ErrNoMessaging).
-	Messages Deliverer
+	// Streams serves a connection that starts with StreamMagic (the
+	// four bytes it consumed): another sidecar's message stream
+	// (docs/messaging.md), on the same port as pulls. Nil closes such
+	// connections.
+	Streams func(net.Conn)
+	// StreamMagic is what tells a message stream from Cap'n Proto (whose
+	// first word, a segment count, is never it).
+	StreamMagic [4]byte
 
-	mu    sync.Mutex
-	conns map[*rpc.Conn]struct{}
-	ln    net.Listener
+	mu      sync.Mutex
+	conns   map[*rpc.Conn]struct{}
+	streams map[net.Conn]struct{}
+	ln      net.Listener
 }
 
 // Serve accepts consumer connections until the listener closes.
@@ -75,18 +83,51 @@ func (s *Server) Serve(ln net.Listener) error {
 		if tc, ok := nc.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
-		conn := s.newConn(nc)
-		s.mu.Lock()
-		s.conns[conn] = struct{}{}
-		s.mu.Unlock()
-		go func() {
-			<-conn.Done()
-			s.mu.Lock()
-			delete(s.conns, conn)
-			s.mu.Unlock()
-		}()
+		go s.serveConn(nc)
 	}
 }
+
+// serveConn tells a message stream from a Cap'n Proto connection by its
+// first four bytes, then serves it.
+func (s *Server) serveConn(nc net.Conn) {
+	var first [4]byte
+	if _, err := io.ReadFull(nc, first[:]); err != nil {
+		nc.Close()
+		return
+	}
+	if s.Streams != nil && first == s.StreamMagic {
+		s.mu.Lock()
+		if s.streams == nil {
+			s.streams = map[net.Conn]struct{}{}
+		}
+		s.streams[nc] = struct{}{}
+		s.mu.Unlock()
+		s.Streams(nc)
+		s.mu.Lock()
+		delete(s.streams, nc)
+		s.mu.Unlock()
+		return
+	}
+	conn := s.newConn(prefixed{Conn: nc, r: io.MultiReader(bytes.NewReader(first[:]), nc)})
+	s.mu.Lock()
+	if s.conns == nil {
+		s.conns = map[*rpc.Conn]struct{}{}
+	}
+	s.conns[conn] = struct{}{}
+	s.mu.Unlock()
+	<-conn.Done()
+	s.mu.Lock()
+	delete(s.conns, conn)
+	s.mu.Unlock()
+}
+
+// prefixed replays bytes already read before the connection's own.
+type prefixed struct {
+	net.Conn
+	r io.Reader
+}
+
+func (p prefixed) Read(b []byte) (int, error) { return p.r.Read(b) }
 
 // Close stops accepting and drops every connection.
 func (s *Server) Close() error {
@@ -97,6 +138,9 @@ func (s *Server) Close() error {
 		err = s.ln.Close()
 	}
 	for c := range s.conns {
+		_ = c.Close()
+	}
+	for c := range s.streams {
 		_ = c.Close()
 	}
 	return err

@@ -3,11 +3,11 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"os"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
-	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 )
 
@@ -16,15 +16,19 @@ import (
 // connections, mailboxes in the fast tier.
 func (s *Sidecar) newRouter() *messaging.Router {
 	cfg := messaging.Config{
-		Self: s.addr(),
-		Keys: func() *ref.Keyring { return s.keys.Load() },
-		Deliver: func(ctx context.Context, addr string, m pull.Message) (pull.DeliverStatus, error) {
-			if err := s.waitKeys(ctx); err != nil {
-				return 0, err
+		Self:      s.addr(),
+		Keys:      func() *ref.Keyring { return s.keys.Load() },
+		Mailbox:   liveMailbox{s},
+		InlineMax: s.cfg.InlineThreshold,
+		// A large incoming message lands in a file of the object
+		// directory, which the receiving function maps.
+		NewFile: func() (*os.File, string, error) {
+			f, err := os.CreateTemp(s.cfg.ShmDir, "msg-*")
+			if err != nil {
+				return nil, "", err
 			}
-			return s.client.Deliver(ctx, addr, m)
+			return f, f.Name(), nil
 		},
-		Mailbox: liveMailbox{s},
 	}
 	if s.cfg.OperatorAddr != "" {
 		cfg.Control = func(m *controlv1.SidecarMessage) error {
@@ -50,7 +54,7 @@ func (l liveMailbox) box() (*messaging.RedisMailbox, error) {
 	return &messaging.RedisMailbox{Client: r.Client, Namespace: l.s.cfg.Namespace, TTL: l.s.cfg.ObjectTTL}, nil
 }
 
-func (l liveMailbox) Push(ctx context.Context, session, group string, rank uint32, m pull.Message) error {
+func (l liveMailbox) Push(ctx context.Context, session, group string, rank uint32, m messaging.Message) error {
 	b, err := l.box()
 	if err != nil {
 		return err
@@ -58,7 +62,7 @@ func (l liveMailbox) Push(ctx context.Context, session, group string, rank uint3
 	return b.Push(ctx, session, group, rank, m)
 }
 
-func (l liveMailbox) Take(ctx context.Context, session, group string, rank uint32) ([]pull.Message, error) {
+func (l liveMailbox) Take(ctx context.Context, session, group string, rank uint32) ([]messaging.Message, error) {
 	b, err := l.box()
 	if err != nil {
 		return nil, err

@@ -6,15 +6,17 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
-	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/testservers"
 )
@@ -201,7 +203,7 @@ func TestMessagingRefusesForeignDeliveries(t *testing.T) {
 		}
 		return tok
 	}
-	cl := &pull.Client{Keys: foreignKeys}
+	var cl messaging.Streams
 	defer cl.Close()
 	ctx, cancel := within(time.Minute)
 	defer cancel()
@@ -211,13 +213,31 @@ func TestMessagingRefusesForeignDeliveries(t *testing.T) {
 		"garbage":                 "not-a-token",
 		"another group's":         seal(ownKeys, "msg\x00s1\x00other"),
 	} {
-		st, err := cl.Deliver(ctx, a.s.addr(), pull.Message{Auth: auth, Session: "s1", Group: "g", From: 1, To: 0, Data: []byte("forged")})
-		if err != nil || st != pull.Foreign {
-			t.Fatalf("%s: status %v, err %v; want foreign", name, st, err)
+		for _, body := range [][]byte{[]byte("forged"), bytes.Repeat([]byte{7}, 1<<20)} { // in memory, or a file at the receiver
+			st, err := cl.Deliver(ctx, a.s.addr(), auth, messaging.Message{Session: "s1", Group: "g", From: 1, To: 0, Data: body}, nil)
+			if err != nil || st != messaging.Foreign {
+				t.Fatalf("%s (%d bytes): status %v, err %v; want foreign", name, len(body), st, err)
+			}
+		}
+	}
+	// A malformed frame ends the stream, and the sidecar serves on.
+	conn, err := net.Dial("tcp", a.s.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = conn.Write(append(messaging.StreamMagic[:], 0xff, 0xff, 0xff, 0x7f))
+	if _, err := conn.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the sidecar answered a malformed frame instead of closing the stream")
+	}
+	conn.Close()
+	entries, _ := os.ReadDir(a.s.cfg.ShmDir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "msg-") {
+			t.Fatalf("a refused message left %s in the object directory", e.Name())
 		}
 	}
 	// Nothing forged reached the member.
-	_, _, err := a.recv(ctx, "s1", "g", 0, 1, 100)
+	_, _, err = a.recv(ctx, "s1", "g", 0, 1, 100)
 	if r := localapi.Reason(err); r != localapi.ReasonMsgTimeout {
 		t.Fatalf("a forged message reached the member, or another error: reason %q (%v)", r, err)
 	}

@@ -227,7 +227,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("data plane listener: %w", err)
 	}
-	s.server = &pull.Server{Store: s.Store, Messages: s.msgs}
+	s.server = &pull.Server{Store: s.Store, Streams: s.msgs.ServeStream, StreamMagic: messaging.StreamMagic}
 	switch {
 	case s.live():
 		s.server.Fallback = tier.Chain{s.liveRedis()}

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -308,5 +309,85 @@ func TestMessagingTerminatingPodServesLiveMembers(t *testing.T) {
 	_, _, err := a.recv(ctx, "s1", "g", 0, 1, 0)
 	if r := localapi.Reason(err); r != localapi.ReasonPeerGone {
 		t.Fatalf("reason %q (%v)", r, err)
+	}
+}
+
+// TestMessagingFastPath: Send and Recv on the fast path's socket between
+// two pods: small messages in the frames, a large one as files at both
+// ends (the receiver maps a file its sidecar wrote), the same error
+// classes as the gRPC calls; and a malformed frame straight to the socket
+// gets BAD_PAYLOAD and a closed connection while the sidecar serves on.
+func TestMessagingFastPath(t *testing.T) {
+	op := messagingEnv(t)
+	a := startMsgPod(t, op, "team-a", "pod-a")
+	b := startMsgPod(t, op, "team-a", "pod-b")
+	a.join(t, "s1", "g", 0, 2, false)
+	b.join(t, "s1", "g", 1, 2, false)
+	fa := localapi.NewMessageClient(localapi.MessageSocket(a.s.cfg.APISocket))
+	fb := localapi.NewMessageClient(localapi.MessageSocket(b.s.cfg.APISocket))
+	defer fa.Close()
+	defer fb.Close()
+	ctx, cancel := within(time.Minute)
+	defer cancel()
+
+	big := make([]byte, 5<<20)
+	_, _ = rand.Read(big)
+	bigFile := filepath.Join(a.s.cfg.ShmDir, "out-big")
+	if err := os.WriteFile(bigFile, big, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fa.Send(ctx, "s1", "g", 0, 1, 3, []byte("hi"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fa.Send(ctx, "s1", "g", 0, 1, 4, nil, bigFile); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(bigFile); !os.IsNotExist(err) {
+		t.Fatalf("the sender's file is still there after the send: %v", err)
+	}
+	m, err := fb.Recv(ctx, "s1", "g", 1, true, 0, false, 3)
+	if err != nil || string(m.Data) != "hi" || m.From != 0 || m.Tag != 3 {
+		t.Fatalf("small: %+v, %v", m, err)
+	}
+	m, err = fb.Recv(ctx, "s1", "g", 1, false, 0, true, 0)
+	if err != nil || m.Path == "" || m.Size != uint64(len(big)) {
+		t.Fatalf("large: %+v, %v", m, err)
+	}
+	got, err := os.ReadFile(m.Path)
+	if err != nil || !bytes.Equal(got, big) || filepath.Dir(m.Path) != b.s.cfg.ShmDir {
+		t.Fatalf("large message's file %s: %d bytes, %v", m.Path, len(got), err)
+	}
+	os.Remove(m.Path)
+
+	tctx, tcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = fb.Recv(tctx, "s1", "g", 1, true, 0, true, 0)
+	tcancel()
+	var me *localapi.MessageError
+	if !errors.As(err, &me) || me.Reason != localapi.ReasonMsgTimeout {
+		t.Fatalf("timeout: %v", err)
+	}
+	if _, err := fa.Send(ctx, "s1", "g", 1, 0, 0, []byte("x"), ""); !errors.As(err, &me) || me.Reason != localapi.ReasonGroupClosed {
+		t.Fatalf("send as another pod's rank: %v", err)
+	}
+	if _, err := fa.Send(ctx, "s1", "g", 0, 1, 0, nil, "/etc/passwd"); !errors.As(err, &me) || me.Reason != localapi.ReasonBadPayload {
+		t.Fatalf("a path outside the object directory: %v", err)
+	}
+
+	// Straight to the socket: a frame announcing 2 GiB.
+	conn, err := net.Dial("unix", localapi.MessageSocket(a.s.cfg.APISocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = conn.Write([]byte{0, 0, 0, 0x80})
+	reply, _ := io.ReadAll(conn)
+	conn.Close()
+	if !bytes.Contains(reply, []byte(localapi.ReasonBadPayload)) {
+		t.Fatalf("malformed frame: reply %q", reply)
+	}
+	if _, err := fa.Send(ctx, "s1", "g", 0, 1, 0, []byte("still serving"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := fb.Recv(ctx, "s1", "g", 1, true, 0, true, 0); err != nil || string(m.Data) != "still serving" {
+		t.Fatalf("%+v %v", m, err)
 	}
 }

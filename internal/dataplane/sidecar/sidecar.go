@@ -139,6 +139,7 @@ type Sidecar struct {
 	client *pull.Client
 	ctl    *controlclient.Client
 	api    *localapi.Server
+	msgLn  net.Listener // the messaging fast path's socket
 	msgs   *messaging.Router
 	seq    atomic.Uint64
 	ready  chan struct{} // closed once keys are known
@@ -311,6 +312,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				_ = ln.Close()
 				if s.api != nil {
 					s.api.Stop()
+					_ = s.msgLn.Close()
 				}
 				stopMetrics()
 				return
@@ -363,8 +365,15 @@ func (s *Sidecar) serveLocalAPI() error {
 	if err != nil {
 		return err
 	}
-	s.api = api
+	// Messages' Send and Recv also have the fast path's socket.
+	mln, err := localapi.Listen(localapi.MessageSocket(s.cfg.APISocket))
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	s.api, s.msgLn = api, mln
 	go func() { _ = api.Serve(ln) }()
+	go func() { _ = api.ServeMessages(mln) }()
 	return nil
 }
 

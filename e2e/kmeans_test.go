@@ -83,6 +83,14 @@ var _ = Describe("the kmeans sample (k-means, allreduce between function instanc
 		ns := newNamespace()
 		logPodsOnFailure(ns)
 		wf := loadSample("kmeans", ns)
+		// A worker that waits in vain fails well before the session's
+		// result wait (2 min) gives up, so that its error is in its log.
+		for i, fn := range wf.Spec.Functions {
+			if fn.Name == "worker" {
+				wf.Spec.Functions[i].Env = append(fn.Env, corev1.EnvVar{Name: "KMEANS_JOIN_TIMEOUT", Value: "60"},
+					corev1.EnvVar{Name: "KMEANS_STEP_TIMEOUT", Value: "30"})
+			}
+		}
 		Expect(k8s.Create(ctx, wf)).To(Succeed())
 		waitWorkflowReady(wf)
 

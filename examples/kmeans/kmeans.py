@@ -268,15 +268,31 @@ def start(inv) -> bytes:
     return b""
 
 
+def log(msg: str) -> None:
+    """Progress on stderr: the container's log (kubectl logs)."""
+    print(f"kmeans: {msg}", file=sys.stderr, flush=True)
+
+
 def worker(inv) -> bytes:
     import ziptrail
     task = json.loads(inv.objects[0].bytes())
     p, rank = task["params"], task["rank"]
-    # No leave: the membership ends with this invocation.
-    g = ziptrail.join(GROUP, rank, p["workers"], wait_all=True, timeout=JOIN_TIMEOUT)
-    out = run_worker(g, p)
+    where = f"rank {rank} of {p['workers']} (session {inv.session}, pod {pod_name()})"
+    log(f"{where}: joining group {GROUP}")
+    try:
+        # No leave: the membership ends with this invocation.
+        g = ziptrail.join(GROUP, rank, p["workers"], wait_all=True, timeout=JOIN_TIMEOUT)
+        log(f"{where}: every rank joined; running")
+        out = run_worker(g, p)
+    except Exception as e:
+        log(f"{where}: failed: {type(e).__name__}: {e}")
+        raise
     if out is not None:
+        log(f"{where}: {out['iterations']} iterations in {out['seconds']} s, converged {out['converged']}, "
+            f"pods {out['pods']}")
         ziptrail.send_object("output", "result", json.dumps(out))
+    else:
+        log(f"{where}: done")
     return b""
 
 

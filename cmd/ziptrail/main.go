@@ -36,6 +36,12 @@ commands:
                        plan a shuffle with the Locus model: the chosen method,
                        parallelism, worker memory and rounds, predicted time
                        and cost, and every alternative's prediction
+  calibrate (--local | --redis HOST:PORT --s3-endpoint HOST:PORT --s3-bucket B ...)
+            [-o FILE] [--configmap NAMESPACE/NAME] [--duration-per-point 2s] [--quick]
+                       measure Redis, S3 and pod-memory pulls (bandwidth by
+                       workers and object size, request rates at 10KB-100MB,
+                       Redis server bandwidth), fit the shuffle model and write
+                       the calibration that 'explain --calibration' reads
 `
 
 func main() {
@@ -57,6 +63,8 @@ func main() {
 		err = runSessions(ctx, os.Args[2:], os.Stdout, os.Stderr)
 	case "explain":
 		err = runExplain(os.Args[2:], os.Stdout, os.Stderr)
+	case "calibrate":
+		err = runCalibrate(ctx, os.Args[2:], os.Stdout, os.Stderr)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

@@ -19,8 +19,9 @@
 //     bandwidth; all bytes over the wall time is the aggregate.
 //   - Request rates (RatePoint): for S3 and Redis, writes and reads of
 //     10 KB, 100 KB, 1 MB, 10 MB and 100 MB objects (Locus Table 1) by 1,
-//     2, 4, … clients, doubled until the rate rises by less than 10 % (or
-//     32 clients, or 1 GiB in flight): the best rate is the store's limit
+//     2, 4, … clients, doubled until two doublings in a row did not raise
+//     the best rate by 10 % (or 32 clients, or 1 GiB in flight), each probe
+//     half of DurationPerPoint: the best rate is the store's limit
 //     as this machine's clients see it (a stepwise form of Locus's AIMD
 //     probing).
 //   - Redis server bandwidth (ServerPoint): 16 clients on one shard, half
@@ -45,9 +46,14 @@
 //     log grid from 0.01 to 10⁴, refined by golden-section search. A
 //     decline with parallelism is kept only with a positive exponent that
 //     fits better than a constant. Max is the largest per-worker value
-//     seen. On one machine the per-worker bandwidth falls roughly as 1/p
-//     once the cores are busy, which the form captures with a small K and
-//     an exponent near 1.
+//     seen. The exponent is kept in (0, 1], so the fitted aggregate p·b(p)
+//     never falls as workers are added (a store that saturates is
+//     capped by its server bandwidth instead of an extrapolated collapse).
+//     On one machine the per-worker bandwidth falls roughly as 1/p once
+//     the cores are busy, which the form captures with a small K and an
+//     exponent near 1; a K far below 1 makes it a power law,
+//     b ≈ PerWorker·(K/p)^β, and PerWorker alone is then no worker's
+//     bandwidth (Max caps b at the largest seen).
 //   - Stragglers: every worker's bandwidth in the S3 read points of that
 //     size divided by the fit's prediction for its p (Locus §3.5's
 //     distribution, as relative samples).

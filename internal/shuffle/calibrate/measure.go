@@ -355,8 +355,9 @@ func (r *runner) bandwidthPoint(ctx context.Context, t target, op string, w int,
 }
 
 // ratePoint probes a store's request rate at one size: clients doubled
-// from 1 until the rate rises by less than 10 % (or the concurrency or
-// in-flight bytes bound is reached).
+// from 1 until two doublings in a row did not raise the best rate by 10 %
+// (one could be noise), or the concurrency or in-flight bytes bound is
+// reached.
 func (r *runner) ratePoint(ctx context.Context, t target, op string, size float64) (string, error) {
 	n := int(size)
 	maxC := 1
@@ -387,6 +388,7 @@ func (r *runner) ratePoint(ctx context.Context, t target, op string, size float6
 	defer func() { _ = r.remove(ctx, t, keys) }()
 	p := RatePoint{Store: t.name(), Op: op, Size: size}
 	var out []string
+	flat := 0 // probes in a row that did not beat the best by 10 %
 	for c := 1; c <= maxC; c *= 2 {
 		res, err := runWorkers(ctx, t, c, r.cfg.DurationPerPoint/2, func(ctx context.Context, i int) (int, error) {
 			if op == Write {
@@ -400,11 +402,15 @@ func (r *runner) ratePoint(ctx context.Context, t target, op string, size float6
 		rate := float64(res.requests) / res.seconds
 		p.Probes = append(p.Probes, RateProbe{Concurrency: c, PerSecond: rate})
 		out = append(out, fmt.Sprintf("%d→%.0f/s", c, rate))
-		prev := p.PerSecond
+		if c > 1 && rate < 1.1*p.PerSecond {
+			flat++
+		} else {
+			flat = 0
+		}
 		if rate > p.PerSecond {
 			p.PerSecond, p.Concurrency = rate, c
 		}
-		if c > 1 && rate < 1.1*prev {
+		if flat == 2 {
 			break
 		}
 	}

@@ -128,7 +128,7 @@ type retried struct {
 	Error string `json:"error"`
 }
 
-var retries []retried
+var retries = []retried{}
 
 // attempt runs one cell with a time bound; a ziptrail messaging error
 // (a member taken for gone or closed: the operator ended a healthy pod's

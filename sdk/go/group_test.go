@@ -24,7 +24,7 @@ import (
 
 // startPod runs a sidecar for pod in namespace ns, on the operator's
 // directory (the namespace's keys come from the operator).
-func startPod(t *testing.T, op *testservers.Operator, ns, pod string) *sidecar {
+func startPod(t testing.TB, op *testservers.Operator, ns, pod string) *sidecar {
 	t.Helper()
 	return startSidecar(t, sidecarOpts{namespace: ns, env: []string{"SERVING_POD=" + pod,
 		"ZIPTRAIL_OPERATOR_ADDR=" + op.Addr, "ZIPTRAIL_TOKEN_FILE=" + op.PodToken(t, ns, pod)}})
@@ -32,7 +32,7 @@ func startPod(t *testing.T, op *testservers.Operator, ns, pod string) *sidecar {
 
 // joinAll joins ranks concurrently (Join with WithWaitAll returns once
 // every rank joined): ranks[i] runs in pods[i].
-func joinAll(t *testing.T, ctx context.Context, pods []*sidecar, session, group string, size int) []*Group {
+func joinAll(t testing.TB, ctx context.Context, pods []*sidecar, session, group string, size int) []*Group {
 	t.Helper()
 	groups := make([]*Group, size)
 	errs := make([]error, size)

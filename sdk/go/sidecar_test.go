@@ -106,7 +106,7 @@ func functionShm(t *testing.T) string {
 
 // startSidecar runs a sidecar and waits until its API socket exists; it
 // is killed at the end of the test.
-func startSidecar(t *testing.T, o sidecarOpts) *sidecar {
+func startSidecar(t testing.TB, o sidecarOpts) *sidecar {
 	t.Helper()
 	if o.namespace == "" {
 		o.namespace = "ns"

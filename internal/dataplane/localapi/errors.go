@@ -41,6 +41,9 @@ const (
 	ReasonGroupConflict = "GROUP_CONFLICT"
 	ReasonMsgInvalid    = "MSG_INVALID"
 	ReasonNoDirectory   = "NO_DIRECTORY"
+
+	// Shuffle storage (TierPut/TierGet).
+	ReasonTierUnavailable = "TIER_UNAVAILABLE"
 )
 
 type class struct {
@@ -70,6 +73,7 @@ var classes = []class{
 	{errStoreFull, codes.ResourceExhausted, ReasonStoreFull},
 	{ErrBadPayload, codes.InvalidArgument, ReasonBadPayload},
 	{errNotReady, codes.Unavailable, ReasonNotReady},
+	{errTierUnavailable, codes.FailedPrecondition, ReasonTierUnavailable},
 	// After the specific classes: a gone producer whose object is in no
 	// tier either is reported as gone (the cause), not as not-found.
 	{pull.ErrProducerGone, codes.Unavailable, ReasonProducerGone},

@@ -47,8 +47,11 @@ type Server struct {
 	// Spilled reads this pod's objects that spilled to the fast tier; nil
 	// when no tier is configured.
 	Spilled pull.Fallback
-	// Persist is the slow tier for persist=true objects; nil disables it.
+	// Persist is the slow tier for persist=true objects and shuffle
+	// storage (TierPut); nil disables it.
 	Persist tier.Tier
+	// Fast is the fast tier for shuffle storage (TierPut); nil disables it.
+	Fast tier.Tier
 	// Messages is the pod's messaging router (docs/messaging.md); nil
 	// refuses the messaging calls.
 	Messages *messaging.Router

@@ -55,6 +55,12 @@ func startMsgPod(t *testing.T, op *testservers.Operator, ns, pod string) *msgPod
 	}
 	sdk.InlineThreshold = cfg.InlineThreshold
 	t.Cleanup(func() { sdk.Close() })
+	// The operator sends the tiers, then the keys: ready once keys came.
+	wctx, wcancel := within(time.Minute)
+	defer wcancel()
+	if err := s.waitKeys(wctx); err != nil {
+		t.Fatal(err)
+	}
 	return &msgPod{s: s, sdk: sdk, stop: cancel, ns: ns}
 }
 
@@ -389,5 +395,63 @@ func TestMessagingFastPath(t *testing.T) {
 	}
 	if m, err := fb.Recv(ctx, "s1", "g", 1, true, 0, true, 0); err != nil || string(m.Data) != "still serving" {
 		t.Fatalf("%+v %v", m, err)
+	}
+}
+
+// TestShuffleTiers: a function writes and reads partitions in the fast
+// and slow tiers through its sidecar (which holds the credentials); keys
+// are the namespace's: another namespace's pod does not see them; bad
+// keys and tiers are refused with their class.
+func TestShuffleTiers(t *testing.T) {
+	op := messagingEnv(t)
+	m := testservers.StartMinIO(t)
+	op.Server.Tiers.S3Endpoint, op.Server.Tiers.S3AccessKey, op.Server.Tiers.S3SecretKey = m.Endpoint, m.AccessKey, m.SecretKey
+	op.Server.Tiers.S3Bucket = m.Bucket(t, "ziptrail")
+	a := startMsgPod(t, op, "team-a", "pod-a")
+	b := startMsgPod(t, op, "team-a", "pod-b")
+	x := startMsgPod(t, op, "team-b", "pod-x")
+	ctx, cancel := within(time.Minute)
+	defer cancel()
+	big := bytes.Repeat([]byte("partition"), 200_000) // 1.8 MB: a payload file
+	for _, tr := range []sidecarv1.Tier{sidecarv1.Tier_TIER_FAST, sidecarv1.Tier_TIER_SLOW} {
+		for key, data := range map[string][]byte{"r0/m0": []byte("small"), "r0/m1": big, "empty": {}} {
+			p, err := a.sdk.Payload(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.sdk.RPC().TierPut(ctx, &sidecarv1.TierPutRequest{Tier: tr, Session: "s1", Key: key, Object: p}); err != nil {
+				t.Fatalf("%v put %s: %v", tr, key, err)
+			}
+			got, err := b.sdk.RPC().TierGet(ctx, &sidecarv1.TierGetRequest{Tier: tr, Session: "s1", Key: key})
+			if err != nil {
+				t.Fatalf("%v get %s: %v", tr, key, err)
+			}
+			if g, _ := b.sdk.Bytes(got.Object); !bytes.Equal(g, data) {
+				t.Fatalf("%v %s: got %d bytes, want %d", tr, key, len(g), len(data))
+			}
+			// Another namespace's pod has its own key space.
+			_, err = x.sdk.RPC().TierGet(ctx, &sidecarv1.TierGetRequest{Tier: tr, Session: "s1", Key: key})
+			if r := localapi.Reason(err); r != localapi.ReasonNotFound {
+				t.Fatalf("%v: team-b read team-a's %s: reason %q (%v)", tr, key, r, err)
+			}
+		}
+		if _, err := a.sdk.RPC().TierDelete(ctx, &sidecarv1.TierDeleteRequest{Tier: tr, Session: "s1", Keys: []string{"r0/m0"}}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := b.sdk.RPC().TierGet(ctx, &sidecarv1.TierGetRequest{Tier: tr, Session: "s1", Key: "r0/m0"})
+		if r := localapi.Reason(err); r != localapi.ReasonNotFound {
+			t.Fatalf("%v: deleted key: reason %q (%v)", tr, r, err)
+		}
+	}
+	for name, req := range map[string]*sidecarv1.TierGetRequest{
+		"no tier":          {Session: "s1", Key: "k"},
+		"no session":       {Tier: sidecarv1.Tier_TIER_FAST, Key: "k"},
+		"session with '/'": {Tier: sidecarv1.Tier_TIER_FAST, Session: "../other", Key: "k"},
+		"key too long":     {Tier: sidecarv1.Tier_TIER_FAST, Session: "s1", Key: strings.Repeat("k", 513)},
+	} {
+		_, err := a.sdk.RPC().TierGet(ctx, req)
+		if r := localapi.Reason(err); r != localapi.ReasonBadPayload {
+			t.Fatalf("%s: reason %q (%v)", name, r, err)
+		}
 	}
 }

@@ -347,10 +347,10 @@ func (s *Sidecar) serveLocalAPI() error {
 	}
 	switch {
 	case s.live():
-		api.Spilled, api.Persist = tier.Chain{s.liveRedis()}, s.liveS3()
+		api.Spilled, api.Persist, api.Fast = tier.Chain{s.liveRedis()}, s.liveS3(), s.liveRedis()
 	default:
 		if s.cfg.Redis != nil {
-			api.Spilled = tier.Chain{s.cfg.Redis}
+			api.Spilled, api.Fast = tier.Chain{s.cfg.Redis}, s.cfg.Redis
 		}
 		if s.cfg.S3 != nil {
 			api.Persist = s.cfg.S3

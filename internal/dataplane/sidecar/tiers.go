@@ -88,6 +88,9 @@ type liveTier struct {
 
 func (l liveTier) Name() string { return l.name }
 
+// Configured tells whether the operator sent this tier (yet).
+func (l liveTier) Configured() bool { return l.get() != nil }
+
 func (l liveTier) Put(ctx context.Context, id string, data []byte, ttl time.Duration) error {
 	if t := l.get(); t != nil {
 		return t.Put(ctx, id, data, ttl)

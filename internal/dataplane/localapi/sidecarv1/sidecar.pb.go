@@ -28,6 +28,331 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type Tier int32
+
+const (
+	Tier_TIER_UNSPECIFIED Tier = 0
+	Tier_TIER_FAST        Tier = 1 // Redis
+	Tier_TIER_SLOW        Tier = 2 // S3
+)
+
+// Enum value maps for Tier.
+var (
+	Tier_name = map[int32]string{
+		0: "TIER_UNSPECIFIED",
+		1: "TIER_FAST",
+		2: "TIER_SLOW",
+	}
+	Tier_value = map[string]int32{
+		"TIER_UNSPECIFIED": 0,
+		"TIER_FAST":        1,
+		"TIER_SLOW":        2,
+	}
+)
+
+func (x Tier) Enum() *Tier {
+	p := new(Tier)
+	*p = x
+	return p
+}
+
+func (x Tier) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Tier) Descriptor() protoreflect.EnumDescriptor {
+	return file_ziptrail_sidecar_v1_sidecar_proto_enumTypes[0].Descriptor()
+}
+
+func (Tier) Type() protoreflect.EnumType {
+	return &file_ziptrail_sidecar_v1_sidecar_proto_enumTypes[0]
+}
+
+func (x Tier) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Tier.Descriptor instead.
+func (Tier) EnumDescriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{0}
+}
+
+type TierPutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tier          Tier                   `protobuf:"varint,1,opt,name=tier,proto3,enum=ziptrail.sidecar.v1.Tier" json:"tier,omitempty"`
+	Session       string                 `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"` // 1..512 bytes, no NUL
+	Object        *Payload               `protobuf:"bytes,4,opt,name=object,proto3" json:"object,omitempty"`
+	TtlMs         int64                  `protobuf:"varint,5,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"` // fast tier only; 0: the sidecar's object TTL
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierPutRequest) Reset() {
+	*x = TierPutRequest{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierPutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierPutRequest) ProtoMessage() {}
+
+func (x *TierPutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierPutRequest.ProtoReflect.Descriptor instead.
+func (*TierPutRequest) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *TierPutRequest) GetTier() Tier {
+	if x != nil {
+		return x.Tier
+	}
+	return Tier_TIER_UNSPECIFIED
+}
+
+func (x *TierPutRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *TierPutRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *TierPutRequest) GetObject() *Payload {
+	if x != nil {
+		return x.Object
+	}
+	return nil
+}
+
+func (x *TierPutRequest) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+type TierPutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Size          int64                  `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierPutResponse) Reset() {
+	*x = TierPutResponse{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierPutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierPutResponse) ProtoMessage() {}
+
+func (x *TierPutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierPutResponse.ProtoReflect.Descriptor instead.
+func (*TierPutResponse) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TierPutResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type TierGetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tier          Tier                   `protobuf:"varint,1,opt,name=tier,proto3,enum=ziptrail.sidecar.v1.Tier" json:"tier,omitempty"`
+	Session       string                 `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierGetRequest) Reset() {
+	*x = TierGetRequest{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierGetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierGetRequest) ProtoMessage() {}
+
+func (x *TierGetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierGetRequest.ProtoReflect.Descriptor instead.
+func (*TierGetRequest) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TierGetRequest) GetTier() Tier {
+	if x != nil {
+		return x.Tier
+	}
+	return Tier_TIER_UNSPECIFIED
+}
+
+func (x *TierGetRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *TierGetRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type TierDeleteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tier          Tier                   `protobuf:"varint,1,opt,name=tier,proto3,enum=ziptrail.sidecar.v1.Tier" json:"tier,omitempty"`
+	Session       string                 `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	Keys          []string               `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierDeleteRequest) Reset() {
+	*x = TierDeleteRequest{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierDeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierDeleteRequest) ProtoMessage() {}
+
+func (x *TierDeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierDeleteRequest.ProtoReflect.Descriptor instead.
+func (*TierDeleteRequest) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TierDeleteRequest) GetTier() Tier {
+	if x != nil {
+		return x.Tier
+	}
+	return Tier_TIER_UNSPECIFIED
+}
+
+func (x *TierDeleteRequest) GetSession() string {
+	if x != nil {
+		return x.Session
+	}
+	return ""
+}
+
+func (x *TierDeleteRequest) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type TierDeleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierDeleteResponse) Reset() {
+	*x = TierDeleteResponse{}
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierDeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierDeleteResponse) ProtoMessage() {}
+
+func (x *TierDeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierDeleteResponse.ProtoReflect.Descriptor instead.
+func (*TierDeleteResponse) Descriptor() ([]byte, []int) {
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{4}
+}
+
 type JoinRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Session string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -52,7 +377,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[0]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -64,7 +389,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[0]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -77,7 +402,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{0}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *JoinRequest) GetSession() string {
@@ -147,7 +472,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[1]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -159,7 +484,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[1]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -172,7 +497,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{1}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LeaveRequest) GetSession() string {
@@ -204,7 +529,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[2]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -216,7 +541,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[2]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -229,7 +554,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{2}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{7}
 }
 
 type SendRequest struct {
@@ -247,7 +572,7 @@ type SendRequest struct {
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[3]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -259,7 +584,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[3]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -272,7 +597,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{3}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SendRequest) GetSession() string {
@@ -333,7 +658,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[4]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -345,7 +670,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[4]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -358,7 +683,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{4}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SendResponse) GetMailboxed() bool {
@@ -384,7 +709,7 @@ type RecvRequest struct {
 
 func (x *RecvRequest) Reset() {
 	*x = RecvRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[5]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +721,7 @@ func (x *RecvRequest) String() string {
 func (*RecvRequest) ProtoMessage() {}
 
 func (x *RecvRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[5]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +734,7 @@ func (x *RecvRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecvRequest.ProtoReflect.Descriptor instead.
 func (*RecvRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{5}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RecvRequest) GetSession() string {
@@ -482,7 +807,7 @@ type RecvResponse struct {
 
 func (x *RecvResponse) Reset() {
 	*x = RecvResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[6]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +819,7 @@ func (x *RecvResponse) String() string {
 func (*RecvResponse) ProtoMessage() {}
 
 func (x *RecvResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[6]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +832,7 @@ func (x *RecvResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecvResponse.ProtoReflect.Descriptor instead.
 func (*RecvResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{6}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RecvResponse) GetFrom() uint32 {
@@ -550,7 +875,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[7]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +887,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[7]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +900,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{7}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *MembersRequest) GetSession() string {
@@ -619,7 +944,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[8]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +956,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[8]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +969,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{8}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MembersResponse) GetSize() uint32 {
@@ -697,7 +1022,7 @@ type Payload struct {
 
 func (x *Payload) Reset() {
 	*x = Payload{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[9]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +1034,7 @@ func (x *Payload) String() string {
 func (*Payload) ProtoMessage() {}
 
 func (x *Payload) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[9]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +1047,7 @@ func (x *Payload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Payload.ProtoReflect.Descriptor instead.
 func (*Payload) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{9}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Payload) GetSource() isPayload_Source {
@@ -780,7 +1105,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[10]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +1117,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[10]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +1130,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{10}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PutRequest) GetObject() *Payload {
@@ -846,7 +1171,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[11]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +1183,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[11]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +1196,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{11}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PutResponse) GetRef() string {
@@ -897,7 +1222,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[12]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1234,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[12]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1247,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{12}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetRequest) GetRef() string {
@@ -948,7 +1273,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[13]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1285,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[13]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1298,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{13}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetResponse) GetObject() *Payload {
@@ -1012,7 +1337,7 @@ type SendObjectRequest struct {
 
 func (x *SendObjectRequest) Reset() {
 	*x = SendObjectRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[14]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1349,7 @@ func (x *SendObjectRequest) String() string {
 func (*SendObjectRequest) ProtoMessage() {}
 
 func (x *SendObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[14]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1362,7 @@ func (x *SendObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendObjectRequest.ProtoReflect.Descriptor instead.
 func (*SendObjectRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{14}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SendObjectRequest) GetSession() string {
@@ -1101,7 +1426,7 @@ type SendObjectResponse struct {
 
 func (x *SendObjectResponse) Reset() {
 	*x = SendObjectResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[15]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1113,7 +1438,7 @@ func (x *SendObjectResponse) String() string {
 func (*SendObjectResponse) ProtoMessage() {}
 
 func (x *SendObjectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[15]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1126,7 +1451,7 @@ func (x *SendObjectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendObjectResponse.ProtoReflect.Descriptor instead.
 func (*SendObjectResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{15}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SendObjectResponse) GetRef() string {
@@ -1161,7 +1486,7 @@ type GetObjectRequest struct {
 
 func (x *GetObjectRequest) Reset() {
 	*x = GetObjectRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[16]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1498,7 @@ func (x *GetObjectRequest) String() string {
 func (*GetObjectRequest) ProtoMessage() {}
 
 func (x *GetObjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[16]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1511,7 @@ func (x *GetObjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetObjectRequest.ProtoReflect.Descriptor instead.
 func (*GetObjectRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{16}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetObjectRequest) GetSession() string {
@@ -1225,7 +1550,7 @@ type InvokeRequest struct {
 
 func (x *InvokeRequest) Reset() {
 	*x = InvokeRequest{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[17]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1562,7 @@ func (x *InvokeRequest) String() string {
 func (*InvokeRequest) ProtoMessage() {}
 
 func (x *InvokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[17]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1575,7 @@ func (x *InvokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvokeRequest.ProtoReflect.Descriptor instead.
 func (*InvokeRequest) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{17}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *InvokeRequest) GetUrl() string {
@@ -1316,7 +1641,7 @@ type InvokeResponse struct {
 
 func (x *InvokeResponse) Reset() {
 	*x = InvokeResponse{}
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[18]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1653,7 @@ func (x *InvokeResponse) String() string {
 func (*InvokeResponse) ProtoMessage() {}
 
 func (x *InvokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[18]
+	mi := &file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1666,7 @@ func (x *InvokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvokeResponse.ProtoReflect.Descriptor instead.
 func (*InvokeResponse) Descriptor() ([]byte, []int) {
-	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{18}
+	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *InvokeResponse) GetStatus() int32 {
@@ -1376,7 +1701,24 @@ var File_ziptrail_sidecar_v1_sidecar_proto protoreflect.FileDescriptor
 
 const file_ziptrail_sidecar_v1_sidecar_proto_rawDesc = "" +
 	"\n" +
-	"!ziptrail/sidecar/v1/sidecar.proto\x12\x13ziptrail.sidecar.v1\"\xde\x01\n" +
+	"!ziptrail/sidecar/v1/sidecar.proto\x12\x13ziptrail.sidecar.v1\"\xb8\x01\n" +
+	"\x0eTierPutRequest\x12-\n" +
+	"\x04tier\x18\x01 \x01(\x0e2\x19.ziptrail.sidecar.v1.TierR\x04tier\x12\x18\n" +
+	"\asession\x18\x02 \x01(\tR\asession\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x124\n" +
+	"\x06object\x18\x04 \x01(\v2\x1c.ziptrail.sidecar.v1.PayloadR\x06object\x12\x15\n" +
+	"\x06ttl_ms\x18\x05 \x01(\x03R\x05ttlMs\"%\n" +
+	"\x0fTierPutResponse\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x03R\x04size\"k\n" +
+	"\x0eTierGetRequest\x12-\n" +
+	"\x04tier\x18\x01 \x01(\x0e2\x19.ziptrail.sidecar.v1.TierR\x04tier\x12\x18\n" +
+	"\asession\x18\x02 \x01(\tR\asession\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\"p\n" +
+	"\x11TierDeleteRequest\x12-\n" +
+	"\x04tier\x18\x01 \x01(\x0e2\x19.ziptrail.sidecar.v1.TierR\x04tier\x12\x18\n" +
+	"\asession\x18\x02 \x01(\tR\asession\x12\x12\n" +
+	"\x04keys\x18\x03 \x03(\tR\x04keys\"\x14\n" +
+	"\x12TierDeleteResponse\"\xde\x01\n" +
 	"\vJoinRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
@@ -1483,7 +1825,11 @@ const file_ziptrail_sidecar_v1_sidecar_proto_rawDesc = "" +
 	"\x06status\x18\x01 \x01(\x05R\x06status\x12!\n" +
 	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x12\x12\n" +
 	"\x04body\x18\x03 \x01(\fR\x04body\x12!\n" +
-	"\ferror_reason\x18\x04 \x01(\tR\verrorReason2\xb5\x06\n" +
+	"\ferror_reason\x18\x04 \x01(\tR\verrorReason*:\n" +
+	"\x04Tier\x12\x14\n" +
+	"\x10TIER_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tTIER_FAST\x10\x01\x12\r\n" +
+	"\tTIER_SLOW\x10\x022\xbc\b\n" +
 	"\aSidecar\x12H\n" +
 	"\x03Put\x12\x1f.ziptrail.sidecar.v1.PutRequest\x1a .ziptrail.sidecar.v1.PutResponse\x12H\n" +
 	"\x03Get\x12\x1f.ziptrail.sidecar.v1.GetRequest\x1a .ziptrail.sidecar.v1.GetResponse\x12]\n" +
@@ -1495,7 +1841,11 @@ const file_ziptrail_sidecar_v1_sidecar_proto_rawDesc = "" +
 	"\x05Leave\x12!.ziptrail.sidecar.v1.LeaveRequest\x1a\".ziptrail.sidecar.v1.LeaveResponse\x12K\n" +
 	"\x04Send\x12 .ziptrail.sidecar.v1.SendRequest\x1a!.ziptrail.sidecar.v1.SendResponse\x12K\n" +
 	"\x04Recv\x12 .ziptrail.sidecar.v1.RecvRequest\x1a!.ziptrail.sidecar.v1.RecvResponse\x12T\n" +
-	"\aMembers\x12#.ziptrail.sidecar.v1.MembersRequest\x1a$.ziptrail.sidecar.v1.MembersResponseBNZLgithub.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1;sidecarv1b\x06proto3"
+	"\aMembers\x12#.ziptrail.sidecar.v1.MembersRequest\x1a$.ziptrail.sidecar.v1.MembersResponse\x12T\n" +
+	"\aTierPut\x12#.ziptrail.sidecar.v1.TierPutRequest\x1a$.ziptrail.sidecar.v1.TierPutResponse\x12P\n" +
+	"\aTierGet\x12#.ziptrail.sidecar.v1.TierGetRequest\x1a .ziptrail.sidecar.v1.GetResponse\x12]\n" +
+	"\n" +
+	"TierDelete\x12&.ziptrail.sidecar.v1.TierDeleteRequest\x1a'.ziptrail.sidecar.v1.TierDeleteResponseBNZLgithub.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1;sidecarv1b\x06proto3"
 
 var (
 	file_ziptrail_sidecar_v1_sidecar_proto_rawDescOnce sync.Once
@@ -1509,62 +1859,79 @@ func file_ziptrail_sidecar_v1_sidecar_proto_rawDescGZIP() []byte {
 	return file_ziptrail_sidecar_v1_sidecar_proto_rawDescData
 }
 
-var file_ziptrail_sidecar_v1_sidecar_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_ziptrail_sidecar_v1_sidecar_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_ziptrail_sidecar_v1_sidecar_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_ziptrail_sidecar_v1_sidecar_proto_goTypes = []any{
-	(*JoinRequest)(nil),        // 0: ziptrail.sidecar.v1.JoinRequest
-	(*LeaveRequest)(nil),       // 1: ziptrail.sidecar.v1.LeaveRequest
-	(*LeaveResponse)(nil),      // 2: ziptrail.sidecar.v1.LeaveResponse
-	(*SendRequest)(nil),        // 3: ziptrail.sidecar.v1.SendRequest
-	(*SendResponse)(nil),       // 4: ziptrail.sidecar.v1.SendResponse
-	(*RecvRequest)(nil),        // 5: ziptrail.sidecar.v1.RecvRequest
-	(*RecvResponse)(nil),       // 6: ziptrail.sidecar.v1.RecvResponse
-	(*MembersRequest)(nil),     // 7: ziptrail.sidecar.v1.MembersRequest
-	(*MembersResponse)(nil),    // 8: ziptrail.sidecar.v1.MembersResponse
-	(*Payload)(nil),            // 9: ziptrail.sidecar.v1.Payload
-	(*PutRequest)(nil),         // 10: ziptrail.sidecar.v1.PutRequest
-	(*PutResponse)(nil),        // 11: ziptrail.sidecar.v1.PutResponse
-	(*GetRequest)(nil),         // 12: ziptrail.sidecar.v1.GetRequest
-	(*GetResponse)(nil),        // 13: ziptrail.sidecar.v1.GetResponse
-	(*SendObjectRequest)(nil),  // 14: ziptrail.sidecar.v1.SendObjectRequest
-	(*SendObjectResponse)(nil), // 15: ziptrail.sidecar.v1.SendObjectResponse
-	(*GetObjectRequest)(nil),   // 16: ziptrail.sidecar.v1.GetObjectRequest
-	(*InvokeRequest)(nil),      // 17: ziptrail.sidecar.v1.InvokeRequest
-	(*InvokeResponse)(nil),     // 18: ziptrail.sidecar.v1.InvokeResponse
-	nil,                        // 19: ziptrail.sidecar.v1.SendObjectRequest.MetadataEntry
+	(Tier)(0),                  // 0: ziptrail.sidecar.v1.Tier
+	(*TierPutRequest)(nil),     // 1: ziptrail.sidecar.v1.TierPutRequest
+	(*TierPutResponse)(nil),    // 2: ziptrail.sidecar.v1.TierPutResponse
+	(*TierGetRequest)(nil),     // 3: ziptrail.sidecar.v1.TierGetRequest
+	(*TierDeleteRequest)(nil),  // 4: ziptrail.sidecar.v1.TierDeleteRequest
+	(*TierDeleteResponse)(nil), // 5: ziptrail.sidecar.v1.TierDeleteResponse
+	(*JoinRequest)(nil),        // 6: ziptrail.sidecar.v1.JoinRequest
+	(*LeaveRequest)(nil),       // 7: ziptrail.sidecar.v1.LeaveRequest
+	(*LeaveResponse)(nil),      // 8: ziptrail.sidecar.v1.LeaveResponse
+	(*SendRequest)(nil),        // 9: ziptrail.sidecar.v1.SendRequest
+	(*SendResponse)(nil),       // 10: ziptrail.sidecar.v1.SendResponse
+	(*RecvRequest)(nil),        // 11: ziptrail.sidecar.v1.RecvRequest
+	(*RecvResponse)(nil),       // 12: ziptrail.sidecar.v1.RecvResponse
+	(*MembersRequest)(nil),     // 13: ziptrail.sidecar.v1.MembersRequest
+	(*MembersResponse)(nil),    // 14: ziptrail.sidecar.v1.MembersResponse
+	(*Payload)(nil),            // 15: ziptrail.sidecar.v1.Payload
+	(*PutRequest)(nil),         // 16: ziptrail.sidecar.v1.PutRequest
+	(*PutResponse)(nil),        // 17: ziptrail.sidecar.v1.PutResponse
+	(*GetRequest)(nil),         // 18: ziptrail.sidecar.v1.GetRequest
+	(*GetResponse)(nil),        // 19: ziptrail.sidecar.v1.GetResponse
+	(*SendObjectRequest)(nil),  // 20: ziptrail.sidecar.v1.SendObjectRequest
+	(*SendObjectResponse)(nil), // 21: ziptrail.sidecar.v1.SendObjectResponse
+	(*GetObjectRequest)(nil),   // 22: ziptrail.sidecar.v1.GetObjectRequest
+	(*InvokeRequest)(nil),      // 23: ziptrail.sidecar.v1.InvokeRequest
+	(*InvokeResponse)(nil),     // 24: ziptrail.sidecar.v1.InvokeResponse
+	nil,                        // 25: ziptrail.sidecar.v1.SendObjectRequest.MetadataEntry
 }
 var file_ziptrail_sidecar_v1_sidecar_proto_depIdxs = []int32{
-	9,  // 0: ziptrail.sidecar.v1.SendRequest.data:type_name -> ziptrail.sidecar.v1.Payload
-	9,  // 1: ziptrail.sidecar.v1.RecvResponse.data:type_name -> ziptrail.sidecar.v1.Payload
-	9,  // 2: ziptrail.sidecar.v1.PutRequest.object:type_name -> ziptrail.sidecar.v1.Payload
-	9,  // 3: ziptrail.sidecar.v1.GetResponse.object:type_name -> ziptrail.sidecar.v1.Payload
-	9,  // 4: ziptrail.sidecar.v1.SendObjectRequest.object:type_name -> ziptrail.sidecar.v1.Payload
-	19, // 5: ziptrail.sidecar.v1.SendObjectRequest.metadata:type_name -> ziptrail.sidecar.v1.SendObjectRequest.MetadataEntry
-	9,  // 6: ziptrail.sidecar.v1.InvokeRequest.object:type_name -> ziptrail.sidecar.v1.Payload
-	10, // 7: ziptrail.sidecar.v1.Sidecar.Put:input_type -> ziptrail.sidecar.v1.PutRequest
-	12, // 8: ziptrail.sidecar.v1.Sidecar.Get:input_type -> ziptrail.sidecar.v1.GetRequest
-	14, // 9: ziptrail.sidecar.v1.Sidecar.SendObject:input_type -> ziptrail.sidecar.v1.SendObjectRequest
-	16, // 10: ziptrail.sidecar.v1.Sidecar.GetObject:input_type -> ziptrail.sidecar.v1.GetObjectRequest
-	17, // 11: ziptrail.sidecar.v1.Sidecar.Invoke:input_type -> ziptrail.sidecar.v1.InvokeRequest
-	0,  // 12: ziptrail.sidecar.v1.Sidecar.Join:input_type -> ziptrail.sidecar.v1.JoinRequest
-	1,  // 13: ziptrail.sidecar.v1.Sidecar.Leave:input_type -> ziptrail.sidecar.v1.LeaveRequest
-	3,  // 14: ziptrail.sidecar.v1.Sidecar.Send:input_type -> ziptrail.sidecar.v1.SendRequest
-	5,  // 15: ziptrail.sidecar.v1.Sidecar.Recv:input_type -> ziptrail.sidecar.v1.RecvRequest
-	7,  // 16: ziptrail.sidecar.v1.Sidecar.Members:input_type -> ziptrail.sidecar.v1.MembersRequest
-	11, // 17: ziptrail.sidecar.v1.Sidecar.Put:output_type -> ziptrail.sidecar.v1.PutResponse
-	13, // 18: ziptrail.sidecar.v1.Sidecar.Get:output_type -> ziptrail.sidecar.v1.GetResponse
-	15, // 19: ziptrail.sidecar.v1.Sidecar.SendObject:output_type -> ziptrail.sidecar.v1.SendObjectResponse
-	13, // 20: ziptrail.sidecar.v1.Sidecar.GetObject:output_type -> ziptrail.sidecar.v1.GetResponse
-	18, // 21: ziptrail.sidecar.v1.Sidecar.Invoke:output_type -> ziptrail.sidecar.v1.InvokeResponse
-	8,  // 22: ziptrail.sidecar.v1.Sidecar.Join:output_type -> ziptrail.sidecar.v1.MembersResponse
-	2,  // 23: ziptrail.sidecar.v1.Sidecar.Leave:output_type -> ziptrail.sidecar.v1.LeaveResponse
-	4,  // 24: ziptrail.sidecar.v1.Sidecar.Send:output_type -> ziptrail.sidecar.v1.SendResponse
-	6,  // 25: ziptrail.sidecar.v1.Sidecar.Recv:output_type -> ziptrail.sidecar.v1.RecvResponse
-	8,  // 26: ziptrail.sidecar.v1.Sidecar.Members:output_type -> ziptrail.sidecar.v1.MembersResponse
-	17, // [17:27] is the sub-list for method output_type
-	7,  // [7:17] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	0,  // 0: ziptrail.sidecar.v1.TierPutRequest.tier:type_name -> ziptrail.sidecar.v1.Tier
+	15, // 1: ziptrail.sidecar.v1.TierPutRequest.object:type_name -> ziptrail.sidecar.v1.Payload
+	0,  // 2: ziptrail.sidecar.v1.TierGetRequest.tier:type_name -> ziptrail.sidecar.v1.Tier
+	0,  // 3: ziptrail.sidecar.v1.TierDeleteRequest.tier:type_name -> ziptrail.sidecar.v1.Tier
+	15, // 4: ziptrail.sidecar.v1.SendRequest.data:type_name -> ziptrail.sidecar.v1.Payload
+	15, // 5: ziptrail.sidecar.v1.RecvResponse.data:type_name -> ziptrail.sidecar.v1.Payload
+	15, // 6: ziptrail.sidecar.v1.PutRequest.object:type_name -> ziptrail.sidecar.v1.Payload
+	15, // 7: ziptrail.sidecar.v1.GetResponse.object:type_name -> ziptrail.sidecar.v1.Payload
+	15, // 8: ziptrail.sidecar.v1.SendObjectRequest.object:type_name -> ziptrail.sidecar.v1.Payload
+	25, // 9: ziptrail.sidecar.v1.SendObjectRequest.metadata:type_name -> ziptrail.sidecar.v1.SendObjectRequest.MetadataEntry
+	15, // 10: ziptrail.sidecar.v1.InvokeRequest.object:type_name -> ziptrail.sidecar.v1.Payload
+	16, // 11: ziptrail.sidecar.v1.Sidecar.Put:input_type -> ziptrail.sidecar.v1.PutRequest
+	18, // 12: ziptrail.sidecar.v1.Sidecar.Get:input_type -> ziptrail.sidecar.v1.GetRequest
+	20, // 13: ziptrail.sidecar.v1.Sidecar.SendObject:input_type -> ziptrail.sidecar.v1.SendObjectRequest
+	22, // 14: ziptrail.sidecar.v1.Sidecar.GetObject:input_type -> ziptrail.sidecar.v1.GetObjectRequest
+	23, // 15: ziptrail.sidecar.v1.Sidecar.Invoke:input_type -> ziptrail.sidecar.v1.InvokeRequest
+	6,  // 16: ziptrail.sidecar.v1.Sidecar.Join:input_type -> ziptrail.sidecar.v1.JoinRequest
+	7,  // 17: ziptrail.sidecar.v1.Sidecar.Leave:input_type -> ziptrail.sidecar.v1.LeaveRequest
+	9,  // 18: ziptrail.sidecar.v1.Sidecar.Send:input_type -> ziptrail.sidecar.v1.SendRequest
+	11, // 19: ziptrail.sidecar.v1.Sidecar.Recv:input_type -> ziptrail.sidecar.v1.RecvRequest
+	13, // 20: ziptrail.sidecar.v1.Sidecar.Members:input_type -> ziptrail.sidecar.v1.MembersRequest
+	1,  // 21: ziptrail.sidecar.v1.Sidecar.TierPut:input_type -> ziptrail.sidecar.v1.TierPutRequest
+	3,  // 22: ziptrail.sidecar.v1.Sidecar.TierGet:input_type -> ziptrail.sidecar.v1.TierGetRequest
+	4,  // 23: ziptrail.sidecar.v1.Sidecar.TierDelete:input_type -> ziptrail.sidecar.v1.TierDeleteRequest
+	17, // 24: ziptrail.sidecar.v1.Sidecar.Put:output_type -> ziptrail.sidecar.v1.PutResponse
+	19, // 25: ziptrail.sidecar.v1.Sidecar.Get:output_type -> ziptrail.sidecar.v1.GetResponse
+	21, // 26: ziptrail.sidecar.v1.Sidecar.SendObject:output_type -> ziptrail.sidecar.v1.SendObjectResponse
+	19, // 27: ziptrail.sidecar.v1.Sidecar.GetObject:output_type -> ziptrail.sidecar.v1.GetResponse
+	24, // 28: ziptrail.sidecar.v1.Sidecar.Invoke:output_type -> ziptrail.sidecar.v1.InvokeResponse
+	14, // 29: ziptrail.sidecar.v1.Sidecar.Join:output_type -> ziptrail.sidecar.v1.MembersResponse
+	8,  // 30: ziptrail.sidecar.v1.Sidecar.Leave:output_type -> ziptrail.sidecar.v1.LeaveResponse
+	10, // 31: ziptrail.sidecar.v1.Sidecar.Send:output_type -> ziptrail.sidecar.v1.SendResponse
+	12, // 32: ziptrail.sidecar.v1.Sidecar.Recv:output_type -> ziptrail.sidecar.v1.RecvResponse
+	14, // 33: ziptrail.sidecar.v1.Sidecar.Members:output_type -> ziptrail.sidecar.v1.MembersResponse
+	2,  // 34: ziptrail.sidecar.v1.Sidecar.TierPut:output_type -> ziptrail.sidecar.v1.TierPutResponse
+	19, // 35: ziptrail.sidecar.v1.Sidecar.TierGet:output_type -> ziptrail.sidecar.v1.GetResponse
+	5,  // 36: ziptrail.sidecar.v1.Sidecar.TierDelete:output_type -> ziptrail.sidecar.v1.TierDeleteResponse
+	24, // [24:37] is the sub-list for method output_type
+	11, // [11:24] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_ziptrail_sidecar_v1_sidecar_proto_init() }
@@ -1572,7 +1939,7 @@ func file_ziptrail_sidecar_v1_sidecar_proto_init() {
 	if File_ziptrail_sidecar_v1_sidecar_proto != nil {
 		return
 	}
-	file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[9].OneofWrappers = []any{
+	file_ziptrail_sidecar_v1_sidecar_proto_msgTypes[14].OneofWrappers = []any{
 		(*Payload_Inline)(nil),
 		(*Payload_Path)(nil),
 	}
@@ -1581,13 +1948,14 @@ func file_ziptrail_sidecar_v1_sidecar_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ziptrail_sidecar_v1_sidecar_proto_rawDesc), len(file_ziptrail_sidecar_v1_sidecar_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   20,
+			NumEnums:      1,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_ziptrail_sidecar_v1_sidecar_proto_goTypes,
 		DependencyIndexes: file_ziptrail_sidecar_v1_sidecar_proto_depIdxs,
+		EnumInfos:         file_ziptrail_sidecar_v1_sidecar_proto_enumTypes,
 		MessageInfos:      file_ziptrail_sidecar_v1_sidecar_proto_msgTypes,
 	}.Build()
 	File_ziptrail_sidecar_v1_sidecar_proto = out.File

@@ -36,6 +36,9 @@ const (
 	Sidecar_Send_FullMethodName       = "/ziptrail.sidecar.v1.Sidecar/Send"
 	Sidecar_Recv_FullMethodName       = "/ziptrail.sidecar.v1.Sidecar/Recv"
 	Sidecar_Members_FullMethodName    = "/ziptrail.sidecar.v1.Sidecar/Members"
+	Sidecar_TierPut_FullMethodName    = "/ziptrail.sidecar.v1.Sidecar/TierPut"
+	Sidecar_TierGet_FullMethodName    = "/ziptrail.sidecar.v1.Sidecar/TierGet"
+	Sidecar_TierDelete_FullMethodName = "/ziptrail.sidecar.v1.Sidecar/TierDelete"
 )
 
 // SidecarClient is the client API for Sidecar service.
@@ -84,6 +87,15 @@ type SidecarClient interface {
 	// Members returns the group's live and gone ranks; with after_epoch it
 	// waits (up to timeout_ms) for a membership change newer than that epoch.
 	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
+	// Shuffle storage (docs/shuffle.md): a function writes and reads
+	// partitions in the fast tier (Redis) or the slow tier (S3) through its
+	// sidecar, which holds the tiers' endpoints and credentials (functions
+	// never see them). Keys are scoped to the pod's namespace and the
+	// session; a tier that is not configured answers FAILED_PRECONDITION
+	// (TIER_UNAVAILABLE).
+	TierPut(ctx context.Context, in *TierPutRequest, opts ...grpc.CallOption) (*TierPutResponse, error)
+	TierGet(ctx context.Context, in *TierGetRequest, opts ...grpc.CallOption) (*GetResponse, error)
+	TierDelete(ctx context.Context, in *TierDeleteRequest, opts ...grpc.CallOption) (*TierDeleteResponse, error)
 }
 
 type sidecarClient struct {
@@ -194,6 +206,36 @@ func (c *sidecarClient) Members(ctx context.Context, in *MembersRequest, opts ..
 	return out, nil
 }
 
+func (c *sidecarClient) TierPut(ctx context.Context, in *TierPutRequest, opts ...grpc.CallOption) (*TierPutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TierPutResponse)
+	err := c.cc.Invoke(ctx, Sidecar_TierPut_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sidecarClient) TierGet(ctx context.Context, in *TierGetRequest, opts ...grpc.CallOption) (*GetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetResponse)
+	err := c.cc.Invoke(ctx, Sidecar_TierGet_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sidecarClient) TierDelete(ctx context.Context, in *TierDeleteRequest, opts ...grpc.CallOption) (*TierDeleteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TierDeleteResponse)
+	err := c.cc.Invoke(ctx, Sidecar_TierDelete_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SidecarServer is the server API for Sidecar service.
 // All implementations must embed UnimplementedSidecarServer
 // for forward compatibility.
@@ -240,6 +282,15 @@ type SidecarServer interface {
 	// Members returns the group's live and gone ranks; with after_epoch it
 	// waits (up to timeout_ms) for a membership change newer than that epoch.
 	Members(context.Context, *MembersRequest) (*MembersResponse, error)
+	// Shuffle storage (docs/shuffle.md): a function writes and reads
+	// partitions in the fast tier (Redis) or the slow tier (S3) through its
+	// sidecar, which holds the tiers' endpoints and credentials (functions
+	// never see them). Keys are scoped to the pod's namespace and the
+	// session; a tier that is not configured answers FAILED_PRECONDITION
+	// (TIER_UNAVAILABLE).
+	TierPut(context.Context, *TierPutRequest) (*TierPutResponse, error)
+	TierGet(context.Context, *TierGetRequest) (*GetResponse, error)
+	TierDelete(context.Context, *TierDeleteRequest) (*TierDeleteResponse, error)
 	mustEmbedUnimplementedSidecarServer()
 }
 
@@ -279,6 +330,15 @@ func (UnimplementedSidecarServer) Recv(context.Context, *RecvRequest) (*RecvResp
 }
 func (UnimplementedSidecarServer) Members(context.Context, *MembersRequest) (*MembersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Members not implemented")
+}
+func (UnimplementedSidecarServer) TierPut(context.Context, *TierPutRequest) (*TierPutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TierPut not implemented")
+}
+func (UnimplementedSidecarServer) TierGet(context.Context, *TierGetRequest) (*GetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TierGet not implemented")
+}
+func (UnimplementedSidecarServer) TierDelete(context.Context, *TierDeleteRequest) (*TierDeleteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TierDelete not implemented")
 }
 func (UnimplementedSidecarServer) mustEmbedUnimplementedSidecarServer() {}
 func (UnimplementedSidecarServer) testEmbeddedByValue()                 {}
@@ -481,6 +541,60 @@ func _Sidecar_Members_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Sidecar_TierPut_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TierPutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SidecarServer).TierPut(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sidecar_TierPut_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SidecarServer).TierPut(ctx, req.(*TierPutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Sidecar_TierGet_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TierGetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SidecarServer).TierGet(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sidecar_TierGet_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SidecarServer).TierGet(ctx, req.(*TierGetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Sidecar_TierDelete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TierDeleteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SidecarServer).TierDelete(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Sidecar_TierDelete_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SidecarServer).TierDelete(ctx, req.(*TierDeleteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Sidecar_ServiceDesc is the grpc.ServiceDesc for Sidecar service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -527,6 +641,18 @@ var Sidecar_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Members",
 			Handler:    _Sidecar_Members_Handler,
+		},
+		{
+			MethodName: "TierPut",
+			Handler:    _Sidecar_TierPut_Handler,
+		},
+		{
+			MethodName: "TierGet",
+			Handler:    _Sidecar_TierGet_Handler,
+		},
+		{
+			MethodName: "TierDelete",
+			Handler:    _Sidecar_TierDelete_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,10 +1,64 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIER_UNSPECIFIED: _ClassVar[Tier]
+    TIER_FAST: _ClassVar[Tier]
+    TIER_SLOW: _ClassVar[Tier]
+TIER_UNSPECIFIED: Tier
+TIER_FAST: Tier
+TIER_SLOW: Tier
+
+class TierPutRequest(_message.Message):
+    __slots__ = ("tier", "session", "key", "object", "ttl_ms")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    session: str
+    key: str
+    object: Payload
+    ttl_ms: int
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., session: _Optional[str] = ..., key: _Optional[str] = ..., object: _Optional[_Union[Payload, _Mapping]] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class TierPutResponse(_message.Message):
+    __slots__ = ("size",)
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    size: int
+    def __init__(self, size: _Optional[int] = ...) -> None: ...
+
+class TierGetRequest(_message.Message):
+    __slots__ = ("tier", "session", "key")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    session: str
+    key: str
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., session: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
+class TierDeleteRequest(_message.Message):
+    __slots__ = ("tier", "session", "keys")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    session: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., session: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TierDeleteResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("session", "group", "rank", "size", "mailbox", "invocation_id", "wait_all", "timeout_ms")

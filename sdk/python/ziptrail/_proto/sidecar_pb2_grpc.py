@@ -84,6 +84,21 @@ class SidecarStub:
                 request_serializer=ziptrail_dot___proto_dot_sidecar__pb2.MembersRequest.SerializeToString,
                 response_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.MembersResponse.FromString,
                 _registered_method=True)
+        self.TierPut = channel.unary_unary(
+                '/ziptrail.sidecar.v1.Sidecar/TierPut',
+                request_serializer=ziptrail_dot___proto_dot_sidecar__pb2.TierPutRequest.SerializeToString,
+                response_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.TierPutResponse.FromString,
+                _registered_method=True)
+        self.TierGet = channel.unary_unary(
+                '/ziptrail.sidecar.v1.Sidecar/TierGet',
+                request_serializer=ziptrail_dot___proto_dot_sidecar__pb2.TierGetRequest.SerializeToString,
+                response_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.GetResponse.FromString,
+                _registered_method=True)
+        self.TierDelete = channel.unary_unary(
+                '/ziptrail.sidecar.v1.Sidecar/TierDelete',
+                request_serializer=ziptrail_dot___proto_dot_sidecar__pb2.TierDeleteRequest.SerializeToString,
+                response_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.TierDeleteResponse.FromString,
+                _registered_method=True)
 
 
 class SidecarServicer:
@@ -181,6 +196,30 @@ class SidecarServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TierPut(self, request, context):
+        """Shuffle storage (docs/shuffle.md): a function writes and reads
+        partitions in the fast tier (Redis) or the slow tier (S3) through its
+        sidecar, which holds the tiers' endpoints and credentials (functions
+        never see them). Keys are scoped to the pod's namespace and the
+        session; a tier that is not configured answers FAILED_PRECONDITION
+        (TIER_UNAVAILABLE).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TierGet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TierDelete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +272,21 @@ def add_SidecarServicer_to_server(servicer, server):
                     servicer.Members,
                     request_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.MembersRequest.FromString,
                     response_serializer=ziptrail_dot___proto_dot_sidecar__pb2.MembersResponse.SerializeToString,
+            ),
+            'TierPut': grpc.unary_unary_rpc_method_handler(
+                    servicer.TierPut,
+                    request_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.TierPutRequest.FromString,
+                    response_serializer=ziptrail_dot___proto_dot_sidecar__pb2.TierPutResponse.SerializeToString,
+            ),
+            'TierGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.TierGet,
+                    request_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.TierGetRequest.FromString,
+                    response_serializer=ziptrail_dot___proto_dot_sidecar__pb2.GetResponse.SerializeToString,
+            ),
+            'TierDelete': grpc.unary_unary_rpc_method_handler(
+                    servicer.TierDelete,
+                    request_deserializer=ziptrail_dot___proto_dot_sidecar__pb2.TierDeleteRequest.FromString,
+                    response_serializer=ziptrail_dot___proto_dot_sidecar__pb2.TierDeleteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -505,6 +559,87 @@ class Sidecar:
             '/ziptrail.sidecar.v1.Sidecar/Members',
             ziptrail_dot___proto_dot_sidecar__pb2.MembersRequest.SerializeToString,
             ziptrail_dot___proto_dot_sidecar__pb2.MembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TierPut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ziptrail.sidecar.v1.Sidecar/TierPut',
+            ziptrail_dot___proto_dot_sidecar__pb2.TierPutRequest.SerializeToString,
+            ziptrail_dot___proto_dot_sidecar__pb2.TierPutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TierGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ziptrail.sidecar.v1.Sidecar/TierGet',
+            ziptrail_dot___proto_dot_sidecar__pb2.TierGetRequest.SerializeToString,
+            ziptrail_dot___proto_dot_sidecar__pb2.GetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TierDelete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ziptrail.sidecar.v1.Sidecar/TierDelete',
+            ziptrail_dot___proto_dot_sidecar__pb2.TierDeleteRequest.SerializeToString,
+            ziptrail_dot___proto_dot_sidecar__pb2.TierDeleteResponse.FromString,
             options,
             channel_credentials,
             insecure,

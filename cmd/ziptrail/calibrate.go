@@ -372,7 +372,7 @@ func printCalibration(w io.Writer, m *calibrate.Measurements, cal model.Calibrat
 				v := "-"
 				for _, r := range m.Rates {
 					if r.Store == store && r.Op == op && r.Size == s {
-						v = fmt.Sprintf("%.0f (%d)", r.PerSecond, r.Concurrency)
+						v = fmt.Sprintf("%s (%d)", calibrate.FormatCount(r.PerSecond), r.Concurrency)
 					}
 				}
 				fmt.Fprintf(tw, "\t%s", v)
@@ -385,7 +385,7 @@ func printCalibration(w io.Writer, m *calibrate.Measurements, cal model.Calibrat
 			curve = p.FastRequests
 		}
 		for _, s := range sizes {
-			fmt.Fprintf(tw, "\t%.0f", curve.At(s))
+			fmt.Fprintf(tw, "\t%s", calibrate.FormatCount(curve.At(s)))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -437,7 +437,7 @@ func mbps(v float64) string {
 func describeCurve(c model.RateCurve) string {
 	var parts []string
 	for _, pt := range c.Points {
-		parts = append(parts, fmt.Sprintf("%s %.0f/s", calibrate.FormatSize(pt.Size), pt.PerSecond))
+		parts = append(parts, fmt.Sprintf("%s %s/s", calibrate.FormatSize(pt.Size), calibrate.FormatCount(pt.PerSecond)))
 	}
 	return strings.Join(parts, ", ")
 }

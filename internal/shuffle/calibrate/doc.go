@@ -64,12 +64,16 @@
 //     on log rate (a larger object never sustains more requests than a
 //     smaller one; where two latency-bound sizes measure the other way
 //     round, they are pooled and a note says so).
-//   - SlowServerBandwidth: the largest aggregate seen against S3 if the
-//     aggregate stopped growing at the largest size (doubling the workers
-//     to the most measured raised it by less than Saturation, 25 %), else
-//     0 (unlimited, Locus's assumption for S3).
+//   - SlowServerBandwidth: the largest aggregate seen against S3 with
+//     objects of BulkSize (10 MB) or more, if the aggregate stopped growing
+//     at the largest size: doubling the workers to the most measured raised
+//     it by less than Saturation (25 %), or the most workers together got
+//     less than Efficiency (half) of the fewest workers' aggregate scaled
+//     linearly. Else 0 (unlimited, Locus's assumption for S3).
 //   - FastServerBandwidth: the largest aggregate seen against the Redis
-//     shard in any measurement (the server point is there to reach it).
+//     shard with objects of BulkSize or more, in any measurement (the
+//     server point is there to reach it; smaller objects are the rate
+//     curve's business).
 //   - PodPullBandwidth: the fewest pullers' (one) per-worker bandwidth at
 //     the largest size; PodAggregateBandwidth: as SlowServerBandwidth, for
 //     the pulls.

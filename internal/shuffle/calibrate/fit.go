@@ -289,7 +289,7 @@ func FitRates(reads, writes []RatePoint) (model.RateCurve, []string, error) {
 	c := model.RateCurve{}
 	for i, s := range sizes {
 		if math.Abs(fitted[i]-logs[i]) > 1e-9 {
-			notes = append(notes, fmt.Sprintf("%s: %.0f/s measured, %.0f/s in the curve (pooled with a larger size that sustained more)", FormatSize(s), math.Exp(logs[i]), math.Exp(fitted[i])))
+			notes = append(notes, fmt.Sprintf("%s: %s/s measured, %s/s in the curve (pooled with a larger size that sustained more)", FormatSize(s), FormatCount(math.Exp(logs[i])), FormatCount(math.Exp(fitted[i]))))
 		}
 		c.Points = append(c.Points, model.RatePoint{Size: s, PerSecond: math.Exp(fitted[i])})
 	}
@@ -324,13 +324,20 @@ func nonIncreasing(v []float64) []float64 {
 }
 
 // Saturation is the gain in aggregate bandwidth below which doubling the
-// workers counts as no longer raising it: the store (or the network) is the
+// workers counts as no longer raising it, and Efficiency the fraction of
+// linear scaling below which the workers together count as held back: in
+// either case the store (or the network, or this machine's cores) is the
 // limit, not the workers.
-const Saturation = 1.25
+const (
+	Saturation = 1.25
+	Efficiency = 0.5
+)
 
-// saturated says whether a store's aggregate stopped growing: the
-// aggregate at the most workers is less than Saturation times the aggregate
-// at the next fewer workers (points of one object size).
+// saturated says whether a store's aggregate stopped growing with workers
+// (points of one object size): the aggregate at the most workers is less
+// than Saturation times the aggregate at the next fewer, or less than
+// Efficiency times the fewest workers' aggregate scaled linearly (which
+// noise in one doubling cannot hide).
 func saturated(pts []BandwidthPoint) bool {
 	by := map[int]float64{}
 	for _, p := range pts {
@@ -344,7 +351,8 @@ func saturated(pts []BandwidthPoint) bool {
 		return false
 	}
 	sort.Ints(ws)
-	return by[ws[len(ws)-1]] < Saturation*by[ws[len(ws)-2]]
+	lo, prev, hi := ws[0], ws[len(ws)-2], ws[len(ws)-1]
+	return by[hi] < Saturation*by[prev] || by[hi] < Efficiency*by[lo]*float64(hi)/float64(lo)
 }
 
 // Fit turns measurements into model.Params. Fields not measured (and the
@@ -458,6 +466,10 @@ func DescribeBandwidth(b model.Bandwidth) string {
 	}
 	if b.ParallelismKnee > 0 {
 		s += fmt.Sprintf(" / (1+p/%.3g)^%.2f", b.ParallelismKnee, b.ParallelismExponent)
+		if b.ParallelismKnee < 0.1 && b.MemoryExponent == 0 {
+			// a power law: say so with its scale
+			s += fmt.Sprintf(" ≈ %s·p^-%.2f", FormatRate(b.PerWorker*math.Pow(b.ParallelismKnee, b.ParallelismExponent)), b.ParallelismExponent)
+		}
 	}
 	if b.Max > 0 {
 		s += ", at most " + FormatRate(b.Max)
@@ -488,4 +500,16 @@ func FormatRate(bps float64) string {
 		return fmt.Sprintf("%.0f MB/s", bps/model.MB)
 	}
 	return fmt.Sprintf("%.2f MB/s", bps/model.MB)
+}
+
+// FormatCount prints a rate or count with three significant digits at
+// most ("41200", "7.3", "0.42").
+func FormatCount(v float64) string {
+	switch {
+	case v >= 100:
+		return strconv.FormatFloat(math.Round(v), 'f', -1, 64)
+	case v >= 10:
+		return strconv.FormatFloat(math.Round(v*10)/10, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64)
 }

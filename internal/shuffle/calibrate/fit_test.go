@@ -341,3 +341,29 @@ func TestFitKeepsUnmeasured(t *testing.T) {
 		t.Errorf("notes: %v", notes)
 	}
 }
+
+func TestSaturated(t *testing.T) {
+	pts := func(aggs ...float64) []BandwidthPoint {
+		var out []BandwidthPoint
+		for i, a := range aggs {
+			out = append(out, BandwidthPoint{Workers: 1 << i, Aggregate: a})
+		}
+		return out
+	}
+	for _, c := range []struct {
+		aggs []float64
+		want bool
+	}{
+		{[]float64{100, 200, 400, 800}, false}, // linear
+		{[]float64{100, 190, 350, 700}, false}, // nearly linear
+		{[]float64{100, 180, 300, 330}, true},  // the last doubling gained 10 %
+		// noise made the last doubling look like growth (+32 %), but 8
+		// workers got 17 % of linear scaling: held back all the same
+		{[]float64{700, 685, 729, 966}, true},
+		{[]float64{100}, false}, // one point: nothing to compare
+	} {
+		if got := saturated(pts(c.aggs...)); got != c.want {
+			t.Errorf("%v: saturated %v, want %v", c.aggs, got, c.want)
+		}
+	}
+}

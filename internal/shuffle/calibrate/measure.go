@@ -401,7 +401,7 @@ func (r *runner) ratePoint(ctx context.Context, t target, op string, size float6
 		}
 		rate := float64(res.requests) / res.seconds
 		p.Probes = append(p.Probes, RateProbe{Concurrency: c, PerSecond: rate})
-		out = append(out, fmt.Sprintf("%d→%.0f/s", c, rate))
+		out = append(out, fmt.Sprintf("%d→%s/s", c, FormatCount(rate)))
 		if c > 1 && rate < 1.1*p.PerSecond {
 			flat++
 		} else {
@@ -415,7 +415,7 @@ func (r *runner) ratePoint(ctx context.Context, t target, op string, size float6
 		}
 	}
 	r.m.Rates = append(r.m.Rates, p)
-	return fmt.Sprintf("%s: %.0f/s (%s) with %d clients", strings.Join(out, " "), p.PerSecond, FormatRate(p.PerSecond*size), p.Concurrency), nil
+	return fmt.Sprintf("%s: %s/s (%s) with %d clients", strings.Join(out, " "), FormatCount(p.PerSecond), FormatRate(p.PerSecond*size), p.Concurrency), nil
 }
 
 // serverPoint loads a store with many clients, half writing their own

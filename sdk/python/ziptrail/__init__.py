@@ -12,6 +12,9 @@
   rank, size)`` in a handler (or ``Client.join``), then ``send``/``recv`` and
   the collectives ``barrier``, ``broadcast``, ``scatter``, ``gather``,
   ``reduce``, ``allreduce``, ``alltoall``.
+* Shuffle library (``ziptrail.shuffle``): MapReduce-style shuffles over
+  DynamicGroup through pod memory, Redis, S3 or Locus's multi-round hybrid
+  (``shuffle.Job``, ``shuffle.Writer``, ``shuffle.read_inputs``, ...).
 * Admin client (``ziptrail.admin``, needs the ``kubernetes`` package):
   Buckets, Triggers, Workflows, and sessions through the gateway.
 
@@ -31,6 +34,7 @@ from .errors import (BadReferenceError, Closed, ClosedError, CollectiveAbortedEr
 from .group import ANY, MAX, MIN, SUM, Group, Members, Message, Op, join
 from .invocation import Invocation, Object, decode
 from .server import current_invocation, make_server, serve
+from . import shuffle  # noqa: E402 (after the modules it builds on)
 
 __all__ = [
     # Zipline
@@ -41,6 +45,8 @@ __all__ = [
     "META_EXPECTED_COUNT", "META_DECLARE_ONLY",
     # direct messages
     "join", "Group", "Message", "Members", "Op", "ANY", "SUM", "MIN", "MAX",
+    # shuffle
+    "shuffle",
     # function server
     "serve", "make_server", "current_invocation", "Invocation", "Object", "decode",
     # errors

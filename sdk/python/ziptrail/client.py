@@ -461,6 +461,48 @@ class Client:
                           self._pb.GetObjectRequest(session=session, bucket=bucket, key=key), timeout)
         return self._open("get_object", resp.object, resp.source)
 
+    # --- shuffle storage (ziptrail.shuffle) -----------------------------------
+
+    def _tier(self, op: str, tier: str | int) -> int:
+        t = {"fast": self._pb.TIER_FAST, "redis": self._pb.TIER_FAST, "slow": self._pb.TIER_SLOW,
+             "s3": self._pb.TIER_SLOW}.get(tier) if isinstance(tier, str) else tier
+        if t not in (self._pb.TIER_FAST, self._pb.TIER_SLOW):
+            raise InvalidError(op, f"tier must be 'fast' (Redis) or 'slow' (S3), got {tier!r}")
+        return t
+
+    def tier_put(self, tier: str, session: str, key: str, obj: BytesLike, *, ttl: float | None = None,
+                 timeout: float | None = None) -> int:
+        """TierPut: writes ``obj`` under ``key`` in the fast (``"fast"``,
+        Redis) or slow (``"slow"``, S3) tier through the sidecar, scoped to
+        the pod's namespace and ``session``; ``ttl`` (seconds, fast tier
+        only) overrides the sidecar's object lifetime. Returns the size."""
+        t = self._tier("tier_put", tier)
+        if ttl is not None and ttl <= 0:
+            raise InvalidError("tier_put", f"ttl must be positive, got {ttl}")
+        (payload,) = self._payload(obj, "tier_put")
+        req = self._pb.TierPutRequest(tier=t, session=session, key=key, object=payload,
+                                      ttl_ms=0 if ttl is None else max(1, round(ttl * 1000)))
+        try:
+            return self._call("tier_put", self._stub.TierPut, req, timeout).size
+        except BaseException:
+            self._discard(payload)
+            raise
+
+    def tier_get(self, tier: str, session: str, key: str, *, timeout: float | None = None) -> Data:
+        """TierGet: reads ``key`` of ``session`` from a tier (see
+        :meth:`tier_put`); a missing key raises :class:`NotFoundError`."""
+        req = self._pb.TierGetRequest(tier=self._tier("tier_get", tier), session=session, key=key)
+        resp = self._call("tier_get", self._stub.TierGet, req, timeout)
+        return self._open("tier_get", resp.object, resp.source)
+
+    def tier_delete(self, tier: str, session: str, keys: Iterable[str], *, timeout: float | None = None) -> None:
+        """TierDelete: removes ``keys`` of ``session`` from a tier (missing
+        keys are not an error)."""
+        req = self._pb.TierDeleteRequest(tier=self._tier("tier_delete", tier), session=session, keys=list(keys))
+        self._call("tier_delete", self._stub.TierDelete, req, timeout)
+
+
+
 
 def _parallel(fn: Callable[[T], R], items: Sequence[T], max_workers: int | None,
               cleanup: Callable[[R], None] | None = None) -> list[R]:

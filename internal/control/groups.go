@@ -64,14 +64,27 @@ func (s *Server) groupLeave(c *conn, l *controlv1.GroupLeave) {
 	}
 }
 
-// streamEnded announces that the stream's pod's members are gone.
+// DefaultStreamGrace is how long the directory waits for a pod whose
+// stream ended to reconnect before it announces the pod's members gone.
+const DefaultStreamGrace = 400 * time.Millisecond
+
+// streamEnded announces that the stream's pod's members are gone, unless
+// the pod reconnects and joins them again within the grace (a live pod
+// whose stream broke must not look dead to its groups).
 func (s *Server) streamEnded(c *conn) {
 	if s.Groups == nil {
 		return
 	}
-	for _, u := range s.Groups.StreamEnded(c.sid) {
-		s.push(u)
+	s.Groups.StreamEnded(c.sid)
+	grace := s.StreamGrace
+	if grace <= 0 {
+		grace = DefaultStreamGrace
 	}
+	time.AfterFunc(grace, func() {
+		for _, u := range s.Groups.Expire(c.sid) {
+			s.push(u)
+		}
+	})
 }
 
 func (s *Server) groups() *directory.Directory {
@@ -117,11 +130,12 @@ func (s *Server) sendTo(c *conn, m *controlv1.OperatorMessage) {
 }
 
 // ServerOptions are the gRPC options of the control stream's server:
-// HTTP/2 pings on an idle stream every 500 ms, and a stream whose sidecar
-// does not answer one within 400 ms is closed. A pod that vanished
-// without closing its connection (its node or network gone) is thus
-// noticed within a second, like one whose process died, and its group
-// members are announced gone (docs/messaging.md).
+// HTTP/2 pings on a stream idle for a second, and a stream whose sidecar
+// does not answer one within two is closed. A pod that vanished without
+// closing its connection (its node or network gone) is thus noticed
+// within about three seconds; one whose process died closes its
+// connection and is noticed at once (docs/messaging.md). Tighter bounds
+// took live sidecars on a busy node for dead.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{Time: 500 * time.Millisecond, Timeout: 400 * time.Millisecond})}
+	return []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Second, Timeout: 2 * time.Second})}
 }

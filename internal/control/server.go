@@ -89,8 +89,11 @@ type Server struct {
 	// this authenticated stream, never in a pod's annotations or env.
 	Tiers *controlv1.Tiers
 	// Groups is the messaging directory (docs/messaging.md); nil makes one.
-	Groups     *directory.Directory
-	groupsOnce sync.Once
+	Groups *directory.Directory
+	// StreamGrace is how long a pod whose stream ended has to reconnect
+	// before its group members are announced gone (DefaultStreamGrace).
+	StreamGrace time.Duration
+	groupsOnce  sync.Once
 
 	mu       sync.RWMutex
 	conns    map[*conn]struct{}

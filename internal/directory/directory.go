@@ -4,7 +4,8 @@
 // streams; every change bumps the group's epoch and is pushed to every pod
 // with a member, and to the pod whose member just left, so members see a
 // change as soon as the operator does. A stream that ends (its pod died:
-// SIGKILL, deleted, scaled away) takes its pod's members with it.
+// SIGKILL, deleted, scaled away) takes its pod's members with it after a
+// short grace in which a pod that is alive reconnects and keeps them.
 //
 // Groups are scoped by namespace: the namespace is the stream's verified
 // one, so a rank resolves only within its namespace. The package has no
@@ -29,6 +30,9 @@ type Member struct {
 	Rank            uint32
 	Stream          uint64
 	Addr, Pod, Node string
+	// suspect: its stream ended; it is announced gone when the grace
+	// ends, unless its pod joins the rank again first (a reconnect).
+	suspect bool
 }
 
 // View is a group's membership at one epoch.
@@ -104,7 +108,16 @@ func (d *Directory) Join(k Key, size uint32, mailbox bool, m Member) (*Update, e
 		return nil, fmt.Errorf("%w: group %s has size %d, not %d", ErrConflict, k, g.size, size)
 	}
 	if cur, ok := g.members[m.Rank]; ok {
-		if cur.Stream == m.Stream {
+		switch {
+		case cur.Stream == m.Stream:
+			u := d.update(k, g)
+			return &u, nil
+		case cur.suspect && cur.Pod == m.Pod:
+			// The pod reconnected within the grace: the same member, on
+			// its new stream; nobody hears it was ever in doubt.
+			g.members[m.Rank] = m
+			g.watchers[m.Stream] = true
+			d.index(m.Stream, k)
 			u := d.update(k, g)
 			return &u, nil
 		}
@@ -136,8 +149,28 @@ func (d *Directory) Leave(k Key, rank uint32, stream uint64) *Update {
 	return &u
 }
 
-// StreamEnded removes every member of the stream's pod.
-func (d *Directory) StreamEnded(stream uint64) []Update {
+// StreamEnded marks the stream's members suspect: Expire, after a grace
+// for a reconnect, announces those still suspect gone. A pod whose stream
+// broke but which lives (a network blip, an operator that closed it)
+// joins its ranks again on its new stream meanwhile and stays a member.
+func (d *Directory) StreamEnded(stream uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k := range d.byStream[stream] {
+		if g := d.groups[k]; g != nil {
+			for r, m := range g.members {
+				if m.Stream == stream {
+					m.suspect = true
+					g.members[r] = m
+				}
+			}
+		}
+	}
+}
+
+// Expire removes the stream's members still suspect (their pod did not
+// come back) and forgets the stream.
+func (d *Directory) Expire(stream uint64) []Update {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []Update
@@ -148,15 +181,14 @@ func (d *Directory) StreamEnded(stream uint64) []Update {
 		}
 		changed := false
 		for r, m := range g.members {
-			if m.Stream == stream {
+			if m.Stream == stream && m.suspect {
 				d.remove(g, r)
 				changed = true
 			}
 		}
 		delete(g.watchers, stream)
 		if changed {
-			u := d.update(k, g)
-			out = append(out, u)
+			out = append(out, d.update(k, g))
 		}
 		d.collect(k, g)
 	}

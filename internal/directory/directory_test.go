@@ -40,8 +40,13 @@ func TestJoinLeaveAndStreamEnd(t *testing.T) {
 	if err != nil || again.View.Epoch != u2.View.Epoch {
 		t.Fatalf("re-sent join: %v, epoch %d", err, again.View.Epoch)
 	}
-	// Stream 2's pod dies: ranks 1 and 2 are gone, stream 1 hears it.
-	ups := d.StreamEnded(2)
+	// Stream 2's pod dies: after the grace, ranks 1 and 2 are gone and
+	// stream 1 hears it.
+	d.StreamEnded(2)
+	if v, _ := d.View(k); len(v.Gone) != 0 {
+		t.Fatalf("gone before the grace ended: %v", v.Gone)
+	}
+	ups := d.Expire(2)
 	if len(ups) != 1 || !slices.Equal(ups[0].View.Gone, []uint32{1, 2}) || !slices.Equal(ranks(ups[0].View), []uint32{0}) ||
 		!slices.Equal(ups[0].Streams, []uint64{1}) {
 		t.Fatalf("after the stream ended: %+v", ups)
@@ -96,5 +101,34 @@ func TestJoinRefusals(t *testing.T) {
 	// another group.
 	if _, err := d.Join(Key{"other", "s1", "g"}, 5, false, Member{Rank: 0, Stream: 9}); err != nil {
 		t.Fatalf("another namespace's group: %v", err)
+	}
+}
+
+// TestReconnectWithinGrace: a pod whose stream broke joins its rank again
+// on a new stream before the grace ends: it stays a member, nobody is told
+// it was gone, and the old stream's expiry changes nothing.
+func TestReconnectWithinGrace(t *testing.T) {
+	d := New()
+	k := Key{"ns", "s1", "g"}
+	if _, err := d.Join(k, 2, false, Member{Rank: 0, Stream: 1, Pod: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Join(k, 2, false, Member{Rank: 1, Stream: 2, Pod: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	d.StreamEnded(2)
+	// Another pod may not take the suspect rank.
+	if _, err := d.Join(k, 2, false, Member{Rank: 1, Stream: 9, Pod: "intruder"}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("another pod took a suspect rank: %v", err)
+	}
+	u, err := d.Join(k, 2, false, Member{Rank: 1, Stream: 3, Pod: "b"})
+	if err != nil || len(u.View.Gone) != 0 || !slices.Equal(ranks(u.View), []uint32{0, 1}) {
+		t.Fatalf("rejoin: %v %+v", err, u)
+	}
+	if ups := d.Expire(2); len(ups) != 0 {
+		t.Fatalf("the old stream's expiry announced %+v", ups)
+	}
+	if v, _ := d.View(k); len(v.Gone) != 0 || v.Members[1].Stream != 3 {
+		t.Fatalf("after expiry: %+v", v)
 	}
 }

@@ -38,8 +38,8 @@ test-go:
 	$(DEPS_ENV); go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-python
-test-python: ## Python SDK tests (pytest) in the cached venv.
-	$(DEPS_ENV); pip install -q ./sdk/python && python -m pytest -q sdk/python
+test-python: ## Python SDK and examples tests (pytest) in the cached venv.
+	$(DEPS_ENV); pip install -q ./sdk/python && python -m pytest -q sdk/python examples
 
 .PHONY: demo
 demo: deps ## The local cluster (Kubernetes, real Knative Serving, ziptrail) runs the word count sample; checks it; tears down.

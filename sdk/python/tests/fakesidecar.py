@@ -1,7 +1,9 @@
 """An in-memory stand-in for the sidecars' messaging calls (Join, Leave,
 Send, Recv, Members), for testing the SDK's group code and collective
 algorithms without processes: every "pod" is a real ziptrail.Client whose
-stub talks to one shared Hub. Payloads cross the shared-memory directories
+stub talks to one shared Hub, and whose Send and Recv reach the Hub through
+a fast-path socket (msg.sock, the sidecar's framing, served here). A dead
+pod's socket drops its connections, as a dead sidecar's would. Payloads cross the shared-memory directories
 as with real sidecars: a path payload is read and removed (the sidecar takes
 it over), a received message larger than the inline threshold is written as
 a file into the receiver's directory. The Hub follows the contract in
@@ -12,6 +14,9 @@ receiver) pair to ``pair_capacity`` queued messages (back-pressure)."""
 from __future__ import annotations
 
 import os
+import select
+import socket
+import struct
 import tempfile
 import threading
 import time
@@ -66,52 +71,30 @@ class Hub:
 
 
 class Pod:
-    """A pod: a client with its own shared-memory directory."""
+    """A pod: a client with its own shared-memory directory, and the
+    fast-path socket in a directory of its own."""
 
     def __init__(self, hub: Hub, pid: int) -> None:
         self.hub, self.id = hub, pid
         self.shm_dir = tempfile.mkdtemp(prefix="zt-fake-")
-        self.client = ziptrail.Client(os.path.join(self.shm_dir, "none.sock"), self.shm_dir,
+        self.sock_dir = tempfile.mkdtemp(prefix="zt-fake-sock-")
+        self.client = ziptrail.Client(os.path.join(self.sock_dir, "sidecar.sock"), self.shm_dir,
                                       inline_threshold=hub.inline_threshold)
-        self.client._stub = _Stub(hub, self)
+        self.client._stub = stub = _Stub(hub, self)
+        self.fast = _FastServer(os.path.join(self.sock_dir, "msg.sock"), stub)
 
     def files(self) -> list[str]:
         return os.listdir(self.shm_dir)
 
     def close(self) -> None:
         self.client.close()
+        self.fast.close()
         for f in os.listdir(self.shm_dir):
             os.unlink(os.path.join(self.shm_dir, f))
         os.rmdir(self.shm_dir)
-
-
-class _Future:
-    """What a gRPC future offers the SDK: result() and cancel()."""
-
-    def __init__(self, fn: Callable[[threading.Event], Any]) -> None:
-        self._cancel = threading.Event()
-        self._done = threading.Event()
-        self._value: Any = None
-        self._err: BaseException | None = None
-
-        def run() -> None:
-            try:
-                self._value = fn(self._cancel)
-            except BaseException as e:  # noqa: BLE001 - handed to result()
-                self._err = e
-            self._done.set()
-
-        threading.Thread(target=run, daemon=True).start()
-
-    def cancel(self) -> bool:
-        self._cancel.set()
-        return True
-
-    def result(self) -> Any:
-        self._done.wait()
-        if self._err is not None:
-            raise self._err
-        return self._value
+        for f in os.listdir(self.sock_dir):
+            os.unlink(os.path.join(self.sock_dir, f))
+        os.rmdir(self.sock_dir)
 
 
 class _Method:
@@ -121,8 +104,110 @@ class _Method:
     def __call__(self, req: Any, timeout: float | None = None) -> Any:
         return self.fn(req, timeout, threading.Event())
 
-    def future(self, req: Any, timeout: float | None = None) -> _Future:
-        return _Future(lambda cancel: self.fn(req, timeout, cancel))
+
+# The fast path's framing (internal/dataplane/localapi/fastmsg.go).
+_REQ = struct.Struct("<IBBHHHIIqq")
+_RESP = struct.Struct("<IBBHIqQ")
+
+
+def _read(c: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        b = c.recv(n - len(buf))
+        if not b:
+            return None
+        buf += b
+    return bytes(buf)
+
+
+class _FastServer:
+    """The fast path of one pod: Send and Recv frames turned into the
+    stub's requests; a Recv ends (cancelled) when its client hangs up; a
+    dead pod drops the connection instead of answering."""
+
+    def __init__(self, path: str, stub: _Stub) -> None:
+        self.stub = stub
+        self.ln = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.ln.bind(path)
+        self.ln.listen(64)
+        self.conns: set[socket.socket] = set()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.ln.close()
+        with self.lock:
+            for c in self.conns:
+                c.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.ln.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.conns.add(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c: socket.socket) -> None:
+        try:
+            while True:
+                head = _read(c, _REQ.size)
+                if head is None:
+                    return
+                n, op, flags, sl, gl, _, rank, peer, tag, timeout_ms = _REQ.unpack(head)
+                body = _read(c, n - (_REQ.size - 4))
+                if body is None:
+                    return
+                session, group, payload = body[:sl].decode(), body[sl:sl + gl].decode(), body[sl + gl:]
+                try:
+                    resp = self._call(c, op, flags, session, group, rank, peer, tag, timeout_ms, payload)
+                except ziptrail.UnavailableError:
+                    return  # the pod died: its sidecar answers nothing
+                except ziptrail.ZiptrailError as e:
+                    reason, msg = (e.reason or "INTERNAL").encode(), e.message.encode()
+                    resp = _RESP.pack(_RESP.size - 4 + len(reason) + len(msg), 1, 0, len(reason), 0, 0, 0) + reason + msg
+                try:
+                    c.sendall(resp)
+                except OSError:
+                    return
+        except OSError:
+            return
+        finally:
+            with self.lock:
+                self.conns.discard(c)
+            c.close()
+
+    def _call(self, c: socket.socket, op: int, flags: int, session: str, group: str, rank: int, peer: int, tag: int,
+              timeout_ms: int, payload: bytes) -> bytes:
+        if op == 1:
+            data = pb.Payload(path=payload.decode()) if flags & 1 else pb.Payload(inline=payload)
+            req = pb.SendRequest(session=session, group=group, to=peer, tag=tag, data=data, timeout_ms=timeout_ms)
+            setattr(req, "from", rank)
+            out = self.stub._send(req, None, threading.Event())
+            return _RESP.pack(_RESP.size - 4, 0, 2 if out.mailboxed else 0, 0, 0, 0, 0)
+        rreq = pb.RecvRequest(session=session, group=group, rank=rank, any_source=bool(flags & 1),
+                              any_tag=bool(flags & 2), tag=tag, timeout_ms=timeout_ms)
+        setattr(rreq, "from", peer)
+        cancel, done = threading.Event(), threading.Event()
+
+        def watch() -> None:  # the client sends nothing while it waits: a readable socket means it hung up
+            while not done.is_set():
+                if select.select([c], [], [], 0.02)[0]:
+                    cancel.set()
+                    return
+
+        w = threading.Thread(target=watch, daemon=True)
+        w.start()
+        try:
+            m = self.stub._recv(rreq, None, cancel)
+        finally:
+            done.set()
+            w.join()
+        path = m.data.WhichOneof("source") == "path"
+        body = m.data.path.encode() if path else m.data.inline
+        return _RESP.pack(_RESP.size - 4 + len(body), 0, 1 if path else 0, 0, getattr(m, "from"), m.tag, m.size) + body
 
 
 def _deadline(timeout_ms: int, timeout: float | None) -> float | None:

@@ -238,3 +238,69 @@ def test_join_in_a_handler_ends_with_the_invocation(pods: Pods):
     for r in range(2):  # both ranks free again: a join neither conflicts nor waits
         with caller.client.join("sess-h", "in-handler", r, 2, timeout=LIMIT) as g:
             assert r in g.members().live
+
+
+class _NoGRPC:
+    """Stands for the gRPC Send and Recv: the groups must not call them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, *a: Any, **kw: Any) -> Any:
+        raise AssertionError(f"{self.name} went through gRPC, not the messaging socket")
+
+    future = __call__
+
+
+def test_send_and_recv_take_the_messaging_socket(pods: Pods):
+    """Send, Recv and the collectives over msg.sock (the gRPC Send and Recv
+    fail if called): small and 5 MiB messages (the large one handed over and
+    received as files, nothing left), typed errors from the sidecar's
+    reasons, a broken connection dropped (the next call makes a new one),
+    connections of ended threads and of a closed client closed."""
+    a, b = pods.start_many(2)
+    for sc in (a, b):
+        sc.client._stub.Send, sc.client._stub.Recv = _NoGRPC("Send"), _NoGRPC("Recv")
+    big = os.urandom(5 * MiB)
+
+    def member(g: ziptrail.Group) -> Any:
+        other = 1 - g.rank
+        assert g.send(other, b"hi %d" % g.rank, tag=1) is False
+        with g.recv(source=other, tag=1, timeout=LIMIT) as m:
+            assert (m.source, m.tag, bytes(m.data)) == (other, 1, b"hi %d" % other)
+        if g.rank == 0:
+            g.send(1, big, tag=2)
+        else:
+            with g.recv(source=0, tag=2, timeout=LIMIT) as m:
+                assert isinstance(m.data, ziptrail.MappedObject)
+                assert hashlib.sha256(m.data).digest() == hashlib.sha256(big).digest()
+        assert g.allreduce(array("d", [float(g.rank)]) * 20_000) == array("d", [1.0]) * 20_000  # the ring: send while receiving
+        assert [bytes(x) for x in g.alltoall([b"%d>%d" % (g.rank, j) for j in range(2)])] == \
+            [b"%d>%d" % (i, g.rank) for i in range(2)]
+        with pytest.raises(ziptrail.MessageTimeout) as e:
+            g.recv(source=other, tag=3, timeout=0.2)
+        assert e.value.reason == "MSG_TIMEOUT"  # the sidecar's answer, through errors.BY_REASON
+        msg = g._msg
+        conn = msg._local.t.main
+        conn.sock.close()  # broken under the client: the call fails and drops it
+        with pytest.raises(ziptrail.UnavailableError):
+            g.send(other, b"lost", tag=4)
+        assert msg._local.t.main is None and conn not in msg._conns
+        g.barrier()  # a new connection
+        assert msg._local.t.main is not None and msg._local.t.main is not conn
+
+    ok(run_members([a, b], 2, member, session="fast"))
+    assert shm_files(a) == [] and shm_files(b) == []
+    g0, g1 = a.client.join("fast2", "g", 0, 2), b.client.join("fast2", "g", 1, 2)
+    g1.leave()
+    with pytest.raises(ziptrail.PeerGone) as e:
+        g0.send(1, b"x", timeout=LIMIT)
+    assert e.value.rank == 1 and e.value.reason == "PEER_GONE"
+    with pytest.raises(ziptrail.Closed):
+        g1.recv(timeout=LIMIT)
+    g0.leave()
+    conns = a.client._messages()._conns
+    assert len(conns) == 1  # this thread's: the members' threads ended and closed theirs
+    socks = [c.sock for c in conns]
+    a.client.close()
+    assert not a.client._messages()._conns and all(s.fileno() == -1 for s in socks)

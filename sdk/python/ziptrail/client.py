@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar, Un
 from .errors import FunctionFailedError, InvalidError, ZiptrailError, ZiptrailTimeoutError, from_reason, from_rpc_error
 
 if TYPE_CHECKING:
+    from ._fastmsg import MessageClient
     from ._proto import sidecar_pb2
     from .group import Group
 
@@ -232,11 +233,15 @@ class Client:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ])
         self._stub = sidecar_pb2_grpc.SidecarStub(self._channel)
+        self._msg: MessageClient | None = None
+        self._msg_lock = threading.Lock()
 
     # --- plumbing -----------------------------------------------------------
 
     def close(self) -> None:
         self._channel.close()
+        if self._msg is not None:
+            self._msg.close()
 
     def __enter__(self) -> Client:
         return self
@@ -282,21 +287,28 @@ class Client:
             raise ZiptrailError("put", f"cannot create an object file in the shared-memory directory {self.shm_dir}: {e}") from None
 
     def _payload(self, obj: Any, op: str, links: int = 1) -> list[sidecar_pb2.Payload]:
-        """``links`` payloads for obj: inline when small, else one file in
-        the shared-memory directory written once (plus hard links to it, one
-        per extra request: each request's file is taken over by the sidecar)."""
+        """``links`` protobuf payloads for obj (see :meth:`_raw_payloads`)."""
         pb = self._pb
+        return [pb.Payload(path=p) if isinstance(p, str) else pb.Payload(inline=p)
+                for p in self._raw_payloads(obj, op, links)]
+
+    def _raw_payloads(self, obj: Any, op: str, links: int = 1) -> list[bytes | str]:
+        """``links`` payloads for obj: the bytes when small, else (a str)
+        the path of one file in the shared-memory directory written once
+        (plus hard links to it, one per extra request: each request's file
+        is taken over by the sidecar)."""
         if isinstance(obj, SharedBuffer):
             if obj.size <= self.inline_threshold:
                 data = bytes(obj.data)
                 obj.discard()
-                return [pb.Payload(inline=data) for _ in range(links)]
+                return [data] * links
             path = obj._take()
         else:
+            if type(obj) is bytes and len(obj) <= self.inline_threshold:
+                return [obj] * links
             mv = _view(obj)
             if mv.nbytes <= self.inline_threshold:
-                data = mv.tobytes()
-                return [pb.Payload(inline=data) for _ in range(links)]
+                return [mv.tobytes()] * links
             fd, path = self._mkstemp("put-")
             try:
                 off, n = 0, mv.nbytes
@@ -309,32 +321,39 @@ class Client:
                     raise ZiptrailError(op, f"write the object into {self.shm_dir}: {e}") from None
                 raise
             os.close(fd)
-        paths = [path]
+        paths: list[bytes | str] = [path]
         try:
             for i in range(1, links):
                 paths.append(f"{path}.{i}")
                 os.link(path, paths[-1])
         except OSError as e:
             for p in paths:
-                _remove(p)
+                _remove(str(p))
             raise ZiptrailError(op, f"link the object file for {links} requests: {e}") from None
-        return [pb.Payload(path=p) for p in paths]
+        return paths
 
     @staticmethod
-    def _discard(payload: sidecar_pb2.Payload) -> None:
+    def _discard(payload: sidecar_pb2.Payload | bytes | str) -> None:
         """Removes a payload file the sidecar refused before taking it."""
-        if payload.WhichOneof("source") == "path":
+        if isinstance(payload, str):
+            _remove(payload)
+        elif not isinstance(payload, bytes) and payload.WhichOneof("source") == "path":
             _remove(payload.path)
 
     def _open(self, op: str, payload: sidecar_pb2.Payload, source: str) -> Data:
         which = payload.WhichOneof("source")
+        if which is None:
+            raise ZiptrailError(op, "the sidecar answered without an object")
+        return self._data(op, payload.inline if which == "inline" else payload.path, source)
+
+    def _data(self, op: str, payload: bytes | str, source: str) -> Data:
+        """The object of a payload: inline bytes, or (a str) the path of a
+        file the sidecar wrote, mapped and then removed."""
         out: Data
-        if which == "inline" or which is None:
-            if which is None:
-                raise ZiptrailError(op, "the sidecar answered without an object")
-            out = InlineObject(payload.inline)
+        if not isinstance(payload, str):
+            out = InlineObject(payload)
         else:
-            path = payload.path
+            path = payload
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError as e:
@@ -347,6 +366,17 @@ class Client:
                 _remove(path)  # the mapping keeps the pages; nothing leaks if we crash
         out.source = source
         return out
+
+    def _messages(self) -> MessageClient:
+        """The messaging fast path's client (made on first use)."""
+        m = self._msg
+        if m is None:
+            with self._msg_lock:
+                if self._msg is None:
+                    from ._fastmsg import MessageClient, socket_path
+                    self._msg = MessageClient(socket_path(self.socket))
+                m = self._msg
+        return m
 
     # --- the Zipline API ------------------------------------------------------
 
@@ -500,8 +530,6 @@ class Client:
         keys are not an error)."""
         req = self._pb.TierDeleteRequest(tier=self._tier("tier_delete", tier), session=session, keys=list(keys))
         self._call("tier_delete", self._stub.TierDelete, req, timeout)
-
-
 
 
 def _parallel(fn: Callable[[T], R], items: Sequence[T], max_workers: int | None,

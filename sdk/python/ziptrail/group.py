@@ -5,7 +5,11 @@ An instance joins a group of its session as rank ``r`` of ``size`` ranks;
 it then sends to and receives from the other ranks by rank. The sidecars
 resolve ranks to pods through the operator's directory (no address reaches
 the function), deliver messages over their data-plane connections, and keep
-the messages of one sender in order. Inside a handler::
+the messages of one sender in order. Join, leave and membership go through
+the sidecar's gRPC local API; send and receive (and so the collectives) go
+through its messaging socket (``msg.sock`` next to the API's socket, a
+minimal framing: see ``ziptrail._fastmsg``), one connection per thread.
+Inside a handler::
 
     with ziptrail.join("train", rank, size) as g:     # session and invocation from the handler
         g.send(0, b"hello", tag=7)
@@ -77,8 +81,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 from .client import BytesLike, Data, InlineObject, MappedObject, _remove, _view
+from ._fastmsg import ANY_SOURCE, ANY_TAG, MAX_NAMES, Payload
 from .errors import (CollectiveAbortedError, InvalidError, MessageTimeoutError, PeerGoneError, ZiptrailError,
-                     ZiptrailTimeoutError, from_rpc_error)
+                     ZiptrailTimeoutError)
 
 if TYPE_CHECKING:
     from ._proto import sidecar_pb2
@@ -90,8 +95,9 @@ ANY = -1
 #: Allreduce of built-in operations over at least this many bytes uses the ring.
 RING_MIN_BYTES = 64 << 10
 
-# Extra seconds a call's gRPC deadline gets over the timeout it sends the
-# sidecar, so that the sidecar's answer (MSG_TIMEOUT) arrives first.
+# Extra seconds a call's gRPC deadline (or socket timeout) gets over the
+# timeout it sends the sidecar, so that the sidecar's answer (MSG_TIMEOUT)
+# arrives first.
 _SLACK = 5.0
 # How long a failing member spends telling the others (in parallel).
 _ABORT_TIMEOUT = 2.0
@@ -340,6 +346,10 @@ class Group:
         self.joined = _members(view)
         self._pb = client._pb
         self._stub = client._stub
+        # Send and Recv take the messaging fast path (msg.sock), not gRPC.
+        self._msg = client._messages()
+        s, g = session.encode(), name.encode()
+        self._names, self._name_lens = s + g, (len(s), len(g))
         self._seq = 0
         self._coll = threading.Lock()
         self._left = False
@@ -360,7 +370,7 @@ class Group:
         timeout = timeout if timeout is not None else client.timeout
         req = client._pb.JoinRequest(session=session, group=group, rank=rank, size=size, mailbox=mailbox,
                                      invocation_id=invocation_id, wait_all=wait_all, timeout_ms=_ms(timeout))
-        view = _messaging(client, "join", lambda: client._call("join", client._stub.Join, req, _grpc_timeout(timeout)))
+        view = _messaging(client, "join", lambda: client._call("join", client._stub.Join, req, _slack(timeout)))
         return cls(client, session, group, rank, size, invocation_id, view)
 
     def members(self, *, timeout: float | None = None) -> Members:
@@ -404,7 +414,7 @@ class Group:
         if tag < 0:
             raise InvalidError("send", f"tags are >= 0 (negative tags are the collectives'), got {tag}")
         self._check_rank("send", to)
-        (payload,) = self.client._payload(data, "send")
+        (payload,) = self.client._raw_payloads(data, "send")
         return self._send_payload("send", to, tag, payload, timeout)
 
     def recv(self, source: int = ANY, tag: int = ANY, timeout: float | None = None) -> Message:
@@ -414,37 +424,42 @@ class Group:
             raise InvalidError("recv", f"tags are >= 0 (negative tags are the collectives'), got {tag}")
         if source != ANY:
             self._check_rank("recv", source)
-        resp = self._recv("recv", None if source == ANY else source, None if tag == ANY else tag, timeout)
-        return Message(getattr(resp, "from"), resp.tag, self.client._open("recv", resp.data, ""))
+        frm, got, payload = self._recv("recv", None if source == ANY else source, None if tag == ANY else tag, timeout)
+        return Message(frm, got, self.client._data("recv", payload, ""))
 
     def _check_rank(self, op: str, r: int) -> None:
         if not 0 <= r < self.size:
             raise InvalidError(op, f"rank {r} is not in the group of size {self.size}")
 
-    def _call(self, op: str, method: Callable[..., Any], req: Any, timeout: float | None, peer: int | None = None) -> Any:
+    def _call(self, op: str, method: Callable[..., Any], req: Any, timeout: float | None) -> Any:
         t = timeout if timeout is not None else self.client.timeout
-        return _messaging(self.client, op, lambda: self.client._call(op, method, req, _grpc_timeout(t)), peer)
+        return _messaging(self.client, op, lambda: self.client._call(op, method, req, _slack(t)))
 
-    def _send_payload(self, op: str, to: int, tag: int, payload: sidecar_pb2.Payload, timeout: float | None) -> bool:
+    def _check_names(self, op: str) -> None:
+        if self._name_lens[0] > MAX_NAMES or self._name_lens[1] > MAX_NAMES:
+            raise InvalidError(op, f"session and group names are at most {MAX_NAMES} bytes to send and receive")
+
+    def _send_payload(self, op: str, to: int, tag: int, payload: Payload, timeout: float | None) -> bool:
+        """Sends payload (bytes, or a str: a file's path the sidecar takes over)."""
         t = timeout if timeout is not None else self.client.timeout
-        req = self._pb.SendRequest(session=self.session, group=self.name, to=to, tag=tag, data=payload, timeout_ms=_ms(t))
-        setattr(req, "from", self.rank)
         try:
-            return self._call(op, self._stub.Send, req, timeout, peer=to).mailboxed
+            self._check_names(op)
+            ms = _ms(t)
+            return _messaging(self.client, op, lambda: self._msg.send(
+                op, self._names, self._name_lens, self.rank, to, tag, payload, ms, _slack(t)), to)
         except BaseException:
             self.client._discard(payload)
             raise
 
-    def _recv_request(self, source: int | None, tag: int | None, timeout: float | None) -> Any:
-        """A RecvRequest; None is any source, or any (user) tag."""
-        req = self._pb.RecvRequest(session=self.session, group=self.name, rank=self.rank, any_source=source is None,
-                                   any_tag=tag is None, tag=tag or 0, timeout_ms=_ms(timeout))
-        setattr(req, "from", source or 0)
-        return req
-
-    def _recv(self, op: str, source: int | None, tag: int | None, timeout: float | None) -> Any:
+    def _recv(self, op: str, source: int | None, tag: int | None, timeout: float | None) -> tuple[int, int, Payload]:
+        """(from, tag, payload) of the oldest matching message; None is any
+        source, or any (user) tag."""
         t = timeout if timeout is not None else self.client.timeout
-        return self._call(op, self._stub.Recv, self._recv_request(source, tag, t), timeout, source)
+        self._check_names(op)
+        flags = (ANY_SOURCE if source is None else 0) | (ANY_TAG if tag is None else 0)
+        ms = _ms(t)
+        return _messaging(self.client, op, lambda: self._msg.recv(
+            op, self._names, self._name_lens, self.rank, source or 0, tag or 0, flags, ms, _slack(t)), source)
 
     # --- collective plumbing -----------------------------------------------------
 
@@ -473,8 +488,7 @@ class Group:
         if err.rank is None or getattr(err, "_abort", False):
             return err
         try:
-            resp = self._recv(ctx.op, err.rank, ctx.tag, _ABORT_TIMEOUT)
-            typ, hdr, data = self._unframe(ctx.op, resp.data)
+            typ, hdr, data = self._unframe(ctx.op, self._recv(ctx.op, err.rank, ctx.tag, _ABORT_TIMEOUT)[2])
             _close(data)
             if typ == _ABORT:
                 return self._abort_error(ctx, hdr)
@@ -508,7 +522,7 @@ class Group:
         with ThreadPoolExecutor(max_workers=min(16, len(dests))) as ex:
             wait_futures([ex.submit(one, i) for i in range(len(dests))])
 
-    def _frame(self, typ: int, hdr: bytes, data: Any, links: int, op: str) -> list[sidecar_pb2.Payload]:
+    def _frame(self, typ: int, hdr: bytes, data: Any, links: int, op: str) -> list[Payload]:
         """``links`` payloads of one collective message (one file, hard-linked)."""
         if links == 0:
             return []
@@ -516,7 +530,7 @@ class Group:
         base = _FRAME.size + len(hdr)
         c = self.client
         if base + mv.nbytes <= c.inline_threshold:
-            return c._payload(_FRAME.pack(_VERSION, typ, len(hdr), base) + hdr + mv.tobytes(), op, links)
+            return c._raw_payloads(_FRAME.pack(_VERSION, typ, len(hdr), base) + hdr + mv.tobytes(), op, links)
         off = -(-base // _PAGE) * _PAGE
         buf = c.allocate(off + mv.nbytes)
         try:
@@ -527,12 +541,13 @@ class Group:
         except BaseException:
             buf.discard()
             raise
-        return c._payload(buf, op, links)
+        return c._raw_payloads(buf, op, links)
 
-    def _unframe(self, op: str, payload: sidecar_pb2.Payload) -> tuple[int, bytes, Data]:
-        which = payload.WhichOneof("source")
-        if which == "path":
-            path = payload.path
+    def _unframe(self, op: str, payload: Payload) -> tuple[int, bytes, Data]:
+        """A collective message's type, header and data; a str payload is
+        the path of the message's file (mapped, then removed)."""
+        if isinstance(payload, str):
+            path = payload
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError as e:
@@ -553,11 +568,9 @@ class Group:
                 os.close(fd)
                 _remove(path)
             return typ, hdr, data
-        if which == "inline":
-            raw = payload.inline
-            typ, hdr, off = self._parse(op, raw[:_FRAME.size], len(raw), lambda n: raw[_FRAME.size:_FRAME.size + n])
-            return typ, hdr, InlineObject(raw[off:])
-        raise ZiptrailError(op, "the sidecar answered without a message")
+        raw = payload
+        typ, hdr, off = self._parse(op, raw[:_FRAME.size], len(raw), lambda n: raw[_FRAME.size:_FRAME.size + n])
+        return typ, hdr, InlineObject(raw[off:])
 
     @staticmethod
     def _parse(op: str, head: bytes, size: int, read_hdr: Callable[[int], bytes]) -> tuple[int, bytes, int]:
@@ -581,10 +594,9 @@ class Group:
                 raise
 
     def _recv_from(self, ctx: _Ctx, source: int) -> tuple[str, Data]:
-        resp = self._recv(ctx.op, source, ctx.tag, ctx.remaining())
-        return self._data(ctx, resp.data)
+        return self._data(ctx, self._recv(ctx.op, source, ctx.tag, ctx.remaining())[2])
 
-    def _data(self, ctx: _Ctx, payload: sidecar_pb2.Payload) -> tuple[str, Data]:
+    def _data(self, ctx: _Ctx, payload: Payload) -> tuple[str, Data]:
         typ, hdr, data = self._unframe(ctx.op, payload)
         if typ == _ABORT:
             _close(data)
@@ -610,15 +622,16 @@ class Group:
     def _sendrecv(self, ctx: _Ctx, to: int, fmt: str, data: Any, source: int) -> tuple[str, Data]:
         """Sends to ``to`` while receiving from ``source`` (neither waits for
         the other, so a ring never deadlocks on back-pressure)."""
-        t, start = ctx.remaining(), time.monotonic()
-        call = self._stub.Recv.future(self._recv_request(source, ctx.tag, t), timeout=_grpc_timeout(t))
+        t = ctx.remaining()
+        ms = _ms(t)
+        pending = _messaging(self.client, ctx.op, lambda: self._msg.start_recv(
+            ctx.op, self._names, self._name_lens, self.rank, source, ctx.tag, 0, ms, _slack(t)), source)
         try:
             self._send_to(ctx, [to], fmt, data)
         except BaseException:
-            call.cancel()
+            pending.cancel()
             raise
-        resp = _messaging(self.client, ctx.op, lambda: _result(self.client, ctx.op, call, _grpc_timeout(t), start), source)
-        return self._data(ctx, resp.data)
+        return self._data(ctx, _messaging(self.client, ctx.op, pending.result, source)[2])
 
     # --- algorithms ---------------------------------------------------------------
 
@@ -844,7 +857,8 @@ def _ms(timeout: float | None) -> int:
     return max(1, math.ceil(timeout * 1000))
 
 
-def _grpc_timeout(timeout: float | None) -> float | None:
+def _slack(timeout: float | None) -> float | None:
+    """The gRPC deadline or socket timeout of a call that sends the sidecar ``timeout``."""
     return None if timeout is None else timeout + _SLACK
 
 
@@ -861,19 +875,6 @@ def _messaging(client: Client, op: str, call: Callable[[], Any], peer: int | Non
         if e.rank is None and peer is not None:
             e.rank = peer
         raise
-
-
-def _result(client: Client, op: str, call: Any, timeout: float | None, start: float) -> Any:
-    """The result of a gRPC future, its error translated like Client._call's."""
-    import grpc
-    try:
-        return call.result()
-    except grpc.RpcError as e:
-        code = getattr(e, "code", lambda: None)()
-        if timeout is not None and time.monotonic() - start >= timeout and code in (grpc.StatusCode.CANCELLED,
-                                                                                    grpc.StatusCode.INTERNAL):
-            raise MessageTimeoutError(op, f"deadline of {timeout:g}s exceeded") from None
-        raise from_rpc_error(op, e, client.socket) from None
 
 
 def _pread(fd: int, n: int, off: int) -> bytes:

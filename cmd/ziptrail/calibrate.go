@@ -152,10 +152,13 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		details["redis"] += " (redis " + v + ")"
 	}
 
+	loadBefore := loadAverage()
 	m, err := calibrate.Measure(ctx, cfg)
 	if err != nil {
 		return err
 	}
+	// the machine's other work shows in the measurements: say how busy it was
+	details["loadAverage"] = "before " + loadBefore + ", after " + loadAverage()
 	params, notes, err := calibrate.Fit(m, base)
 	if err != nil {
 		return err
@@ -282,6 +285,15 @@ func redisVersion(ctx context.Context, o *redis.Options) string {
 	return ""
 }
 
+// loadAverage is the 1-minute load average ("unknown" off Linux).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "unknown"
+}
+
 func memTotal() string {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
@@ -304,7 +316,8 @@ func memTotal() string {
 // parameters.
 func printCalibration(w io.Writer, m *calibrate.Measurements, cal model.Calibration) {
 	p := cal.Params
-	fmt.Fprintf(w, "\ncalibration of %s %q at %s\n\n", cal.MeasuredOn.Kind, cal.MeasuredOn.Name, cal.Time.Format(time.RFC3339))
+	fmt.Fprintf(w, "\ncalibration of %s %q at %s (load average %s)\n\n", cal.MeasuredOn.Kind, cal.MeasuredOn.Name, cal.Time.Format(time.RFC3339),
+		cal.MeasuredOn.Details["loadAverage"])
 
 	// bandwidth: a row per store, direction and size; a column per workers
 	type row struct {

@@ -39,12 +39,15 @@ def main() -> None:
     w(f"      image: {IMAGE}")
     w("      args: [split]")
     w(f"      env: [{{name: MAX_ROUNDS, value: \"{k}\"}}]")
-    for name, extra in (("map", "      maxScale: 8"), ("merge", "      maxScale: 8"), ("final", "      maxScale: 8"), ("collect", None)):
+    # One task at a time per pod: a pod's /dev/shm (64 MiB by default) holds
+    # the objects in flight between the function and its sidecar.
+    for name, scale in (("map", 8), ("merge", 8), ("final", 8), ("collect", 0)):
         w(f"    - name: {name}")
         w(f"      image: {IMAGE}")
         w(f"      args: [{name}]")
-        if extra:
-            w(extra)
+        w("      containerConcurrency: 1")
+        if scale:
+            w(f"      maxScale: {scale}")
     for r in range(1, k + 1):
         w(f"    - name: next-{r}")
         w(f"      image: {IMAGE}")

@@ -295,13 +295,32 @@ def _is_pointer(obj: Any) -> bool:
     return obj.metadata.get(META_KIND) == "pointer"
 
 
+def _fetch(c: Client, tier: str, session: str, key: str, copy: bool) -> Any:
+    """TierGet; with ``copy``, the bytes are copied out of the pod's shared
+    memory and the object's file released at once."""
+    d = c.tier_get(tier, session, key)
+    if not copy or isinstance(d, bytes):
+        return d
+    try:
+        return bytes(d)
+    finally:
+        d.close()
+
+
 def read_inputs(objects: Iterable[Any], *, session: str | None = None, client: Client | None = None,
-                parallel: int = 4) -> list[Input]:
+                parallel: int = 4, copy: bool = True) -> list[Input]:
     """Every input of a reducer, whatever the method: ``objects`` are the
     invocation's (``inv.objects``, the group's shuffle objects). Pod-memory
     pieces are used as they came (the sidecar pulled them); pointers are
     resolved with ``TierGet``, ``parallel`` at a time. Sorted by (round,
-    mapper). Raises :class:`Consumed` when a pointed-to object is gone."""
+    mapper). Raises :class:`Consumed` when a pointed-to object is gone.
+
+    ``copy`` (default) copies each fetched piece out of the pod's shared
+    memory right away: a pod's ``/dev/shm`` is small (64 MiB by default on
+    Kubernetes and on the local cluster) and a mapped object holds its
+    pages there until it is closed, so concurrent large reads would fill it
+    (ENOSPC). ``copy=False`` keeps the zero-copy mapping (close the inputs
+    as soon as possible)."""
     objs = list(objects)
     todo = [o for o in objs if _is_pointer(o)]
     out: list[Input] = []
@@ -324,7 +343,7 @@ def read_inputs(objects: Iterable[Any], *, session: str | None = None, client: C
 
         def fetch(p: dict) -> Input:
             try:
-                d = c.tier_get(p["tier"], session, p["key"])
+                d = _fetch(c, p["tier"], session, p["key"], copy)
             except NotFoundError:
                 raise Consumed("shuffle", f"{p['tier']} tier key {p['key']} is gone (consumed earlier?)") from None
             return Input(p["partition"], str(p["mapper"]), p["round"], d, p["tier"], p["key"])
@@ -438,16 +457,17 @@ def next_round(job: Job, finished: int, emit: Callable[[int], Iterable[tuple[str
 
 
 def read_runs(job: Job, partition: int, *, session: str | None = None, client: Client | None = None,
-              parallel: int = 4) -> list[Input]:
+              parallel: int = 4, copy: bool = True) -> list[Input]:
     """The final merge's inputs: the partition's run of every round, from
     the slow tier, in round order. Raises :class:`Consumed` when a run is
-    gone (an earlier execution merged and deleted them)."""
+    gone (an earlier execution merged and deleted them). ``copy``: as for
+    :func:`read_inputs`."""
     session, c = _context(session, client)
 
     def fetch(r: int) -> Input:
         key = run_key(job, partition, r)
         try:
-            return Input(partition, f"round{r}", r, c.tier_get(SLOW, session, key), SLOW, key)
+            return Input(partition, f"round{r}", r, _fetch(c, SLOW, session, key, copy), SLOW, key)
         except NotFoundError:
             raise Consumed("read_runs", f"run {key} is gone (consumed earlier?)") from None
 

@@ -110,33 +110,27 @@
 //
 // # What a calibration measures
 //
-// Every Params field is filled by one measurement of `ziptrail calibrate`
-// (which is not part of this package):
+// `ziptrail calibrate` (package internal/shuffle/calibrate, which
+// documents the method) fills the Params fields:
 //
-//   - SlowRead, SlowWrite: the per-worker throughput of GETs and PUTs of
-//     large objects (64 MiB) to the S3 store, for p workers of w memory
-//     over a grid of p (1 … the cluster's worker slots) and w; fit PerWorker,
-//     MemoryExponent, ParallelismKnee, ParallelismExponent by least squares
-//     on log b (Max: the largest single-worker value seen).
-//   - SlowServerBandwidth: the aggregate throughput when adding workers no
-//     longer raises it (0 if it kept rising).
-//   - SlowRequests: the request rate one bucket sustains with many
-//     concurrent clients (AIMD probing as in Locus Fig. 1), at 10 KB, 100
-//     KB, 1 MB, 10 MB and 100 MB (Table 1's sizes).
-//   - FastRead, FastWrite: as SlowRead/SlowWrite, against Redis.
-//   - FastServerBandwidth: one shard's throughput at 10–100 MB values with
-//     enough clients to saturate it; FastShards: the shards configured.
-//   - FastRequests: one shard's request rate at the same five sizes.
-//   - PodPullBandwidth: one pod pulling 10–100 MB objects from another's
-//     memory over the data plane; PodAggregateBandwidth: the total when
-//     all worker slots pull at once, if it stops growing.
-//   - PodStoreFraction: the queue-proxy-zl object-store cap over the pod
-//     memory, read from the installation's configuration.
-//   - WorkerStartup: time from invoking a scaled-to-zero function to its
-//     first instruction (the median of a few cold starts).
-//   - TaskMemoryFraction: configuration of the shuffle library (how much
-//     of its memory a task fills with data), not measured.
-//   - Stragglers: the per-worker throughputs of the SlowRead runs, each
-//     divided by the fit's prediction for its (p, w).
-//   - SpeculateAfter: configuration of the shuffle library, not measured.
+//   - SlowRead, SlowWrite, FastRead, FastWrite: the per-worker throughput
+//     of GETs and PUTs of 1, 10 and 100 MB objects to S3 and Redis, for 1,
+//     2, 4 and 8 concurrent workers; PerWorker, ParallelismKnee and
+//     ParallelismExponent fitted by least squares on log b (Max: the
+//     largest single-worker value seen). Worker memory is not varied (the
+//     workers are goroutines), so MemoryExponent stays 0 unless a
+//     calibration with several memories is fitted.
+//   - SlowServerBandwidth, FastServerBandwidth: the aggregate throughput
+//     with many clients; FastShards: the --redis-shards flag.
+//   - SlowRequests, FastRequests: the request rate at 10 KB, 100 KB, 1 MB,
+//     10 MB and 100 MB (Table 1's sizes), doubling the clients until two
+//     doublings gain less than 10 %.
+//   - PodPullBandwidth, PodAggregateBandwidth: data-plane pulls between
+//     in-process producers and consumers over loopback TCP.
+//   - PodStoreFraction, WorkerStartup: flags (the installation's
+//     configuration and a measured cold start, given by the operator).
+//   - TaskMemoryFraction, SpeculateAfter: configuration of the shuffle
+//     library, not measured.
+//   - Stragglers: the per-worker throughputs of the bandwidth runs, each
+//     divided by the fit's prediction for its parallelism.
 package model

@@ -45,8 +45,13 @@ func ConfigFromEnv() Config {
 // the local-API half of the Pheromone library. It is safe for concurrent
 // use; one per process is enough (see Default).
 type Client struct {
-	api  *localapi.Client
-	http *http.Client
+	api    *localapi.Client
+	http   *http.Client
+	socket string // the local API's socket (the messaging socket is next to it)
+	// msg sends and receives group messages on the sidecar's messaging
+	// socket (made on first use, see messages).
+	msgOnce sync.Once
+	msg     *localapi.MessageClient
 }
 
 // Connect returns a client configured from the environment.
@@ -81,11 +86,22 @@ func NewClient(cfg Config) (*Client, error) {
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	return &Client{api: api, http: hc}, nil
+	return &Client{api: api, http: hc, socket: socket}, nil
 }
 
-// Close closes the connection to the sidecar.
-func (c *Client) Close() error { return c.api.Close() }
+// Close closes the connections to the sidecar.
+func (c *Client) Close() error {
+	err := c.api.Close()
+	_ = c.messages().Close()
+	return err
+}
+
+// messages is the client of the sidecar's messaging socket (Group.Send and
+// Recv), made on first use; it connects as needed.
+func (c *Client) messages() *localapi.MessageClient {
+	c.msgOnce.Do(func() { c.msg = localapi.NewMessageClient(localapi.MessageSocket(c.socket)) })
+	return c.msg
+}
 
 var defaultClient struct {
 	mu sync.Mutex

@@ -150,23 +150,54 @@ func rpcError(ctx context.Context, op string, err error) error {
 		}
 		return &Error{Kind: kind, Op: op, Err: err}
 	}
-	e := &Error{Op: op, Reason: localapi.Reason(err), Err: &statusError{msg: st.Message(), err: err}}
-	switch kind, ok := reasonKinds[e.Reason]; {
-	case ok:
+	return classified(op, localapi.Reason(err), codeKinds[st.Code()], st.Message(), err)
+}
+
+// classified is an error the sidecar answered: its kind is the reason's,
+// else fallback's (a class without a reason), else KindInternal. The
+// message is msg; err stays reachable through Unwrap.
+func classified(op, reason string, fallback Kind, msg string, err error) *Error {
+	e := &Error{Op: op, Reason: reason, Kind: fallback}
+	if kind, ok := reasonKinds[reason]; ok {
 		e.Kind = kind
-	case codeKinds[st.Code()] != "":
-		e.Kind = codeKinds[st.Code()]
-	default:
+	} else if e.Kind == "" {
 		e.Kind = KindInternal
 	}
-	if e.Kind == KindUnavailable && e.Reason == "" {
-		e.Err = &statusError{msg: st.Message() + " (is the pod's queue-proxy-zl sidecar running, and ZIPTRAIL_SOCKET its socket?)", err: err}
+	if e.Kind == KindUnavailable && reason == "" {
+		msg += " (is the pod's queue-proxy-zl sidecar running, and ZIPTRAIL_SOCKET its socket?)"
 	}
+	e.Err = &statusError{msg: msg, err: err}
 	return e
 }
 
-// statusError shows a status's message and unwraps to the gRPC error
-// (status.FromError and status.Code still work on the SDK's errors).
+// messageError turns an error of the messaging socket (Group.Send, Recv)
+// into an *Error as rpcError does a gRPC call's: by its reason, and the
+// classes without one (the socket unreachable, a cancelled call, anything
+// else) as their gRPC codes are. When ctx ended, a KindTimeout wrapping
+// ctx.Err().
+func messageError(ctx context.Context, op string, err error) error {
+	var me *localapi.MessageError
+	if !errors.As(err, &me) {
+		return rpcError(ctx, op, err)
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return &Error{Kind: KindTimeout, Op: op, Err: fmt.Errorf("%w (%v)", cerr, me.Message)}
+	}
+	reason, fallback := me.Reason, Kind("")
+	switch reason {
+	case "UNAVAILABLE":
+		reason, fallback = "", codeKinds[codes.Unavailable]
+	case "CANCELED":
+		reason, fallback = "", codeKinds[codes.Canceled]
+	case "INTERNAL":
+		reason = ""
+	}
+	return classified(op, reason, fallback, me.Message, me)
+}
+
+// statusError shows a sidecar error's message and unwraps to the error
+// (for a gRPC one, status.FromError and status.Code still work on the
+// SDK's errors).
 type statusError struct {
 	msg string
 	err error

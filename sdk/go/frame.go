@@ -8,8 +8,6 @@ import (
 	"io"
 	"os"
 	"syscall"
-
-	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 )
 
 // The collectives' messages, shared with the Python SDK (ziptrail/group.py)
@@ -152,7 +150,7 @@ func (g *Group) csend(ctx context.Context, dests []int, tag int64, typ byte, hdr
 	if frameSize+len(hdr)+len(data) <= g.c.api.InlineThreshold {
 		raw := inlineFrame(typ, hdr, data)
 		for _, d := range dests {
-			if err := g.send(ctx, "send", d, tag, &sidecarv1.Payload{Source: &sidecarv1.Payload_Inline{Inline: raw}}); err != nil {
+			if err := g.send(ctx, "send", d, tag, raw, ""); err != nil {
 				return err
 			}
 		}
@@ -174,7 +172,7 @@ func (g *Group) csend(ctx context.Context, dests []int, tag int64, typ byte, hdr
 		paths = append(paths, p)
 	}
 	for i, d := range dests {
-		if err := g.send(ctx, "send", d, tag, &sidecarv1.Payload{Source: &sidecarv1.Payload_Path{Path: paths[i]}}); err != nil {
+		if err := g.send(ctx, "send", d, tag, nil, paths[i]); err != nil {
 			for _, p := range paths[i+1:] {
 				os.Remove(p)
 			}
@@ -190,12 +188,11 @@ func (g *Group) crecv(ctx context.Context, from int, tag int64) (typ byte, hdr [
 	if err != nil {
 		return 0, nil, nil, err
 	}
-	switch src := resp.GetData().GetSource().(type) {
-	case *sidecarv1.Payload_Path:
-		typ, hdr, m, err = readFrameFile(src.Path)
-	default:
+	if resp.Path != "" {
+		typ, hdr, m, err = readFrameFile(resp.Path)
+	} else {
 		var data []byte
-		typ, hdr, data, err = parseInline(resp.GetData().GetInline())
+		typ, hdr, data, err = parseInline(resp.Data)
 		m = &Message{data: data, Size: int64(len(data))}
 	}
 	if err != nil {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 )
 
@@ -171,20 +173,28 @@ func (g *Group) Send(ctx context.Context, to int, tag int64, data []byte) error 
 	if err != nil {
 		return &Error{Kind: KindInternal, Op: "send", Err: fmt.Errorf("write to the shared-memory directory: %w", err)}
 	}
-	return g.send(ctx, "send", to, tag, p)
+	return g.send(ctx, "send", to, tag, p.GetInline(), p.GetPath())
 }
 
-// send sends a payload the sidecar takes over (or it is removed).
-func (g *Group) send(ctx context.Context, op string, to int, tag int64, p *sidecarv1.Payload) error {
-	if to < 0 || to >= g.size {
-		discard(p)
-		return &Error{Kind: KindInvalid, Op: op, Err: fmt.Errorf("rank %d outside the group's 0..%d", to, g.size-1)}
+// send sends data, or the shared-memory file at path, which the sidecar
+// takes over (or it is removed), to rank to.
+func (g *Group) send(ctx context.Context, op string, to int, tag int64, data []byte, path string) error {
+	err := g.checkRank(op, to)
+	if err == nil {
+		if _, err = g.c.messages().Send(ctx, g.session, g.name, uint32(g.rank), uint32(to), tag, data, path); err != nil {
+			err = peerError(messageError(ctx, op, err), to)
+		}
 	}
-	_, err := g.c.api.RPC().Send(ctx, &sidecarv1.SendRequest{Session: g.session, Group: g.name, From: uint32(g.rank), To: uint32(to),
-		Tag: tag, Data: p, TimeoutMs: timeoutMs(ctx)})
-	if err != nil {
-		discard(p)
-		return peerError(rpcError(ctx, op, err), to)
+	if err != nil && path != "" {
+		_ = os.Remove(path)
+	}
+	return err
+}
+
+// checkRank refuses a rank outside the group.
+func (g *Group) checkRank(op string, rank int) error {
+	if rank < 0 || rank >= g.size {
+		return &Error{Kind: KindInvalid, Op: op, Err: fmt.Errorf("rank %d outside the group's 0..%d", rank, g.size-1)}
 	}
 	return nil
 }
@@ -236,15 +246,9 @@ func (g *Group) recv(ctx context.Context, op string, from int, tag int64, anyTag
 	if err != nil {
 		return nil, err
 	}
-	m := &Message{From: int(resp.GetFrom()), Tag: resp.GetTag()}
-	switch src := resp.GetData().GetSource().(type) {
-	case *sidecarv1.Payload_Inline:
-		m.data = src.Inline
-		if m.data == nil {
-			m.data = []byte{}
-		}
-	case *sidecarv1.Payload_Path:
-		data, mapped, err := mapFile(src.Path, true)
+	m := &Message{From: int(resp.From), Tag: resp.Tag, data: resp.Data}
+	if resp.Path != "" {
+		data, mapped, err := mapFile(resp.Path, true)
 		if err != nil {
 			return nil, &Error{Kind: KindInternal, Op: op, Err: err}
 		}
@@ -252,29 +256,29 @@ func (g *Group) recv(ctx context.Context, op string, from int, tag int64, anyTag
 		if mapped {
 			m.buf = data
 		}
-	default:
-		m.data = []byte{} // an empty message may come without a payload
+	} else if m.data == nil {
+		m.data = []byte{}
 	}
 	m.Size = int64(len(m.data))
 	return m, nil
 }
 
-// recvRaw receives a message as the sidecar answers it.
-func (g *Group) recvRaw(ctx context.Context, op string, from int, tag int64, anyTag bool) (*sidecarv1.RecvResponse, error) {
-	if from != AnySource && (from < 0 || from >= g.size) {
-		return nil, &Error{Kind: KindInvalid, Op: op, Err: fmt.Errorf("rank %d outside the group's 0..%d", from, g.size-1)}
-	}
-	req := &sidecarv1.RecvRequest{Session: g.session, Group: g.name, Rank: uint32(g.rank), AnySource: from == AnySource,
-		AnyTag: anyTag, TimeoutMs: timeoutMs(ctx)}
+// recvRaw receives a message as the sidecar answers it: its bytes, or the
+// path of a shared-memory file for the caller to map and remove.
+func (g *Group) recvRaw(ctx context.Context, op string, from int, tag int64, anyTag bool) (*localapi.Received, error) {
+	var peer uint32
 	if from != AnySource {
-		req.From = uint32(from)
+		if err := g.checkRank(op, from); err != nil {
+			return nil, err
+		}
+		peer = uint32(from)
 	}
-	if !anyTag {
-		req.Tag = tag
+	if anyTag {
+		tag = 0
 	}
-	resp, err := g.c.api.RPC().Recv(ctx, req)
+	resp, err := g.c.messages().Recv(ctx, g.session, g.name, uint32(g.rank), from == AnySource, peer, anyTag, tag)
 	if err != nil {
-		return nil, peerError(rpcError(ctx, op, err), from)
+		return nil, peerError(messageError(ctx, op, err), from)
 	}
 	return resp, nil
 }

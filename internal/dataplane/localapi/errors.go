@@ -3,6 +3,7 @@ package localapi
 import (
 	"context"
 	"errors"
+	"syscall"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -71,6 +72,9 @@ var classes = []class{
 	{store.ErrExhausted, codes.FailedPrecondition, ReasonExhausted},
 	{store.ErrTooLarge, codes.ResourceExhausted, ReasonTooLarge},
 	{errStoreFull, codes.ResourceExhausted, ReasonStoreFull},
+	// The pod's shared-memory directory is full (its emptyDir's or
+	// /dev/shm's size): the object store's class, not an internal error.
+	{syscall.ENOSPC, codes.ResourceExhausted, ReasonStoreFull},
 	{ErrBadPayload, codes.InvalidArgument, ReasonBadPayload},
 	{errNotReady, codes.Unavailable, ReasonNotReady},
 	{errTierUnavailable, codes.FailedPrecondition, ReasonTierUnavailable},

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"syscall"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -523,5 +524,15 @@ func TestPayloadReadWaitsForRoom(t *testing.T) {
 	releaseSecond()
 	if left := entries(t, dir); len(left) != 0 {
 		t.Errorf("files left: %v", left)
+	}
+}
+
+// TestFullSharedMemoryIsStoreFull: a write that finds the pod's shared
+// memory full (ENOSPC) is the STORE_FULL class the SDKs tell apart, not
+// an internal error.
+func TestFullSharedMemoryIsStoreFull(t *testing.T) {
+	err := toStatus(&os.PathError{Op: "write", Path: "/dev/shm/ziptrail/objects/get-1", Err: syscall.ENOSPC})
+	if r := Reason(err); r != ReasonStoreFull {
+		t.Fatalf("reason %q (%v), want %s", r, err, ReasonStoreFull)
 	}
 }

@@ -6,7 +6,9 @@ import base64
 import json
 import mmap
 import os
+import sys
 import threading
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -99,6 +101,10 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
                 out = handler(inv)
                 outputs = _current.outputs
             except Exception as e:  # the function's failure is reported, not fatal
+                # ...and logged with its traceback: the container's log is
+                # where an operator looks first (kubectl logs).
+                traceback.print_exc(file=sys.stderr)
+                sys.stderr.flush()
                 return self._reply(500, f"{type(e).__name__}: {e}".encode())
             finally:
                 _current.inv = None

@@ -11,9 +11,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"syscall"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 

@@ -9,7 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,9 +33,11 @@ import (
 // All integers are little endian. Recv flags: bit 0 any source, bit 1 any
 // tag. Send response flags: bit 1 mailboxed.
 
-// MessageSocket is the fast path's socket name, next to the local API's.
+// MessageSocket is the fast path's socket, named after the local API's
+// (sidecar.sock: sidecar.msg.sock), so sidecars whose API sockets share a
+// directory do not share it.
 func MessageSocket(apiSocket string) string {
-	return filepath.Join(filepath.Dir(apiSocket), "msg.sock")
+	return strings.TrimSuffix(apiSocket, ".sock") + ".msg.sock"
 }
 
 const (
@@ -165,12 +167,11 @@ func (s *Server) serveMessageConn(c net.Conn) {
 
 // whileConnected runs a request with a context that ends if the client
 // goes away meanwhile (a receive waiting for a message must not take one
-// for a caller that is gone): the client sends nothing while it waits, so
-// a read that returns means it hung up (or broke the protocol).
+// for a caller that is gone; a send the caller gave up on, e.g. held back
+// by a full receiver, must not go on without it): the client sends nothing
+// while it waits, so a read that returns means it hung up (or broke the
+// protocol).
 func (s *Server) whileConnected(c net.Conn, r *bufio.Reader, q *msgRequest) *msgResponse {
-	if q.op != opRecv {
-		return s.message(context.Background(), q)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	watched := make(chan struct{})

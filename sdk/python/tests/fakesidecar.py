@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ziptrail
+from ziptrail._fastmsg import socket_path
 from ziptrail._proto import sidecar_pb2 as pb
 from ziptrail.errors import (ClosedError, GroupConflictError, InvalidError, MessageTimeoutError, PeerGoneError,
                              ZiptrailTimeoutError)
@@ -81,7 +82,7 @@ class Pod:
         self.client = ziptrail.Client(os.path.join(self.sock_dir, "sidecar.sock"), self.shm_dir,
                                       inline_threshold=hub.inline_threshold)
         self.client._stub = stub = _Stub(hub, self)
-        self.fast = _FastServer(os.path.join(self.sock_dir, "msg.sock"), stub)
+        self.fast = _FastServer(socket_path(os.path.join(self.sock_dir, "sidecar.sock")), stub)
 
     def files(self) -> list[str]:
         return os.listdir(self.shm_dir)

@@ -1,5 +1,5 @@
 """The messaging fast path: Send and Recv on the sidecar's second unix
-socket, ``msg.sock`` next to the local API's, with a minimal binary framing
+socket, ``sidecar.msg.sock`` next to the local API's ``sidecar.sock``, with a minimal binary framing
 instead of gRPC (internal/dataplane/localapi/fastmsg.go has the server and
 the format; fastclient.go is the Go client)::
 
@@ -35,7 +35,7 @@ from typing import Any, Union
 from .errors import MessageTimeoutError, UnavailableError, ZiptrailError, from_reason
 
 #: The fast path's socket name, next to the local API's socket.
-SOCKET_NAME = "msg.sock"
+SOCKET_SUFFIX = ".msg.sock"
 
 _REQ = struct.Struct("<IBBHHHIIqq")  # n, then the request's 32 fixed bytes
 _RESP = struct.Struct("<IBBHIqQ")  # n, then the response's 24 fixed bytes
@@ -56,7 +56,10 @@ Payload = Union[bytes, str]
 
 
 def socket_path(api_socket: str) -> str:
-    return os.path.join(os.path.dirname(api_socket), SOCKET_NAME)
+    """The fast path's socket, named after the API's (sidecar.sock:
+    sidecar.msg.sock), as the sidecar names it."""
+    base = api_socket[:-len(".sock")] if api_socket.endswith(".sock") else api_socket
+    return base + SOCKET_SUFFIX
 
 
 class _Conn:
@@ -98,7 +101,7 @@ class _Thread:
 
 
 class MessageClient:
-    """A client of one sidecar's fast path (``path``: its ``msg.sock``).
+    """A client of one sidecar's fast path (``path``: its messaging socket).
     Safe to share between threads (each uses its own connection)."""
 
     def __init__(self, path: str) -> None:

@@ -7,7 +7,7 @@ resolve ranks to pods through the operator's directory (no address reaches
 the function), deliver messages over their data-plane connections, and keep
 the messages of one sender in order. Join, leave and membership go through
 the sidecar's gRPC local API; send and receive (and so the collectives) go
-through its messaging socket (``msg.sock`` next to the API's socket, a
+through its messaging socket (``sidecar.msg.sock`` next to the API's socket, a
 minimal framing: see ``ziptrail._fastmsg``), one connection per thread.
 Inside a handler::
 
@@ -346,7 +346,7 @@ class Group:
         self.joined = _members(view)
         self._pb = client._pb
         self._stub = client._stub
-        # Send and Recv take the messaging fast path (msg.sock), not gRPC.
+        # Send and Recv take the messaging fast path (sidecar.msg.sock), not gRPC.
         self._msg = client._messages()
         s, g = session.encode(), name.encode()
         self._names, self._name_lens = s + g, (len(s), len(g))

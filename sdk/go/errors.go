@@ -111,6 +111,7 @@ var reasonKinds = map[string]Kind{
 	localapi.ReasonGroupConflict: KindConflict,
 	localapi.ReasonMsgInvalid:    KindInvalid,
 	localapi.ReasonNoDirectory:   KindUnavailable,
+	localapi.ReasonUnreachable:   KindUnavailable,
 }
 
 const reasonPeerGone = localapi.ReasonPeerGone

@@ -42,6 +42,7 @@ const (
 	ReasonGroupConflict = "GROUP_CONFLICT"
 	ReasonMsgInvalid    = "MSG_INVALID"
 	ReasonNoDirectory   = "NO_DIRECTORY"
+	ReasonUnreachable   = "PEER_UNREACHABLE"
 
 	// Shuffle storage (TierPut/TierGet).
 	ReasonTierUnavailable = "TIER_UNAVAILABLE"
@@ -63,6 +64,7 @@ var classes = []class{
 	{messaging.ErrConflict, codes.AlreadyExists, ReasonGroupConflict},
 	{messaging.ErrInvalid, codes.InvalidArgument, ReasonMsgInvalid},
 	{messaging.ErrNoDirectory, codes.FailedPrecondition, ReasonNoDirectory},
+	{messaging.ErrUnreachable, codes.Unavailable, ReasonUnreachable},
 	{ref.ErrMalformed, codes.InvalidArgument, ReasonMalformed},
 	{ref.ErrTampered, codes.InvalidArgument, ReasonTampered},
 	{ref.ErrUnknownKey, codes.FailedPrecondition, ReasonUnknownKey},

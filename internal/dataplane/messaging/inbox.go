@@ -24,6 +24,18 @@ func (r *Router) accept(m Message) (Status, func(context.Context) error) {
 		return NotHere, nil
 	}
 	mb := g.local[m.To]
+	// A delivery retried after a broken stream may have arrived before.
+	id := [2]uint64{uint64(m.From), m.Seq}
+	if _, dup := mb.seen[id]; dup {
+		if m.Path != "" {
+			_ = os.Remove(m.Path)
+		}
+		return Queued, nil
+	}
+	if len(mb.seen) >= maxSeen {
+		clear(mb.seen)
+	}
+	mb.seen[id] = struct{}{}
 	mb.inbox = append(mb.inbox, m)
 	mb.bytes += int64(m.Size)
 	received.Inc()
@@ -52,6 +64,9 @@ func (r *Router) accept(m Message) (Status, func(context.Context) error) {
 		}
 	}
 }
+
+// maxSeen bounds a member's record of delivered (sender, number) pairs.
+const maxSeen = 1 << 14
 
 // Filter selects the messages a receive takes.
 type Filter struct {

@@ -132,6 +132,7 @@ type member struct {
 	rank       uint32
 	invocation string
 	inbox      []Message
+	seen       map[[2]uint64]struct{} // (sender, number) of messages delivered
 	bytes      int64
 	wake       chan struct{} // closed and replaced when the inbox or state changes
 	closed     bool
@@ -219,7 +220,7 @@ func (r *Router) Join(ctx context.Context, session, name string, rank, size uint
 	}
 	// The member exists before the directory announces it, so a message
 	// sent as soon as a peer sees the view finds it.
-	m := &member{rank: rank, invocation: invocation, wake: make(chan struct{})}
+	m := &member{rank: rank, invocation: invocation, wake: make(chan struct{}), seen: map[[2]uint64]struct{}{}}
 	g.local[rank] = m
 	r.joins[id] = res
 	r.mu.Unlock()

@@ -57,7 +57,11 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 	if o.File == nil {
 		msg.Size = uint64(len(o.Data))
 	}
-	var failedAt time.Time // when a delivery to the listed member failed
+	// A listed receiver that cannot be reached (its stream broke, its pod
+	// died) is tried again every retryPause: the directory soon says
+	// whether it is gone (PeerGone); one still listed after
+	// unreachableFor is a network failure (ErrUnreachable), not a death.
+	var failingSince time.Time
 	for {
 		r.mu.Lock()
 		g = r.groups[k]
@@ -68,8 +72,9 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 		v, ch, mbox := g.view, g.changed, g.mailbox
 		r.mu.Unlock()
 		peer, gone := lookup(v, o.To)
+		pause := r.cfg.GoneGrace // not joined yet: wait for a view
 		switch {
-		case peer != nil && failedAt.IsZero():
+		case peer != nil:
 			st, err := r.streams.Deliver(ctx, peer.DataplaneAddr, auth, msg, o.File)
 			switch {
 			case err == nil && st == Queued:
@@ -83,13 +88,18 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 			case err != nil && !errors.Is(err, ErrUnreachable):
 				return false, err
 			}
-			// Not there (it left) or unreachable (its pod died): the
-			// directory says which soon; wait for its next view.
-			failedAt = r.now()
-		case peer != nil:
-			if r.now().Sub(failedAt) > r.cfg.GoneGrace {
-				return false, fmt.Errorf("%w: rank %d of group %s is unreachable", ErrPeerGone, o.To, o.Group)
+			// Not there (it left) or unreachable.
+			now := r.now()
+			if failingSince.IsZero() {
+				failingSince = now
 			}
+			if now.Sub(failingSince) > r.unreachableFor() {
+				if err == nil { // answered "not here" all along
+					return false, fmt.Errorf("%w: rank %d of group %s does not run where the directory says", ErrPeerGone, o.To, o.Group)
+				}
+				return false, fmt.Errorf("%w: rank %d of group %s, for %v: %v", ErrUnreachable, o.To, o.Group, r.unreachableFor(), err)
+			}
+			pause = retryPause
 		case mbox && r.cfg.Mailbox != nil:
 			if o.File != nil && msg.Data == nil {
 				// The fast tier holds the bytes themselves.
@@ -104,10 +114,9 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 		case gone:
 			return false, fmt.Errorf("%w: rank %d of group %s left or died", ErrPeerGone, o.To, o.Group)
 		}
-		wait := time.NewTimer(r.cfg.GoneGrace)
+		wait := time.NewTimer(pause)
 		select {
 		case <-ch:
-			failedAt = time.Time{}
 		case <-wait.C:
 		case <-ctx.Done():
 			wait.Stop()
@@ -116,6 +125,14 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 		wait.Stop()
 	}
 }
+
+// retryPause is the pause between deliveries to a listed receiver that
+// could not be reached.
+const retryPause = 50 * time.Millisecond
+
+// unreachableFor is how long a listed receiver may stay unreachable
+// before a send fails: the directory's grace and then some.
+func (r *Router) unreachableFor() time.Duration { return 3 * r.cfg.GoneGrace }
 
 func (r *Router) timeout(ctx context.Context, o Outgoing) error {
 	return fmt.Errorf("%w: sending to rank %d of group %s: %v", ErrTimeout, o.To, o.Group, context.Cause(ctx))

@@ -205,6 +205,8 @@ BY_REASON: dict[str, type[ZiptrailError]] = {
     "MSG_FOREIGN": ForeignError,
     "GROUP_CLOSED": ClosedError,
     "GROUP_CONFLICT": GroupConflictError,
+    "PEER_UNREACHABLE": UnavailableError,
+    "TIER_UNAVAILABLE": UnavailableError,
 }
 
 _HINTS = {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,40 +19,6 @@ import (
 	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
-// benchTB lets the test-server starters run outside a test.
-type benchTB struct {
-	mu       sync.Mutex
-	cleanups []func()
-	dirs     []string
-}
-
-func (b *benchTB) Helper() {}
-func (b *benchTB) Fatal(args ...any) {
-	fmt.Fprintln(os.Stderr, append([]any{"bench:"}, args...)...)
-	b.run()
-	os.Exit(1)
-}
-func (b *benchTB) Fatalf(format string, args ...any) { b.Fatal(fmt.Sprintf(format, args...)) }
-func (b *benchTB) TempDir() string {
-	d, err := os.MkdirTemp("", "ziptrail-bench-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.mu.Lock()
-	b.dirs = append(b.dirs, d)
-	b.mu.Unlock()
-	return d
-}
-func (b *benchTB) Cleanup(f func()) { b.mu.Lock(); b.cleanups = append(b.cleanups, f); b.mu.Unlock() }
-func (b *benchTB) run() {
-	for i := len(b.cleanups) - 1; i >= 0; i-- {
-		b.cleanups[i]()
-	}
-	for _, d := range b.dirs {
-		os.RemoveAll(d)
-	}
-}
-
 type system struct {
 	name     string
 	oneToOne func(ctx context.Context, data []byte) error
@@ -61,7 +26,7 @@ type system struct {
 }
 
 type env struct {
-	tb      *benchTB
+	tb      *testservers.ProcessTB
 	redis   *testservers.Redis
 	s3      *testservers.MinIO
 	bucket  string
@@ -82,7 +47,7 @@ type producer struct {
 const fanMax = 16
 
 func setup(withS3 bool) (*env, error) {
-	e := &env{tb: &benchTB{}, withS3: withS3}
+	e := &env{tb: &testservers.ProcessTB{ExitOnFatal: true}, withS3: withS3}
 	e.redis = testservers.StartRedis(e.tb)
 	if withS3 {
 		e.s3 = testservers.StartMinIO(e.tb)
@@ -142,7 +107,7 @@ func (e *env) close() {
 	for _, c := range e.clients {
 		c.Close()
 	}
-	e.tb.run()
+	e.tb.Close()
 }
 
 func (e *env) names() []string {

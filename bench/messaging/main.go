@@ -156,8 +156,8 @@ func attempt[T any](ctx context.Context, cell string, reset func(context.Context
 func reps(n int, scale float64) int { return max(3, int(float64(n)*scale)) }
 
 func run(scale float64, outDir string, want func(string) bool, all bool) error {
-	tb := &benchTB{}
-	defer tb.run()
+	tb := &testservers.ProcessTB{ExitOnFatal: true}
+	defer tb.Close()
 	start := time.Now()
 	host := hostInfo()
 	fmt.Fprintln(os.Stderr, "building queue-proxy-zl, starting the API server, the operator's control server and redis-server ...")

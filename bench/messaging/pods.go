@@ -18,45 +18,6 @@ import (
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
-// benchTB lets the test-server starters run outside a test (as in
-// bench/dataplane).
-type benchTB struct {
-	mu       sync.Mutex
-	cleanups []func()
-	dirs     []string
-}
-
-func (b *benchTB) Helper() {}
-func (b *benchTB) Fatal(args ...any) {
-	fmt.Fprintln(os.Stderr, append([]any{"bench:"}, args...)...)
-	b.run()
-	os.Exit(1)
-}
-func (b *benchTB) Fatalf(format string, args ...any) { b.Fatal(fmt.Sprintf(format, args...)) }
-func (b *benchTB) TempDir() string {
-	d, err := os.MkdirTemp("", "ziptrail-bench-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.mu.Lock()
-	b.dirs = append(b.dirs, d)
-	b.mu.Unlock()
-	return d
-}
-func (b *benchTB) Cleanup(f func()) { b.mu.Lock(); b.cleanups = append(b.cleanups, f); b.mu.Unlock() }
-func (b *benchTB) run() {
-	b.mu.Lock()
-	cleanups, dirs := b.cleanups, b.dirs
-	b.cleanups, b.dirs = nil, nil
-	b.mu.Unlock()
-	for i := len(cleanups) - 1; i >= 0; i-- {
-		cleanups[i]()
-	}
-	for _, d := range dirs {
-		os.RemoveAll(d)
-	}
-}
-
 // namespace of every bench pod: one tenant.
 const namespace = "bench"
 
@@ -65,7 +26,7 @@ const namespace = "bench"
 // (in /dev/shm, a tmpfs as a pod's emptyDir with medium Memory is),
 // connected to the operator's control server and its directory.
 type pods struct {
-	tb  *benchTB
+	tb  *testservers.ProcessTB
 	op  *testservers.Operator
 	bin string
 	seq int
@@ -86,7 +47,7 @@ type pod struct {
 }
 
 // buildSidecar builds queue-proxy-zl once, as sdk/go's tests do.
-func buildSidecar(tb *benchTB) (string, error) {
+func buildSidecar(tb *testservers.ProcessTB) (string, error) {
 	dir := tb.TempDir()
 	root, err := repoRoot()
 	if err != nil {

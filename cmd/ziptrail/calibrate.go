@@ -13,7 +13,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -109,8 +108,8 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if *redisAddr != "" || *s3Endpoint != "" {
 			return errors.New("--local starts its own Redis and MinIO: leave out --redis and --s3-endpoint")
 		}
-		tb := &cliTB{}
-		defer tb.cleanup()
+		tb := &testservers.ProcessTB{}
+		defer tb.Close()
 		fmt.Fprintln(stderr, "starting redis-server and MinIO on loopback ports")
 		rs, mi, bucket, err := startLocalServers(tb)
 		if err != nil {
@@ -207,57 +206,14 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return nil
 }
 
-// cliTB lets testservers' starters run in the CLI, the way bench commands
-// run them: Fatal unwinds (a panic recovered by startLocalServers) instead
-// of exiting, and cleanup runs the registered cleanups.
-type cliTB struct {
-	mu       sync.Mutex
-	cleanups []func()
-	dirs     []string
-}
-
-type tbFatal struct{ msg string }
-
-func (*cliTB) Helper()                             {}
-func (*cliTB) Fatal(args ...any)                   { panic(tbFatal{strings.TrimSpace(fmt.Sprintln(args...))}) }
-func (b *cliTB) Fatalf(format string, args ...any) { panic(tbFatal{fmt.Sprintf(format, args...)}) }
-func (b *cliTB) TempDir() string {
-	d, err := os.MkdirTemp("", "ziptrail-calibrate-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.mu.Lock()
-	b.dirs = append(b.dirs, d)
-	b.mu.Unlock()
-	return d
-}
-func (b *cliTB) Cleanup(f func()) { b.mu.Lock(); b.cleanups = append(b.cleanups, f); b.mu.Unlock() }
-func (b *cliTB) cleanup() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for i := len(b.cleanups) - 1; i >= 0; i-- {
-		b.cleanups[i]()
-	}
-	for _, d := range b.dirs {
-		_ = os.RemoveAll(d)
-	}
-	b.cleanups, b.dirs = nil, nil
-}
-
 // startLocalServers starts redis-server and MinIO with a bucket.
-func startLocalServers(tb *cliTB) (rs *testservers.Redis, mi *testservers.MinIO, bucket string, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			f, ok := r.(tbFatal)
-			if !ok {
-				panic(r)
-			}
-			err = errors.New(f.msg)
-		}
-	}()
-	rs = testservers.StartRedis(tb)
-	mi = testservers.StartMinIO(tb)
-	return rs, mi, mi.Bucket(tb, "calibrate"), nil
+func startLocalServers(tb *testservers.ProcessTB) (rs *testservers.Redis, mi *testservers.MinIO, bucket string, err error) {
+	err = tb.Do(func() {
+		rs = testservers.StartRedis(tb)
+		mi = testservers.StartMinIO(tb)
+		bucket = mi.Bucket(tb, "calibrate")
+	})
+	return rs, mi, bucket, err
 }
 
 func readSecret(path string) (string, error) {

@@ -195,59 +195,14 @@ func playKnative(ctx context.Context, k8s client.Client, url *apis.URL) {
 	}
 }
 
-// harness is the testservers.TB of a long-running process: Fatal fails the
-// current command (not the process), Cleanup runs at exit.
-type harness struct {
-	dir      string
-	cleanups []func()
-}
-
-type fatal string
-
-func (f fatal) Error() string { return string(f) }
-
-func (h *harness) Helper()                           {}
-func (h *harness) Fatal(args ...any)                 { panic(fatal(fmt.Sprint(args...))) }
-func (h *harness) Fatalf(format string, args ...any) { panic(fatal(fmt.Sprintf(format, args...))) }
-func (h *harness) Cleanup(f func())                  { h.cleanups = append(h.cleanups, f) }
-
-func (h *harness) TempDir() string {
-	d, err := os.MkdirTemp(h.dir, "tmp")
-	if err != nil {
-		h.Fatal(err)
-	}
-	return d
-}
-
-func (h *harness) close() {
-	for i := len(h.cleanups) - 1; i >= 0; i-- {
-		h.cleanups[i]()
-	}
-}
-
-// do runs f, turning a Fatal into an error.
-func (h *harness) do(f func()) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			fe, ok := r.(fatal)
-			if !ok {
-				panic(r)
-			}
-			err = fe
-		}
-	}()
-	f()
-	return nil
-}
-
 // runControl serves the operator's control server until stdin closes (or
 // SIGTERM), creating pods and their tokens on request.
 func runControl(dir string, in io.Reader, out io.Writer) error {
 	ctrl.SetLogger(logr.Discard())
-	h := &harness{dir: dir}
-	defer h.close()
+	h := &testservers.ProcessTB{Dir: dir}
+	defer h.Close()
 	var op *testservers.Operator
-	if err := h.do(func() { op = testservers.StartOperator(h) }); err != nil {
+	if err := h.Do(func() { op = testservers.StartOperator(h) }); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "CONTROL %s\n", op.Addr)
@@ -269,18 +224,20 @@ func runControl(dir string, in io.Reader, out io.Writer) error {
 			if !ok {
 				return nil
 			}
-			fmt.Fprintln(out, h.command(op, line))
+			fmt.Fprintln(out, command(h, op, line))
 		}
 	}
 }
 
-func (h *harness) command(op *testservers.Operator, line string) string {
+// command answers one request line: "pod <namespace> <name>" makes the
+// pod and its token file.
+func command(h *testservers.ProcessTB, op *testservers.Operator, line string) string {
 	f := strings.Fields(line)
 	if len(f) != 3 || f[0] != "pod" {
 		return fmt.Sprintf("ERR unknown command %q (want: pod <namespace> <name>)", line)
 	}
 	var path string
-	if err := h.do(func() { path = op.PodToken(h, f[1], f[2]) }); err != nil {
+	if err := h.Do(func() { path = op.PodToken(h, f[1], f[2]) }); err != nil {
 		return "ERR " + strings.ReplaceAll(err.Error(), "\n", " ")
 	}
 	return "TOKEN " + path

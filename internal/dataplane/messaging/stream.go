@@ -353,8 +353,11 @@ func (r *Router) readBody(br *bufio.Reader, c net.Conn, m *Message, st Status) (
 		os.Remove(path)
 		return 0, err
 	}
-	if err := f.Truncate(int64(m.Size)); err != nil {
-		return fail(err)
+	// Reserve the pages first: writing through a mapping into a full
+	// tmpfs would kill the process (SIGBUS) instead of failing.
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(m.Size)); err != nil {
+		os.Remove(path)
+		return discard(Refused)
 	}
 	// The socket's bytes go straight into the file's pages (one copy):
 	// what the reader buffered first, then from the socket.

@@ -15,7 +15,7 @@ import pytest
 
 import ziptrail
 from fakesidecar import Hub
-from ziptrail import group as zgroup
+from ziptrail import _reduce as zreduce
 from ziptrail.errors import from_reason
 
 SMALL, BIG = 40, 3000  # the hub's inline threshold is 256: BIG travels as files
@@ -388,9 +388,9 @@ def _garbage() -> Any:
 
 def test_vectors_reject_non_numbers():
     with pytest.raises(ziptrail.InvalidError):
-        zgroup._Vec(["a"])
+        zreduce._Vec(["a"])
     with pytest.raises(ziptrail.InvalidError):
-        zgroup._Vec([1 << 70])
+        zreduce._Vec([1 << 70])
     hub = Hub()
     pod = hub.pod()
     g = pod.client.join("s", "v", 0, 1)

@@ -25,14 +25,16 @@ on receive).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
 import threading
 import weakref
-from typing import Any, Union
+from typing import Any, Callable, Union
 
-from .errors import MessageTimeoutError, UnavailableError, ZiptrailError, from_reason
+from .errors import (MessageTimeoutError, PeerGoneError, UnavailableError, ZiptrailError, ZiptrailTimeoutError,
+                     from_reason)
 
 #: The fast path's socket name, next to the local API's socket.
 SOCKET_SUFFIX = ".msg.sock"
@@ -328,3 +330,40 @@ def _failed(op: str, e: BaseException, sock_timeout: float | None) -> BaseExcept
     if isinstance(e, OSError):
         return UnavailableError(op, f"messaging socket: {e}")
     return e
+
+
+# --- timeouts and errors of messaging calls ----------------------------------------
+
+#: Extra seconds a call's gRPC deadline (or socket timeout) gets over the
+#: timeout it sends the sidecar, so that the sidecar's answer (MSG_TIMEOUT)
+#: arrives first.
+SLACK = 5.0
+
+
+def timeout_ms(timeout: float | None) -> int:
+    """A timeout in seconds (None: none) as the sidecar's milliseconds (0: none)."""
+    if timeout is None:
+        return 0
+    if timeout <= 0:
+        raise MessageTimeoutError("messaging", "the timeout passed")
+    return max(1, math.ceil(timeout * 1000))
+
+
+def slack(timeout: float | None) -> float | None:
+    """The gRPC deadline or socket timeout of a call that sends the sidecar ``timeout``."""
+    return None if timeout is None else timeout + SLACK
+
+
+def messaging_call(client: Any, op: str, call: Callable[[], Any], peer: int | None = None) -> Any:
+    """Runs a messaging call: a deadline the call hit is a message timeout,
+    and a gone peer is named."""
+    try:
+        return call()
+    except MessageTimeoutError:
+        raise
+    except ZiptrailTimeoutError as e:
+        raise MessageTimeoutError(op, e.message, e.reason or "MSG_TIMEOUT") from None
+    except PeerGoneError as e:
+        if e.rank is None and peer is not None:
+            e.rank = peer
+        raise

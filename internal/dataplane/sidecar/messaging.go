@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -68,6 +69,26 @@ func (l liveMailbox) Take(ctx context.Context, session, group string, rank uint3
 		return nil, err
 	}
 	return b.Take(ctx, session, group, rank)
+}
+
+// drainGroups keeps a terminating sidecar serving while group members run
+// in its pod: it says so in the pod's log (the pod stays Ready while it
+// drains, so `kubectl logs -c queue-proxy` is where a user sees why it
+// lingers), then waits until the last member leaves or groupDrain passes.
+func (s *Sidecar) drainGroups() {
+	n := s.msgs.Live()
+	if n == 0 {
+		return
+	}
+	limit := s.groupDrain()
+	fmt.Fprintf(os.Stderr, "queue-proxy-zl: terminating with %d group member(s) running here: the data plane and the local API stay up until they leave (at most %s)\n", n, limit)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	if err := s.msgs.WaitIdle(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "queue-proxy-zl: %d group member(s) still running after %s; stopping anyway\n", s.msgs.Live(), limit)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "queue-proxy-zl: the last group member left; stopping\n")
 }
 
 // groupDrain bounds how long a terminating sidecar keeps serving its

@@ -305,9 +305,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				// Group members still running keep the data plane and the
 				// local API until they end (Knative's drain waits for their
 				// invocations; the pod's grace period bounds both).
-				gctx, cancel := context.WithTimeout(context.Background(), s.groupDrain())
-				_ = s.msgs.WaitIdle(gctx)
-				cancel()
+				s.drainGroups()
 				stopCtl()
 				_ = ln.Close()
 				if s.api != nil {

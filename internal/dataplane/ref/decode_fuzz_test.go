@@ -13,6 +13,7 @@ import (
 func FuzzDecode(f *testing.F) {
 	f.Add(encode(Record{Addr: "10.0.0.1:9192", Key: "s1/b/k/1", Namespace: "ns", Expires: time.Unix(1700000000, 5), Reads: 3}))
 	f.Add(encode(Record{}))
+	f.Add(encode(Record{Addr: "10.0.0.1:9192", Key: "k", Namespace: "ns", Node: "node-a", Pod: "0b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e11"}))
 	f.Add([]byte{})
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}) // varint overflow
 	f.Add([]byte{0x80, 0x00, 0x00, 0x00})                                     // overlong length
@@ -27,7 +28,8 @@ func FuzzDecode(f *testing.F) {
 		}
 		again, err := decode(encode(r))
 		if err != nil || again.Addr != r.Addr || again.Key != r.Key || again.Namespace != r.Namespace ||
-			!again.Expires.Equal(r.Expires) || again.Reads != r.Reads {
+			!again.Expires.Equal(r.Expires) || again.Reads != r.Reads ||
+			again.Node != r.Node || again.Pod != r.Pod {
 			t.Fatalf("decode(%x) = %+v, but its re-encoding decodes to %+v (%v)", b, r, again, err)
 		}
 	})

@@ -4,6 +4,16 @@
 // AES-256-GCM(record)), the record holding the producer's data-plane
 // address, the object key, the namespace, the expiry and the reads allowed.
 // The key id selects one of the namespace's keys, so keys can rotate.
+//
+// A producer that serves the same-node path (internal/dataplane/samenode)
+// also seals its node's name and its pod's UID: a consumer on that node
+// then asks the producer's unix socket (named by the UID) for a sealed
+// memfd instead of pulling over TCP. Sealed, so a function cannot point a
+// consumer at another pod's socket. The two fields follow the fixed part
+// of the record only when set, so a record without them encodes exactly
+// as before and older references still open; a sidecar built before
+// these fields refuses a reference carrying them (ErrMalformed), which is
+// why only producers with the node directory set them.
 package ref
 
 import (
@@ -29,6 +39,9 @@ type Record struct {
 	Namespace string    // references open only in their namespace
 	Expires   time.Time // after this the reference is refused
 	Reads     uint32    // reads the object allows
+	// Node and Pod: the producer's node name and pod UID, set when the
+	// producer serves the same-node path; empty otherwise.
+	Node, Pod string
 }
 
 // Errors, one per class of bad reference, so callers and users can tell
@@ -172,7 +185,15 @@ func encode(r Record) []byte {
 		b = append(b, s...)
 	}
 	b = binary.BigEndian.AppendUint64(b, uint64(r.Expires.UnixNano()))
-	return binary.BigEndian.AppendUint32(b, r.Reads)
+	b = binary.BigEndian.AppendUint32(b, r.Reads)
+	if r.Node != "" || r.Pod != "" {
+		// The same-node extension, only when set (see the package doc).
+		for _, s := range []string{r.Node, r.Pod} {
+			b = binary.AppendUvarint(b, uint64(len(s)))
+			b = append(b, s...)
+		}
+	}
+	return b
 }
 
 func decode(b []byte) (Record, error) {
@@ -186,10 +207,24 @@ func decode(b []byte) (Record, error) {
 		*f = string(b[used : used+int(n)])
 		b = b[used+int(n):]
 	}
-	if len(b) != 12 {
+	if len(b) < 12 {
 		return Record{}, fmt.Errorf("%w: bad record", ErrMalformed)
 	}
 	r.Expires = time.Unix(0, int64(binary.BigEndian.Uint64(b)))
 	r.Reads = binary.BigEndian.Uint32(b[8:])
+	if b = b[12:]; len(b) == 0 {
+		return r, nil
+	}
+	for _, f := range []*string{&r.Node, &r.Pod} {
+		n, used := binary.Uvarint(b)
+		if used <= 0 || uint64(len(b)-used) < n {
+			return Record{}, fmt.Errorf("%w: bad record", ErrMalformed)
+		}
+		*f = string(b[used : used+int(n)])
+		b = b[used+int(n):]
+	}
+	if len(b) != 0 {
+		return Record{}, fmt.Errorf("%w: bad record", ErrMalformed)
+	}
 	return r, nil
 }

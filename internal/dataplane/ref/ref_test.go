@@ -110,3 +110,32 @@ func FuzzOpen(f *testing.F) {
 		}
 	})
 }
+
+// TestNodeFields: the same-node fields round-trip, and a record without
+// them encodes byte for byte as before they existed (older references
+// still open, and references of producers without the node directory
+// still open in older sidecars).
+func TestNodeFields(t *testing.T) {
+	k := keyring(t, "team-a", "k1")
+	rec := Record{Addr: "10.0.0.7:9192", Key: "obj", Expires: now.Add(time.Minute), Reads: 1, Node: "node-b", Pod: "6b1d2c9e-0000-4000-8000-000000000001"}
+	s, err := k.Seal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := k.Open(s, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Node != rec.Node || got.Pod != rec.Pod || got.Key != rec.Key || got.Reads != 1 {
+		t.Fatalf("got %+v want %+v", got, rec)
+	}
+	plain := Record{Addr: "a:1", Key: "k", Namespace: "ns", Expires: time.Unix(5, 0), Reads: 2}
+	legacy := []byte{3, 'a', ':', '1', 1, 'k', 2, 'n', 's', 0, 0, 0, 1, 0x2a, 0x05, 0xf2, 0, 0, 0, 0, 2}
+	if e := encode(plain); !bytes.Equal(e, legacy) {
+		t.Fatalf("a record without node fields encodes as %x, want the original format %x", e, legacy)
+	}
+	// Trailing garbage after the extension is refused.
+	if _, err := decode(append(encode(rec), 0)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("trailing byte: %v, want ErrMalformed", err)
+	}
+}

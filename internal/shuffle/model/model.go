@@ -46,6 +46,31 @@ type Config struct {
 	// PodMemory caps the memory all producer pods' object stores may hold
 	// together (0: only P·w·PodStoreFraction).
 	PodMemory float64 `json:"podMemory,omitempty"`
+
+	// MapTasks and Partitions, when set, are the job's own task counts
+	// instead of the model's n = P·⌈D/(P·c)⌉: MapTasks mappers over the
+	// whole input (a hybrid round gets ⌈MapTasks/k⌉ of them), Partitions
+	// reducers (ranges; a hybrid round's combine has one task per range).
+	// The objects shuffled are then MapTasks × Partitions, not n². A job
+	// that fixed its tasks (examples/sort: taskRecords, partitions) is
+	// predicted with its own counts.
+	MapTasks   int `json:"mapTasks,omitempty"`
+	Partitions int `json:"partitions,omitempty"`
+	// Compute is the job's own CPU work besides the transfers (0: none,
+	// Locus's assumption: its sort is I/O-bound).
+	Compute Compute `json:"compute,omitzero"`
+}
+
+// Compute is a job's CPU work, in seconds of one core per byte of data:
+// MapSecondsPerByte for the map side (a mapper producing its partitions:
+// generating or parsing its input, sorting, partitioning), ReduceSecondsPerByte
+// for the reduce side (a reducer merging its pieces; also a hybrid round's
+// combine and the final merge). A phase's compute term is
+// bytes · perByte / min(P, tasks, Params.Cores): the work spread over the
+// workers, at most one core each, and at most the cores there are.
+type Compute struct {
+	MapSecondsPerByte    float64 `json:"mapSecondsPerByte,omitempty"`
+	ReduceSecondsPerByte float64 `json:"reduceSecondsPerByte,omitempty"`
 }
 
 // Term is one limit on a phase's time: the seconds the phase would take if
@@ -72,6 +97,9 @@ type Phase struct {
 	// StragglerSeconds is how much of the worker-bandwidth term stragglers
 	// add (after speculation), whether or not that term is the largest.
 	StragglerSeconds float64 `json:"stragglerSeconds"`
+	// ComputeSeconds is the compute term when it adds to the transfers
+	// (Params.Cores set: workers and stores share the cores); 0 otherwise.
+	ComputeSeconds float64 `json:"computeSeconds,omitempty"`
 	// Workers is the number of workers billed while the phase runs.
 	Workers int `json:"workers"`
 	// Requests of one run of the phase: to the slow store (both buckets),
@@ -164,8 +192,20 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 	}
 	pp := m.Params
 	d, p, w := c.DataBytes, c.Parallelism, c.WorkerMemory
+	if c.MapTasks < 0 || c.Partitions < 0 || c.Compute.MapSecondsPerByte < 0 || c.Compute.ReduceSecondsPerByte < 0 {
+		return Prediction{}, errors.New("model: mapTasks, partitions and compute must not be negative")
+	}
 	n := tasks(d, p, pp.TaskMemoryFraction*w)
-	nf := float64(n)
+	// nm mappers, nr reducers (both n unless the job fixed its own)
+	nm, nr := n, n
+	if c.MapTasks > 0 {
+		nm = c.MapTasks
+	}
+	if c.Partitions > 0 {
+		nr = c.Partitions
+	}
+	nf, mapf := float64(nr), float64(nm)
+	cpuMap, cpuReduce := d*c.Compute.MapSecondsPerByte, d*c.Compute.ReduceSecondsPerByte
 	pr := Prediction{Config: c, Tasks: n}
 	infeasible := func(format string, a ...any) (Prediction, error) {
 		return Prediction{}, &InfeasibleError{Method: c.Method, Reason: fmt.Sprintf(format, a...)}
@@ -176,8 +216,8 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 		// map: read the input (n objects), write n² partitions; reduce:
 		// read them, write the output (n objects).
 		pr.Phases = []Phase{
-			m.phase("map", 1, n, p, w, p, []op{{slowIO, false, d, nf}, {slowShuffle, true, d, nf * nf}}),
-			m.phase("reduce", 1, n, p, w, p, []op{{slowShuffle, false, d, nf * nf}, {slowIO, true, d, nf}}),
+			m.phase("map", 1, nm, p, w, p, cpuMap, []op{{slowIO, false, d, mapf}, {slowShuffle, true, d, mapf * nf}}),
+			m.phase("reduce", 1, nr, p, w, p, cpuReduce, []op{{slowShuffle, false, d, mapf * nf}, {slowIO, true, d, nf}}),
 		}
 	case Redis:
 		if d > c.FastCapacity {
@@ -185,8 +225,8 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 		}
 		fastHeld = d
 		pr.Phases = []Phase{
-			m.phase("map", 1, n, p, w, p, []op{{slowIO, false, d, nf}, {fast, true, d, nf * nf}}),
-			m.phase("reduce", 1, n, p, w, p, []op{{fast, false, d, nf * nf}, {slowIO, true, d, nf}}),
+			m.phase("map", 1, nm, p, w, p, cpuMap, []op{{slowIO, false, d, mapf}, {fast, true, d, mapf * nf}}),
+			m.phase("reduce", 1, nr, p, w, p, cpuReduce, []op{{fast, false, d, mapf * nf}, {slowIO, true, d, nf}}),
 		}
 	case PodMemory:
 		capacity := float64(p) * w * pp.PodStoreFraction
@@ -205,8 +245,8 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 		// producers stay up, holding their partitions, while the reducers
 		// run: 2P workers billed.
 		pr.Phases = []Phase{
-			m.phase("map", 1, n, p, w, p, []op{{slowIO, false, d, nf}, {pod, true, d, nf * nf}}),
-			m.phase("reduce", 1, n, p, w, 2*p, []op{{pod, false, d, nf * nf}, {slowIO, true, d, nf}}),
+			m.phase("map", 1, nm, p, w, p, cpuMap, []op{{slowIO, false, d, mapf}, {pod, true, d, mapf * nf}}),
+			m.phase("reduce", 1, nr, p, w, 2*p, cpuReduce, []op{{pod, false, d, mapf * nf}, {slowIO, true, d, nf}}),
 		}
 	case Hybrid:
 		r := c.RoundBytes
@@ -228,14 +268,23 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 		// one sorted run per range (R objects of re/R bytes) to the slow
 		// store. The merge reads every range's k runs (R·k objects) and
 		// writes the output.
+		// With the job's own counts: ⌈MapTasks/k⌉ mappers per round, one
+		// combine task per range.
 		mt := tasks(re, p, pp.TaskMemoryFraction*w)
+		ct, objs := mt, float64(mt)*float64(mt)
+		if c.MapTasks > 0 {
+			mt = int(math.Ceil(mapf / kf))
+		}
+		if c.MapTasks > 0 || c.Partitions > 0 {
+			ct, objs = nr, float64(mt)*nf
+		}
 		mf := float64(mt)
 		fastHeld = re
 		pr.Rounds, pr.RoundBytes = k, re
 		pr.Phases = []Phase{
-			m.phase("round: partition", k, mt, p, w, p, []op{{slowIO, false, re, mf}, {fast, true, re, mf * mf}}),
-			m.phase("round: combine", k, mt, p, w, p, []op{{fast, false, re, mf * mf}, {slowShuffle, true, re, nf}}),
-			m.phase("merge", 1, n, p, w, p, []op{{slowShuffle, false, d, nf * kf}, {slowIO, true, d, nf}}),
+			m.phase("round: partition", k, mt, p, w, p, cpuMap/kf, []op{{slowIO, false, re, mf}, {fast, true, re, objs}}),
+			m.phase("round: combine", k, ct, p, w, p, cpuReduce/kf, []op{{fast, false, re, objs}, {slowShuffle, true, re, nf}}),
+			m.phase("merge", 1, nr, p, w, p, cpuReduce, []op{{slowShuffle, false, d, nf * kf}, {slowIO, true, d, nf}}),
 		}
 	default:
 		return Prediction{}, fmt.Errorf("model: unknown method %q (want s3, redis, podmemory or hybrid)", c.Method)
@@ -283,7 +332,8 @@ func tasks(d float64, p int, chunk float64) int {
 }
 
 // phase predicts one stage: tasks tasks on p workers of w bytes, doing ops
-// (totals over the stage), with workers workers billed.
+// (totals over the stage) and cpu seconds of one core of the job's own work
+// (Config.Compute), with workers workers billed.
 //
 // The stage's reads and writes are pipelined (a task streams its input
 // while it writes its output, as Locus §3.3 assumes), so the stage takes
@@ -296,8 +346,17 @@ func tasks(d float64, p int, chunk float64) int {
 //     at b(p, w), in waves of p tasks; with stragglers, the expected time
 //     of the waves under the sampled distribution and speculation;
 //   - per store, server bandwidth: all bytes over the store's aggregate
-//     bandwidth (fast: per shard × shards; slow and pod: when capped).
-func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, ops []op) Phase {
+//     bandwidth (fast: per shard × shards; slow and pod: when capped);
+//   - compute: cpu / min(p, tasks, Params.Cores), the job's work spread
+//     over its workers, one core each at most.
+//
+// When Params.Cores is set, the workers and the stores share those cores
+// (one machine): the transfers' limits were measured with the cores busy
+// moving bytes, so the job's own work cannot hide under them, and the
+// compute term is added to the largest transfer limit instead of competing
+// with it. Otherwise (each worker its own core, as on Lambda) it is one
+// more limit.
+func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, cpu float64, ops []op) Phase {
 	pp := m.Params
 	ph := Phase{Name: name, Count: count, Tasks: tasks, Startup: pp.WorkerStartup, Workers: workers}
 	var reqSec [4]float64
@@ -397,9 +456,29 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 			bound, ph.BoundBy = t.Seconds, t.Name
 		}
 	}
+	if cpu > 0 {
+		par := float64(min(p, tasks))
+		if pp.Cores > 0 {
+			par = min(par, pp.Cores)
+		}
+		ct := Term{ComputeTerm, cpu / par}
+		ph.Terms = append(ph.Terms, ct)
+		if pp.Cores > 0 {
+			ph.ComputeSeconds = ct.Seconds
+			if ct.Seconds > bound {
+				ph.BoundBy = ComputeTerm
+			}
+			bound += ct.Seconds
+		} else if ct.Seconds > bound {
+			bound, ph.BoundBy = ct.Seconds, ComputeTerm
+		}
+	}
 	ph.Seconds = ph.Startup + bound
 	return ph
 }
+
+// ComputeTerm is the name of a phase's compute term (Config.Compute).
+const ComputeTerm = "compute"
 
 // Term returns the named term's seconds, or -1 if the phase has none.
 func (ph Phase) Term(name string) float64 {

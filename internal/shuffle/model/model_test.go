@@ -408,3 +408,88 @@ func TestStragglersSlowTheStage(t *testing.T) {
 		t.Errorf("straggler seconds %v, want %v", ph.StragglerSeconds, ph.Seconds-20)
 	}
 }
+
+// TestComputeTerm: the job's own CPU work is a phase term, spread over
+// min(P, tasks, Cores) cores; with Cores set (workers and stores on the
+// same cores) it adds to the largest transfer limit.
+func TestComputeTerm(t *testing.T) {
+	// s3, D = 1 GB on 4 workers of 1 GB (4 tasks of 250 MB): every phase's
+	// transfer bound is 250 MB / 50 MB/s = 5 s (requests: 16/100 s).
+	cfg := Config{Method: S3, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9,
+		Compute: Compute{MapSecondsPerByte: 24e-9, ReduceSecondsPerByte: 8e-9}}
+	for _, c := range []struct {
+		name          string
+		cores         float64
+		map_, reduce_ float64
+		mapBound      string
+	}{
+		// own cores: map 24 s of CPU / 4 workers = 6 s > 5 s; reduce 2 s < 5 s
+		{"own cores", 0, 6, 5, ComputeTerm},
+		// 2 shared cores: map 24/2 = 12 s + 5 s; reduce 8/2 = 4 s + 5 s
+		{"2 shared cores", 2, 17, 9, ComputeTerm},
+		// 16 shared cores: still one core per worker (4): 6 + 5, 2 + 5
+		{"16 shared cores", 16, 11, 7, ComputeTerm},
+	} {
+		p := handParams()
+		p.Cores = c.cores
+		pr, err := mustModel(t, p, handPrices()).Predict(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pr.Phases[0].Seconds; !near(got, c.map_) {
+			t.Errorf("%s: map %v s, want %v", c.name, got, c.map_)
+		}
+		if got := pr.Phases[1].Seconds; !near(got, c.reduce_) {
+			t.Errorf("%s: reduce %v s, want %v", c.name, got, c.reduce_)
+		}
+		if pr.Phases[0].BoundBy != c.mapBound {
+			t.Errorf("%s: map bound by %q, want %q", c.name, pr.Phases[0].BoundBy, c.mapBound)
+		}
+		if !near(pr.Seconds, c.map_+c.reduce_) {
+			t.Errorf("%s: total %v, want %v", c.name, pr.Seconds, c.map_+c.reduce_)
+		}
+	}
+	// Without Compute nothing changes (Locus's I/O-bound model).
+	cfg.Compute = Compute{}
+	pr, err := mustModel(t, handParams(), handPrices()).Predict(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(pr.Seconds, 10) || pr.Phases[0].Term(ComputeTerm) != -1 {
+		t.Errorf("no compute: %v s (want 10), compute term %v", pr.Seconds, pr.Phases[0].Term(ComputeTerm))
+	}
+}
+
+// TestJobTaskCounts: a job's own mappers and partitions replace the
+// model's n: MapTasks × Partitions objects, Partitions reducers; the hybrid
+// gets ⌈MapTasks/k⌉ mappers and Partitions combine tasks per round.
+func TestJobTaskCounts(t *testing.T) {
+	m := mustModel(t, handParams(), handPrices())
+	pr, err := m.Predict(Config{Method: S3, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, MapTasks: 10, Partitions: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pr.Phases[0].Tasks != 10 || pr.Phases[1].Tasks != 6 {
+		t.Errorf("tasks %d, %d; want 10 mappers, 6 reducers", pr.Phases[0].Tasks, pr.Phases[1].Tasks)
+	}
+	// map: 10 input GETs, 60 partition PUTs; reduce: 60 GETs, 6 output PUTs
+	if pr.SlowPuts != 66 || pr.SlowGets != 70 {
+		t.Errorf("puts %v gets %v, want 66, 70", pr.SlowPuts, pr.SlowGets)
+	}
+	h, err := m.Predict(Config{Method: Hybrid, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, FastCapacity: 2.5e8,
+		MapTasks: 10, Partitions: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Rounds != 4 || h.Phases[0].Tasks != 3 || h.Phases[1].Tasks != 6 || h.Phases[2].Tasks != 6 {
+		t.Errorf("rounds %d, tasks %d/%d/%d; want 4 rounds of 3 mappers and 6 combines, 6 merges", h.Rounds,
+			h.Phases[0].Tasks, h.Phases[1].Tasks, h.Phases[2].Tasks)
+	}
+	// per round 3×6 fast objects written and read; merge reads 6×4 runs
+	if h.Phases[0].FastOps != 18 || h.Phases[1].FastOps != 18 || h.Phases[2].SlowGets != 24 {
+		t.Errorf("fast ops %v/%v, merge gets %v; want 18/18, 24", h.Phases[0].FastOps, h.Phases[1].FastOps, h.Phases[2].SlowGets)
+	}
+	if _, err := m.Predict(Config{Method: S3, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, MapTasks: -1}); err == nil {
+		t.Error("negative MapTasks accepted")
+	}
+}

@@ -52,6 +52,15 @@ type Params struct {
 	// memory).
 	PodStoreFraction float64 `json:"podStoreFraction"`
 
+	// Cores is the number of CPU cores the workers and the stores share,
+	// on an installation where they run on the same machine(s) (a local
+	// cluster: `ziptrail calibrate --local` records the machine's cores).
+	// It caps the parallelism of a job's own work (Config.Compute), and
+	// that work then adds to a phase's transfers instead of overlapping
+	// them (see the package doc, "Compute"). 0: every worker has a core of
+	// its own and its work overlaps its transfers (Locus's Lambda).
+	Cores float64 `json:"cores,omitempty"`
+
 	// WorkerStartup is the time from invoking a stage's workers to their
 	// first byte of work (a cold start), paid once per stage.
 	WorkerStartup float64 `json:"workerStartup"`
@@ -185,8 +194,8 @@ func (p Params) Validate() error {
 	if !(p.FastServerBandwidth > 0) || !(p.PodPullBandwidth > 0) {
 		errs = append(errs, errors.New("fastServerBandwidth and podPullBandwidth must be positive"))
 	}
-	if p.SlowServerBandwidth < 0 || p.PodAggregateBandwidth < 0 || p.WorkerStartup < 0 {
-		errs = append(errs, errors.New("slowServerBandwidth, podAggregateBandwidth and workerStartup must not be negative"))
+	if p.SlowServerBandwidth < 0 || p.PodAggregateBandwidth < 0 || p.WorkerStartup < 0 || p.Cores < 0 || math.IsInf(p.Cores, 0) {
+		errs = append(errs, errors.New("slowServerBandwidth, podAggregateBandwidth, workerStartup and cores must not be negative"))
 	}
 	if !(p.PodStoreFraction > 0 && p.PodStoreFraction <= 1) || !(p.TaskMemoryFraction > 0 && p.TaskMemoryFraction <= 1) {
 		errs = append(errs, errors.New("podStoreFraction and taskMemoryFraction must be in (0, 1]"))

@@ -346,13 +346,13 @@ func TestCollectivePeerGoneOnSidecars(t *testing.T) {
 	gs := joinAll(t, ctx, pods, "s-kill", "g", size)
 	victim := pods[2] // ranks 2 and 6
 	dead := []int{2, 6}
+	// The kill lands mid-collective: right after rank 0 finished its third
+	// allreduce (the others are in the fourth or about to be).
 	var rounds atomic.Int64
-	killed := make(chan struct{})
+	third, killed := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(killed)
-		for rounds.Load() < 3 {
-			time.Sleep(5 * time.Millisecond)
-		}
+		<-third
 		victim.kill()
 	}()
 	errs := eachMember(gs, func(g *Group) error {
@@ -365,8 +365,8 @@ func TestCollectivePeerGoneOnSidecars(t *testing.T) {
 			if _, err := Allreduce(ctx, g, contribution[float64](g.Rank(), n), Sum); err != nil {
 				return err
 			}
-			if g.Rank() == 0 {
-				rounds.Add(1)
+			if g.Rank() == 0 && rounds.Add(1) == 3 {
+				close(third)
 			}
 		}
 	})

@@ -18,11 +18,11 @@ func newByBatchSize(spec TriggerSpec) (Primitive, error) {
 	return byBatchSize{reruns{spec.Reruns}, spec.BatchSize}, nil
 }
 
-func (p byBatchSize) ActionForNewObject(st *State, _ SessionView, obj *Object, _ time.Time) []Firing {
+func (p byBatchSize) ActionForNewObject(st *State, _ SessionView, obj *Object, now time.Time) []Firing {
 	if obj == nil {
 		return nil
 	}
-	p.arrived(st, obj)
+	p.arrived(st, obj, now)
 	st.Objects = append(st.Objects, *obj)
 	if len(st.Objects) < p.size {
 		return nil

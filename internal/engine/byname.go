@@ -18,11 +18,11 @@ func newByName(spec TriggerSpec) (Primitive, error) {
 	return byName{reruns{spec.Reruns}, spec.Key}, nil
 }
 
-func (p byName) ActionForNewObject(st *State, _ SessionView, obj *Object, _ time.Time) []Firing {
+func (p byName) ActionForNewObject(st *State, _ SessionView, obj *Object, now time.Time) []Firing {
 	if obj == nil {
 		return nil
 	}
-	p.arrived(st, obj)
+	p.arrived(st, obj, now)
 	if obj.Key != p.key {
 		return nil
 	}

@@ -22,11 +22,11 @@ func newBySet(spec TriggerSpec) (Primitive, error) {
 	return bySet{reruns{spec.Reruns}, keys}, nil
 }
 
-func (p bySet) ActionForNewObject(st *State, _ SessionView, obj *Object, _ time.Time) []Firing {
+func (p bySet) ActionForNewObject(st *State, _ SessionView, obj *Object, now time.Time) []Firing {
 	if obj == nil {
 		return nil
 	}
-	p.arrived(st, obj)
+	p.arrived(st, obj, now)
 	if st.Fired || !p.keys[obj.Key] {
 		return nil
 	}

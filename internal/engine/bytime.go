@@ -27,7 +27,7 @@ func (p byTime) ActionForNewObject(st *State, _ SessionView, obj *Object, now ti
 		st.Objects, st.WindowEnd = nil, time.Time{}
 	}
 	if obj != nil {
-		p.arrived(st, obj)
+		p.arrived(st, obj, now)
 		if st.WindowEnd.IsZero() {
 			st.WindowEnd = now.Add(p.window)
 		}

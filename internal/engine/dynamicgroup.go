@@ -28,11 +28,11 @@ func newDynamicGroup(spec TriggerSpec) (Primitive, error) {
 	return dynamicGroup{reruns{spec.Reruns}, key, spec.Sources}, nil
 }
 
-func (p dynamicGroup) ActionForNewObject(st *State, s SessionView, obj *Object, _ time.Time) []Firing {
+func (p dynamicGroup) ActionForNewObject(st *State, s SessionView, obj *Object, now time.Time) []Firing {
 	if obj == nil {
 		return nil
 	}
-	p.arrived(st, obj)
+	p.arrived(st, obj, now)
 	if st.Fired {
 		return nil
 	}
@@ -61,7 +61,7 @@ func (p dynamicGroup) NotifySourceFunc(st *State, s SessionView, ev SourceEvent,
 		return nil
 	}
 	st.Fired = true
-	st.Pending = nil
+	st.Pending, st.Waves = nil, nil
 	names := make([]string, 0, len(st.Groups))
 	for g := range st.Groups {
 		names = append(names, g)

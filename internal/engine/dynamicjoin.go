@@ -31,11 +31,11 @@ func newDynamicJoin(spec TriggerSpec) (Primitive, error) {
 	return dynamicJoin{reruns{spec.Reruns}, src}, nil
 }
 
-func (p dynamicJoin) ActionForNewObject(st *State, s SessionView, obj *Object, _ time.Time) []Firing {
+func (p dynamicJoin) ActionForNewObject(st *State, s SessionView, obj *Object, now time.Time) []Firing {
 	if obj == nil {
 		return nil
 	}
-	p.arrived(st, obj)
+	p.arrived(st, obj, now)
 	if st.Fired {
 		return nil
 	}

@@ -71,6 +71,31 @@ type invState struct {
 	Failed   bool   `json:"failed,omitempty"`
 	Sent     int    `json:"sent,omitempty"` // outputs it said it sent (Finish.Outputs)
 	Got      int    `json:"got,omitempty"`  // distinct outputs counted
+	// Copies are its speculative copies (raw invocation ids), true while
+	// one may still run; OrigEnded says the original execution ended.
+	// With a copy racing it, a failure of one execution is not the
+	// invocation's failure, and a copy that starts after the invocation
+	// finished does not reopen it: the first execution to finish wins.
+	Copies    map[string]bool `json:"copies,omitempty"`
+	OrigEnded bool            `json:"origEnded,omitempty"`
+}
+
+// racing reports whether an execution of the invocation other than raw
+// (its own id, or a re-execution's) may still run while it has
+// speculative copies.
+func (inv *invState) racing(base, raw string) bool {
+	if len(inv.Copies) == 0 {
+		return false
+	}
+	if raw != base && !inv.OrigEnded {
+		return true
+	}
+	for id, live := range inv.Copies {
+		if live && id != raw {
+			return true
+		}
+	}
+	return false
 }
 
 // active reports whether an invocation may still produce output: not
@@ -248,8 +273,14 @@ func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action 
 	if !dup { // else a resend, or a late duplicate from a re-execution
 		s.seen[name] = base
 		for _, t := range wf.byBucket[obj.Bucket] {
-			for _, f := range t.prim.ActionForNewObject(s.state(t), s, &obj, now) {
+			st := s.state(t)
+			for _, f := range t.prim.ActionForNewObject(st, s, &obj, now) {
 				out = append(out, s.fire(wf, t, f)...)
+			}
+			// An arrival may make re-executions due at once: the
+			// speculative copies of a wave's stragglers.
+			if d := t.prim.NextDeadline(st); !d.IsZero() && !now.Before(d) {
+				out = append(out, s.rerun(t, st, now)...)
 			}
 		}
 		if obj.Bucket == wf.spec.OutputBucket {
@@ -383,8 +414,18 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 		s.track(ev.Invocation, inv)
 	}
 	if ev.Finished {
+		if len(inv.Copies) > 0 {
+			if rawID == ev.Invocation {
+				inv.OrigEnded = true
+			} else if _, ok := inv.Copies[rawID]; ok {
+				inv.Copies[rawID] = false
+			}
+			if fin.Failed && inv.racing(ev.Invocation, rawID) {
+				return nil // another execution may still finish it
+			}
+		}
 		if inv.Finished && !inv.Failed {
-			return nil // duplicate
+			return nil // duplicate, or the slower of an invocation and its copy
 		}
 		s.change(inv, func() {
 			inv.Finished, inv.Failed = true, fin.Failed
@@ -403,7 +444,10 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 		// A resent start, or a re-execution's: nothing new to time.
 		ev.Repeat = inv.Started
 		inv.Started = true
-		if rawID != ev.Invocation {
+		if _, copy := inv.Copies[rawID]; copy && inv.Finished && !inv.Failed {
+			// A speculative copy starting after its original finished:
+			// the original won, the copy's outputs are duplicates.
+		} else if rawID != ev.Invocation {
 			// A re-execution starting: its original is outstanding again.
 			s.change(inv, func() { inv.Finished, inv.Failed = false, false })
 		}
@@ -442,10 +486,7 @@ func (e *Engine) Tick(now time.Time) []Action {
 				for _, f := range t.prim.ActionForNewObject(st, s, nil, now) {
 					out = append(out, s.fire(wf, t, f)...)
 				}
-				for _, r := range t.prim.ActionForRerun(st, now) {
-					out = append(out, Action{Kind: ActRerun, Workflow: s.wf, Session: id, Function: r.Function, Trigger: t.spec.Name,
-						Invocation: r.Invocation + ".r" + strconv.Itoa(r.Attempt), Args: r.Args, Attempt: r.Attempt})
-				}
+				out = append(out, s.rerun(t, st, now)...)
 			}
 		}
 		for id, until := range sh.ended {
@@ -456,6 +497,26 @@ func (e *Engine) Tick(now time.Time) []Action {
 		sh.mu.Unlock()
 	}
 	sortActions(out)
+	return out
+}
+
+// rerun returns the re-executions a trigger has due; a speculative copy is
+// recorded on its invocation (see invState.Copies).
+func (s *session) rerun(t *trigger, st *State, now time.Time) []Action {
+	var out []Action
+	for _, r := range t.prim.ActionForRerun(st, now) {
+		id := r.Invocation + ".r" + strconv.Itoa(r.Attempt)
+		if r.Speculative {
+			if inv := s.invocations[r.Invocation]; inv != nil {
+				if inv.Copies == nil {
+					inv.Copies = map[string]bool{}
+				}
+				inv.Copies[id] = true
+			}
+		}
+		out = append(out, Action{Kind: ActRerun, Workflow: s.wf, Session: s.id, Function: r.Function, Trigger: t.spec.Name,
+			Invocation: id, Args: r.Args, Attempt: r.Attempt, Speculative: r.Speculative})
+	}
 	return out
 }
 

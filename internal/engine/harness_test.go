@@ -19,7 +19,8 @@ type step struct {
 }
 
 // describe formats the actions that matter to a table: trigger firings as
-// "fn[keys]" or "fn{group}[keys]", re-executions as "rerun:fn#attempt",
+// "fn[keys]" or "fn{group}[keys]", re-executions as "rerun:fn#attempt"
+// (speculative copies as "copy:fn#attempt"),
 // session endings as "complete" / "expired" / "failed" (a failure's object
 // drop as "drop").
 func describe(acts []Action) []string {
@@ -41,7 +42,11 @@ func describe(acts []Action) []string {
 			}
 			out = append(out, fmt.Sprintf("%s%s[%s]", a.Function, g, strings.Join(keys, " ")))
 		case ActRerun:
-			out = append(out, fmt.Sprintf("rerun:%s#%d", a.Function, a.Attempt))
+			kind := "rerun"
+			if a.Speculative {
+				kind = "copy"
+			}
+			out = append(out, fmt.Sprintf("%s:%s#%d", kind, a.Function, a.Attempt))
 		case ActSessionComplete:
 			out = append(out, "complete")
 		case ActSessionExpired:
@@ -102,6 +107,13 @@ func began(session, fn, inv string) func(*Engine, time.Time) []Action {
 func ended(session, fn, inv string, failed bool) func(*Engine, time.Time) []Action {
 	return func(e *Engine, now time.Time) []Action {
 		return e.FunctionFinished(wfName, session, fn, inv, failed, now)
+	}
+}
+
+// endedWith ends an invocation that sent outputs objects.
+func endedWith(session, fn, inv string, outputs int) func(*Engine, time.Time) []Action {
+	return func(e *Engine, now time.Time) []Action {
+		return e.FunctionEnded(wfName, session, fn, inv, Finish{Outputs: outputs}, now)
 	}
 }
 

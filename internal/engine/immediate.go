@@ -7,11 +7,11 @@ type immediate struct{ reruns }
 
 func newImmediate(spec TriggerSpec) (Primitive, error) { return immediate{reruns{spec.Reruns}}, nil }
 
-func (p immediate) ActionForNewObject(st *State, _ SessionView, obj *Object, _ time.Time) []Firing {
+func (p immediate) ActionForNewObject(st *State, _ SessionView, obj *Object, now time.Time) []Firing {
 	if obj == nil {
 		return nil
 	}
-	p.arrived(st, obj)
+	p.arrived(st, obj, now)
 	return []Firing{{Objects: []Object{*obj}}}
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"sort"
 	"time"
 )
 
@@ -19,6 +20,7 @@ type State struct {
 	Groups        map[string][]Object `json:"groups,omitempty"`        // DynamicGroup
 	Declarers     map[string]bool     `json:"declarers,omitempty"`     // DynamicJoin without sources: functions that declared
 	Pending       map[string]*Pending `json:"pending,omitempty"`       // re-execution, by source invocation
+	Waves         map[int]*Wave       `json:"waves,omitempty"`         // speculation: each speculating rule's current wave, by rule index
 	Custom        json.RawMessage     `json:"custom,omitempty"`
 }
 
@@ -29,6 +31,22 @@ type Pending struct {
 	Deadline time.Time `json:"deadline"`
 	Attempts int       `json:"attempts"` // re-executions so far
 	Rule     int       `json:"rule"`     // index into the trigger's rules
+	// Speculation (RerunRule.SpeculateAfter): Wave marks a member of the
+	// rule's current wave, Copied one that got its speculative copy,
+	// Speculate one whose copy is due now.
+	Wave      bool `json:"wave,omitempty"`
+	Copied    bool `json:"copied,omitempty"`
+	Speculate bool `json:"speculate,omitempty"`
+}
+
+// Wave counts one speculating rule's current wave of source invocations
+// (see RerunRule): how many joined it, how many of them sent their output,
+// and how many are still outstanding (neither sent nor given up). It is
+// closed when none is outstanding; the next start opens a new one.
+type Wave struct {
+	Members  int `json:"members"`
+	Finished int `json:"finished"`
+	Open     int `json:"open"`
 }
 
 // Firing is a decision to invoke the trigger's targets with Objects.
@@ -43,6 +61,9 @@ type Rerun struct {
 	Invocation string // the original invocation id
 	Args       []byte
 	Attempt    int
+	// Speculative: a copy of a straggler whose wave mostly finished, not
+	// a re-execution of a late one.
+	Speculative bool
 }
 
 // SourceEvent tells a trigger that a function of its session started or finished.
@@ -132,17 +153,68 @@ func (r reruns) notify(st *State, ev SourceEvent, now time.Time) {
 			st.Pending = map[string]*Pending{}
 		}
 		if _, ok := st.Pending[ev.Invocation]; !ok {
-			st.Pending[ev.Invocation] = &Pending{Function: ev.Function, Args: ev.Args, Deadline: now.Add(rule.Timeout), Rule: i}
+			p := &Pending{Function: ev.Function, Args: ev.Args, Deadline: now.Add(rule.Timeout), Rule: i}
+			st.Pending[ev.Invocation] = p
+			if rule.SpeculateAfter > 0 {
+				if st.Waves == nil {
+					st.Waves = map[int]*Wave{}
+				}
+				w := st.Waves[i]
+				if w == nil || w.Open == 0 {
+					w = &Wave{} // the previous wave, if any, is over
+					st.Waves[i] = w
+				}
+				w.Members++
+				w.Open++
+				p.Wave = true
+			}
 		}
 	}
 }
 
-// arrived clears what an object's arrival satisfies.
-func (r reruns) arrived(st *State, obj *Object) {
+// left takes a member out of its rule's wave: its output arrived (sent) or
+// the rule gave up on it.
+func (r reruns) left(st *State, p *Pending, sent bool) {
+	if !p.Wave {
+		return
+	}
+	p.Wave = false
+	w := st.Waves[p.Rule]
+	if w == nil {
+		return
+	}
+	w.Open--
+	if sent {
+		w.Finished++
+	}
+}
+
+// speculate marks, once a fraction SpeculateAfter of a wave's members have
+// sent their output, every outstanding member that has not had its copy
+// and has attempts left as due now (due issues the copies).
+func (r reruns) speculate(st *State, now time.Time) {
+	for i, w := range st.Waves {
+		x := r.rules[i].SpeculateAfter
+		if w.Open == 0 || float64(w.Finished) < x*float64(w.Members)-1e-9 {
+			continue
+		}
+		for _, p := range st.Pending {
+			if p.Rule == i && p.Wave && !p.Copied && !p.Speculate && p.Attempts < r.rules[i].MaxAttempts {
+				p.Speculate = true
+				p.Deadline = now
+			}
+		}
+	}
+}
+
+// arrived clears what an object's arrival satisfies, and marks the copies
+// of stragglers that it makes due.
+func (r reruns) arrived(st *State, obj *Object, now time.Time) {
 	if obj == nil || len(st.Pending) == 0 {
 		return
 	}
 	inv := BaseInvocation(obj.Invocation)
+	waves := false
 	for id, p := range st.Pending {
 		switch r.rules[p.Rule].Scope {
 		case PerSession:
@@ -151,9 +223,14 @@ func (r reruns) arrived(st *State, obj *Object) {
 			}
 		default: // PerObject
 			if id == inv {
+				waves = waves || p.Wave
+				r.left(st, p, true)
 				delete(st.Pending, id)
 			}
 		}
+	}
+	if waves {
+		r.speculate(st, now)
 	}
 }
 
@@ -165,13 +242,19 @@ func (r reruns) due(st *State, now time.Time) []Rerun {
 		}
 		rule := r.rules[p.Rule]
 		if p.Attempts >= rule.MaxAttempts {
+			r.left(st, p, false)
 			delete(st.Pending, id) // given up: the session deadline decides its fate
 			continue
 		}
 		p.Attempts++
 		p.Deadline = now.Add(rule.Timeout)
-		out = append(out, Rerun{Function: p.Function, Invocation: id, Args: p.Args, Attempt: p.Attempts})
+		spec := p.Speculate
+		if spec {
+			p.Speculate, p.Copied = false, true
+		}
+		out = append(out, Rerun{Function: p.Function, Invocation: id, Args: p.Args, Attempt: p.Attempts, Speculative: spec})
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Invocation < out[j].Invocation })
 	return out
 }
 

@@ -19,11 +19,11 @@ func newRedundant(spec TriggerSpec) (Primitive, error) {
 	return redundant{reruns{spec.Reruns}, spec.K, spec.N}, nil
 }
 
-func (p redundant) ActionForNewObject(st *State, _ SessionView, obj *Object, _ time.Time) []Firing {
+func (p redundant) ActionForNewObject(st *State, _ SessionView, obj *Object, now time.Time) []Firing {
 	if obj == nil {
 		return nil
 	}
-	p.arrived(st, obj)
+	p.arrived(st, obj, now)
 	if st.Fired {
 		return nil
 	}
@@ -33,7 +33,7 @@ func (p redundant) ActionForNewObject(st *State, _ SessionView, obj *Object, _ t
 	}
 	st.Fired = true
 	// The stragglers' re-executions are moot once k arrived.
-	st.Pending = nil
+	st.Pending, st.Waves = nil, nil
 	objs := st.Objects
 	st.Objects = nil
 	return []Firing{{Objects: objs}}

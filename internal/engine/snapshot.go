@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"time"
 )
 
@@ -58,6 +59,7 @@ func (e *Engine) Snapshot() *Snapshot {
 			_ = json.Unmarshal(raw, &ss.States)
 			for id, inv := range s.invocations {
 				c := *inv
+				c.Copies = maps.Clone(inv.Copies)
 				ss.Invocations[id] = &c
 			}
 			snap.Sessions = append(snap.Sessions, ss)

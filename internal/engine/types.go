@@ -72,6 +72,11 @@ type Action struct {
 	Attempt    int        `json:"attempt,omitempty"`
 	Result     *Object    `json:"result,omitempty"`
 	Reason     string     `json:"reason,omitempty"` // why a session failed
+	// Speculative marks an ActRerun that is a speculative copy of a
+	// straggler (RerunRule.SpeculateAfter), not a re-execution of a late
+	// or failed invocation: the original still runs, the first to finish
+	// wins.
+	Speculative bool `json:"speculative,omitempty"`
 }
 
 // Finish is how an invocation ended.
@@ -113,11 +118,27 @@ const (
 
 // RerunRule re-invokes SourceFunction when its output has not reached the
 // trigger's bucket within Timeout, at most MaxAttempts times.
+//
+// With SpeculateAfter x (0 < x < 1; 0: off; PerObject only) it also
+// launches speculative copies of stragglers (Locus §3.5): the rule's
+// invocations of SourceFunction form waves — a wave opens when one starts
+// while none of the rule's earlier ones is outstanding, every invocation
+// that starts while it is open joins it, and it closes when none of its
+// members is outstanding (output arrived, or the rule gave up) — so the
+// invocations dispatched together (a stage's mappers, a DynamicGroup's
+// reducers) are one wave, and the next stage's another. Once a fraction x
+// of a wave's members have sent their output to the trigger's bucket,
+// every member still outstanding gets one copy (same arguments), as an
+// ActRerun with Speculative set, counted against MaxAttempts. The original
+// keeps running; whichever finishes first wins: the invocation counts as
+// finished then, and the other's outputs (same keys) are dropped as
+// duplicates.
 type RerunRule struct {
 	SourceFunction string        `json:"sourceFunction"`
 	Scope          Scope         `json:"scope"`
 	Timeout        time.Duration `json:"timeout"`
 	MaxAttempts    int           `json:"maxAttempts"`
+	SpeculateAfter float64       `json:"speculateAfter,omitempty"`
 }
 
 // TriggerSpec configures one trigger.
@@ -168,6 +189,12 @@ func (w *WorkflowSpec) Validate() error {
 		for _, r := range t.Reruns {
 			if r.SourceFunction == "" || r.Timeout <= 0 || r.MaxAttempts < 1 {
 				return fmt.Errorf("workflow %s: trigger %s: re-execution rules need a source function, a positive timeout and maxAttempts >= 1", w.Name, t.Name)
+			}
+			if r.SpeculateAfter < 0 || r.SpeculateAfter >= 1 {
+				return fmt.Errorf("workflow %s: trigger %s: re-execution rule for %s: speculateAfter %v is not a fraction in (0, 1) (0: no speculation)", w.Name, t.Name, r.SourceFunction, r.SpeculateAfter)
+			}
+			if r.SpeculateAfter > 0 && r.Scope == PerSession {
+				return fmt.Errorf("workflow %s: trigger %s: re-execution rule for %s: speculative copies need scope PerObject (a wave's members finish one by one)", w.Name, t.Name, r.SourceFunction)
 			}
 		}
 	}

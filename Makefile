@@ -65,6 +65,11 @@ bench-chain: deps ## Workflow latency on the local cluster: 2/4/100-function cha
 bench-coldstart: deps ## Cold starts on the local cluster: reader invoked with a reference from zero, warm baseline, autoscaler under load (root).
 	$(DEPS_ENV); go run ./bench/coldstart
 
+.PHONY: bench-sort
+bench-sort: deps ## Sort of 1/2/4 GiB on the local cluster through each shuffle method, model vs measured, and Ray as a peer (root; docs/benchmarks.md "Sort").
+	$(DEPS_ENV); test -f docs/bench/sort-calibration.json || go run ./cmd/ziptrail calibrate --local --worker-startup 585ms -o docs/bench/sort-calibration.json
+	$(DEPS_ENV); go run ./bench/sort
+
 .PHONY: bench-sidecarmem
 bench-sidecarmem: deps ## Resident memory of queue-proxy-zl vs stock queue-proxy (root).
 	$(DEPS_ENV); go run ./bench/sidecarmem

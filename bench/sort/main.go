@@ -1,0 +1,718 @@
+// Command sort is the sort benchmark of issue 17 (Locus §5 on this
+// machine): examples/sort on the local real-Knative cluster, 1, 2 and 4 GiB
+// of the sort benchmark's 100-byte records through each shuffle method, with
+// the fast tier (Redis) capped at a quarter of the data; for every run the
+// Locus model's predicted time (internal/shuffle/model, with this
+// installation's calibration) against the measured one; and, in the same
+// run, a peer — Ray from PyPI (hack/ray-venv.sh) sorting the same records
+// with its own shuffle under the same memory cap and cores — validated the
+// same way (the sha256 of the whole output must be ziptrail's).
+//
+//	go run ./bench/sort [-sizes 1GiB,2GiB,4GiB] [-methods s3,redis,podmemory,hybrid]
+//	                    [-calibration docs/bench/sort-calibration.json] [-out docs/bench] [-no-ray]
+//
+// docs/benchmarks.md ("Sort") explains the setup and the results. Needs root
+// (the local cluster) and the host's cluster claim (it waits for it).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/localcluster"
+	"github.com/ziptrail/ziptrail/internal/localk8s"
+	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/shuffle/model"
+)
+
+const (
+	MiB = 1 << 20
+	GiB = 1 << 30
+	// workers is the sort's parallelism: maxScale of map, merge and final
+	// in examples/sort/workflow.yaml.
+	workers = 8
+	// partitionBytes: each output partition passes through its pod's
+	// /dev/shm (64 MiB) when written; 16 MiB keeps a final merge's runs and
+	// output well inside it (examples/sort/README.md, "Memory").
+	partitionBytes = 16 * MiB
+)
+
+type options struct {
+	sizes        []int64
+	methods      []string
+	fastFraction float64 // Redis maxmemory over the data
+	roundFrac    float64 // hybrid round (fastCapacity passed to the sort) over the data
+	taskBytes    int64
+	seed         int64
+	calibration  string
+	out          string
+	ray          bool
+	rayPython    string
+	timeout      time.Duration
+}
+
+func main() {
+	var o options
+	sizes := flag.String("sizes", "1GiB,2GiB,4GiB", "data sizes to sort")
+	methods := flag.String("methods", "s3,redis,podmemory,hybrid", "ziptrail shuffle methods")
+	flag.Float64Var(&o.fastFraction, "fast-fraction", 0.25, "the fast tier's cap (Redis maxmemory beyond what the cluster already uses) as a fraction of the data")
+	flag.Float64Var(&o.roundFrac, "round-fraction", 0.20, "hybrid: the bytes per round (the sort's fastCapacity) as a fraction of the data; below -fast-fraction, for Redis's own overhead")
+	taskBytes := flag.String("task-bytes", "64MiB", "records per map task (the sort's taskRecords), in bytes")
+	flag.Int64Var(&o.seed, "seed", 17, "the data set (examples/sort/records.py)")
+	flag.StringVar(&o.calibration, "calibration", "docs/bench/sort-calibration.json", "the installation's calibration: `ziptrail calibrate --local` output")
+	flag.StringVar(&o.out, "out", "docs/bench", "directory for sort.json and sort.png (and the calibration used, sort-calibration-used.json)")
+	noRay := flag.Bool("no-ray", false, "leave out the Ray peer")
+	flag.StringVar(&o.rayPython, "ray-python", "", "python of a venv with Ray (default: hack/ray-venv.sh's)")
+	flag.DurationVar(&o.timeout, "run-timeout", 40*time.Minute, "give up on one sort after this long")
+	flag.Parse()
+	o.ray = !*noRay
+	for _, s := range strings.Split(*sizes, ",") {
+		b, err := model.ParseBytes(strings.TrimSpace(s))
+		if err != nil {
+			fail(fmt.Errorf("-sizes: %w", err))
+		}
+		o.sizes = append(o.sizes, int64(b))
+	}
+	tb, err := model.ParseBytes(*taskBytes)
+	if err != nil {
+		fail(fmt.Errorf("-task-bytes: %w", err))
+	}
+	o.taskBytes = int64(tb)
+	for _, m := range strings.Split(*methods, ",") {
+		o.methods = append(o.methods, strings.TrimSpace(m))
+	}
+	if err := run(o); err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "sort:", err)
+	os.Exit(1)
+}
+
+func logf(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().UTC().Format("15:04:05")}, a...)...)
+}
+
+// Report is sort.json.
+type Report struct {
+	Started      time.Time        `json:"started"`
+	Commit       string           `json:"commit"`
+	Machine      map[string]any   `json:"machine"`
+	Calibration  string           `json:"calibration"`
+	Compute      ComputeMeasure   `json:"compute"`
+	Setup        map[string]any   `json:"setup"`
+	Runs         []Run            `json:"runs"`
+	Error        map[string]Error `json:"meanAbsoluteError"`
+	LoadAverages []string         `json:"loadAverages"`
+	Finished     time.Time        `json:"finished"`
+}
+
+// Error is the model's mean absolute (relative) error over the runs that ran.
+type Error struct {
+	Runs           int     `json:"runs"`
+	WithCompute    float64 `json:"withCompute"`
+	TransfersOnly  float64 `json:"transfersOnly"`
+	Description    string  `json:"description"`
+}
+
+// Run is one sort: a ziptrail method or the Ray peer.
+type Run struct {
+	System     string  `json:"system"` // "ziptrail" or "ray"
+	Method     string  `json:"method"` // s3, redis, podmemory, hybrid; "ray"
+	Bytes      int64   `json:"bytes"`
+	Records    int64   `json:"records"`
+	Partitions int     `json:"partitions"`
+	MapTasks   int     `json:"mapTasks"`
+	Rounds     int     `json:"rounds,omitempty"`
+	FastCap    int64   `json:"fastCapacity"` // Redis maxmemory for the shuffle / Ray object store
+	Skipped    string  `json:"skipped,omitempty"`
+	Failed     string  `json:"failed,omitempty"`
+	// Measured: the session (or Ray job) from start to validated result;
+	// the validator's share; the sort without it (what the model predicts).
+	Seconds         float64 `json:"seconds,omitempty"`
+	ValidateSeconds float64 `json:"validateSeconds,omitempty"`
+	SortSeconds     float64 `json:"sortSeconds,omitempty"`
+	Valid           bool    `json:"valid"`
+	SHA256          string  `json:"sha256,omitempty"`
+	SameOutput      *bool   `json:"sameOutputAsFirst,omitempty"`
+	// Predicted: with the compute term, and with Locus's transfer terms only.
+	Predicted       float64           `json:"predicted,omitempty"`
+	PredictedNoCPU  float64           `json:"predictedTransfersOnly,omitempty"`
+	Prediction      *model.Prediction `json:"prediction,omitempty"`
+	ErrorPct        *float64          `json:"errorPct,omitempty"`
+	LoadBefore      string            `json:"loadBefore"`
+	LoadAfter       string            `json:"loadAfter,omitempty"`
+	Result          json.RawMessage   `json:"result,omitempty"`
+	PeakRedisMemory int64             `json:"peakRedisUsedMemory,omitempty"`
+}
+
+// ComputeMeasure is bench/sort/cpu.py's output: the sort's own CPU seconds
+// per byte on one core.
+type ComputeMeasure struct {
+	MapSecondsPerByte      float64        `json:"mapSecondsPerByte"`
+	ReduceSecondsPerByte   float64        `json:"reduceSecondsPerByte"`
+	ValidateSecondsPerByte float64        `json:"validateSecondsPerByte"`
+	Raw                    map[string]any `json:"raw"`
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func run(o options) error {
+	ctx := context.Background()
+	root := controlplane.RepoRoot()
+	examples := filepath.Join(root, "examples", "sort")
+	rep := &Report{Started: time.Now().UTC(), Error: map[string]Error{}}
+	if out, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output(); err == nil {
+		rep.Commit = strings.TrimSpace(string(out))
+	}
+	rep.Machine = map[string]any{"cores": runtime.NumCPU(), "loadAverageAtStart": loadavg()}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		rep.Machine["memTotal"] = strings.TrimSpace(strings.TrimPrefix(strings.Split(string(b), "\n")[0], "MemTotal:"))
+	}
+
+	// The installation's calibration (storage: ziptrail calibrate --local)
+	// plus what this bench measures: the cores the cluster shares and the
+	// sort's own CPU cost.
+	cal, err := model.Load(o.calibration)
+	if err != nil {
+		return fmt.Errorf("calibration (make it with: ziptrail calibrate --local --worker-startup 585ms -o %s): %w", o.calibration, err)
+	}
+	rep.Calibration = o.calibration
+	if cal.Params.Cores == 0 {
+		cal.Params.Cores = float64(runtime.NumCPU())
+		cal.Notes = append(cal.Notes, fmt.Sprintf("bench/sort: cores %d (runtime.NumCPU): the local cluster's workers, Redis and MinIO share this machine's cores", runtime.NumCPU()))
+	}
+	python := "python3"
+	logf("measuring the sort's own CPU cost per byte (bench/sort/cpu.py, one core, %s map tasks)", human(o.taskBytes))
+	cm, err := measureCompute(python, root, o.taskBytes)
+	if err != nil {
+		return err
+	}
+	rep.Compute = cm
+	logf("compute: map %.1f ns/B, reduce %.1f ns/B, validate %.1f ns/B", cm.MapSecondsPerByte*1e9, cm.ReduceSecondsPerByte*1e9, cm.ValidateSecondsPerByte*1e9)
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	cal.Notes = append(cal.Notes, fmt.Sprintf("bench/sort: examples/sort's compute (bench/sort/cpu.py, python3 %v): map %.3g s/B, reduce %.3g s/B of one core",
+		cm.Raw["python"], cm.MapSecondsPerByte, cm.ReduceSecondsPerByte))
+	if err := cal.Save(filepath.Join(o.out, "sort-calibration-used.json")); err != nil {
+		return err
+	}
+	m, err := model.New(cal.Params, model.DefaultPrices())
+	if err != nil {
+		return err
+	}
+	compute := model.Compute{MapSecondsPerByte: cm.MapSecondsPerByte, ReduceSecondsPerByte: cm.ReduceSecondsPerByte}
+
+	rayPython := o.rayPython
+	if o.ray && rayPython == "" {
+		logf("Ray venv: hack/ray-venv.sh")
+		cmd := exec.Command(filepath.Join(root, "hack", "ray-venv.sh"))
+		cmd.Stderr = os.Stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return fmt.Errorf("hack/ray-venv.sh: %w", err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		rayPython = lines[len(lines)-1]
+	}
+
+	// The workflow, as examples/sort ships it.
+	data, err := os.ReadFile(filepath.Join(examples, "workflow.yaml"))
+	if err != nil {
+		return err
+	}
+	wf := &v1alpha1.Workflow{}
+	if err := yaml.UnmarshalStrict(data, wf); err != nil {
+		return err
+	}
+	wf.Namespace = "bench"
+	maxRounds := 0
+	var podMemPerPod int64
+	for _, b := range wf.Spec.Buckets {
+		if strings.HasPrefix(b.Name, "shuffle-r") {
+			maxRounds++
+			if b.Spec.MemoryLimitPerPod != nil {
+				podMemPerPod = b.Spec.MemoryLimitPerPod.Value()
+			}
+		}
+	}
+	rep.Setup = map[string]any{
+		"workers": workers, "taskBytes": o.taskBytes, "partitionBytes": partitionBytes, "seed": o.seed,
+		"fastFraction": o.fastFraction, "roundFraction": o.roundFrac, "memoryLimitPerPod": podMemPerPod,
+		"maxRounds": maxRounds, "knative": "min-scale 1 (one warm pod per function; more start on demand, up to maxScale 8)",
+		"nodes": 2,
+	}
+
+	dir, err := os.MkdirTemp("", "ziptrail-sortbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	logf("bringing up the local cluster (waits for the host's cluster claim)")
+	t := time.Now()
+	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: io.Discard,
+		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1"}},
+		Kubernetes: localk8s.Options{NetPrefix: "zts", ClusterCIDR: netip.MustParsePrefix("10.219.0.0/16"),
+			ServiceCIDR: netip.MustParsePrefix("10.105.0.0/16"), WaitForHost: 60 * time.Minute}})
+	if err != nil {
+		return err
+	}
+	defer c.Down(context.Background())
+	logf("cluster up in %s", time.Since(t).Round(time.Second))
+	if c.RedisAddr == "" {
+		return errors.New("the local cluster has no Redis (redis-server not installed)")
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: c.RedisAddr})
+	defer rdb.Close()
+	defer rdb.ConfigSet(context.Background(), "maxmemory", "0")
+	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
+		return err
+	}
+	if err := c.Client.Create(ctx, wf); err != nil {
+		return err
+	}
+	if err := waitReady(ctx, c.Client, wf, 15*time.Minute); err != nil {
+		return err
+	}
+	logf("workflow sort ready (%d functions)", len(wf.Spec.Functions))
+
+	write := func() {
+		rep.Finished = time.Now().UTC()
+		rep.Error = modelErrors(rep.Runs)
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		_ = os.WriteFile(filepath.Join(o.out, "sort.json"), append(b, '\n'), 0o644)
+		_ = writeChart(filepath.Join(o.out, "sort.png"), rep.Runs)
+	}
+	total := len(o.sizes) * (len(o.methods) + map[bool]int{true: 1}[o.ray])
+	step := 0
+	for _, size := range o.sizes {
+		records := size / 100
+		parts := int(max(4, size/partitionBytes))
+		taskRecords := min(o.taskBytes/100, max(1, records/4))
+		fastCap := int64(math.Floor(o.fastFraction * float64(size)))
+		roundCap := int64(math.Floor(o.roundFrac * float64(size)))
+		var first *Run
+		for _, method := range o.methods {
+			step++
+			r := Run{System: "ziptrail", Method: method, Bytes: records * 100, Records: records, Partitions: parts,
+				FastCap: fastCap, LoadBefore: loadavg()}
+			rounds := 1
+			if method == "hybrid" {
+				rounds = int(math.Ceil(float64(records*100) / float64(roundCap)))
+				r.Rounds = rounds
+			}
+			r.MapTasks = mapTasks(records, taskRecords, rounds)
+			cfg := model.Config{Method: model.Method(method), DataBytes: float64(r.Bytes), Parallelism: workers,
+				WorkerMemory: float64(podMemPerPod) / cal.Params.PodStoreFraction, FastCapacity: float64(fastCap),
+				MapTasks: r.MapTasks, Partitions: parts, Compute: compute}
+			if method == "hybrid" {
+				cfg.RoundBytes = float64(roundCap)
+			}
+			pred, perr := m.Predict(cfg)
+			cfg.Compute = model.Compute{}
+			predIO, _ := m.Predict(cfg)
+			switch {
+			case method == "redis" && r.Bytes > fastCap:
+				r.Skipped = fmt.Sprintf("%s does not fit in the fast tier's cap of %s (%.0f %% of the data)", human(r.Bytes), human(fastCap), 100*o.fastFraction)
+			case method == "hybrid" && rounds > maxRounds:
+				r.Skipped = fmt.Sprintf("%d rounds: the workflow declares %d", rounds, maxRounds)
+			case method == "podmemory" && 2*r.Bytes > workers*podMemPerPod:
+				// The model's check (D ≤ P·memoryLimitPerPod) would allow up to
+				// 4 GiB; Knative does not spread the map tasks evenly over the 8
+				// pods, so a pod's object store must have room for twice its share.
+				r.Skipped = fmt.Sprintf("%s does not fit in half of the map pods' object stores (%d pods × %s memoryLimitPerPod; uneven placement needs the headroom)",
+					human(r.Bytes), workers, human(podMemPerPod))
+			case perr != nil:
+				r.Skipped = perr.Error()
+			}
+			if perr == nil {
+				r.Predicted, r.PredictedNoCPU, r.Prediction = pred.Seconds, predIO.Seconds, &pred
+			}
+			if r.Skipped != "" {
+				logf("[%d/%d] %s via %s: skipped: %s", step, total, human(r.Bytes), method, r.Skipped)
+				rep.Runs = append(rep.Runs, r)
+				write()
+				continue
+			}
+			params := map[string]any{"method": method, "bytes": r.Bytes, "seed": o.seed, "partitions": parts,
+				"taskRecords": taskRecords, "job": fmt.Sprintf("sort%d%s", size/MiB, method)}
+			if method == "hybrid" {
+				params["fastCapacity"] = roundCap
+			}
+			// The fast tier's cap: what Redis holds already (the engine's
+			// checkpoint, earlier sessions' leftovers) plus the cap.
+			used := redisUsed(ctx, rdb)
+			if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+				return err
+			}
+			if err := rdb.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used+fastCap, 10)).Err(); err != nil {
+				return err
+			}
+			logf("[%d/%d] %s via %s: started (%d partitions, %d map tasks, %d round(s); Redis maxmemory %s = %s in use + cap %s; predicted %s, %s without the compute term; load %s)",
+				step, total, human(r.Bytes), method, parts, r.MapTasks, rounds, human(used+fastCap), human(used), human(fastCap),
+				fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU), r.LoadBefore)
+			peak := int64(0)
+			stop := watchRedis(ctx, rdb, &peak)
+			res, s, err := session(c.GatewayURL, c.GatewayToken, params, o.timeout, func(el time.Duration) {
+				logf("[%d/%d] %s via %s: running, %s elapsed (Redis %s used)", step, total, human(r.Bytes), method, el.Round(time.Second), human(redisUsed(ctx, rdb)))
+			})
+			stop()
+			r.PeakRedisMemory = peak - used
+			r.LoadAfter = loadavg()
+			_ = rdb.ConfigSet(ctx, "maxmemory", "0").Err()
+			if err != nil {
+				r.Failed = err.Error()
+				logf("[%d/%d] %s via %s: FAILED: %v", step, total, human(r.Bytes), method, err)
+				rep.Runs = append(rep.Runs, r)
+				write()
+				continue
+			}
+			var v struct {
+				Valid           bool    `json:"valid"`
+				SHA256          string  `json:"sha256"`
+				Rounds          int     `json:"rounds"`
+				ValidateSeconds float64 `json:"validateSeconds"`
+			}
+			_ = json.Unmarshal(res, &v)
+			r.Result, r.Valid, r.SHA256, r.ValidateSeconds = res, v.Valid, v.SHA256, v.ValidateSeconds
+			r.Seconds = s.Ended.Sub(s.Started).Seconds()
+			r.SortSeconds = r.Seconds - r.ValidateSeconds
+			r.Rounds = max(r.Rounds, v.Rounds)
+			if r.Predicted > 0 {
+				e := 100 * (r.Predicted - r.SortSeconds) / r.SortSeconds
+				r.ErrorPct = &e
+			}
+			if first == nil {
+				first = &r
+			} else {
+				same := r.SHA256 == first.SHA256
+				r.SameOutput = &same
+			}
+			logf("[%d/%d] %s via %s: done in %s (sort %s + validation %s), valid %v, sha256 %.12s…; predicted %s (%+.0f %%); peak Redis +%s; load %s",
+				step, total, human(r.Bytes), method, fmtSec(r.Seconds), fmtSec(r.SortSeconds), fmtSec(r.ValidateSeconds), r.Valid, r.SHA256,
+				fmtSec(r.Predicted), deref(r.ErrorPct), human(r.PeakRedisMemory), r.LoadAfter)
+			rep.Runs = append(rep.Runs, r)
+			write()
+			if first == &r { // keep pointing at the stored run
+				first = &rep.Runs[len(rep.Runs)-1]
+			}
+		}
+		if o.ray {
+			step++
+			r := Run{System: "ray", Method: "ray", Bytes: records * 100, Records: records, Partitions: parts,
+				MapTasks: mapTasks(records, taskRecords, 1), FastCap: fastCap, LoadBefore: loadavg()}
+			logf("[%d/%d] %s via Ray (object store %s, 2 CPUs): started (load %s)", step, total, human(r.Bytes), human(fastCap), r.LoadBefore)
+			res, err := rayRun(rayPython, examples, o.seed, records, parts, taskRecords, fastCap, o.timeout)
+			r.LoadAfter = loadavg()
+			if err != nil {
+				r.Failed = err.Error()
+				logf("[%d/%d] %s via Ray: FAILED: %v", step, total, human(r.Bytes), err)
+			} else {
+				var v struct {
+					Valid           bool    `json:"valid"`
+					SHA256          string  `json:"sha256"`
+					Seconds         float64 `json:"seconds"`
+					SortSeconds     float64 `json:"sortSeconds"`
+					ValidateSeconds float64 `json:"validateSeconds"`
+				}
+				_ = json.Unmarshal(res, &v)
+				r.Result, r.Valid, r.SHA256 = res, v.Valid, v.SHA256
+				r.Seconds, r.SortSeconds, r.ValidateSeconds = v.Seconds, v.SortSeconds, v.ValidateSeconds
+				if first != nil {
+					same := r.SHA256 == first.SHA256
+					r.SameOutput = &same
+				}
+				logf("[%d/%d] %s via Ray: done in %s (sort %s + validation %s), valid %v, sha256 %.12s…, same as ziptrail's: %v; load %s",
+					step, total, human(r.Bytes), fmtSec(r.Seconds), fmtSec(r.SortSeconds), fmtSec(r.ValidateSeconds), r.Valid, r.SHA256,
+					r.SameOutput != nil && *r.SameOutput, r.LoadAfter)
+			}
+			rep.Runs = append(rep.Runs, r)
+			write()
+		}
+	}
+	rep.LoadAverages = append(rep.LoadAverages, "end: "+loadavg())
+	write()
+	printTable(os.Stdout, rep)
+	fmt.Printf("\nwrote %s and %s\n", filepath.Join(o.out, "sort.json"), filepath.Join(o.out, "sort.png"))
+	return nil
+}
+
+func deref(p *float64) float64 {
+	if p == nil {
+		return math.NaN()
+	}
+	return *p
+}
+
+// mapTasks is examples/sort's map task count (sort.py map_tasks).
+func mapTasks(records, per int64, rounds int) int {
+	n := 0
+	for r := int64(0); r < int64(rounds); r++ {
+		a, b := r*records/int64(rounds), (r+1)*records/int64(rounds)
+		n += int(max(1, (b-a+per-1)/per))
+	}
+	return n
+}
+
+func measureCompute(python, root string, taskBytes int64) (ComputeMeasure, error) {
+	cmd := exec.Command(python, filepath.Join(root, "bench", "sort", "cpu.py"), filepath.Join(root, "examples", "sort"),
+		"--task-bytes", strconv.FormatInt(min(taskBytes, 64*MiB), 10), "--repeat", "3")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return ComputeMeasure{}, fmt.Errorf("bench/sort/cpu.py: %w", err)
+	}
+	var cm ComputeMeasure
+	if err := json.Unmarshal(out, &cm); err != nil {
+		return cm, err
+	}
+	_ = json.Unmarshal(out, &cm.Raw)
+	return cm, nil
+}
+
+func rayRun(python, examples string, seed, records int64, parts int, taskRecords, store int64, timeout time.Duration) (json.RawMessage, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	script := filepath.Join(filepath.Dir(filepath.Dir(examples)), "bench", "sort", "ray_sort.py")
+	cmd := exec.CommandContext(ctx, python, script, examples, "--seed", strconv.FormatInt(seed, 10),
+		"--records", strconv.FormatInt(records, 10), "--partitions", strconv.Itoa(parts),
+		"--task-records", strconv.FormatInt(taskRecords, 10), "--object-store-memory", strconv.FormatInt(store, 10), "--num-cpus", "2")
+	cmd.Env = append(os.Environ(), "RAY_AUTH_MODE=disabled")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		tail := stderr.String()
+		if len(tail) > 2000 {
+			tail = tail[len(tail)-2000:]
+		}
+		return nil, fmt.Errorf("%w: %s", err, tail)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return json.RawMessage(lines[len(lines)-1]), nil
+}
+
+func redisUsed(ctx context.Context, rdb *redis.Client) int64 {
+	info, err := rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "used_memory:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+func watchRedis(ctx context.Context, rdb *redis.Client, peak *int64) func() {
+	done := make(chan struct{})
+	fin := make(chan struct{})
+	go func() {
+		defer close(fin)
+		for {
+			if u := redisUsed(ctx, rdb); u > *peak {
+				*peak = u
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}()
+	return func() { close(done); <-fin }
+}
+
+// session runs one sort session through the gateway and returns its result
+// and its record (start and end times).
+func session(gateway, token string, params map[string]any, timeout time.Duration, progress func(time.Duration)) (json.RawMessage, sessions.Session, error) {
+	var s sessions.Session
+	do := func(method, url string, body io.Reader) ([]byte, int, error) {
+		req, err := http.NewRequest(method, url, body)
+		if err != nil {
+			return nil, 0, err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return b, resp.StatusCode, err
+	}
+	in, _ := json.Marshal(params)
+	body, code, err := do(http.MethodPost, gateway+"/v1/namespaces/bench/workflows/sort/sessions", strings.NewReader(string(in)))
+	if err != nil {
+		return nil, s, err
+	}
+	if code != http.StatusCreated {
+		return nil, s, fmt.Errorf("start: %d %s", code, body)
+	}
+	if err := json.Unmarshal(body, &s); err != nil {
+		return nil, s, err
+	}
+	start := time.Now()
+	var result []byte
+	for {
+		b, code, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+s.ID+"/result?wait=30s", nil)
+		if err != nil {
+			return nil, s, err
+		}
+		if code == http.StatusOK {
+			result = b
+			break
+		}
+		if code != http.StatusAccepted {
+			return nil, s, fmt.Errorf("session %s: %d %s", s.ID, code, b)
+		}
+		if time.Since(start) > timeout {
+			return nil, s, fmt.Errorf("session %s: no result after %s", s.ID, timeout)
+		}
+		progress(time.Since(start))
+	}
+	b, code, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+s.ID, nil)
+	if err != nil {
+		return nil, s, err
+	}
+	if code != http.StatusOK {
+		return nil, s, fmt.Errorf("session %s: %d %s", s.ID, code, b)
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, s, err
+	}
+	if s.State != sessions.Completed || s.Ended == nil {
+		return nil, s, fmt.Errorf("session %s: %s %s", s.ID, s.State, s.Error)
+	}
+	return result, s, nil
+}
+
+func waitReady(ctx context.Context, c client.Client, wf *v1alpha1.Workflow, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		got := &v1alpha1.Workflow{}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(wf), got); err == nil && meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady) {
+			return nil
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not ready after %s", wf.Name, timeout)
+}
+
+// modelErrors is the model's mean absolute relative error over the ziptrail
+// runs that completed, per size group and overall.
+func modelErrors(runs []Run) map[string]Error {
+	out := map[string]Error{}
+	var all, allIO []float64
+	for _, r := range runs {
+		if r.System != "ziptrail" || r.SortSeconds <= 0 || r.Predicted <= 0 {
+			continue
+		}
+		all = append(all, math.Abs(r.Predicted-r.SortSeconds)/r.SortSeconds)
+		allIO = append(allIO, math.Abs(r.PredictedNoCPU-r.SortSeconds)/r.SortSeconds)
+	}
+	mean := func(v []float64) float64 {
+		s := 0.0
+		for _, x := range v {
+			s += x
+		}
+		return 100 * s / float64(max(1, len(v)))
+	}
+	out["all"] = Error{Runs: len(all), WithCompute: mean(all), TransfersOnly: mean(allIO),
+		Description: "mean of |predicted − measured| / measured over the ziptrail runs, in %; measured = session time − the collector's validation"}
+	return out
+}
+
+func human(b int64) string {
+	switch {
+	case b >= GiB && b%(GiB/10) == 0 || b >= 10*GiB:
+		return strconv.FormatFloat(float64(b)/GiB, 'f', -1, 64) + " GiB"
+	case b >= GiB:
+		return fmt.Sprintf("%.2f GiB", float64(b)/GiB)
+	case b >= MiB:
+		return fmt.Sprintf("%.0f MiB", float64(b)/MiB)
+	default:
+		return fmt.Sprintf("%d B", b)
+	}
+}
+
+func fmtSec(s float64) string {
+	if s <= 0 || math.IsNaN(s) {
+		return "-"
+	}
+	return fmt.Sprintf("%.1fs", s)
+}
+
+func printTable(w io.Writer, rep *Report) {
+	fmt.Fprintln(w, "| size | method | rounds | measured (sort + validation) | sort | predicted | error | transfers-only prediction | valid, same sha256 | load before → after |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rep.Runs {
+		name := r.Method
+		if r.System == "ray" {
+			name = "**Ray** (peer)"
+		}
+		size := human(r.Bytes)
+		switch {
+		case r.Skipped != "":
+			fmt.Fprintf(w, "| %s | %s | | skipped: %s | | %s | | %s | | |\n", size, name, r.Skipped, fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU))
+			continue
+		case r.Failed != "":
+			fmt.Fprintf(w, "| %s | %s | | FAILED: %.120s | | %s | | %s | | %s → %s |\n", size, name, r.Failed, fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU), r.LoadBefore, r.LoadAfter)
+			continue
+		}
+		rounds, pred, errs, io := "", "", "", ""
+		if r.Rounds > 1 {
+			rounds = strconv.Itoa(r.Rounds)
+		}
+		if r.System == "ziptrail" {
+			pred, io = fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU)
+			if r.ErrorPct != nil {
+				errs = fmt.Sprintf("%+.0f %%", *r.ErrorPct)
+			}
+		}
+		same := "first"
+		if r.SameOutput != nil {
+			same = strconv.FormatBool(*r.SameOutput)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s (%s + %s) | %s | %s | %s | %s | %v, %s | %s → %s |\n", size, name, rounds, fmtSec(r.Seconds),
+			fmtSec(r.SortSeconds), fmtSec(r.ValidateSeconds), fmtSec(r.SortSeconds), pred, errs, io, r.Valid, same, r.LoadBefore, r.LoadAfter)
+	}
+	if e, ok := rep.Error["all"]; ok {
+		fmt.Fprintf(w, "\nmodel mean absolute error over %d runs: %.1f %% (transfer terms only: %.1f %%)\n", e.Runs, e.WithCompute, e.TransfersOnly)
+	}
+}

@@ -77,6 +77,8 @@ var classes = []class{
 	// The pod's shared-memory directory is full (its emptyDir's or
 	// /dev/shm's size): the object store's class, not an internal error.
 	{syscall.ENOSPC, codes.ResourceExhausted, ReasonStoreFull},
+	// The same at the receiver of a message.
+	{messaging.ErrRefused, codes.ResourceExhausted, ReasonStoreFull},
 	{ErrBadPayload, codes.InvalidArgument, ReasonBadPayload},
 	{errNotReady, codes.Unavailable, ReasonNotReady},
 	{errTierUnavailable, codes.FailedPrecondition, ReasonTierUnavailable},

@@ -82,7 +82,7 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 			case err == nil && st == Foreign:
 				return false, fmt.Errorf("%w: rank %d's sidecar refused this namespace's authenticator", ErrForeign, o.To)
 			case err == nil && st == Refused:
-				return false, fmt.Errorf("%w: rank %d's pod could not store the message", ErrRefused, o.To)
+				return false, fmt.Errorf("%w: no room for it at rank %d (its shared-memory directory is full)", ErrRefused, o.To)
 			case err != nil && ctx.Err() != nil:
 				return false, r.timeout(ctx, o)
 			case err != nil && !errors.Is(err, ErrUnreachable):

@@ -45,11 +45,11 @@ func shmDir(t testing.TB) string {
 	return dir
 }
 
-func startMsgPod(t *testing.T, op *testservers.Operator, ns, pod string) *msgPod {
-	return startMsgPodB(t, op, ns, pod)
+func startMsgPod(t *testing.T, op *testservers.Operator, ns, pod string, opts ...func(*Config)) *msgPod {
+	return startMsgPodB(t, op, ns, pod, opts...)
 }
 
-func startMsgPodB(t testing.TB, op *testservers.Operator, ns, pod string) *msgPod {
+func startMsgPodB(t testing.TB, op *testservers.Operator, ns, pod string, opts ...func(*Config)) *msgPod {
 	t.Helper()
 	sockDir, err := os.MkdirTemp("", "zt")
 	if err != nil {
@@ -59,6 +59,9 @@ func startMsgPodB(t testing.TB, op *testservers.Operator, ns, pod string) *msgPo
 	cfg := Config{Namespace: ns, Pod: pod, PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: shmDir(t),
 		MemoryLimit: 256 << 20, InlineThreshold: 64 << 10, ObjectTTL: time.Minute, OperatorAddr: op.Addr, TokenFile: op.PodToken(t, ns, pod),
 		APISocket: filepath.Join(sockDir, "sidecar.sock"), BackupTimeout: time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	s := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -331,6 +334,52 @@ func TestMessagingTerminatingPodServesLiveMembers(t *testing.T) {
 	_, _, err := a.recv(ctx, "s1", "g", 0, 1, 0)
 	if r := localapi.Reason(err); r != localapi.ReasonPeerGone {
 		t.Fatalf("reason %q (%v)", r, err)
+	}
+}
+
+// smallTmpfs is a directory on a tmpfs of its own of the given size, as a
+// pod's shared-memory emptyDir with a sizeLimit (mounting needs
+// CAP_SYS_ADMIN, which the test machine's root has).
+func smallTmpfs(t *testing.T, size string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+		t.Fatalf("mount a %s tmpfs at %s (this test needs root): %v", size, dir, err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
+}
+
+// TestMessagingReceiverShmFull: a message larger than the room left in the
+// receiving pod's shared-memory directory (really full: a 1 MiB tmpfs) is
+// refused there and the sender gets STORE_FULL naming the receiver — not
+// a sidecar killed by SIGBUS, not a message silently dropped, no partial
+// file left; the receiver's sidecar serves on, and a message that fits
+// still arrives.
+func TestMessagingReceiverShmFull(t *testing.T) {
+	op := messagingEnv(t)
+	a := startMsgPod(t, op, "team-a", "pod-a")
+	full := smallTmpfs(t, "1m")
+	b := startMsgPod(t, op, "team-a", "pod-b", func(c *Config) { c.ShmDir = full })
+	a.join(t, "s1", "g", 0, 2, false)
+	b.join(t, "s1", "g", 1, 2, false)
+	ctx, cancel := within(time.Minute)
+	defer cancel()
+
+	big := bytes.Repeat([]byte("x"), 4<<20)
+	_, err := a.send(ctx, "s1", "g", 0, 1, 0, big)
+	if r := localapi.Reason(err); r != localapi.ReasonStoreFull || !strings.Contains(err.Error(), "rank 1") {
+		t.Fatalf("a 4 MiB message into a 1 MiB directory: reason %q (%v), want STORE_FULL naming rank 1", r, err)
+	}
+	if entries, _ := os.ReadDir(full); len(entries) != 0 {
+		t.Fatalf("the refused message left %d file(s) in the receiver's directory", len(entries))
+	}
+	small := bytes.Repeat([]byte("y"), 200<<10) // a file too, and it fits
+	if _, err := a.send(ctx, "s1", "g", 0, 1, 7, small); err != nil {
+		t.Fatalf("a message that fits, after the refused one: %v", err)
+	}
+	if _, got, err := b.recv(ctx, "s1", "g", 1, 0, 0); err != nil || !bytes.Equal(got, small) {
+		t.Fatalf("the receiver got %d bytes, %v (want the 200 KiB message, and not the refused one)", len(got), err)
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -16,15 +15,6 @@ import (
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
 	"github.com/ziptrail/ziptrail/internal/shuffle/plan"
 )
-
-// explainOutput is `ziptrail explain -o json`'s document.
-type explainOutput struct {
-	// Calibrated is false when the built-in defaults were used.
-	Calibrated  bool              `json:"calibrated"`
-	Calibration model.Calibration `json:"calibration"`
-	Prices      model.Prices      `json:"prices"`
-	Result      plan.Result       `json:"result"`
-}
 
 // runExplain implements `ziptrail explain`: it plans a shuffle with the
 // Locus model and prints the chosen plan and every method's best.
@@ -102,17 +92,11 @@ func runExplain(args []string, stdout, stderr io.Writer) error {
 		in.Objective = o
 	}
 	if *methods != "" {
-		for _, s := range strings.Split(*methods, ",") {
-			m := model.Method(strings.TrimSpace(s))
-			found := false
-			for _, k := range model.Methods {
-				found = found || k == m
-			}
-			if !found {
-				return fmt.Errorf("--methods: unknown method %q (want s3, redis, podmemory, hybrid)", m)
-			}
-			in.Methods = append(in.Methods, m)
+		ms, err := plan.ParseMethods(*methods)
+		if err != nil {
+			return fmt.Errorf("--methods: %w", err)
 		}
+		in.Methods = ms
 	}
 
 	cal := model.DefaultCalibration()
@@ -128,24 +112,19 @@ func runExplain(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&prices); err != nil {
+		if prices, err = plan.PricesWith(prices, data); err != nil {
 			return fmt.Errorf("%s: %w", *pricesFile, err)
 		}
 	}
-	m, err := model.New(cal.Params, prices)
+	ex, err := plan.Explain(cal, prices, in)
 	if err != nil {
 		return err
 	}
-	res, err := plan.Plan(m, in)
-	if err != nil {
-		return err
-	}
+	res := ex.Result
 	if *out == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(explainOutput{Calibrated: cal.Calibrated(), Calibration: cal, Prices: prices, Result: res}); err != nil {
+		if err := enc.Encode(ex); err != nil {
 			return err
 		}
 	} else {

@@ -57,7 +57,8 @@ type Input struct {
 	// MaxParallelism bounds P (0: 1024).
 	MaxParallelism int `json:"maxParallelism,omitempty"`
 	// Objective, and its constraint: Budget in dollars for Fastest,
-	// Deadline in seconds for Cheapest (0: none).
+	// Deadline in seconds for Cheapest (0: none). An empty Objective is
+	// Cheapest with a Deadline, else Fastest.
 	Objective Objective `json:"objective"`
 	Budget    float64   `json:"budget,omitempty"`
 	Deadline  float64   `json:"deadline,omitempty"`
@@ -94,8 +95,8 @@ type Result struct {
 
 // Plan searches the configurations of in with m and returns the best.
 func Plan(m *model.Model, in Input) (Result, error) {
-	if !(in.DataBytes > 0) || math.IsInf(in.DataBytes, 0) {
-		return Result{}, errors.New("plan: the data size must be positive")
+	if err := in.Check(); err != nil {
+		return Result{}, fmt.Errorf("plan: %w", err)
 	}
 	if in.MinWorkerMemory == 0 {
 		in.MinWorkerMemory = DefaultMinWorkerMemory
@@ -104,7 +105,11 @@ func Plan(m *model.Model, in Input) (Result, error) {
 		in.MaxParallelism = DefaultMaxParallelism
 	}
 	if in.Objective == "" {
+		// A deadline alone asks for the cheapest plan within it.
 		in.Objective = Fastest
+		if in.Deadline > 0 {
+			in.Objective = Cheapest
+		}
 	}
 	switch {
 	case in.MaxWorkerMemory < in.MinWorkerMemory || !(in.MaxWorkerMemory > 0):

@@ -1,0 +1,181 @@
+package samenode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+)
+
+// Client is a consumer's side: it gets objects from producers on its node.
+type Client struct {
+	Dir  string // the node directory (DefaultDir)
+	Node string // this pod's node; empty disables the path
+	Keys *ref.Keyring
+}
+
+// Object is an object received as a sealed memfd. Close it when done.
+type Object struct {
+	File        *os.File // read-only: the seals refuse writes, truncation and growth
+	Size        int64
+	Bucket, Key string
+}
+
+// Close releases the descriptor.
+func (o *Object) Close() error { return o.File.Close() }
+
+// Map maps the object read-only; unmap with Unmap. No copy: the pages are
+// the producer's.
+func (o *Object) Map() ([]byte, error) {
+	if o.Size == 0 {
+		return []byte{}, nil
+	}
+	b, err := unix.Mmap(int(o.File.Fd()), 0, int(o.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("samenode: mmap: %w", err)
+	}
+	return b, nil
+}
+
+// Unmap undoes Map.
+func Unmap(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	return unix.Munmap(b)
+}
+
+// CopyTo writes the object into w from offset 0: the one copy a consumer
+// makes when its function reads a file rather than the memfd.
+func (o *Object) CopyTo(w io.WriterAt) error {
+	b, err := o.Map()
+	if err != nil {
+		return err
+	}
+	defer Unmap(b)
+	if len(b) == 0 {
+		return nil
+	}
+	_, err = w.WriteAt(b, 0)
+	return err
+}
+
+// Applies reports whether rec's producer serves this node's path.
+func (c *Client) Applies(rec ref.Record) bool {
+	return c != nil && c.Node != "" && rec.Node == c.Node && ValidPodUID(rec.Pod)
+}
+
+// Get asks the reference's producer for the object. ErrNotApplicable:
+// the producer is elsewhere; ErrUnavailable, ErrNotFound: the TCP pull
+// may still succeed (it knows the tiers); ErrRefused wraps the
+// producer's reason.
+func (c *Client) Get(ctx context.Context, r string) (_ *Object, err error) {
+	defer func() { observeGet(err) }()
+	if c.Keys == nil {
+		return nil, ErrNotApplicable
+	}
+	// The producer decides about expiry (a keep-alive may have extended
+	// the object), as on the TCP path.
+	rec, err := c.Keys.OpenExpired(r)
+	if err != nil {
+		return nil, err
+	}
+	if !c.Applies(rec) {
+		return nil, ErrNotApplicable
+	}
+	if len(r)+len(magic) > MaxRequestBytes {
+		return nil, fmt.Errorf("%w: reference of %d bytes", ErrRefused, len(r))
+	}
+	path, err := SocketPath(c.Dir, rec.Pod)
+	if err != nil {
+		return nil, ErrNotApplicable
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unixpacket", path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	conn := nc.(*net.UnixConn)
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	} else {
+		_ = conn.SetDeadline(time.Now().Add(idleTimeout))
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, _, err := conn.WriteMsgUnix(encodeRequest(r), nil, nil); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	buf := make([]byte, maxResponseBytes+64)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
+	fds := rights(oob[:oobn])
+	var keep int = -1
+	defer func() {
+		for _, fd := range fds {
+			if fd != keep {
+				_ = unix.Close(fd)
+			}
+		}
+	}()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		return nil, fmt.Errorf("%w: truncated response", ErrProtocol)
+	}
+	resp, err := decodeResponse(buf[:n])
+	if err != nil {
+		return nil, err
+	}
+	switch resp.status {
+	case statusOK:
+	case statusRefused:
+		return nil, fmt.Errorf("%w: %s", ErrRefused, resp.msg)
+	case statusNotFound:
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, resp.msg)
+	default:
+		return nil, fmt.Errorf("%w: producer: %s", ErrUnavailable, resp.msg)
+	}
+	if len(fds) != 1 {
+		return nil, fmt.Errorf("%w: %d descriptors with the object, want 1", ErrProtocol, len(fds))
+	}
+	if err := checkSealed(fds[0], resp.size); err != nil {
+		return nil, err
+	}
+	keep = fds[0]
+	receivedBytes.Add(float64(resp.size))
+	return &Object{File: os.NewFile(uintptr(keep), "samenode:"+rec.Key), Size: resp.size, Bucket: resp.bucket, Key: resp.key}, nil
+}
+
+// rights are the descriptors in SCM_RIGHTS control messages.
+func rights(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, m := range msgs {
+		if f, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, f...)
+		}
+	}
+	return fds
+}
+
+// Fallback reports whether a Get error means "pull over TCP instead":
+// everything but the caller's own context ending.
+func Fallback(err error) bool {
+	return err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}

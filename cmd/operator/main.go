@@ -189,8 +189,15 @@ func run(c config) error {
 	})); err != nil {
 		return err
 	}
-	gw := gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
-		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}, MaxInput: c.maxInputBytes})
+	gwh := &gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
+		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}, MaxInput: c.maxInputBytes}
+	// The shuffle planner's calibration: the ConfigMap `ziptrail calibrate
+	// --configmap` writes in the operator's namespace, read uncached (the
+	// chart grants get on that one ConfigMap, not list/watch).
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		gwh.Calibration = &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: ns}
+	}
+	gw := gateway.New(gwh)
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		hs := &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
 		return serveUntil(ctx, c.gatewayAddr, hs.Serve, func() { _ = hs.Shutdown(context.Background()) })

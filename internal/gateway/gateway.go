@@ -8,6 +8,7 @@
 //	GET  /v1/namespaces/{ns}/sessions/{id}                                -> 200 Session
 //	GET  /v1/namespaces/{ns}/sessions/{id}/result[?wait=30s]              -> 200 bytes | 202 | 409 | 410
 //	GET  /v1/namespaces/{ns}/sessions/{id}/events                         -> text/event-stream
+//	POST /v1/namespaces/{ns}/shuffle/plan    body: plan request (JSON)    -> 200 plan (plan.go)
 //
 // Every request carries Kubernetes credentials (Authorization: Bearer
 // <token>), authenticated with TokenReview and authorized with
@@ -73,7 +74,10 @@ type Handler struct {
 	Auth     Authorizer
 	MaxInput int64         // largest input accepted; default 64 MiB
 	MaxWait  time.Duration // longest ?wait=; default 10m
-	mux      *http.ServeMux
+	// Calibration gives the shuffle planner (plan.go) the installation's
+	// calibration; nil plans with the built-in defaults.
+	Calibration CalibrationSource
+	mux         *http.ServeMux
 }
 
 // New wires the routes.
@@ -90,6 +94,7 @@ func New(h *Handler) *Handler {
 	h.mux.HandleFunc("GET /v1/namespaces/{ns}/sessions/{id}", h.get)
 	h.mux.HandleFunc("GET /v1/namespaces/{ns}/sessions/{id}/result", h.result)
 	h.mux.HandleFunc("GET /v1/namespaces/{ns}/sessions/{id}/events", h.events)
+	h.mux.HandleFunc("POST /v1/namespaces/{ns}/shuffle/plan", h.plan)
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: %s %s (see the package documentation of the session gateway)", r.Method, r.URL.Path)
 	})

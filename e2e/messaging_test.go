@@ -245,10 +245,13 @@ var _ = Describe("direct messages between function instances", func() {
 			g.Expect(p.DeletionTimestamp).NotTo(BeNil())
 		}).WithTimeout(time.Minute).Should(Succeed())
 		// The node agent sends queue-proxy-zl SIGTERM right after the
-		// deletion (it has no preStop hook); nothing outside the pod shows
-		// that it arrived (the pod stays Ready while it drains), so the
-		// spec allows it a moment before the members go on.
-		time.Sleep(3 * time.Second)
+		// deletion (it has no preStop hook). The pod stays Ready while it
+		// drains; its sidecar's log says it is draining for a live member.
+		Eventually(func(g Gomega) {
+			logs, err := cluster.Clientset.CoreV1().Pods(ns).GetLogs(v1.Pod, &corev1.PodLogOptions{Container: "queue-proxy"}).DoRaw(ctx)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(string(logs)).To(ContainSubstring("terminating with 1 group member(s) running here"))
+		}).WithTimeout(time.Minute).Should(Succeed())
 		Expect(os.WriteFile(filepath.Join(gate, "go"), nil, 0o644)).To(Succeed())
 		result := sessionResult(ns, id)
 		var vs []memberVerdict

@@ -54,6 +54,7 @@ func TestAdmin(t *testing.T) {
 
 	t.Run("resources", func(t *testing.T) { testResources(t, env, ns.Name) })
 	t.Run("sessions", func(t *testing.T) { testSessions(t, env, ns.Name) })
+	t.Run("plan", func(t *testing.T) { testPlan(t, env, ns.Name) })
 }
 
 // testResources: create, read, apply, update and delete each kind; the

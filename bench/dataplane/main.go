@@ -34,8 +34,13 @@ func main() {
 	reps := flag.Int("reps", 5, "repetitions per cell (the median is reported)")
 	out := flag.String("out", "docs/bench", "directory for dataplane.json and dataplane.png")
 	skipS3 := flag.Bool("no-s3", false, "skip the S3 column (e.g. MinIO not installed)")
+	sameNode := flag.Bool("samenode", false, "measure the same-node path (memfd over a unix socket) against the TCP pull, Redis and S3 instead (samenode.go)")
 	flag.Parse()
-	if err := run(*reps, *out, !*skipS3); err != nil {
+	runFn := run
+	if *sameNode {
+		runFn = runSameNode
+	}
+	if err := runFn(*reps, *out, !*skipS3); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}

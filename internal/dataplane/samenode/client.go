@@ -32,12 +32,14 @@ type Object struct {
 func (o *Object) Close() error { return o.File.Close() }
 
 // Map maps the object read-only; unmap with Unmap. No copy: the pages are
-// the producer's.
-func (o *Object) Map() ([]byte, error) {
+// the producer's (populated at once: a reader touches them all anyway).
+func (o *Object) Map() ([]byte, error) { return o.mmap(unix.MAP_POPULATE) }
+
+func (o *Object) mmap(flags int) ([]byte, error) {
 	if o.Size == 0 {
 		return []byte{}, nil
 	}
-	b, err := unix.Mmap(int(o.File.Fd()), 0, int(o.Size), unix.PROT_READ, unix.MAP_SHARED)
+	b, err := unix.Mmap(int(o.File.Fd()), 0, int(o.Size), unix.PROT_READ, unix.MAP_SHARED|flags)
 	if err != nil {
 		return nil, fmt.Errorf("samenode: mmap: %w", err)
 	}

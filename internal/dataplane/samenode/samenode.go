@@ -195,12 +195,10 @@ func newSealedMemfd(name string, data []byte) (*os.File, error) {
 	}
 	f := os.NewFile(uintptr(fd), "memfd:"+name)
 	if len(data) > 0 {
-		// Reserve the pages first: a full memory cgroup fails here with
-		// an error rather than later with SIGBUS.
-		if err := unix.Fallocate(fd, 0, 0, int64(len(data))); err != nil {
-			_ = f.Close()
-			return nil, fmt.Errorf("memfd fallocate %d bytes: %w", len(data), err)
-		}
+		// pwrite, not a mapping: a full memory cgroup fails the write
+		// with an error rather than the writer with SIGBUS, and without
+		// fallocate's zeroing pass (measured: fallocate+pwrite costs
+		// twice pwrite alone).
 		for off := 0; off < len(data); {
 			n, err := unix.Pwrite(fd, data[off:], int64(off))
 			if err != nil {

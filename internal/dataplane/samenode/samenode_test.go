@@ -458,3 +458,41 @@ func TestResponseDecoding(t *testing.T) {
 		t.Fatalf("%+v %v", r, err)
 	}
 }
+
+// TestAdopt: an object produced in a sealed memfd is served as is (the
+// consumer gets the very same file), and an unsealed one is refused.
+func TestAdopt(t *testing.T) {
+	f := newFixture(t)
+	data := payload(100_000)
+	mf, err := NewSealed("a", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := MapSealed(mf, int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Unmap(m)
+	r := f.put(t, "a", m, 1)
+	var a, b unix.Stat_t
+	_ = unix.Fstat(int(mf.Fd()), &a)
+	if err := f.srv.Adopt("a", mf, int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.cli.Get(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	_ = unix.Fstat(int(o.File.Fd()), &b)
+	if a.Ino != b.Ino {
+		t.Error("the adopted memfd was copied")
+	}
+	fd, _ := unix.MemfdCreate("open", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	open := os.NewFile(uintptr(fd), "open")
+	defer open.Close()
+	_ = open.Truncate(10)
+	if err := f.srv.Adopt("b", open, 10); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("adopting an unsealed memfd: %v", err)
+	}
+}

@@ -366,6 +366,36 @@ func (s *Server) Prepare(id string, data []byte) error {
 	return nil
 }
 
+// Adopt takes an object that already lives in a sealed memfd (a function
+// that produced its output in shared memory hands the descriptor over):
+// no copy at all. f must carry RequiredSeals and be size bytes; the
+// server owns it from now on (closed when the store lets the object go).
+func (s *Server) Adopt(id string, f *os.File, size int64) error {
+	if err := checkSealed(int(f.Fd()), size); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.cache[id]; ok {
+		_ = old.Close()
+	}
+	s.cacheLocked(id, f)
+	return nil
+}
+
+// NewSealed copies data into a new memfd sealed read-only (the one copy
+// of a put that does not produce its object in shared memory).
+func NewSealed(name string, data []byte) (*os.File, error) { return newSealedMemfd(name, data) }
+
+// MapSealed maps a sealed memfd read-only (pages faulted in as read):
+// the seals guarantee the mapping cannot change or shrink under its reader.
+func MapSealed(f *os.File, size int64) ([]byte, error) {
+	if err := checkSealed(int(f.Fd()), size); err != nil {
+		return nil, err
+	}
+	return (&Object{File: f, Size: size}).mmap(0)
+}
+
 // Cached is the number of memfds the server holds.
 func (s *Server) Cached() int {
 	s.mu.Lock()

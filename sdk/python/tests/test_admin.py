@@ -6,6 +6,7 @@ Ready at the URL of a Python function server this module runs)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import threading
@@ -189,3 +190,55 @@ def test_session_credentials_and_large_results(admin: Admin, control_plane, tmp_
     s = guest.start("large")
     assert guest.result(s.id, timeout=60) == BIG
     admin.delete("Workflow", "large", wait=60)
+
+
+def test_plan_with_and_without_calibration(admin: Admin, control_plane):
+    """Sessions.plan asks the real gateway's shuffle planner: the built-in
+    defaults (calibrated False) until the operator's namespace holds the
+    calibration ConfigMap, then its parameters; the planner's refusals are
+    InvalidErrors with the reason; strangers are refused."""
+    from kubernetes import client
+
+    sessions = Sessions(control_plane[1], namespace="default", kubeconfig=control_plane[0])
+    plan = sessions.plan(4 << 30, fast_capacity=1 << 30, max_worker_memory=2 << 30, budget=0.5)
+    assert not plan.calibrated and plan.warning == ""
+    assert plan.method in ("s3", "redis", "podmemory", "hybrid"), plan
+    assert plan.parallelism >= 1 and plan.worker_memory >= 128 << 20 and plan.seconds > 0 and plan.dollars <= 0.5
+    assert [o.method for o in plan.alternatives] == ["s3", "redis", "podmemory", "hybrid"]
+    chosen = next(o for o in plan.alternatives if o.method == plan.method)
+    assert (chosen.seconds, chosen.dollars, chosen.parallelism, chosen.meets_constraint) == (plan.seconds, plan.dollars, plan.parallelism, True)
+    # The fast tier holds a quarter of the data: Redis alone cannot run it.
+    redis = next(o for o in plan.alternatives if o.method == "redis")
+    assert not redis.feasible and redis.reason
+    assert plan.document["result"]["input"]["budget"] == 0.5
+
+    cheap = sessions.plan(4 << 30, fast_capacity=1 << 30, deadline=3600, methods=["s3", "hybrid"],
+                          prices={"slowPerPut": 0.0})
+    assert [o.method for o in cheap.alternatives] == ["s3", "hybrid"]
+    assert cheap.document["result"]["input"]["objective"] == "cheapest" and cheap.document["prices"]["slowPerPut"] == 0
+
+    for kwargs, message in (({"size": -1}, "data size must be positive"),
+                            ({"size": 1 << 30, "methods": ["tape"]}, 'unknown method "tape"'),
+                            ({"size": 1 << 30, "budget": 1, "deadline": 60}, "not both"),
+                            ({"size": 1 << 30, "prices": {"gold": 1}}, "unknown field")):
+        with pytest.raises(ziptrail.InvalidError, match=message):
+            sessions.plan(**kwargs)
+    with pytest.raises(ziptrail.ZiptrailError, match="not authenticated"):
+        Sessions(control_plane[1], token="").plan(1 << 30)
+
+    # The calibration `ziptrail calibrate --configmap` writes.
+    doc = dict(plan.document["calibration"])
+    doc["time"] = "2026-11-03T10:00:00Z"
+    doc["measuredOn"] = {"kind": "cluster", "name": "pytest-cluster"}
+    doc["params"] = dict(doc["params"], workerStartup=doc["params"]["workerStartup"] * 3)
+    core = client.CoreV1Api(admin.api_client)
+    core.create_namespace({"metadata": {"name": "ziptrail-system"}})
+    core.create_namespaced_config_map("ziptrail-system", {"metadata": {"name": "ziptrail-shuffle-calibration"},
+                                                          "data": {"calibration.json": json.dumps(doc)}})
+    try:
+        calibrated = sessions.plan(4 << 30, fast_capacity=1 << 30, max_worker_memory=2 << 30, budget=0.5)
+        assert calibrated.calibrated and calibrated.warning == ""
+        assert calibrated.document["calibration"]["measuredOn"]["name"] == "pytest-cluster"
+        assert calibrated.seconds != plan.seconds  # three times the start-up time
+    finally:
+        core.delete_namespaced_config_map("ziptrail-shuffle-calibration", "ziptrail-system")

@@ -11,6 +11,8 @@ workflow sessions through the operator's session gateway (HTTP, stdlib only).
                      on_event=lambda e: print(e.kind, e.message))
     with open("out.bin", "wb") as f:                  # a result of any size
         run.result_to(session_id, f)
+    plan = run.plan(4 << 30, fast_capacity=1 << 30, deadline=600)  # shuffle dry run
+    print(plan.method, plan.parallelism, plan.seconds, plan.dollars, plan.calibrated)
 
 The gateway authenticates every request with Kubernetes credentials (a
 bearer token: the kubeconfig's, the pod's ServiceAccount token, or
@@ -275,6 +277,75 @@ class Session:
                    events=[Event(e.get("kind", ""), e.get("message", ""), e.get("time", "")) for e in d.get("events") or []])
 
 
+@dataclass(frozen=True)
+class PlanOption:
+    """One shuffle method's best plan: its workers (``parallelism`` of
+    ``worker_memory`` bytes), the hybrid's rounds, the predicted time in
+    seconds and cost in dollars. ``feasible`` is False when the method
+    cannot run the shuffle at all (``reason`` says why);
+    ``meets_constraint`` says whether it is within the budget or deadline."""
+
+    method: str
+    parallelism: int = 0
+    worker_memory: int = 0
+    rounds: int = 0
+    round_bytes: int = 0
+    seconds: float = 0.0
+    dollars: float = 0.0
+    feasible: bool = False
+    meets_constraint: bool = False
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The shuffle planner's answer (:meth:`Sessions.plan`): the chosen
+    method (None when no plan meets the constraint; ``reason`` says why)
+    with its parallelism, worker memory, rounds and predictions, every
+    method's best in ``alternatives`` (the chosen one included), whether
+    the cluster's calibration was used (``warning``: why a calibration that
+    exists was not), and the whole answer in ``document`` (the JSON of
+    ``ziptrail explain -o json``: phases, costs, calibration, prices)."""
+
+    method: str | None
+    parallelism: int
+    worker_memory: int
+    rounds: int
+    round_bytes: int
+    seconds: float
+    dollars: float
+    reason: str
+    alternatives: list[PlanOption]
+    calibrated: bool
+    warning: str = ""
+    document: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Plan:
+        result = d.get("result") or {}
+        chosen = result.get("chosen")
+        alternatives = []
+        for o in result.get("options") or []:
+            best = o.get("best")
+            fields: dict[str, Any] = {"method": o.get("method", "")}
+            if best:
+                fields.update(_prediction(best), feasible=True)
+            alternatives.append(PlanOption(meets_constraint=bool(o.get("meetsConstraint")), reason=o.get("reason", ""), **fields))
+        c = _prediction(chosen) if chosen else {}
+        return cls(method=c.get("method"), parallelism=c.get("parallelism", 0), worker_memory=c.get("worker_memory", 0),
+                   rounds=c.get("rounds", 0), round_bytes=c.get("round_bytes", 0), seconds=c.get("seconds", 0.0),
+                   dollars=c.get("dollars", 0.0), reason=result.get("reason", ""), alternatives=alternatives,
+                   calibrated=bool(d.get("calibrated")), warning=d.get("warning", ""), document=d)
+
+
+def _prediction(p: dict[str, Any]) -> dict[str, Any]:
+    cfg = p.get("config") or {}
+    return {"method": cfg.get("method", ""), "parallelism": int(cfg.get("parallelism", 0)),
+            "worker_memory": int(cfg.get("workerMemory", 0)), "rounds": int(p.get("rounds", 0)),
+            "round_bytes": int(p.get("roundBytes", 0)), "seconds": float(p.get("seconds", 0)),
+            "dollars": float(p.get("cost", 0))}
+
+
 class _Credentials:
     """The bearer token sent to the gateway: ``token`` (``""``: none),
     else ``$ZIPTRAIL_TOKEN``, else the kubeconfig's (``kubeconfig``/``context``,
@@ -347,7 +418,7 @@ class Sessions:
               headers: dict[str, str] | None = None) -> Any:
         """Sends a request and returns the open response (2xx), or raises."""
         req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-        if body is not None:
+        if body is not None and not req.has_header("Content-type"):
             req.add_header("Content-Type", "application/octet-stream")
         auth = self._creds.header()
         if auth:
@@ -424,6 +495,41 @@ class Sessions:
                 r.read()
             if deadline is not None and time.monotonic() >= deadline:
                 raise ZiptrailTimeoutError("result", f"session {session_id} still running after {timeout}s")
+
+    def plan(self, size: int, fast_capacity: int = 0, *, pod_memory: int = 0, min_worker_memory: int = 0,
+             max_worker_memory: int = 0, max_parallelism: int = 0, objective: str = "", budget: float | None = None,
+             deadline: float | None = None, methods: list[str] | None = None,
+             prices: dict[str, float] | None = None) -> Plan:
+        """Asks the gateway's shuffle planner how to shuffle ``size`` bytes
+        (a dry run: nothing runs), with the cluster's calibration (the
+        ConfigMap ``ziptrail calibrate --configmap`` writes; without one the
+        built-in defaults, and ``calibrated`` is False).
+
+        ``fast_capacity``: the fast tier's (Redis's) bytes the shuffle may
+        use (0: none); ``pod_memory``: what the producer pods' object stores
+        may hold together (0: each pod's own limit); worker memory between
+        ``min_worker_memory`` and ``max_worker_memory`` (defaults 128 MiB
+        and 3 GiB); at most ``max_parallelism`` workers (default 1024).
+        The objective: the fastest plan within ``budget`` dollars, or the
+        cheapest within ``deadline`` seconds (one of them at most;
+        ``objective`` "fastest"/"cheapest" without either). ``methods``
+        limits the methods considered (s3, redis, podmemory, hybrid);
+        ``prices`` overrides prices by their JSON names (workerPerGiBSecond,
+        slowPerGet, slowPerPut, slowPerGiBMonth, fastPerGiBHour,
+        fastPerNodeHour, fastPerGiBTransferred). Needs the right to start
+        sessions in the namespace; a request the planner refuses raises
+        InvalidError with the reason."""
+        req: dict[str, Any] = {"dataBytes": size}
+        for key, value in (("fastCapacity", fast_capacity), ("podMemory", pod_memory),
+                           ("minWorkerMemory", min_worker_memory), ("maxWorkerMemory", max_worker_memory),
+                           ("maxParallelism", max_parallelism), ("objective", objective), ("budget", budget),
+                           ("deadline", deadline), ("methods", methods), ("prices", prices)):
+            if value:  # zero and empty: the planner's defaults; the planner checks the rest
+                req[key] = value
+        body = json.dumps(req).encode()
+        with self._open("plan", "POST", self._path("shuffle", "plan"), body, self.timeout,
+                        headers={"Content-Type": "application/json"}) as r:
+            return Plan.from_json(json.loads(r.read()))
 
     def run(self, workflow: str, input: bytes | str = b"", *, timeout: float | None = None,
             on_event: Callable[[Event], None] | None = None) -> bytes:

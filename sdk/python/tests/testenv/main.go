@@ -130,6 +130,10 @@ func run(dir, gatewayAddr, functionURL string) error {
 	}
 }
 
+// OperatorNamespace is where the tests' operator reads its shuffle
+// calibration ConfigMap.
+const OperatorNamespace = "ziptrail-system"
+
 // startOperator runs what cmd/operator runs on the leader, minus the
 // control stream (functions here report outputs in their responses).
 func startOperator(ctx context.Context, env *controlplane.Env, addr string, errc chan<- error) error {
@@ -150,7 +154,10 @@ func startOperator(ctx context.Context, env *controlplane.Env, addr string, errc
 		return err
 	}
 	hs := &http.Server{Handler: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
-		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}}),
+		Auth: &gateway.KubeAuth{Client: mgr.GetClient()},
+		// The shuffle planner's calibration, as cmd/operator reads it, in
+		// the namespace the tests play the operator's (re-read each time).
+		Calibration: &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: OperatorNamespace, TTL: time.Nanosecond}}),
 		ReadHeaderTimeout: 10 * time.Second}
 	go func() { errc <- mgr.Start(ctx) }()
 	go func() { errc <- orch.Run(ctx) }()

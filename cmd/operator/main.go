@@ -53,10 +53,12 @@ type config struct {
 	inputsAddr, inputsAdvertise                      string
 	inputStoreBytes, maxInputBytes                   int64
 	keyReaders                                       string
+	podWebhook                                       podWebhookConfig
 }
 
 func main() {
-	exitHook() // the chart's hook commands: knative-config, knative-restore
+	exitHook()    // the chart's hook commands: knative-config, knative-restore
+	exitNodeDir() // the chart's node-dir DaemonSet (podwebhook.go)
 	var c config
 	flag.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 disables it)")
 	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (every replica; the leader is the pod labelled ziptrail.dev/leader=true)")
@@ -83,6 +85,7 @@ func main() {
 	flag.StringVar(&c.inputsAdvertise, "inputs-advertise-address", "", "host:port pods reach the inputs address at (default: $POD_IP and the port of --inputs-bind-address)")
 	flag.Int64Var(&c.inputStoreBytes, "input-store-bytes", 256<<20, "memory held at most for the inputs of running sessions (inputs over 64 KiB); starts beyond it are refused with 503")
 	flag.Int64Var(&c.maxInputBytes, "max-input-bytes", 64<<20, "largest session input the gateway accepts (413 beyond)")
+	podWebhookFlags(&c.podWebhook)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -210,6 +213,10 @@ func run(c config) error {
 		gatewayv1.RegisterGatewayServer(gs, g)
 		return serveUntil(ctx, c.gatewayGRPCAddr, gs.Serve, func() { gs.GracefulStop() })
 	})); err != nil {
+		return err
+	}
+
+	if err := setupPodWebhook(mgr, c.podWebhook); err != nil {
 		return err
 	}
 

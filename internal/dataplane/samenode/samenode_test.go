@@ -496,3 +496,17 @@ func TestAdopt(t *testing.T) {
 		t.Fatalf("adopting an unsealed memfd: %v", err)
 	}
 }
+
+func TestPrepareDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a", "node")
+	if err := PrepareDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode()&(os.ModeSticky|os.ModePerm) != DirMode {
+		t.Fatalf("mode %v, want %v", st.Mode(), DirMode)
+	}
+}

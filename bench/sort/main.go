@@ -27,10 +27,12 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -134,24 +136,24 @@ type Report struct {
 
 // Error is the model's mean absolute (relative) error over the runs that ran.
 type Error struct {
-	Runs           int     `json:"runs"`
-	WithCompute    float64 `json:"withCompute"`
-	TransfersOnly  float64 `json:"transfersOnly"`
-	Description    string  `json:"description"`
+	Runs          int     `json:"runs"`
+	WithCompute   float64 `json:"withCompute"`
+	TransfersOnly float64 `json:"transfersOnly"`
+	Description   string  `json:"description"`
 }
 
 // Run is one sort: a ziptrail method or the Ray peer.
 type Run struct {
-	System     string  `json:"system"` // "ziptrail" or "ray"
-	Method     string  `json:"method"` // s3, redis, podmemory, hybrid; "ray"
-	Bytes      int64   `json:"bytes"`
-	Records    int64   `json:"records"`
-	Partitions int     `json:"partitions"`
-	MapTasks   int     `json:"mapTasks"`
-	Rounds     int     `json:"rounds,omitempty"`
-	FastCap    int64   `json:"fastCapacity"` // Redis maxmemory for the shuffle / Ray object store
-	Skipped    string  `json:"skipped,omitempty"`
-	Failed     string  `json:"failed,omitempty"`
+	System     string `json:"system"` // "ziptrail" or "ray"
+	Method     string `json:"method"` // s3, redis, podmemory, hybrid; "ray"
+	Bytes      int64  `json:"bytes"`
+	Records    int64  `json:"records"`
+	Partitions int    `json:"partitions"`
+	MapTasks   int    `json:"mapTasks"`
+	Rounds     int    `json:"rounds,omitempty"`
+	FastCap    int64  `json:"fastCapacity"` // Redis maxmemory for the shuffle / Ray object store
+	Skipped    string `json:"skipped,omitempty"`
+	Failed     string `json:"failed,omitempty"`
 	// Measured: the session (or Ray job) from start to validated result;
 	// the validator's share; the sort without it (what the model predicts).
 	Seconds         float64 `json:"seconds,omitempty"`
@@ -291,6 +293,15 @@ func run(o options) error {
 		return err
 	}
 	defer c.Down(context.Background())
+	// An interrupt takes the cluster down (the host has one cluster slot).
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sig
+		logf("%s: taking the cluster down", s)
+		c.Down(context.Background())
+		os.Exit(1)
+	}()
 	logf("cluster up in %s", time.Since(t).Round(time.Second))
 	if c.RedisAddr == "" {
 		return errors.New("the local cluster has no Redis (redis-server not installed)")
@@ -386,8 +397,8 @@ func run(o options) error {
 				fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU), r.LoadBefore)
 			peak := int64(0)
 			stop := watchRedis(ctx, rdb, &peak)
-			res, s, err := session(c.GatewayURL, c.GatewayToken, params, o.timeout, func(el time.Duration) {
-				logf("[%d/%d] %s via %s: running, %s elapsed (Redis %s used)", step, total, human(r.Bytes), method, el.Round(time.Second), human(redisUsed(ctx, rdb)))
+			res, s, err := session(c.GatewayURL, c.GatewayToken, params, o.timeout, func(el time.Duration, what string) {
+				logf("[%d/%d] %s via %s: running, %s elapsed (Redis %s used; %s)", step, total, human(r.Bytes), method, el.Round(time.Second), human(redisUsed(ctx, rdb)), what)
 			})
 			stop()
 			r.PeakRedisMemory = peak - used
@@ -560,7 +571,7 @@ func watchRedis(ctx context.Context, rdb *redis.Client, peak *int64) func() {
 
 // session runs one sort session through the gateway and returns its result
 // and its record (start and end times).
-func session(gateway, token string, params map[string]any, timeout time.Duration, progress func(time.Duration)) (json.RawMessage, sessions.Session, error) {
+func session(gateway, token string, params map[string]any, timeout time.Duration, progress func(time.Duration, string)) (json.RawMessage, sessions.Session, error) {
 	var s sessions.Session
 	do := func(method, url string, body io.Reader) ([]byte, int, error) {
 		req, err := http.NewRequest(method, url, body)
@@ -604,7 +615,17 @@ func session(gateway, token string, params map[string]any, timeout time.Duration
 		if time.Since(start) > timeout {
 			return nil, s, fmt.Errorf("session %s: no result after %s", s.ID, timeout)
 		}
-		progress(time.Since(start))
+		// what the session is doing: invocations, objects, its last event
+		var st sessions.Session
+		what := ""
+		if b, code, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+s.ID, nil); err == nil && code == http.StatusOK && json.Unmarshal(b, &st) == nil {
+			what = fmt.Sprintf("%d invocations, %d objects", st.Invocations, st.Objects)
+			if n := len(st.Events); n > 0 {
+				e := st.Events[n-1]
+				what += fmt.Sprintf("; last event %s %s ago: %.160s", e.Kind, time.Since(e.Time).Round(time.Second), e.Message)
+			}
+		}
+		progress(time.Since(start), what)
 	}
 	b, code, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+s.ID, nil)
 	if err != nil {

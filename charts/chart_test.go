@@ -110,6 +110,15 @@ func TestChart(t *testing.T) {
 		if got := strings.Contains(manifest, "--activator-ext=true"); got != (name == "all features") {
 			t.Errorf("%s: the hook swaps the activator: %v", name, got)
 		}
+		// The same-node data plane: the pod webhook (scoped to ziptrail
+		// revision pods, Ignore on failure, TLS from the chart) and the
+		// node-dir DaemonSet. Off by default.
+		for _, want := range []string{"kind: MutatingWebhookConfiguration", "failurePolicy: Ignore", "key: serving.knative.dev/revision",
+			"--pod-webhook-port=9445", "kind: DaemonSet", "args: [node-dir", "caBundle: ", "type: kubernetes.io/tls"} {
+			if got := strings.Contains(manifest, want); got != (name == "all features") {
+				t.Errorf("%s: rendered chart contains %q: %v", name, want, got)
+			}
+		}
 		if !strings.Contains(manifest, "--gateway-grpc-bind-address=:8089") {
 			t.Errorf("%s: the operator gets no gRPC gateway port", name)
 		}

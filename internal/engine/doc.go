@@ -32,4 +32,15 @@
 // their sources (DynamicGroup, DynamicJoin) therefore never close early.
 // A function that fails with no re-execution rule covering it fails its
 // session: ActSessionFailed with the reason, then its objects are dropped.
+//
+// Re-executions (ActRerun) run beside their original: an invocation is
+// outstanding again from the moment one is issued until it ends, the first
+// execution to finish without failing wins (the others' outputs carry the
+// same keys and are dropped as duplicates, their ends are ignored), and a
+// failure of one execution while another may still run is not the
+// invocation's failure. A rule with SpeculateAfter also issues speculative
+// copies of stragglers (Locus §3.5): once that fraction of a wave of the
+// rule's invocations sent their output, each one still outstanding gets one
+// copy (ActRerun with Speculative set), counted against MaxAttempts; see
+// RerunRule.
 package engine

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,26 +72,32 @@ type invState struct {
 	Failed   bool   `json:"failed,omitempty"`
 	Sent     int    `json:"sent,omitempty"` // outputs it said it sent (Finish.Outputs)
 	Got      int    `json:"got,omitempty"`  // distinct outputs counted
-	// Copies are its speculative copies (raw invocation ids), true while
-	// one may still run; OrigEnded says the original execution ended.
-	// With a copy racing it, a failure of one execution is not the
-	// invocation's failure, and a copy that starts after the invocation
-	// finished does not reopen it: the first execution to finish wins.
-	Copies    map[string]bool `json:"copies,omitempty"`
+	// Reruns are the re-executions the engine issued for it (raw
+	// invocation ids), true while one may still run; Copies names those
+	// that are speculative copies; OrigEnded says the original execution
+	// ended. While another execution may still run, a failure of one is
+	// not the invocation's failure (else a re-execution's outputs arriving
+	// after its original failed could find the invocation given up and a
+	// DynamicGroup closed). A re-execution that ended does not reopen the
+	// invocation when a resent start of it arrives, and a copy that starts
+	// after its original finished, with no trigger waiting for its output,
+	// does not reopen it either: the first execution to finish wins.
+	Reruns    map[string]bool `json:"reruns,omitempty"`
+	Succeeded bool            `json:"succeeded,omitempty"` // some execution finished without failing
+	Copies    []string        `json:"copies,omitempty"`
 	OrigEnded bool            `json:"origEnded,omitempty"`
 }
 
 // racing reports whether an execution of the invocation other than raw
-// (its own id, or a re-execution's) may still run while it has
-// speculative copies.
+// (its own id, or a re-execution's) may still run.
 func (inv *invState) racing(base, raw string) bool {
-	if len(inv.Copies) == 0 {
+	if len(inv.Reruns) == 0 {
 		return false
 	}
 	if raw != base && !inv.OrigEnded {
 		return true
 	}
-	for id, live := range inv.Copies {
+	for id, live := range inv.Reruns {
 		if live && id != raw {
 			return true
 		}
@@ -414,26 +421,28 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 		s.track(ev.Invocation, inv)
 	}
 	if ev.Finished {
-		if len(inv.Copies) > 0 {
-			if rawID == ev.Invocation {
-				inv.OrigEnded = true
-			} else if _, ok := inv.Copies[rawID]; ok {
-				inv.Copies[rawID] = false
-			}
-			if fin.Failed && inv.racing(ev.Invocation, rawID) {
-				return nil // another execution may still finish it
-			}
+		if rawID == ev.Invocation {
+			inv.OrigEnded = true
+		} else if _, ok := inv.Reruns[rawID]; ok {
+			inv.Reruns[rawID] = false
+		}
+		if fin.Failed && inv.racing(ev.Invocation, rawID) {
+			return nil // another execution may still finish it
 		}
 		if inv.Finished && !inv.Failed {
 			return nil // duplicate, or the slower of an invocation and its copy
 		}
+		// A failure after an execution succeeded (a re-execution reopened
+		// the invocation, then failed) leaves the success standing.
+		failed := fin.Failed && !inv.Succeeded
 		s.change(inv, func() {
-			inv.Finished, inv.Failed = true, fin.Failed
+			inv.Finished, inv.Failed = true, failed
 			if !fin.Failed {
 				inv.Sent = max(inv.Sent, fin.Outputs)
+				inv.Succeeded = true
 			}
 		})
-		if fin.Failed && !wf.rerun[ev.Function] {
+		if failed && !wf.rerun[ev.Function] {
 			reason := fmt.Sprintf("function %s failed and no re-execution rule covers it", ev.Function)
 			if fin.Error != "" {
 				reason += ": " + fin.Error
@@ -444,9 +453,12 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 		// A resent start, or a re-execution's: nothing new to time.
 		ev.Repeat = inv.Started
 		inv.Started = true
-		if _, copy := inv.Copies[rawID]; copy && inv.Finished && !inv.Failed {
-			// A speculative copy starting after its original finished:
-			// the original won, the copy's outputs are duplicates.
+		if live, ok := inv.Reruns[rawID]; ok && !live {
+			// A resent start of a re-execution that ended.
+		} else if slices.Contains(inv.Copies, rawID) && inv.Finished && !inv.Failed && !s.awaited(ev.Invocation) {
+			// A speculative copy starting after its original finished and
+			// sent what the triggers waited for: the original won, the
+			// copy's outputs are duplicates.
 		} else if rawID != ev.Invocation {
 			// A re-execution starting: its original is outstanding again.
 			s.change(inv, func() { inv.Finished, inv.Failed = false, false })
@@ -500,19 +512,24 @@ func (e *Engine) Tick(now time.Time) []Action {
 	return out
 }
 
-// rerun returns the re-executions a trigger has due; a speculative copy is
-// recorded on its invocation (see invState.Copies).
+// rerun returns the re-executions a trigger has due, recorded on their
+// invocations (see invState.Reruns).
 func (s *session) rerun(t *trigger, st *State, now time.Time) []Action {
 	var out []Action
 	for _, r := range t.prim.ActionForRerun(st, now) {
 		id := r.Invocation + ".r" + strconv.Itoa(r.Attempt)
-		if r.Speculative {
-			if inv := s.invocations[r.Invocation]; inv != nil {
-				if inv.Copies == nil {
-					inv.Copies = map[string]bool{}
-				}
-				inv.Copies[id] = true
+		if inv := s.invocations[r.Invocation]; inv != nil {
+			if inv.Reruns == nil {
+				inv.Reruns = map[string]bool{}
 			}
+			inv.Reruns[id] = true
+			if r.Speculative {
+				inv.Copies = append(inv.Copies, id)
+			}
+			// Outstanding again from now, not from the re-execution's
+			// start: until it ends, it may send what the rule waits for,
+			// even once the rule has given up.
+			s.change(inv, func() { inv.Finished, inv.Failed = false, false })
 		}
 		out = append(out, Action{Kind: ActRerun, Workflow: s.wf, Session: s.id, Function: r.Function, Trigger: t.spec.Name,
 			Invocation: id, Args: r.Args, Attempt: r.Attempt, Speculative: r.Speculative})
@@ -579,6 +596,17 @@ func (s *session) Quiescent() bool {
 		}
 	}
 	return true
+}
+
+// awaited reports whether some trigger still waits for an output of
+// invocation inv (a re-execution rule's pending entry).
+func (s *session) awaited(inv string) bool {
+	for _, st := range s.states {
+		if _, ok := st.Pending[inv]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // rerunPending reports whether any trigger still plans to re-execute fn.

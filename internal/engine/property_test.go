@@ -20,10 +20,21 @@ import (
 // contents, that nothing fired for a session after it completed, that
 // re-executions happen only for late outputs and at most maxAttempts
 // times, and that every session's engine state is gone at the end.
+//
+// A speculating rule (trigger "spec", source smap, speculateAfter 0.5)
+// adds copies of stragglers: originals and copies finish in any order, both
+// send the same outputs (duplicates), either may fail; the Immediate
+// trigger must fire once per output and the DynamicGroup over smap must
+// get every piece once.
 func TestPropertyExactlyOnce(t *testing.T) {
+	copies := 0
 	for seed := uint64(1); seed <= 40; seed++ {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { propertyRun(t, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { copies += propertyRun(t, seed) })
 	}
+	if copies < 10 {
+		t.Errorf("only %d speculative copies in 40 runs: the workload does not exercise speculation", copies)
+	}
+	t.Logf("%d speculative copies", copies)
 }
 
 const (
@@ -41,6 +52,11 @@ var propertyTriggers = []TriggerSpec{
 	{Name: "join", Bucket: "j", Primitive: DynamicJoin, Sources: []string{"split"}, Targets: []string{"f"}},
 	{Name: "rr", Bucket: "r", Primitive: Immediate, Targets: []string{"f"},
 		Reruns: []RerunRule{{SourceFunction: "work", Scope: PerObject, Timeout: propRerunTimeout, MaxAttempts: propRerunAttempts}}},
+	// Speculation: smap's outputs to sp clear its rule; its pieces to sg
+	// are a shuffle over smap.
+	{Name: "spec", Bucket: "sp", Primitive: Immediate, Targets: []string{"f"},
+		Reruns: []RerunRule{{SourceFunction: "smap", Scope: PerObject, Timeout: propRerunTimeout, MaxAttempts: propRerunAttempts, SpeculateAfter: 0.5}}},
+	{Name: "sgrp", Bucket: "sg", Primitive: DynamicGroup, Sources: []string{"smap"}, Targets: []string{"f"}},
 	// Function-oriented dependencies as api/v1alpha1 compiles them, fed
 	// with return values keyed per invocation as the orchestrator does:
 	// Direct from p (Immediate), Periodic from p2 (ByTime), Direct fan-in
@@ -94,7 +110,7 @@ type expectation struct {
 	set, red, fanInFires                        bool
 	batches                                     int
 	groups                                      map[string]int // group -> objects
-	maps                                        int
+	maps, smaps                                 int
 	join                                        map[string]bool // nil: must not fire
 }
 
@@ -103,11 +119,27 @@ type simSession struct {
 	chains    [][]pev
 	rerunOut  map[string]bool // work invocation -> its re-executions send output
 	delivered map[string]bool // r keys some invocation sent
-	reruns    map[string]int  // base work invocation -> re-executions
+	reruns    map[string]int  // base work/smap invocation -> re-executions
 	completed bool
+	// speculation: sp keys and sg pieces some execution sent, smap
+	// invocations, and the copies issued
+	spDelivered, sgDelivered map[string]bool
+	smaps                    int
+	copies                   int
 }
 
-func propertyRun(t *testing.T, seed uint64) {
+// smapOutputs are what every execution of smap invocation base sends:
+// the same keys whichever runs.
+func smapOutputs(session, base, raw string) []Object {
+	h := fnv.New32a()
+	h.Write([]byte(base))
+	return []Object{
+		propObject(session, "sp", "sp-"+base, "smap", raw),
+		propObject(session, "sg", "piece-"+base, "smap", raw, "group", fmt.Sprintf("h%d", h.Sum32()%2)),
+	}
+}
+
+func propertyRun(t *testing.T, seed uint64) int {
 	rng := rand.New(rand.NewPCG(seed, seed*7919))
 	newEngine := func() *Engine {
 		e := New(4)
@@ -130,7 +162,8 @@ func propertyRun(t *testing.T, seed uint64) {
 		e.FunctionStarted(wfName, s, "entry", s+".0", nil, now)
 		x, rerunOut, chains := workload(rng, s)
 		want[s] = x
-		sim[s] = &simSession{chains: chains[1:], rerunOut: rerunOut, delivered: map[string]bool{}, reruns: map[string]int{}}
+		sim[s] = &simSession{chains: chains[1:], rerunOut: rerunOut, delivered: map[string]bool{}, reruns: map[string]int{},
+			spDelivered: map[string]bool{}, sgDelivered: map[string]bool{}, smaps: x.smaps}
 		if early == nil {
 			early = map[string][]pev{}
 		}
@@ -139,7 +172,8 @@ func propertyRun(t *testing.T, seed uint64) {
 
 	fired := map[string]map[string][]string{} // session -> trigger -> keys
 	groupsFired := map[string]map[string]int{}
-	arrived := map[string]bool{} // session/base work invocation whose output the engine has seen
+	sgFired := map[string]map[string][]string{} // session -> group -> pieces
+	arrived := map[string]bool{}                // session/base work invocation whose output the engine has seen
 	var record func(acts []Action)
 	record = func(acts []Action) {
 		for _, a := range acts {
@@ -161,6 +195,30 @@ func propertyRun(t *testing.T, seed uint64) {
 				}
 				// The orchestrator starts it; it may send the output.
 				chain := []pev{{kind: "start", fn: a.Function, inv: a.Invocation}}
+				if a.Function == "smap" {
+					if a.Speculative {
+						ss.copies++
+					}
+					// A copy or a late re-execution: it sends the same
+					// outputs as its original (which may still run and
+					// send them too), or fails — but not the last
+					// attempt: when every execution failed the rule gives
+					// up and the session's deadline decides its fate.
+					if a.Attempt < propRerunAttempts && rng.IntN(4) == 0 {
+						chain = append(chain, pev{kind: "end", fn: a.Function, inv: a.Invocation, failed: true})
+					} else {
+						outs := smapOutputs(a.Session, base, a.Invocation)
+						for _, o := range outs {
+							chain = append(chain, pev{kind: "put", obj: o})
+						}
+						chain = resend(rng, append(chain, pev{kind: "end", fn: a.Function, inv: a.Invocation, outputs: len(outs)}))
+					}
+					ss.chains = append(ss.chains, chain)
+					continue
+				}
+				if a.Speculative {
+					t.Fatalf("%s: speculative copy of %s, whose rule does not speculate", a.Session, a.Invocation)
+				}
 				n := 0
 				if ss.rerunOut[base] {
 					chain = append(chain, pev{kind: "put", obj: propObject(a.Session, "r", "w-"+base, "work", a.Invocation)})
@@ -186,6 +244,17 @@ func propertyRun(t *testing.T, seed uint64) {
 					fired[a.Session][a.Trigger] = append(fired[a.Session][a.Trigger], o.Key)
 				}
 				switch a.Trigger {
+				case "sgrp":
+					if sgFired[a.Session] == nil {
+						sgFired[a.Session] = map[string][]string{}
+					}
+					for _, o := range a.Objects {
+						sgFired[a.Session][a.Group] = append(sgFired[a.Session][a.Group], o.Key)
+						if o.Metadata["group"] != a.Group {
+							t.Fatalf("%s: piece %s of group %s fired in group %s", a.Session, o.Key, o.Metadata["group"], a.Group)
+						}
+					}
+					fired[a.Session]["sgrp#"] = append(fired[a.Session]["sgrp#"], a.Group)
 				case "grp":
 					groupsFired[a.Session][a.Group] += len(a.Objects)
 				case "set", "red", "batch", "join", "dep-2":
@@ -214,9 +283,17 @@ func propertyRun(t *testing.T, seed uint64) {
 		ss := sim[s]
 		switch x.kind {
 		case "put":
-			if x.obj.Bucket == "r" {
+			switch x.obj.Bucket {
+			case "r":
 				ss.delivered[x.obj.Key] = true
 				arrived[s+"/"+BaseInvocation(x.obj.Invocation)] = true
+			case "sp":
+				ss.spDelivered[x.obj.Key] = true
+				arrived[s+"/"+BaseInvocation(x.obj.Invocation)] = true
+			case "sg":
+				if !ss.completed {
+					ss.sgDelivered[x.obj.Key] = true
+				}
 			}
 			record(e.ObjectReady(wfName, x.obj, now))
 		case "start":
@@ -285,6 +362,10 @@ func propertyRun(t *testing.T, seed uint64) {
 	if n := e.Sessions(); n != 0 {
 		t.Errorf("%d sessions left after completion", n)
 	}
+	copies := 0
+	for _, ss := range sim {
+		copies += ss.copies
+	}
 
 	for s, x := range want {
 		f := fired[s]
@@ -321,6 +402,15 @@ func propertyRun(t *testing.T, seed uint64) {
 			checkKeys(t, s, "join", f["join"], x.join)
 		}
 		checkKeys(t, s, "rr", f["rr"], sim[s].delivered)
+		checkKeys(t, s, "spec", f["spec"], sim[s].spDelivered)
+		var pieces []string
+		for _, keys := range sgFired[s] {
+			pieces = append(pieces, keys...)
+		}
+		checkKeys(t, s, "sgrp", pieces, sim[s].sgDelivered)
+		if dup := duplicates(f["sgrp#"]); dup != "" {
+			t.Errorf("%s: smap's group %s fired twice", s, dup)
+		}
 		for inv, n := range sim[s].reruns {
 			if !arrived[s+"/"+inv] && n != propRerunAttempts {
 				t.Errorf("%s: %s never sent its output and was re-executed %d times, want %d", s, inv, n, propRerunAttempts)
@@ -335,6 +425,7 @@ func propertyRun(t *testing.T, seed uint64) {
 			checkKeys(t, s, "dep-2", f["dep-2"], x.fanIn)
 		}
 	}
+	return copies
 }
 
 // workload generates one session's events: the entry invocation starts
@@ -345,18 +436,7 @@ func workload(rng *rand.Rand, s string) (*expectation, map[string]bool, [][]pev)
 	x := &expectation{imm: map[string]bool{}, batchKeys: map[string]bool{}, timeKeys: map[string]bool{}, groups: map[string]int{},
 		dep0: map[string]bool{}, dep1: map[string]bool{}, fanIn: map[string]bool{}}
 	var chains [][]pev
-	// resend repeats some events of a chain later in that chain (sidecars
-	// and the control stream deliver at least once).
-	resend := func(c []pev) []pev {
-		for i, n := 0, len(c); i < n; i++ {
-			if rng.IntN(4) == 0 {
-				d := c[i]
-				d.spawn = nil
-				c = append(c, d)
-			}
-		}
-		return c
-	}
+	resend := func(c []pev) []pev { return resend(rng, c) }
 	external := func(bucket, key string, meta ...string) {
 		chains = append(chains, resend([]pev{{kind: "put", obj: propObject(s, bucket, key, "", "", meta...)}}))
 	}
@@ -459,6 +539,18 @@ func workload(rng *rand.Rand, s string) (*expectation, map[string]bool, [][]pev)
 		rerunOut[inv] = rng.IntN(2) == 0
 		invocation("work", inv, outs, len(outs) == 0 && rng.IntN(3) == 0, false)
 	}
+	// Speculated mappers: the same outputs whichever execution sends
+	// them; some originals fail (a copy or re-execution must do their
+	// work), the others finish in any order.
+	x.smaps = 2 + rng.IntN(5)
+	for m := 0; m < x.smaps; m++ {
+		inv := fmt.Sprintf("%s.sm%d", s, m)
+		if rng.IntN(5) == 0 {
+			invocation("smap", inv, nil, true, false)
+		} else {
+			invocation("smap", inv, smapOutputs(s, inv, inv), false, false)
+		}
+	}
 	// Return values of the dependencies' sources, one per invocation and
 	// dependency bucket, keyed per invocation.
 	ret := func(fn string, i int, buckets ...string) {
@@ -490,6 +582,19 @@ func workload(rng *rand.Rand, s string) (*expectation, map[string]bool, [][]pev)
 	// The early starts come first, all at once.
 	chains = append([][]pev{early}, append(chains, entry)...)
 	return x, rerunOut, chains
+}
+
+// resend repeats some events of a chain later in that chain (sidecars
+// and the control stream deliver at least once).
+func resend(rng *rand.Rand, c []pev) []pev {
+	for i, n := 0, len(c); i < n; i++ {
+		if rng.IntN(4) == 0 {
+			d := c[i]
+			d.spawn = nil
+			c = append(c, d)
+		}
+	}
+	return c
 }
 
 func checkKeys(t *testing.T, s, trig string, got []string, want map[string]bool) {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 )
 
@@ -59,7 +60,8 @@ func (e *Engine) Snapshot() *Snapshot {
 			_ = json.Unmarshal(raw, &ss.States)
 			for id, inv := range s.invocations {
 				c := *inv
-				c.Copies = maps.Clone(inv.Copies)
+				c.Reruns = maps.Clone(inv.Reruns)
+				c.Copies = slices.Clone(inv.Copies)
 				ss.Invocations[id] = &c
 			}
 			snap.Sessions = append(snap.Sessions, ss)

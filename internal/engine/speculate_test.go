@@ -284,7 +284,7 @@ func TestSpeculativeCopyAction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(snap), `"copies":{"s1.2.r1":true}`) {
+	if !strings.Contains(string(snap), `"reruns":{"s1.2.r1":true},"copies":["s1.2.r1"]`) {
 		t.Errorf("snapshot has no copy in flight: %s", snap)
 	}
 	s, err := UnmarshalSnapshot(snap)
@@ -319,4 +319,54 @@ func TestSpeculationValidation(t *testing.T) {
 			t.Errorf("%+v: %v, want %q", tc.rule, err, tc.err)
 		}
 	}
+}
+
+// Re-executions that are not speculative share the bookkeeping that makes
+// the first success win and keeps an invocation open while one of its
+// executions may still send output.
+func TestReexecutionRaces(t *testing.T) {
+	grp := TriggerSpec{Name: "grp", Bucket: "g", Primitive: DynamicGroup, Sources: []string{"entry"}, Targets: []string{"reduce"}}
+	ledger := TriggerSpec{Name: "ledger", Bucket: "l", Primitive: DynamicJoin, Targets: []string{"never"},
+		Reruns: []RerunRule{{SourceFunction: "map", Scope: PerObject, Timeout: 10 * time.Second, MaxAttempts: 1}}}
+	prefix := []step{
+		{do: start("s1")},
+		{do: began("s1", "entry", "s1.0")},
+		{do: began("s1", "map", "s1.1")},
+		{do: ended("s1", "entry", "s1.0", false)},
+		{at: 10 * time.Second, do: tick(), want: []string{"rerun:map#1"}},
+	}
+	runTable(t, []tableCase{
+		{"a re-execution failing after its original succeeded leaves the success standing", []TriggerSpec{grp, ledger}, append(append([]step(nil), prefix...),
+			step{at: 11 * time.Second, do: putFrom("s1", "l", "done.s1.1", "map", "s1.1")},
+			step{at: 11 * time.Second, do: endedWith("s1", "map", "s1.1", 2)}, // its piece is still on its way
+			step{at: 12 * time.Second, do: began("s1", "map", "s1.1.r1")},
+			step{at: 13 * time.Second, do: ended("s1", "map", "s1.1.r1", true)},
+			step{at: 14 * time.Second, do: putFrom("s1", "g", "piece-1", "map", "s1.1", "group", "g"), want: []string{"reduce{g}[piece-1]"}},
+		)},
+		{"the rule giving up does not close an invocation whose re-execution may still run", []TriggerSpec{grp, ledger}, append(append([]step(nil), prefix[:4]...),
+			step{at: 5 * time.Second, do: ended("s1", "map", "s1.1", true)},
+			step{at: 10 * time.Second, do: tick(), want: []string{"rerun:map#1"}},
+			step{at: 20 * time.Second, do: tick()}, // given up; the re-execution has not even started
+			step{at: 21 * time.Second, do: began("s1", "other", "s1.9")},
+			step{at: 21 * time.Second, do: ended("s1", "other", "s1.9", false)},
+			step{at: 22 * time.Second, do: began("s1", "map", "s1.1.r1")},
+			step{at: 23 * time.Second, do: putFrom("s1", "g", "piece-1", "map", "s1.1.r1", "group", "g")},
+			step{at: 23 * time.Second, do: endedWith("s1", "map", "s1.1.r1", 1), want: []string{"reduce{g}[piece-1]"}},
+		)},
+		{"a resent start of a re-execution that ended does not reopen its invocation", []TriggerSpec{grp, ledger}, []step{
+			{do: start("s1")},
+			{do: began("s1", "entry", "s1.0")},
+			{do: began("s1", "map", "s1.1")},
+			{do: began("s1", "map", "s1.2")},
+			{do: ended("s1", "entry", "s1.0", false)},
+			{at: 5 * time.Second, do: ended("s1", "map", "s1.1", true)},
+			{at: 10 * time.Second, do: tick(), want: []string{"rerun:map#1", "rerun:map#1"}},
+			{at: 12 * time.Second, do: began("s1", "map", "s1.1.r1")},
+			{at: 13 * time.Second, do: putFrom("s1", "g", "piece-1", "map", "s1.1.r1", "group", "g")},
+			{at: 13 * time.Second, do: endedWith("s1", "map", "s1.1.r1", 1)},
+			{at: 14 * time.Second, do: began("s1", "map", "s1.1.r1")}, // resent after its end
+			{at: 15 * time.Second, do: putFrom("s1", "g", "piece-2", "map", "s1.2", "group", "g")},
+			{at: 15 * time.Second, do: endedWith("s1", "map", "s1.2", 1), want: []string{"reduce{g}[piece-1 piece-2]"}},
+		}},
+	})
 }

@@ -10,8 +10,9 @@ import (
 	"net"
 	"os"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/streamio"
 )
 
 // The message stream between sidecars: one TCP connection per peer, on
@@ -341,34 +342,20 @@ func (r *Router) readBody(br *bufio.Reader, c net.Conn, m *Message, st Status) (
 	}
 	if m.Size <= uint64(r.cfg.inlineMax()) || r.cfg.NewFile == nil {
 		m.Data = make([]byte, m.Size)
-		_, err := io.ReadFull(br, m.Data)
-		return Queued, err
+		return Queued, streamio.ReadFull(br, c, m.Data)
 	}
 	f, path, err := r.cfg.NewFile()
 	if err != nil {
 		return discard(Refused)
 	}
 	defer f.Close()
-	fail := func(err error) (Status, error) {
+	// The socket's bytes go straight into the file's pages (one copy).
+	if err := streamio.ReadIntoFile(br, c, f, int64(m.Size)); err != nil {
 		os.Remove(path)
+		if errors.Is(err, streamio.ErrNoRoom) {
+			return discard(Refused)
+		}
 		return 0, err
-	}
-	// Reserve the pages first: writing through a mapping into a full
-	// tmpfs would kill the process (SIGBUS) instead of failing.
-	if err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(m.Size)); err != nil {
-		os.Remove(path)
-		return discard(Refused)
-	}
-	// The socket's bytes go straight into the file's pages (one copy):
-	// what the reader buffered first, then from the socket.
-	mem, err := syscall.Mmap(int(f.Fd()), 0, int(m.Size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-	if err != nil {
-		return fail(err)
-	}
-	defer syscall.Munmap(mem)
-	n, _ := br.Read(mem[:min(br.Buffered(), len(mem))])
-	if _, err := io.ReadFull(c, mem[n:]); err != nil {
-		return fail(err)
 	}
 	m.Path = path
 	return Queued, nil

@@ -1,20 +1,19 @@
 package pull
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"strings"
+	"os"
 	"sync"
 	"time"
 
-	"capnproto.org/go/capnp/v3/rpc"
-
-	dp "github.com/ziptrail/ziptrail/internal/dataplane/capnp"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/dataplane/streamio"
 )
 
 // Errors of a pull, beyond the reference errors of package ref.
@@ -26,27 +25,54 @@ var (
 	// ErrExtendTooFar: an extend asked for more than the producer's
 	// Server.MaxExtend ahead of now.
 	ErrExtendTooFar = errors.New("extend beyond the producer's limit")
+	// ErrRefused: the producer refused a request for another reason
+	// (its message says which).
+	ErrRefused = errors.New("producer refused the request")
 )
 
-// Client pulls objects from producers; it keeps one connection per producer.
+// codeErrors are the error classes a response carries, by code (0: ok).
+// The order is the wire format's: append only.
+var codeErrors = []error{nil, ErrExtendTooFar, store.ErrExhausted, store.ErrExpired, store.ErrNotFound,
+	ref.ErrTampered, ref.ErrExpired, ref.ErrForeign, ref.ErrUnknownKey, ref.ErrMalformed, errFrame, ErrRefused}
+
+const codeOK = 0
+
+// errResponse is the answer that tells the consumer err's class.
+func errResponse(err error) response {
+	if err == nil {
+		return response{}
+	}
+	code := len(codeErrors) - 1
+	for i, e := range codeErrors[1:] {
+		if errors.Is(err, e) {
+			code = i + 1
+			break
+		}
+	}
+	return response{code: uint8(code), msg: err.Error()}
+}
+
+// maxIdlePerPeer bounds the idle connections kept per producer.
+const maxIdlePerPeer = 16
+
+// Client pulls objects from producers over persistent connections (one
+// request at a time each; a free one is reused, so a pull pays no dial).
 type Client struct {
-	Keys      *ref.Keyring
-	ChunkSize int // default 256 KiB (measured fastest here)
-	Window    int // reads in flight per object; default 32
-	Now       func() time.Time
+	Keys *ref.Keyring
+	Now  func() time.Time
 	// Fallback is read when the producer is gone: Redis, then S3 (objects
 	// spilled, or backed up when the producer pod terminated).
 	Fallback Fallback
 
-	mu    sync.Mutex
-	conns map[string]*producerConn
+	mu     sync.Mutex
+	idle   map[string][]*peerConn
+	closed bool
 }
 
-// producerConn is one connection and its bootstrap capability, reused by
-// every pull from that producer (a new bootstrap would cost a round trip).
-type producerConn struct {
-	conn *rpc.Conn
-	prod dp.Producer
+type peerConn struct {
+	addr string
+	nc   net.Conn
+	br   *bufio.Reader
 }
 
 // Info describes a pulled object.
@@ -55,18 +81,31 @@ type Info struct {
 	Size        int64
 }
 
+// Buffer is a destination in memory: a pull reads the object's bytes
+// straight into it.
+type Buffer []byte
+
+// WriteAt copies p to off (for destinations written piece by piece).
+func (b Buffer) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 || off+int64(len(p)) > int64(len(b)) {
+		return 0, fmt.Errorf("chunk at %d+%d beyond the %d-byte object", off, len(p), len(b))
+	}
+	return copy(b[off:], p), nil
+}
+
 // Pull fetches a referenced object into memory.
 func (c *Client) Pull(ctx context.Context, r string) ([]byte, Info, error) {
-	var buf []byte
+	var buf Buffer
 	info, err := c.PullTo(ctx, r, func(size int64) (io.WriterAt, error) {
-		buf = make([]byte, size)
-		return sliceWriter(buf), nil
+		buf = make(Buffer, size)
+		return buf, nil
 	})
 	return buf, info, err
 }
 
 // PullTo fetches a referenced object into the destination that dst returns
-// for its size (e.g. a shared-memory file), chunk by chunk. When the
+// for its size: a Buffer or an *os.File (e.g. in shared memory) get the
+// bytes straight from the socket, anything else piece by piece. When the
 // producer is gone it reads the object from the storage tiers instead.
 func (c *Client) PullTo(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (Info, error) {
 	info, err := c.pullTo(ctx, r, dst)
@@ -107,94 +146,54 @@ func (c *Client) pullFromProducer(ctx context.Context, r string, dst func(size i
 	if err != nil {
 		return Info{}, err
 	}
-	prod, err := c.producer(ctx, rec.Addr)
-	if err != nil {
-		return Info{}, err
-	}
-	chunk, window := c.ChunkSize, c.Window
-	if chunk <= 0 {
-		chunk = 256 << 10
-	}
-	if window <= 0 {
-		window = 32
-	}
-	fut, release := prod.Open(ctx, func(p dp.Producer_open_Params) error {
-		p.SetPrefetch(uint32(chunk))
-		return p.SetRef(r)
+	var info Info
+	_, err = c.roundTrip(ctx, rec.Addr, request{op: opPull, ref: r}, func(pc *peerConn, p response) error {
+		info = Info{Bucket: p.bucket, Key: p.key, Size: int64(p.size)}
+		w, err := dst(info.Size)
+		if err != nil {
+			return &dstError{err}
+		}
+		return readBody(pc, w, info.Size)
 	})
-	defer release()
-	res, err := fut.Struct()
-	if err != nil {
-		return Info{}, c.classify(rec.Addr, err)
-	}
-	bucket, _ := res.Bucket()
-	key, _ := res.Key()
-	info := Info{Bucket: bucket, Key: key, Size: int64(res.Size())}
-	w, err := dst(info.Size)
-	if err != nil {
-		return info, err
-	}
-	head, err := res.Head()
-	if err != nil {
-		return info, err
-	}
-	if len(head) > 0 {
-		if _, err := w.WriteAt(head, 0); err != nil {
-			return info, err
+	return info, err
+}
+
+// dstError: the destination failed (not the producer).
+type dstError struct{ err error }
+
+func (e *dstError) Error() string { return e.err.Error() }
+func (e *dstError) Unwrap() error { return e.err }
+
+// readBody reads size bytes from the stream into w.
+func readBody(pc *peerConn, w io.WriterAt, size int64) error {
+	switch d := w.(type) {
+	case Buffer:
+		if int64(len(d)) < size {
+			return &dstError{fmt.Errorf("buffer of %d bytes for a %d-byte object", len(d), size)}
 		}
-	}
-	if int64(len(head)) == info.Size {
-		return info, nil
-	}
-	rd := res.Reader()
-	// Keep `window` reads in flight; collect them in order.
-	type pending struct {
-		off int64
-		fut dp.Reader_read_Results_Future
-		rel func()
-	}
-	var inflight []pending
-	next := int64(len(head))
-	issue := func() {
-		off := next
-		n := min(int64(chunk), info.Size-off)
-		f, rel := rd.Read(ctx, func(p dp.Reader_read_Params) error {
-			p.SetOffset(uint64(off))
-			p.SetLength(uint32(n))
-			return nil
-		})
-		inflight = append(inflight, pending{off, f, rel})
-		next += n
-	}
-	defer func() {
-		for _, p := range inflight {
-			p.rel()
+		return streamio.ReadFull(pc.br, pc.nc, d[:size])
+	case *os.File:
+		err := streamio.ReadIntoFile(pc.br, pc.nc, d, size)
+		if errors.Is(err, errors.ErrUnsupported) {
+			break // not mappable here: piece by piece
 		}
-	}()
-	for next < info.Size && len(inflight) < window {
-		issue()
+		if errors.Is(err, streamio.ErrNoRoom) {
+			return &dstError{err}
+		}
+		return err
 	}
-	for len(inflight) > 0 {
-		p := inflight[0]
-		inflight = inflight[1:]
-		out, err := p.fut.Struct()
-		if err != nil {
-			p.rel()
-			return info, c.classify(rec.Addr, err)
+	buf := make([]byte, min(size, 256<<10))
+	for off := int64(0); off < size; {
+		n := min(int64(len(buf)), size-off)
+		if _, err := io.ReadFull(pc.br, buf[:n]); err != nil {
+			return err
 		}
-		data, err := out.Data()
-		if err == nil {
-			_, err = w.WriteAt(data, p.off)
+		if _, err := w.WriteAt(buf[:n], off); err != nil {
+			return &dstError{err}
 		}
-		p.rel()
-		if err != nil {
-			return info, err
-		}
-		if next < info.Size {
-			issue()
-		}
+		off += n
 	}
-	return info, nil
+	return nil
 }
 
 // openForProducer opens a reference to ask its producer: one past its
@@ -217,89 +216,123 @@ func (c *Client) Extend(ctx context.Context, r string, until time.Time) (bool, e
 	if err != nil {
 		return false, err
 	}
-	prod, err := c.producer(ctx, rec.Addr)
-	if err != nil {
-		return false, err
-	}
-	fut, release := prod.Extend(ctx, func(p dp.Producer_extend_Params) error {
-		p.SetUntilUnixMs(until.UnixMilli())
-		return p.SetRef(r)
-	})
-	defer release()
-	res, err := fut.Struct()
-	if err != nil {
-		return false, c.classify(rec.Addr, err)
-	}
-	return res.Ok(), nil
+	p, err := c.roundTrip(ctx, rec.Addr, request{op: opExtend, until: until.UnixMilli(), ref: r}, nil)
+	return p.ok, err
 }
 
-func (c *Client) producer(ctx context.Context, addr string) (dp.Producer, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.conns == nil {
-		c.conns = map[string]*producerConn{}
+// roundTrip sends q on a connection to addr and reads the answer's header;
+// body reads an ok answer's body. A connection taken from the pool that
+// turns out closed (the producer's idle timeout) before any answer came
+// is replaced once.
+func (c *Client) roundTrip(ctx context.Context, addr string, q request, body func(*peerConn, response) error) (response, error) {
+	for attempt := 0; ; attempt++ {
+		pc, reused, err := c.conn(ctx, addr)
+		if err != nil {
+			return response{}, err
+		}
+		p, answered, err := c.exchange(ctx, pc, q, body)
+		if err == nil {
+			return p, nil
+		}
+		var de *dstError
+		switch {
+		case answered && p.code != codeOK:
+			return p, fmt.Errorf("%w (producer %s: %s)", codeErrors[p.code], addr, p.msg)
+		case errors.As(err, &de):
+			return p, de.err
+		case ctx.Err() != nil:
+			return p, fmt.Errorf("pull from %s: %w", addr, context.Cause(ctx))
+		case reused && !answered && attempt == 0:
+			continue
+		}
+		return p, fmt.Errorf("%w: %s: %v", ErrProducerGone, addr, err)
 	}
-	if pc, ok := c.conns[addr]; ok {
-		select {
-		case <-pc.conn.Done():
-			pc.prod.Release()
-			delete(c.conns, addr)
-		default:
-			return pc.prod, nil
+}
+
+// exchange runs one request on pc, returning pc to the pool if the
+// stream is still in step afterwards; answered says a header came back.
+func (c *Client) exchange(ctx context.Context, pc *peerConn, q request, body func(*peerConn, response) error) (p response, answered bool, err error) {
+	stop := context.AfterFunc(ctx, func() { _ = pc.nc.SetDeadline(time.Unix(1, 0)) })
+	inStep := false
+	defer func() {
+		if stop() && inStep {
+			c.put(pc)
+		} else {
+			pc.nc.Close()
+		}
+	}()
+	if _, err = pc.nc.Write(q.encode()); err != nil {
+		return p, false, err
+	}
+	if p, err = readResponse(pc.br); err != nil {
+		return p, false, err
+	}
+	if p.code != codeOK {
+		inStep = true
+		return p, true, errors.New(p.msg)
+	}
+	if body != nil {
+		if err = body(pc, p); err != nil {
+			return p, true, err
 		}
 	}
+	inStep = true
+	return p, true, nil
+}
+
+// conn returns an idle connection to addr, or a new one.
+func (c *Client) conn(ctx context.Context, addr string) (*peerConn, bool, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, false, fmt.Errorf("%w: %s: client closed", ErrProducerGone, addr)
+	}
+	if l := c.idle[addr]; len(l) > 0 {
+		pc := l[len(l)-1]
+		c.idle[addr] = l[:len(l)-1]
+		c.mu.Unlock()
+		return pc, true, nil
+	}
+	c.mu.Unlock()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return dp.Producer{}, fmt.Errorf("%w: %v", ErrProducerGone, err)
+		return nil, false, fmt.Errorf("%w: %v", ErrProducerGone, err)
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
-	pc := &producerConn{conn: conn, prod: dp.Producer(conn.Bootstrap(context.WithoutCancel(ctx)))}
-	c.conns[addr] = pc
-	return pc.prod, nil
+	if _, err := nc.Write(StreamMagic[:]); err != nil {
+		nc.Close()
+		return nil, false, fmt.Errorf("%w: %v", ErrProducerGone, err)
+	}
+	return &peerConn{addr: addr, nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}, false, nil
 }
 
-// classify maps a remote failure to the SDK's error classes: the
-// producer's store errors travel as exception text.
-func (c *Client) classify(addr string, err error) error {
-	msg := err.Error()
-	for _, known := range []error{ErrExtendTooFar, store.ErrExhausted, store.ErrExpired, store.ErrNotFound, ref.ErrTampered, ref.ErrExpired, ref.ErrForeign, ref.ErrUnknownKey, ref.ErrMalformed} {
-		if strings.Contains(msg, known.Error()) {
-			return fmt.Errorf("%w (producer %s)", known, addr)
-		}
-	}
+func (c *Client) put(pc *peerConn) {
+	_ = pc.nc.SetDeadline(time.Time{})
+	addr := pc.addr
 	c.mu.Lock()
-	if pc, ok := c.conns[addr]; ok {
-		select {
-		case <-pc.conn.Done():
-			pc.prod.Release()
-			delete(c.conns, addr)
-		default:
-		}
+	defer c.mu.Unlock()
+	if c.closed || len(c.idle[addr]) >= maxIdlePerPeer {
+		pc.nc.Close()
+		return
 	}
-	c.mu.Unlock()
-	return fmt.Errorf("%w: %s: %v", ErrProducerGone, addr, err)
+	if c.idle == nil {
+		c.idle = map[string][]*peerConn{}
+	}
+	c.idle[addr] = append(c.idle[addr], pc)
 }
 
-// Close drops every connection.
+// Close drops every idle connection (pulls under way end on their own).
 func (c *Client) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for a, pc := range c.conns {
-		pc.prod.Release()
-		_ = pc.conn.Close()
-		delete(c.conns, a)
+	c.closed = true
+	for a, l := range c.idle {
+		for _, pc := range l {
+			pc.nc.Close()
+		}
+		delete(c.idle, a)
 	}
-}
-
-type sliceWriter []byte
-
-func (s sliceWriter) WriteAt(p []byte, off int64) (int, error) {
-	if off < 0 || off+int64(len(p)) > int64(len(s)) {
-		return 0, fmt.Errorf("chunk at %d+%d beyond the %d-byte object", off, len(p), len(s))
-	}
-	return copy(s[off:], p), nil
 }

@@ -1,8 +1,10 @@
 package pull
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net"
 	"strings"
@@ -10,36 +12,31 @@ import (
 	"testing"
 	"time"
 
-	"capnproto.org/go/capnp/v3/rpc"
-
-	dp "github.com/ziptrail/ziptrail/internal/dataplane/capnp"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 )
 
 // rawExtend is an attacker's extend: straight to the producer's data-plane
-// port with its own Cap'n Proto connection, no pull.Client in between.
+// port with its own connection, no pull.Client in between.
 func rawExtend(t *testing.T, addr, r string, untilMs int64) (bool, error) {
 	t.Helper()
 	nc, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := rpc.NewConn(rpc.NewStreamTransport(nc), nil)
-	defer conn.Close()
-	ctx := context.Background()
-	prod := dp.Producer(conn.Bootstrap(ctx))
-	defer prod.Release()
-	fut, release := prod.Extend(ctx, func(p dp.Producer_extend_Params) error {
-		p.SetUntilUnixMs(untilMs)
-		return p.SetRef(r)
-	})
-	defer release()
-	res, err := fut.Struct()
-	if err != nil {
-		return false, err
+	defer nc.Close()
+	q := request{op: opExtend, until: untilMs, ref: r}
+	if _, err := nc.Write(append(StreamMagic[:], q.encode()...)); err != nil {
+		t.Fatal(err)
 	}
-	return res.Ok(), nil
+	p, err := readResponse(bufio.NewReader(nc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.code != codeOK {
+		return false, fmt.Errorf("%w: %s", codeErrors[p.code], p.msg)
+	}
+	return p.ok, nil
 }
 
 // TestExtendBeyondTheLimitIsRefused: a holder of a valid reference asks the

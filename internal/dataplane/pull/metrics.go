@@ -22,13 +22,17 @@ var (
 		Name: "ziptrail_dataplane_pulled_bytes_total",
 		Help: "Bytes of objects this consumer pulled successfully.",
 	})
+	refusedConns = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_dataplane_refused_connections_total",
+		Help: "Pull connections this producer closed at once: it already served its limit of them.",
+	})
 	servedBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ziptrail_dataplane_served_bytes_total",
 		Help: "Object bytes this producer sent to consumers.",
 	})
 )
 
-func init() { prometheus.MustRegister(fallbackReads, pulls, pulledBytes, servedBytes) }
+func init() { prometheus.MustRegister(fallbackReads, pulls, pulledBytes, servedBytes, refusedConns) }
 
 // errorClasses label failed pulls, in match order.
 var errorClasses = []struct {
@@ -38,6 +42,7 @@ var errorClasses = []struct {
 	{ref.ErrMalformed, "malformed"}, {ref.ErrTampered, "tampered"}, {ref.ErrUnknownKey, "unknown_key"},
 	{ref.ErrForeign, "foreign"}, {ref.ErrExpired, "expired"}, {store.ErrExpired, "expired"},
 	{store.ErrExhausted, "exhausted"}, {ErrProducerGone, "producer_gone"}, {store.ErrNotFound, "not_found"},
+	{ErrExtendTooFar, "extend_too_far"}, {ErrRefused, "refused"},
 }
 
 func observePull(info Info, err error) {

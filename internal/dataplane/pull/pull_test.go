@@ -38,6 +38,7 @@ func startProducer(t testing.TB, objs map[string][]byte, reads uint32) (*Server,
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.ln = ln // for putRef, before Serve sets it
 	go s.Serve(ln)
 	t.Cleanup(func() { s.Close() })
 	refs := map[string]string{}
@@ -185,7 +186,7 @@ func TestProducerKilledMidTransfer(t *testing.T) {
 		t.Fatalf("producer did not start: %v", err)
 	}
 	r := strings.TrimSpace(line)
-	c := &Client{Keys: keys(t, "ns"), Window: 2}
+	c := &Client{Keys: keys(t, "ns")}
 	defer c.Close()
 	var killed atomic.Bool
 	_, err = c.PullTo(context.Background(), r, func(size int64) (io.WriterAt, error) {

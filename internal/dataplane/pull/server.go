@@ -1,12 +1,13 @@
-// Package pull moves objects between sidecars over Cap'n Proto RPC: the
-// producer's Server hands out readers for sealed references, the consumer's
-// Client pulls objects in chunks with a window of reads in flight, straight
+// Package pull moves objects between sidecars: the producer's Server
+// answers pulls of sealed references on its data-plane port, the
+// consumer's Client pulls objects over persistent connections, straight
 // into the destination (a buffer or a shared-memory file), so a large
-// object never sits twice in the consumer's memory.
+// object never sits twice in the consumer's memory. The wire format is in
+// frame.go.
 package pull
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -15,9 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"capnproto.org/go/capnp/v3/rpc"
-
-	dp "github.com/ziptrail/ziptrail/internal/dataplane/capnp"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 )
@@ -27,14 +25,28 @@ type Fallback interface {
 	Get(ctx context.Context, id string) ([]byte, string, error)
 }
 
-// MaxChunk bounds one read (Cap'n Proto caps a message at 64 MiB).
-const MaxChunk = 8 << 20
-
 // DefaultMaxExtend bounds how far ahead of now one extend may push an
 // object's expiry (the sidecar's default object TTL). A keep-alive extends
 // again before that passes; the reference's own expiry, which no extend
 // moves, ends the object's life at the latest that much later.
 const DefaultMaxExtend = 10 * time.Minute
+
+// Limits of a producer's connections (Server fields override them).
+const (
+	// DefaultHeaderTimeout bounds a request (or a connection's magic)
+	// from its first byte to its last: half a header, then silence,
+	// loses the connection.
+	DefaultHeaderTimeout = 10 * time.Second
+	// DefaultIdleTimeout closes a connection with no request for that long.
+	DefaultIdleTimeout = 2 * time.Minute
+	// DefaultMaxConns bounds the pull connections served at once; more
+	// are closed at once.
+	DefaultMaxConns = 4096
+	// writeSlice is how much of an answer must leave within
+	// WriteTimeout: a consumer that reads slower than that loses the
+	// connection (and the object's lease) instead of holding it forever.
+	writeSlice = 8 << 20
+)
 
 // Server serves the producer side.
 type Server struct {
@@ -54,29 +66,42 @@ type Server struct {
 	// (docs/messaging.md), on the same port as pulls. Nil closes such
 	// connections.
 	Streams func(net.Conn)
-	// StreamMagic is what tells a message stream from Cap'n Proto (whose
-	// first word, a segment count, is never it).
+	// StreamMagic tells a message stream from a pull stream (which
+	// starts with pull.StreamMagic).
 	StreamMagic [4]byte
+	// HeaderTimeout, IdleTimeout and MaxConns: zero means the Default.
+	HeaderTimeout, IdleTimeout time.Duration
+	MaxConns                   int
+	// WriteTimeout bounds sending each 8 MiB of an answer (default
+	// 30 s): a consumer that stops reading loses the connection and the
+	// object's lease.
+	WriteTimeout time.Duration
 
 	mu      sync.Mutex
-	conns   map[*rpc.Conn]struct{}
-	streams map[net.Conn]struct{}
+	conns   map[net.Conn]struct{} // pull streams
+	streams map[net.Conn]struct{} // message streams
 	ln      net.Listener
+	closed  bool
 }
 
 // Serve accepts consumer connections until the listener closes.
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	s.ln = ln
-	if s.conns == nil {
-		s.conns = map[*rpc.Conn]struct{}{}
-	}
+	closed := s.closed
 	s.mu.Unlock()
+	if closed {
+		return ln.Close()
+	}
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
 			}
 			return err
 		}
@@ -87,52 +112,169 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 }
 
-// serveConn tells a message stream from a Cap'n Proto connection by its
-// first four bytes, then serves it.
+// serveConn tells a message stream from a pull stream by its first four
+// bytes, then serves it; anything else is closed.
 func (s *Server) serveConn(nc net.Conn) {
 	var first [4]byte
+	_ = nc.SetReadDeadline(time.Now().Add(s.headerTimeout()))
 	if _, err := io.ReadFull(nc, first[:]); err != nil {
 		nc.Close()
 		return
 	}
-	if s.Streams != nil && first == s.StreamMagic {
-		s.mu.Lock()
-		if s.streams == nil {
-			s.streams = map[net.Conn]struct{}{}
+	_ = nc.SetReadDeadline(time.Time{})
+	switch {
+	case s.Streams != nil && first == s.StreamMagic:
+		if !s.track(true, nc, 0) {
+			nc.Close()
+			return
 		}
-		s.streams[nc] = struct{}{}
-		s.mu.Unlock()
 		s.Streams(nc)
-		s.mu.Lock()
+		s.untrack(true, nc)
+	case first == StreamMagic:
+		if !s.track(false, nc, s.maxConns()) {
+			refusedConns.Inc()
+			nc.Close()
+			return
+		}
+		s.servePulls(nc)
+		s.untrack(false, nc)
+	default:
+		nc.Close()
+	}
+}
+
+// track registers a connection (false when closed, or limit reached).
+func (s *Server) track(stream bool, nc net.Conn, limit int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := &s.conns
+	if stream {
+		m = &s.streams
+	}
+	if s.closed || (limit > 0 && len(*m) >= limit) {
+		return false
+	}
+	if *m == nil {
+		*m = map[net.Conn]struct{}{}
+	}
+	(*m)[nc] = struct{}{}
+	return true
+}
+
+func (s *Server) untrack(stream bool, nc net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if stream {
 		delete(s.streams, nc)
-		s.mu.Unlock()
-		return
+	} else {
+		delete(s.conns, nc)
 	}
-	conn := s.newConn(prefixed{Conn: nc, r: io.MultiReader(bytes.NewReader(first[:]), nc)})
-	s.mu.Lock()
-	if s.conns == nil {
-		s.conns = map[*rpc.Conn]struct{}{}
-	}
-	s.conns[conn] = struct{}{}
-	s.mu.Unlock()
-	<-conn.Done()
-	s.mu.Lock()
-	delete(s.conns, conn)
-	s.mu.Unlock()
 }
 
-// prefixed replays bytes already read before the connection's own.
-type prefixed struct {
-	net.Conn
-	r io.Reader
+// servePulls answers one consumer's requests in turn until it hangs up,
+// sends a malformed frame, stalls mid-request or idles too long.
+func (s *Server) servePulls(nc net.Conn) {
+	defer nc.Close()
+	br := bufio.NewReaderSize(nc, 4<<10)
+	for {
+		// Wait for the next request's first byte, then bound the rest.
+		_ = nc.SetReadDeadline(time.Now().Add(s.idleTimeout()))
+		if _, err := br.Peek(1); err != nil {
+			return
+		}
+		_ = nc.SetReadDeadline(time.Now().Add(s.headerTimeout()))
+		q, err := readRequest(br)
+		if err != nil {
+			if errors.Is(err, errFrame) {
+				// Say why before hanging up (best effort).
+				_ = nc.SetWriteDeadline(time.Now().Add(s.headerTimeout()))
+				p := errResponse(err)
+				_, _ = nc.Write(p.header())
+			}
+			return
+		}
+		_ = nc.SetReadDeadline(time.Time{})
+		if err := s.answer(nc, q); err != nil {
+			return
+		}
+	}
 }
 
-func (p prefixed) Read(b []byte) (int, error) { return p.r.Read(b) }
+// answer serves one request: the header, then (pull) the object's bytes.
+func (s *Server) answer(nc net.Conn, q request) error {
+	if q.op == opExtend {
+		ok, err := s.extend(q.ref, time.UnixMilli(q.until))
+		p := errResponse(err)
+		p.ok = ok
+		_ = nc.SetWriteDeadline(time.Now().Add(s.headerTimeout()))
+		_, werr := nc.Write(p.header())
+		return werr
+	}
+	lease, err := s.lease(q.ref)
+	if err != nil {
+		p := errResponse(err)
+		_ = nc.SetWriteDeadline(time.Now().Add(s.headerTimeout()))
+		_, werr := nc.Write(p.header())
+		return werr
+	}
+	defer lease.Release()
+	p := response{bucket: lease.Meta.Bucket, key: lease.Meta.Key, size: uint64(len(lease.Data))}
+	// The header and the body (from the store's memory, or the mapped
+	// shared-memory file the object lives in) go with writev, a slice
+	// at a time: each must leave within WriteTimeout.
+	bufs := net.Buffers{p.header()}
+	for off := 0; ; off += writeSlice {
+		body := lease.Data[off:min(off+writeSlice, len(lease.Data))]
+		bufs = append(bufs, body)
+		_ = nc.SetWriteDeadline(time.Now().Add(s.writeTimeout()))
+		if _, err := bufs.WriteTo(nc); err != nil {
+			return err
+		}
+		servedBytes.Add(float64(len(body)))
+		if off+writeSlice >= len(lease.Data) {
+			return nil
+		}
+		bufs = bufs[:0]
+	}
+}
+
+// lease opens a reference and starts one of the object's reads.
+func (s *Server) lease(r string) (*store.Lease, error) {
+	rec, err := s.open(r)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := s.Store.Read(rec.Key)
+	if errors.Is(err, store.ErrNotFound) && s.Fallback != nil {
+		// Spilled under memory pressure: serve it from the tier.
+		data, _, ferr := s.Fallback.Get(context.Background(), rec.Key)
+		if ferr != nil {
+			return nil, fmt.Errorf("%w (and %v)", err, ferr)
+		}
+		return store.Detached(store.Meta{ID: rec.Key, Size: int64(len(data))}, data), nil
+	}
+	return lease, err
+}
+
+func (s *Server) extend(r string, until time.Time) (bool, error) {
+	rec, err := s.open(r)
+	if err != nil {
+		return false, err
+	}
+	now, limit := s.now(), s.maxExtend()
+	if until.After(now.Add(limit)) {
+		// An object held without bound is pod memory lost: refuse
+		// rather than shorten silently, so the caller knows.
+		return false, fmt.Errorf("%w: asked to keep the object %v from now, at most %v; extend again later instead",
+			ErrExtendTooFar, until.Sub(now).Round(time.Second), limit)
+	}
+	return s.Store.Extend(rec.Key, until), nil
+}
 
 // Close stops accepting and drops every connection.
 func (s *Server) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.closed = true
 	var err error
 	if s.ln != nil {
 		err = s.ln.Close()
@@ -143,6 +285,7 @@ func (s *Server) Close() error {
 	for c := range s.streams {
 		_ = c.Close()
 	}
+	s.mu.Unlock()
 	return err
 }
 
@@ -177,95 +320,30 @@ func (s *Server) maxExtend() time.Duration {
 	return DefaultMaxExtend
 }
 
-type producer struct{ s *Server }
-
-func (p *producer) Open(_ context.Context, call dp.Producer_open) error {
-	r, err := call.Args().Ref()
-	if err != nil {
-		return err
+func (s *Server) headerTimeout() time.Duration {
+	if s.HeaderTimeout > 0 {
+		return s.HeaderTimeout
 	}
-	rec, err := p.s.open(r)
-	if err != nil {
-		return err
-	}
-	lease, err := p.s.Store.Read(rec.Key)
-	if errors.Is(err, store.ErrNotFound) && p.s.Fallback != nil {
-		// Spilled under memory pressure: serve it from the tier.
-		data, _, ferr := p.s.Fallback.Get(context.Background(), rec.Key)
-		if ferr != nil {
-			return fmt.Errorf("%w (and %v)", err, ferr)
-		}
-		lease = store.Detached(store.Meta{ID: rec.Key, Size: int64(len(data))}, data)
-	} else if err != nil {
-		return err
-	}
-	res, err := call.AllocResults()
-	if err != nil {
-		lease.Release()
-		return err
-	}
-	res.SetSize(uint64(len(lease.Data)))
-	_ = res.SetBucket(lease.Meta.Bucket)
-	_ = res.SetKey(lease.Meta.Key)
-	head := min(int(call.Args().Prefetch()), len(lease.Data), MaxChunk)
-	if err := res.SetHead(lease.Data[:head]); err != nil {
-		lease.Release()
-		return err
-	}
-	servedBytes.Add(float64(head))
-	if head == len(lease.Data) {
-		// Everything travelled in the head: no reader needed.
-		lease.Release()
-		return nil
-	}
-	return res.SetReader(dp.Reader_ServerToClient(&reader{lease: lease}))
+	return DefaultHeaderTimeout
 }
 
-func (p *producer) Extend(_ context.Context, call dp.Producer_extend) error {
-	r, err := call.Args().Ref()
-	if err != nil {
-		return err
+func (s *Server) idleTimeout() time.Duration {
+	if s.IdleTimeout > 0 {
+		return s.IdleTimeout
 	}
-	rec, err := p.s.open(r)
-	if err != nil {
-		return err
-	}
-	until, now, limit := time.UnixMilli(call.Args().UntilUnixMs()), p.s.now(), p.s.maxExtend()
-	if until.After(now.Add(limit)) {
-		// An object held without bound is pod memory lost: refuse
-		// rather than shorten silently, so the caller knows.
-		return fmt.Errorf("%w: asked to keep the object %v from now, at most %v; extend again later instead",
-			ErrExtendTooFar, until.Sub(now).Round(time.Second), limit)
-	}
-	ok := p.s.Store.Extend(rec.Key, until)
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	res.SetOk(ok)
-	return nil
+	return DefaultIdleTimeout
 }
 
-// reader is one read of an object; releasing the capability ends the lease.
-type reader struct{ lease *store.Lease }
-
-func (r *reader) Read(_ context.Context, call dp.Reader_read) error {
-	off, n := call.Args().Offset(), uint64(call.Args().Length())
-	data := r.lease.Data
-	if n > MaxChunk {
-		return fmt.Errorf("chunk of %d bytes exceeds the %d limit", n, MaxChunk)
+func (s *Server) maxConns() int {
+	if s.MaxConns > 0 {
+		return s.MaxConns
 	}
-	if off > uint64(len(data)) {
-		return fmt.Errorf("offset %d beyond the object's %d bytes", off, len(data))
-	}
-	end := min(off+n, uint64(len(data)))
-	res, err := call.AllocResults()
-	if err != nil {
-		return err
-	}
-	servedBytes.Add(float64(end - off))
-	return res.SetData(data[off:end])
+	return DefaultMaxConns
 }
 
-// Shutdown runs when the consumer releases the reader (or disconnects).
-func (r *reader) Shutdown() { r.lease.Release() }
+func (s *Server) writeTimeout() time.Duration {
+	if s.WriteTimeout > 0 {
+		return s.WriteTimeout
+	}
+	return 30 * time.Second
+}

@@ -1,5 +1,5 @@
 // Package sidecar is the ziptrail part of queue-proxy-zl: the pod's object
-// store and Cap'n Proto producer server, the consumer client, and a handler
+// store and pull server (the producer side), the consumer client, and a handler
 // wrapper that resolves references on incoming invocations (pulling the
 // objects into the pod's shared memory) and turns large objects in outgoing
 // function outputs into references (the bytes stay in this pod until a
@@ -40,7 +40,7 @@ import (
 type Config struct {
 	Namespace, Workflow, Function, Pod string
 	PodIP                              string
-	DataplanePort                      int    // Cap'n Proto server port (9192; Knative uses 9090/9091)
+	DataplanePort                      int    // data-plane port: pulls and message streams (9192; Knative uses 9090/9091)
 	ShmDir                             string // where resolved inputs are written for the function
 	MemoryLimit                        int64  // store cap in bytes
 	InlineThreshold                    int    // objects up to this size stay inline
@@ -593,7 +593,7 @@ func (s *Sidecar) resolve(ctx context.Context, env *invocation.Envelope) ([]stri
 	for n, i := range refs {
 		go func() {
 			o := &env.Objects[i]
-			f, err := os.OpenFile(files[n], os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+			f, err := os.OpenFile(files[n], os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644) // read-write: the pull maps it
 			if err != nil {
 				errs <- err
 				return

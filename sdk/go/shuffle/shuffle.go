@@ -166,7 +166,9 @@ func (j Job) Tier() ziptrail.Tier {
 }
 
 // ShuffleBucket is round's shuffle bucket.
-func (j Job) ShuffleBucket(round int) string { return j.withDefaults().ShufflePrefix + strconv.Itoa(round) }
+func (j Job) ShuffleBucket(round int) string {
+	return j.withDefaults().ShufflePrefix + strconv.Itoa(round)
+}
 
 // RunsBucket is round's bucket of hybrid runs.
 func (j Job) RunsBucket(round int) string { return j.withDefaults().RunsPrefix + strconv.Itoa(round) }

@@ -81,7 +81,7 @@ func main() {
 	sizes := flag.String("sizes", "1GiB,2GiB,4GiB", "data sizes to sort")
 	methods := flag.String("methods", "s3,redis,podmemory,hybrid", "ziptrail shuffle methods")
 	flag.Float64Var(&o.fastFraction, "fast-fraction", 0.25, "the fast tier's cap (Redis maxmemory beyond what the cluster already uses) as a fraction of the data")
-	flag.Float64Var(&o.roundFrac, "round-fraction", 0.20, "hybrid: the bytes per round (the sort's fastCapacity) as a fraction of the data; below -fast-fraction, for Redis's own overhead")
+	flag.Float64Var(&o.roundFrac, "round-fraction", 0.17, "hybrid: the bytes per round (the sort's fastCapacity) as a fraction of the data; below -fast-fraction, for Redis's own overhead (client query buffers of the pieces in flight, allocator size classes): 0.17 is 6 rounds, the most the workflow declares")
 	taskBytes := flag.String("task-bytes", "64MiB", "records per map task (the sort's taskRecords), in bytes")
 	flag.Int64Var(&o.seed, "seed", 17, "the data set (examples/sort/records.py)")
 	flag.StringVar(&o.calibration, "calibration", "docs/bench/sort-calibration.json", "the installation's calibration: `ziptrail calibrate --local` output")
@@ -619,6 +619,13 @@ func session(gateway, token string, params map[string]any, timeout time.Duration
 		var st sessions.Session
 		what := ""
 		if b, code, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+s.ID, nil); err == nil && code == http.StatusOK && json.Unmarshal(b, &st) == nil {
+			// A failed invocation fails the run (the workflow would re-run it
+			// after its 5-minute timeout; a benchmark reports it instead).
+			for _, e := range st.Events {
+				if e.Kind == "InvokeFailed" {
+					return nil, s, fmt.Errorf("session %s: %s: %.300s", s.ID, e.Kind, e.Message)
+				}
+			}
 			what = fmt.Sprintf("%d invocations, %d objects", st.Invocations, st.Objects)
 			if n := len(st.Events); n > 0 {
 				e := st.Events[n-1]

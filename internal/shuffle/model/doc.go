@@ -82,6 +82,21 @@
 // round's (r/w)² = m² objects go to the fast store and are limited by its
 // rate, which Locus ignored (footnote 3) and this model does not.
 //
+// # Compute (the job's own work)
+//
+// Locus's sort is I/O-bound (C++ on Lambda), so its model has no CPU term.
+// A job whose tasks compute more than they move (examples/sort in pure
+// Python: ~20–25 ns of one core per byte to generate, sort and partition,
+// ~6–7 ns to merge) is not. Config.Compute gives the job's CPU seconds of
+// one core per byte on the map side and on the reduce side; a phase's
+// compute term is its bytes × that cost over min(P, tasks, Params.Cores).
+// With Params.Cores set (workers and stores on the same cores: a local
+// cluster) the term adds to the largest transfer limit, because the
+// calibrated transfer bandwidths were measured with those cores busy
+// moving bytes; without it (each worker its own core) the term is one more
+// limit. Config.MapTasks and Config.Partitions let a job that fixed its
+// own task counts be predicted with them (objects = mappers × partitions).
+//
 // # Stragglers (§3.5)
 //
 // Params.Stragglers are sampled per-worker bandwidths relative to the fit

@@ -434,13 +434,17 @@ func (a *Agent) newNode(ns NodeSpec, network *netns.Network, cat *catalog.Catalo
 	var auth nodeutil.Auth
 	var prov *Provider
 	mux := http.NewServeMux()
+	nodePaths, err := nodeDirs(cfg.StateDir, ns.Name)
+	if err != nil {
+		return nil, nil, err
+	}
 	newProvider := func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		alloc := configureNode(pc.Node, ns, nodeIP, cfg.KubeletPort)
 		prov = newProvider(providerConfig{
 			NodeName: ns.Name, NodeIP: nodeIP, Network: network, PodsDir: cfg.podsDir(),
 			DNS: sandbox.DNS{Server: cfg.ClusterDNS, Domain: cfg.ClusterDomain}, Catalog: cat, Client: client,
 			Recorder: recorder, ConfigMaps: pc.ConfigMaps, Secrets: pc.Secrets, Services: pc.Services,
-			Log: cfg.Log, Backoff: cfg.Backoff,
+			Log: cfg.Log, Backoff: cfg.Backoff, NodePaths: nodePaths,
 		}, alloc)
 		return prov, nil, nil
 	}

@@ -215,6 +215,7 @@ func (pr *podRuntime) setupVolumes() bool {
 	pr.mu.Lock()
 	vols := volumes.New(pr.sb.Dir+"/volumes", volumes.Sources{
 		Client: pr.p.cfg.Client, ConfigMaps: pr.p.cfg.ConfigMaps, Secrets: pr.p.cfg.Secrets, Allocatable: pr.p.allocatable,
+		NodePaths: pr.p.cfg.NodePaths,
 	}, pr.pod, downward.IPs{PodIP: pr.sb.IP(), HostIP: pr.p.cfg.NodeIP})
 	pr.vols = vols
 	pr.mu.Unlock()

@@ -42,6 +42,8 @@ type providerConfig struct {
 	Services   corev1listers.ServiceLister
 	Log        *slog.Logger
 	Backoff    Backoff
+	// NodePaths: hostPaths that are this node's own (volumes.Sources).
+	NodePaths map[string]string
 }
 
 // Backoff is the restart back-off of crashed containers (kubelet: 10 s

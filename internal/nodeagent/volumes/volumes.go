@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -39,6 +40,23 @@ type Sources struct {
 	Allocatable corev1.ResourceList // for resourceFieldRef without a limit
 	// Clock is the time source of token refreshes (nil: time.Now).
 	Clock func() time.Time
+	// NodePaths maps hostPath paths to this node's own directory: one
+	// agent runs several nodes on one host, and a directory that is per
+	// node on a real cluster (ziptrail's same-node socket directory) must
+	// not be shared between them. A hostPath equal to a key, or below it,
+	// resolves under the value.
+	NodePaths map[string]string
+}
+
+// hostPathOf is where a hostPath volume's path is on this host.
+func (s *Set) hostPathOf(p string) string {
+	clean := filepath.Clean(p)
+	for from, to := range s.src.NodePaths {
+		if rel, err := filepath.Rel(from, clean); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return filepath.Join(to, rel)
+		}
+	}
+	return p
 }
 
 func (s *Set) now() time.Time {
@@ -89,7 +107,7 @@ func (s *Set) Path(name string) (string, error) {
 			continue
 		}
 		if v.HostPath != nil {
-			return v.HostPath.Path, nil
+			return s.hostPathOf(v.HostPath.Path), nil
 		}
 		return filepath.Join(s.dir, v.Name), nil
 	}
@@ -163,7 +181,9 @@ func (s *Set) syncVolume(ctx context.Context, v corev1.Volume) error {
 		}
 		return nil
 	case v.HostPath != nil:
-		return hostPath(v.HostPath)
+		h := *v.HostPath
+		h.Path = s.hostPathOf(h.Path)
+		return hostPath(&h)
 	case v.ConfigMap != nil:
 		files, err := s.configMap(v.ConfigMap.Name, v.ConfigMap.Items, v.ConfigMap.Optional, mode(v.ConfigMap.DefaultMode))
 		if err != nil {

@@ -80,3 +80,47 @@ func TestTokenRefreshedAt80Percent(t *testing.T) {
 		}
 	}
 }
+
+// TestNodePaths: a hostPath under a per-node path resolves into the
+// node's own directory (two nodes of one agent do not share it); other
+// hostPaths, and paths that merely share a prefix, stay as they are.
+func TestNodePaths(t *testing.T) {
+	root := t.TempDir()
+	dirType := corev1.HostPathDirectoryOrCreate
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Volumes: []corev1.Volume{
+		{Name: "node", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/run/ziptrail/node", Type: &dirType}}},
+		{Name: "sub", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/run/ziptrail/node/x/", Type: &dirType}}},
+		{Name: "other", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: filepath.Join(root, "shared"), Type: &dirType}}},
+		{Name: "prefix", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/run/ziptrail/nodes"}}},
+	}}}
+	paths := map[string]string{}
+	for _, node := range []string{"n1", "n2"} {
+		set := New(t.TempDir(), Sources{NodePaths: map[string]string{"/var/run/ziptrail/node": filepath.Join(root, node)}}, pod, downward.IPs{})
+		if err := set.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range []string{"node", "sub", "other", "prefix"} {
+			p, err := set.Path(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			paths[node+"/"+v] = p
+		}
+	}
+	want := map[string]string{
+		"n1/node": filepath.Join(root, "n1"), "n2/node": filepath.Join(root, "n2"),
+		"n1/sub": filepath.Join(root, "n1", "x"), "n2/sub": filepath.Join(root, "n2", "x"),
+		"n1/other": filepath.Join(root, "shared"), "n2/other": filepath.Join(root, "shared"),
+		"n1/prefix": "/var/run/ziptrail/nodes", "n2/prefix": "/var/run/ziptrail/nodes",
+	}
+	for k, w := range want {
+		if paths[k] != w {
+			t.Errorf("%s: %s, want %s", k, paths[k], w)
+		}
+	}
+	for _, d := range []string{filepath.Join(root, "n1", "x"), filepath.Join(root, "n2", "x")} {
+		if st, err := os.Stat(d); err != nil || !st.IsDir() {
+			t.Errorf("DirectoryOrCreate did not create %s: %v", d, err)
+		}
+	}
+}

@@ -134,6 +134,8 @@ type Cluster struct {
 	gw       atomic.Pointer[gateway.Handler]
 	gateway  *http.Server
 	tiers    *tierServers
+	// podWebhook gives queue-proxy the same-node directory (samenode.go).
+	podWebhook *http.Server
 }
 
 // runner is a controller manager running until cancelled.
@@ -344,6 +346,11 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	c.gateway = &http.Server{Handler: http.HandlerFunc(c.serveGateway), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = c.gateway.Serve(gl) }()
 
+	// Before any function's pod: queue-proxy-zl's same-node directory.
+	if err := c.startPodWebhook(ctx); err != nil {
+		controlLn.Close()
+		return nil, fmt.Errorf("pod webhook: %w", err)
+	}
 	if err := c.startOperator(ctx, controlLn); err != nil {
 		return nil, err
 	}
@@ -416,6 +423,7 @@ func (c *Cluster) Down(ctx context.Context) error {
 	if c.gateway != nil {
 		errs = append(errs, c.gateway.Close())
 	}
+	errs = append(errs, c.stopPodWebhook())
 	if c.K8s != nil {
 		errs = append(errs, c.K8s.Stop(ctx))
 	}

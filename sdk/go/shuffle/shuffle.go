@@ -47,6 +47,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf16"
 
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
@@ -174,15 +175,33 @@ func (j Job) ShuffleBucket(round int) string {
 func (j Job) RunsBucket(round int) string { return j.withDefaults().RunsPrefix + strconv.Itoa(round) }
 
 // Encode is the job's compact JSON with sorted keys, as the zt-job
-// metadata carries it (the Python SDK's encoding).
+// metadata carries it: byte for byte the Python SDK's encoding
+// (json.dumps with sort_keys, compact separators, ASCII only).
 func (j Job) Encode() string {
 	j = j.withDefaults()
 	// Through a map: encoding/json sorts map keys, at every level.
 	var m map[string]any
 	b, _ := json.Marshal(j)
 	_ = json.Unmarshal(b, &m)
-	out, _ := json.Marshal(m)
-	return string(out)
+	var buf strings.Builder
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // Python leaves <, > and & as they are
+	_ = enc.Encode(m)
+	// Python escapes every non-ASCII character as \uXXXX (surrogate pairs
+	// beyond the BMP); inside JSON strings is the only place they occur.
+	var out strings.Builder
+	for _, r := range strings.TrimSuffix(buf.String(), "\n") {
+		switch {
+		case r < 0x80:
+			out.WriteRune(r)
+		case r > 0xFFFF:
+			r1, r2 := utf16.EncodeRune(r)
+			fmt.Fprintf(&out, "\\u%04x\\u%04x", r1, r2)
+		default:
+			fmt.Fprintf(&out, "\\u%04x", r)
+		}
+	}
+	return out.String()
 }
 
 // ParseJob reads a job's JSON (Encode's, or the Python SDK's) and

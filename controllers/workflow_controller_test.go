@@ -71,6 +71,12 @@ var _ = Describe("Workflow controller", func() {
 
 	It("creates a Knative Service per function and the workflow's Buckets and Triggers", func() {
 		wf := loadSample("workflow_wordcount.yaml", ns)
+		x := int32(90)
+		for i := range wf.Spec.Triggers {
+			if wf.Spec.Triggers[i].Name == "reduce-each-group" {
+				wf.Spec.Triggers[i].Spec.Reexecution[0].SpeculateAfter = &x // passed on to the child Trigger
+			}
+		}
 		Expect(k8s.Create(ctx, wf)).To(Succeed())
 
 		for _, fn := range []string{"split", "map", "reduce", "collect"} {
@@ -114,6 +120,7 @@ var _ = Describe("Workflow controller", func() {
 		Expect(trig.Spec.Targets).To(Equal([]string{"wordcount-reduce"}))
 		Expect(trig.Spec.DynamicGroup.Sources).To(Equal([]string{"wordcount-map"}))
 		Expect(trig.Spec.Reexecution[0].SourceFunction).To(Equal("wordcount-map"))
+		Expect(trig.Spec.Reexecution[0].SpeculateAfter).To(HaveValue(BeEquivalentTo(90)))
 
 		By("reporting not-ready services until Knative says they are ready")
 		Eventually(func(g Gomega) {

@@ -106,7 +106,10 @@ const (
 )
 
 // ReexecutionRule re-invokes a source function, with its original arguments,
-// when its output has not reached the bucket in time (Pheromone §4.4).
+// when its output has not reached the bucket in time (Pheromone §4.4), and,
+// with speculateAfter, launches speculative copies of its stragglers
+// (Locus §3.5).
+// +kubebuilder:validation:XValidation:rule="!has(self.speculateAfter) || !has(self.scope) || self.scope == 'PerObject'",message="speculateAfter needs scope PerObject: a wave's invocations finish one by one",fieldPath=".speculateAfter"
 type ReexecutionRule struct {
 	// SourceFunction is the function to re-invoke.
 	// +kubebuilder:validation:MinLength=1
@@ -120,12 +123,27 @@ type ReexecutionRule struct {
 	// Timeout after which the output counts as lost.
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="timeout must be positive"
 	Timeout metav1.Duration `json:"timeout"`
-	// MaxAttempts bounds the re-executions per invocation.
+	// MaxAttempts bounds the re-executions per invocation, speculative
+	// copies included.
 	// +kubebuilder:default=3
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	// +optional
 	MaxAttempts int32 `json:"maxAttempts,omitempty"`
+	// SpeculateAfter, a percentage (1 to 99), turns on speculative copies
+	// of stragglers (Locus §3.5). The rule's invocations of sourceFunction
+	// in a session form waves: a wave opens when one starts while none of
+	// the earlier ones is outstanding, and every invocation starting while
+	// it is open joins it, so the invocations dispatched together (a
+	// stage's mappers, a DynamicGroup's reducers) are one wave. Once
+	// speculateAfter percent of a wave's invocations have sent their output
+	// to this trigger's bucket, every one still outstanding gets one copy
+	// with the same arguments, counted against maxAttempts. The original
+	// keeps running; the first to finish wins, and the other's outputs
+	// (same keys) are dropped as duplicates. Unset: no copies.
+	// +kubebuilder:validation:XValidation:rule="self >= 1 && self <= 99",message="speculateAfter is the percentage of a wave that must have finished, 1 to 99"
+	// +optional
+	SpeculateAfter *int32 `json:"speculateAfter,omitempty"`
 }
 
 // TriggerSpec binds a bucket to target functions through a primitive. Exactly
@@ -198,7 +216,8 @@ type TriggerStatus struct {
 	// Firings counts how often the trigger fired.
 	// +optional
 	Firings int64 `json:"firings,omitempty"`
-	// Reexecutions counts source re-invocations caused by this trigger's rules.
+	// Reexecutions counts source re-invocations caused by this trigger's
+	// rules, speculative copies included.
 	// +optional
 	Reexecutions int64 `json:"reexecutions,omitempty"`
 	// LastFiredTime is when the trigger last fired.

@@ -85,6 +85,14 @@ var _ = Describe("schema validation", func() {
 			"spec.reexecution[0].maxAttempts", "should be greater than or equal to 1"}),
 		Entry("a re-execution rule with an unknown scope", invalid{trigger + "spec: {bucket: b, primitive: Immediate, targets: [f], reexecution: [{sourceFunction: s, timeout: 1s, scope: Forever}]}",
 			"spec.reexecution[0].scope", "Unsupported value"}),
+		Entry("a re-execution rule speculating after 0 %", invalid{trigger + "spec: {bucket: b, primitive: Immediate, targets: [f], reexecution: [{sourceFunction: s, timeout: 1s, speculateAfter: 0}]}",
+			"spec.reexecution[0].speculateAfter", "speculateAfter is the percentage of a wave that must have finished, 1 to 99"}),
+		Entry("a re-execution rule speculating after 100 %", invalid{trigger + "spec: {bucket: b, primitive: Immediate, targets: [f], reexecution: [{sourceFunction: s, timeout: 1s, speculateAfter: 100}]}",
+			"spec.reexecution[0].speculateAfter", "speculateAfter is the percentage of a wave that must have finished, 1 to 99"}),
+		Entry("a per-session re-execution rule that speculates", invalid{trigger + "spec: {bucket: b, primitive: Immediate, targets: [f], reexecution: [{sourceFunction: s, timeout: 1s, scope: PerSession, speculateAfter: 90}]}",
+			"spec.reexecution[0].speculateAfter", "speculateAfter needs scope PerObject"}),
+		Entry("an inline trigger's rule speculating after 100 %", invalid{workflow + "spec: {entry: a, functions: [{name: a, image: x}], triggers: [{name: t, spec: {bucket: b, primitive: Immediate, targets: [a], reexecution: [{sourceFunction: a, timeout: 1s, speculateAfter: 100}]}}]}",
+			"spec.triggers[0].spec.reexecution[0].speculateAfter", "1 to 99"}),
 		// Buckets
 		Entry("an unknown spill tier", invalid{bucket + "spec: {spillTiers: [gcs]}",
 			"spec.spillTiers[0]", "Unsupported value"}),
@@ -183,5 +191,42 @@ var _ = Describe("a Workflow with the removed local block", func() {
 		Expect(k8s.Get(ctx, key(ns, "w"), &wf)).To(Succeed())
 		Expect(wf.Spec.Functions[0].Command).To(Equal([]string{"python3", "-c", "print(1)"}))
 		Expect(wf.Spec.Functions[0].Args).To(Equal([]string{"x"}))
+	})
+})
+
+var _ = Describe("speculative copies (reexecution[].speculateAfter)", func() {
+	It("accepts a percentage with the default scope and keeps it", func() {
+		ns := newNamespace()
+		obj := &unstructured.Unstructured{}
+		Expect(yaml.Unmarshal([]byte(trigger+"spec: {bucket: b, primitive: DynamicJoin, dynamicJoin: {}, targets: [f], reexecution: [{sourceFunction: map, timeout: 5m, maxAttempts: 2, speculateAfter: 90}]}"), &obj.Object)).To(Succeed())
+		obj.SetNamespace(ns)
+		Expect(k8s.Create(ctx, obj, client.FieldValidation(metav1.FieldValidationStrict))).To(Succeed())
+		var t v1alpha1.Trigger
+		Expect(k8s.Get(ctx, key(ns, "t"), &t)).To(Succeed())
+		r := t.Spec.Reexecution[0]
+		Expect(r.Scope).To(Equal(v1alpha1.RerunPerObject))
+		Expect(r.SpeculateAfter).NotTo(BeNil())
+		Expect(*r.SpeculateAfter).To(BeEquivalentTo(90))
+	})
+
+	It("accepts examples/sort's workflow, whose mappers and reducers speculate after 90 %", func() {
+		data, err := os.ReadFile(filepath.Join("..", "..", "examples", "sort", "workflow.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		ns := newNamespace()
+		obj := &unstructured.Unstructured{}
+		Expect(yaml.Unmarshal(data, &obj.Object)).To(Succeed())
+		obj.SetNamespace(ns)
+		Expect(k8s.Create(ctx, obj, client.FieldValidation(metav1.FieldValidationStrict))).To(Succeed())
+		var wf v1alpha1.Workflow
+		Expect(k8s.Get(ctx, key(ns, "sort"), &wf)).To(Succeed())
+		speculating := map[string]int32{}
+		for _, t := range wf.Spec.Triggers {
+			for _, r := range t.Spec.Reexecution {
+				if r.SpeculateAfter != nil {
+					speculating[r.SourceFunction] = *r.SpeculateAfter
+				}
+			}
+		}
+		Expect(speculating).To(Equal(map[string]int32{"map": 90, "merge": 90, "final": 90}))
 	})
 })

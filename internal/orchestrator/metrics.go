@@ -16,7 +16,11 @@ var (
 	})
 	reexecutions = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ziptrail_engine_reexecutions_total",
-		Help: "Source functions re-executed because their output was late.",
+		Help: "Source functions re-executed because their output was late, or copied as stragglers (speculative copies are also counted in ziptrail_engine_speculative_copies_total).",
+	})
+	speculativeCopies = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_engine_speculative_copies_total",
+		Help: "Speculative copies of stragglers: re-executions launched because most of their wave had finished (reexecution speculateAfter).",
 	})
 	checkpointBytes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ziptrail_engine_checkpoint_bytes",
@@ -25,5 +29,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(sessionsEnded, objectsReady, reexecutions, checkpointBytes)
+	metrics.Registry.MustRegister(sessionsEnded, objectsReady, reexecutions, speculativeCopies, checkpointBytes)
 }

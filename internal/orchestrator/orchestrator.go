@@ -312,7 +312,12 @@ func (o *Orchestrator) invoke(a engine.Action) {
 			return
 		}
 		env = rerun
-		o.sessions.Log(a.Session, "Rerun", "re-executing %s (attempt %d): its output is late", a.Function, a.Attempt)
+		if a.Speculative {
+			o.sessions.Log(a.Session, "Rerun", "speculative copy of %s (attempt %d): most of its wave finished, it still runs", a.Function, a.Attempt)
+			speculativeCopies.Inc()
+		} else {
+			o.sessions.Log(a.Session, "Rerun", "re-executing %s (attempt %d): its output is late", a.Function, a.Attempt)
+		}
 		reexecutions.Inc()
 	} else {
 		for _, ob := range a.Objects {

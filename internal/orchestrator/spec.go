@@ -58,7 +58,11 @@ func engineTrigger(name string, t v1alpha1.TriggerSpec) engine.TriggerSpec {
 		if attempts == 0 {
 			attempts = 3
 		}
-		out.Reruns = append(out.Reruns, engine.RerunRule{SourceFunction: r.SourceFunction, Scope: scope, Timeout: r.Timeout.Duration, MaxAttempts: attempts})
+		rule := engine.RerunRule{SourceFunction: r.SourceFunction, Scope: scope, Timeout: r.Timeout.Duration, MaxAttempts: attempts}
+		if r.SpeculateAfter != nil {
+			rule.SpeculateAfter = float64(*r.SpeculateAfter) / 100 // a percentage in the API, a fraction in the engine
+		}
+		out.Reruns = append(out.Reruns, rule)
 	}
 	return out
 }

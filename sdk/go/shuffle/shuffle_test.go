@@ -350,3 +350,35 @@ func TestJob(t *testing.T) {
 		t.Errorf("a writer outside an invocation without a session: %v", err)
 	}
 }
+
+// TestTiers: the client's tier calls, as the library uses them: keys are
+// scoped to the session, deletes of missing keys are no error, an unknown
+// tier is refused before the sidecar is asked.
+func TestTiers(t *testing.T) {
+	tr := startTiers(t)
+	ctx := context.Background()
+	c := tr.startPod(t, "", "").client
+	for _, tier := range []ziptrail.Tier{ziptrail.TierFast, ziptrail.TierSlow} {
+		data := piece(0, 0, 0, 100_000)
+		if n, err := c.TierPut(ctx, tier, "k", data, ziptrail.WithSession("s-a")); err != nil || n != int64(len(data)) {
+			t.Fatalf("%s put: %d %v", tier, n, err)
+		}
+		obj, err := c.TierGet(ctx, tier, "k", ziptrail.WithSession("s-a"))
+		if err != nil || !bytes.Equal(obj.Bytes(), data) {
+			t.Fatalf("%s get: %v", tier, err)
+		}
+		obj.Close()
+		if _, err := c.TierGet(ctx, tier, "k", ziptrail.WithSession("s-b")); !errors.Is(err, ziptrail.ErrNotFound) {
+			t.Errorf("%s: another session's key: %v, want not found", tier, err)
+		}
+		if err := c.TierDelete(ctx, tier, []string{"k", "never-written"}, ziptrail.WithSession("s-a")); err != nil {
+			t.Errorf("%s delete: %v", tier, err)
+		}
+		if _, err := c.TierGet(ctx, tier, "k", ziptrail.WithSession("s-a")); !errors.Is(err, ziptrail.ErrNotFound) {
+			t.Errorf("%s: deleted key: %v, want not found", tier, err)
+		}
+	}
+	if _, err := c.TierGet(ctx, "disk", "k", ziptrail.WithSession("s-a")); !errors.Is(err, ziptrail.ErrInvalid) {
+		t.Errorf("tier disk: %v, want invalid", err)
+	}
+}

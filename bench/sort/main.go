@@ -32,6 +32,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -74,6 +75,7 @@ type options struct {
 	ray          bool
 	rayPython    string
 	timeout      time.Duration
+	warmup       int64
 }
 
 func main() {
@@ -89,8 +91,14 @@ func main() {
 	noRay := flag.Bool("no-ray", false, "leave out the Ray peer")
 	flag.StringVar(&o.rayPython, "ray-python", "", "python of a venv with Ray (default: hack/ray-venv.sh's)")
 	flag.DurationVar(&o.timeout, "run-timeout", 40*time.Minute, "give up on one sort after this long")
+	warmup := flag.String("warmup", "256MiB", "first sort this much through s3 and hybrid, not counted, so that the functions' pods are up (0: no warm-up)")
 	flag.Parse()
 	o.ray = !*noRay
+	if wb, err := model.ParseBytes(*warmup); err == nil {
+		o.warmup = int64(wb)
+	} else if *warmup != "0" {
+		fail(fmt.Errorf("-warmup: %w", err))
+	}
 	for _, s := range strings.Split(*sizes, ",") {
 		b, err := model.ParseBytes(strings.TrimSpace(s))
 		if err != nil {
@@ -274,7 +282,7 @@ func run(o options) error {
 	rep.Setup = map[string]any{
 		"workers": workers, "taskBytes": o.taskBytes, "partitionBytes": partitionBytes, "seed": o.seed,
 		"fastFraction": o.fastFraction, "roundFraction": o.roundFrac, "memoryLimitPerPod": podMemPerPod,
-		"maxRounds": maxRounds, "knative": "min-scale 1 (one warm pod per function; more start on demand, up to maxScale 8)",
+		"maxRounds": maxRounds, "knative": "min-scale 1, scale-down-delay 15m (one warm pod per function; more start on demand, up to maxScale 8, and stay); a warm-up sort (-warmup) scales them up first",
 		"nodes": 2,
 	}
 
@@ -286,7 +294,11 @@ func run(o options) error {
 	logf("bringing up the local cluster (waits for the host's cluster claim)")
 	t := time.Now()
 	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: io.Discard,
-		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1"}},
+		// Pods scaled up stay 15 minutes: Knative scaling a function down
+		// in the middle of a sort sent a map invocation to a pod whose
+		// queue-proxy-zl was draining ("cannot reach the sidecar"; the
+		// workflow re-runs such a task after 5 minutes, a benchmark cannot).
+		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1", "scale-down-delay": "15m"}},
 		Kubernetes: localk8s.Options{NetPrefix: "zts", ClusterCIDR: netip.MustParsePrefix("10.219.0.0/16"),
 			ServiceCIDR: netip.MustParsePrefix("10.105.0.0/16"), WaitForHost: 60 * time.Minute}})
 	if err != nil {
@@ -299,6 +311,9 @@ func run(o options) error {
 	go func() {
 		s := <-sig
 		logf("%s: taking the cluster down", s)
+		if pg := rayPgid.Load(); pg > 0 {
+			_ = syscall.Kill(-int(pg), syscall.SIGKILL)
+		}
 		c.Down(context.Background())
 		os.Exit(1)
 	}()
@@ -319,6 +334,22 @@ func run(o options) error {
 		return err
 	}
 	logf("workflow sort ready (%d functions)", len(wf.Spec.Functions))
+
+	if o.warmup > 0 {
+		for _, method := range []string{"s3", "hybrid"} {
+			params := map[string]any{"method": method, "bytes": o.warmup, "seed": o.seed + 1, "partitions": int(max(4, o.warmup/partitionBytes)),
+				"taskRecords": min(o.taskBytes/100, o.warmup/400), "fastCapacity": o.warmup / 4, "job": "warmup" + method}
+			t := time.Now()
+			_, _, err := session(c.GatewayURL, c.GatewayToken, params, o.timeout, func(el time.Duration, what string) {
+				logf("warm-up %s via %s: running, %s (%s)", human(o.warmup), method, el.Round(time.Second), what)
+			})
+			if err != nil {
+				return fmt.Errorf("warm-up: %w", err)
+			}
+			logf("warm-up %s via %s (not counted): %s", human(o.warmup), method, time.Since(t).Round(time.Millisecond))
+		}
+		rep.Setup["warmup"] = o.warmup
+	}
 
 	write := func() {
 		rep.Finished = time.Now().UTC()
@@ -514,6 +545,13 @@ func measureCompute(python, root string, taskBytes int64) (ComputeMeasure, error
 	return cm, nil
 }
 
+// rayPgid is the running Ray peer's process group (0: none), rayOut its
+// stdout.
+var (
+	rayPgid atomic.Int64
+	rayOut  strings.Builder
+)
+
 func rayRun(python, examples string, seed, records int64, parts int, taskRecords, store int64, timeout time.Duration) (json.RawMessage, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -522,9 +560,21 @@ func rayRun(python, examples string, seed, records int64, parts int, taskRecords
 		"--records", strconv.FormatInt(records, 10), "--partitions", strconv.Itoa(parts),
 		"--task-records", strconv.FormatInt(taskRecords, 10), "--object-store-memory", strconv.FormatInt(store, 10), "--num-cpus", "2")
 	cmd.Env = append(os.Environ(), "RAY_AUTH_MODE=disabled")
+	// Its own process group: an interrupt takes Ray's processes down too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	rayOut.Reset()
+	cmd.Stdout = &rayOut
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	rayPgid.Store(int64(cmd.Process.Pid))
+	err := cmd.Wait()
+	rayPgid.Store(0)
+	out := []byte(rayOut.String())
+	rayOut.Reset()
 	if err != nil {
 		tail := stderr.String()
 		if len(tail) > 2000 {

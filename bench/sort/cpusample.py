@@ -1,0 +1,66 @@
+"""Samples, every --interval seconds, the machine's CPU time (all cores,
+/proc/stat) and the CPU time of a process tree (a pid and all its
+descendants: bench/sort's local cluster, its pods, Redis, MinIO, Ray), one
+JSON line per sample. bench/sort's report uses it to say how many cores a
+sort actually got on a machine shared with other work.
+
+    python3 cpusample.py PID [--interval 2] > samples.jsonl
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def machine():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return (sum(v[:8]) - idle) / TICK, idle / TICK
+
+
+def tree_cpu(root):
+    procs = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                s = f.read()
+        except OSError:
+            continue
+        rest = s[s.rindex(")") + 2:].split()
+        ppid = int(rest[1])
+        # utime stime cutime cstime (reaped children count too)
+        cpu = sum(int(x) for x in rest[11:15]) / TICK
+        procs[int(p)] = (ppid, cpu)
+    kids = {}
+    for pid, (ppid, _) in procs.items():
+        kids.setdefault(ppid, []).append(pid)
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        if pid in procs:
+            total += procs[pid][1]
+        stack.extend(kids.get(pid, []))
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("pid", type=int)
+    ap.add_argument("--interval", type=float, default=2)
+    a = ap.parse_args()
+    while os.path.exists(f"/proc/{a.pid}"):
+        busy, idle = machine()
+        print(json.dumps({"t": time.time(), "machineBusy": busy, "machineIdle": idle, "tree": tree_cpu(a.pid),
+                          "load": open("/proc/loadavg").read().split()[:3]}), flush=True)
+        time.sleep(a.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -285,8 +285,9 @@ func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action 
 				out = append(out, s.fire(wf, t, f)...)
 			}
 			// An arrival may make re-executions due at once: the
-			// speculative copies of a wave's stragglers.
-			if d := t.prim.NextDeadline(st); !d.IsZero() && !now.Before(d) {
+			// speculative copies of a wave's stragglers (none once the
+			// session's output arrived: it ends here).
+			if d := t.prim.NextDeadline(st); !d.IsZero() && !now.Before(d) && obj.Bucket != wf.spec.OutputBucket {
 				out = append(out, s.rerun(t, st, now)...)
 			}
 		}

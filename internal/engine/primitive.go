@@ -194,6 +194,9 @@ func (r reruns) left(st *State, p *Pending, sent bool) {
 // and has attempts left as due now (due issues the copies).
 func (r reruns) speculate(st *State, now time.Time) {
 	for i, w := range st.Waves {
+		if i >= len(r.rules) {
+			continue // the workflow changed under a running session
+		}
 		x := r.rules[i].SpeculateAfter
 		if w.Open == 0 || float64(w.Finished) < x*float64(w.Members)-1e-9 {
 			continue

@@ -10,6 +10,9 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/s3client"
+	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
 )
 
 // MinIO is a running S3-compatible server.
@@ -64,4 +67,15 @@ func (m *MinIO) Bucket(t TB, name string) string {
 		t.Fatal(err)
 	}
 	return name
+}
+
+// Tier is the sidecar's slow tier (its own S3 client) on a bucket of this
+// server, objects under prefix.
+func (m *MinIO) Tier(t TB, bucket, prefix string) *tier.S3 {
+	t.Helper()
+	c, err := s3client.New(s3client.Config{Endpoint: m.Endpoint, AccessKey: m.AccessKey, SecretKey: m.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tier.S3{Client: c, Bucket: bucket, Prefix: prefix}
 }

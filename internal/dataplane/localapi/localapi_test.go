@@ -380,7 +380,7 @@ func TestSpilledObjectsAreServedFromRedis(t *testing.T) {
 
 func TestSendObjectPersistAndGetObject(t *testing.T) {
 	s3 := testservers.StartMinIO(t)
-	persist := &tier.S3{Client: s3.Client, Bucket: s3.Bucket(t, "ziptrail"), Prefix: "ns/"}
+	persist := s3.Tier(t, s3.Bucket(t, "ziptrail"), "ns/")
 	a := startPod(t, podOpts{persist: persist})
 	ctx := context.Background()
 	big, small := random(2<<20), []byte("small")

@@ -37,7 +37,7 @@ func TestSpillAndShutdownBackup(t *testing.T) {
 		return Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(), MemoryLimit: mem,
 			InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile, BackupTimeout: 20 * time.Second,
 			Redis: &tier.Redis{Client: rds.Client, Prefix: "zt:obj:ns:"},
-			S3:    &tier.S3{Client: s3.Client, Bucket: bucket, Prefix: "ns/"}}
+			S3:    s3.Tier(t, bucket, "ns/")}
 	}
 	producer := New(cfg(1 << 20))
 	pctx, terminate := context.WithCancel(context.Background())

@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/s3client"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
 )
@@ -25,7 +24,7 @@ func TiersFrom(t *controlv1.Tiers, namespace string) (*tier.Redis, *tier.S3, err
 			Prefix: "zt:obj:" + namespace + ":"}
 	}
 	if t.GetS3Endpoint() != "" {
-		mc, err := minio.New(t.GetS3Endpoint(), &minio.Options{Creds: credentials.NewStaticV4(t.GetS3AccessKey(), t.GetS3SecretKey(), ""),
+		mc, err := s3client.New(s3client.Config{Endpoint: t.GetS3Endpoint(), AccessKey: t.GetS3AccessKey(), SecretKey: t.GetS3SecretKey(),
 			Secure: t.GetS3Tls()})
 		if err != nil {
 			return nil, nil, fmt.Errorf("S3 tier %s: %w", t.GetS3Endpoint(), err)

@@ -6,15 +6,14 @@
 package tier
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
-	"github.com/minio/minio-go/v7"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/s3client"
 )
 
 // ErrNotFound means the tier does not hold the object.
@@ -54,7 +53,7 @@ func (r *Redis) Delete(ctx context.Context, id string) error {
 
 // S3 is the slow tier.
 type S3 struct {
-	Client *minio.Client
+	Client *s3client.Client
 	Bucket string
 	Prefix string
 }
@@ -62,28 +61,19 @@ type S3 struct {
 func (s *S3) Name() string { return "s3" }
 
 func (s *S3) Put(ctx context.Context, id string, data []byte, _ time.Duration) error {
-	_, err := s.Client.PutObject(ctx, s.Bucket, s.Prefix+id, bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{})
-	return err
+	return s.Client.Put(ctx, s.Bucket, s.Prefix+id, data)
 }
 
 func (s *S3) Get(ctx context.Context, id string) ([]byte, error) {
-	o, err := s.Client.GetObject(ctx, s.Bucket, s.Prefix+id, minio.GetObjectOptions{})
-	if err != nil {
-		return nil, err
+	b, err := s.Client.Get(ctx, s.Bucket, s.Prefix+id)
+	if errors.Is(err, s3client.ErrNotFound) {
+		return nil, fmt.Errorf("s3 %s: %w", id, ErrNotFound)
 	}
-	defer o.Close()
-	b, err := io.ReadAll(o)
-	if err != nil {
-		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-			return nil, fmt.Errorf("s3 %s: %w", id, ErrNotFound)
-		}
-		return nil, err
-	}
-	return b, nil
+	return b, err
 }
 
 func (s *S3) Delete(ctx context.Context, id string) error {
-	return s.Client.RemoveObject(ctx, s.Bucket, s.Prefix+id, minio.RemoveObjectOptions{})
+	return s.Client.Delete(ctx, s.Bucket, s.Prefix+id)
 }
 
 // Chain reads through tiers in order (Redis, then S3).

@@ -5,42 +5,142 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 )
 
+var benchSizes = []int{10 << 10, 1 << 20, 10 << 20}
+
 // BenchmarkPutGet is one object through the SDK path end to end: put in
-// pod A's sidecar (file in shared memory, gRPC over the unix socket), get
-// in pod B's (pulled over Cap'n Proto into a shared-memory file), read by
-// the function.
+// pod A's sidecar (the function writes a file in shared memory, which
+// becomes the object's storage; gRPC over the unix socket), get in pod
+// B's (pulled from A straight into a shared-memory file), mapped by the
+// function as the Go and Python SDKs do.
 func BenchmarkPutGet(b *testing.B) {
-	for _, size := range []int{10 << 10, 1 << 20, 10 << 20} {
+	for _, size := range benchSizes {
 		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
-			a, c := startPod(b, podOpts{dir: shmDir(b)}), startPod(b, podOpts{dir: shmDir(b)})
-			// The pod default: objects up to 64 KiB travel inline in the
-			// gRPC messages, larger ones as shared-memory files.
-			for _, p := range []*pod{a, c} {
-				p.api.InlineThreshold, p.sdk.InlineThreshold = 64<<10, 64<<10
-			}
+			a, c := benchPods(b)
 			obj := random(size)
 			ctx := context.Background()
 			b.SetBytes(int64(size))
 			b.ResetTimer()
+			cpuDone := reportCPU(b)
 			for i := 0; i < b.N; i++ {
 				r, err := a.sdk.Put(ctx, obj, 1)
 				if err != nil {
 					b.Fatal(err)
 				}
-				got, err := c.sdk.Get(ctx, r)
-				if err != nil || len(got) != size {
-					b.Fatalf("get: %d bytes, %v", len(got), err)
+				if err := getMapped(ctx, c.sdk, r, func(got []byte) error {
+					if len(got) != size {
+						return fmt.Errorf("got %d bytes", len(got))
+					}
+					return nil
+				}); err != nil {
+					b.Fatal(err)
 				}
 			}
+			cpuDone()
 			b.StopTimer()
-			if got, _ := c.sdk.Get(ctx, mustPut(b, a, obj)); !bytes.Equal(got, obj) {
-				b.Fatal("object corrupted")
+			if err := getMapped(ctx, c.sdk, mustPut(b, a, obj), func(got []byte) error {
+				if !bytes.Equal(got, obj) {
+					return fmt.Errorf("object corrupted")
+				}
+				return nil
+			}); err != nil {
+				b.Fatal(err)
 			}
 		})
 	}
+}
+
+// BenchmarkBarePull is the same object moved without the SDK: stored in
+// pod A's memory by the sidecar itself, pulled by pod B's sidecar into
+// its memory (the baseline BenchmarkPutGet is held to).
+func BenchmarkBarePull(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			a, _ := benchPods(b)
+			kr, _ := a.api.Keys(context.Background())
+			client := &pull.Client{Keys: kr}
+			defer client.Close()
+			obj := random(size)
+			ctx := context.Background()
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			defer reportCPU(b)()
+			for i := 0; i < b.N; i++ {
+				id := fmt.Sprint("bare-", i)
+				exp := time.Now().Add(time.Minute)
+				if err := a.api.Store.Put(ctx, store.Meta{ID: id, Reads: 1, Expires: exp}, obj); err != nil {
+					b.Fatal(err)
+				}
+				r, err := kr.Seal(ref.Record{Addr: a.api.Addr, Key: id, Expires: exp, Reads: 1})
+				if err != nil {
+					b.Fatal(err)
+				}
+				got, _, err := client.Pull(ctx, r)
+				if err != nil || len(got) != size {
+					b.Fatalf("pull: %d bytes, %v", len(got), err)
+				}
+			}
+		})
+	}
+}
+
+// reportCPU reports the process's CPU time (user + system, both pods and
+// the function) per operation: on a shared machine it varies less than
+// the wall time. Call the returned function at the end of the loop.
+func reportCPU(b *testing.B) func() {
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	start := cpu()
+	return func() {
+		b.ReportMetric(float64((cpu()-start).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	}
+}
+
+func benchPods(b *testing.B) (*pod, *pod) {
+	a, c := startPod(b, podOpts{dir: shmDir(b)}), startPod(b, podOpts{dir: shmDir(b)})
+	// The pod default: objects up to 64 KiB travel inline in the gRPC
+	// messages, larger ones as shared-memory files.
+	for _, p := range []*pod{a, c} {
+		p.api.InlineThreshold, p.sdk.InlineThreshold = 64<<10, 64<<10
+	}
+	return a, c
+}
+
+// getMapped gets an object as the SDKs do: inline bytes, or a mapping of
+// the file the sidecar pulled it into (unlinked at once).
+func getMapped(ctx context.Context, c *Client, r string, use func([]byte) error) error {
+	resp, err := c.RPC().Get(ctx, &sidecarv1.GetRequest{Ref: r})
+	if err != nil {
+		return err
+	}
+	path := resp.GetObject().GetPath()
+	if path == "" {
+		return use(resp.GetObject().GetInline())
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_ = os.Remove(path)
+	mem, err := syscall.Mmap(int(f.Fd()), 0, int(resp.GetSize()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return err
+	}
+	defer syscall.Munmap(mem)
+	return use(mem)
 }
 
 func mustPut(b *testing.B, p *pod, obj []byte) string {

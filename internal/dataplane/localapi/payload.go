@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
@@ -53,6 +54,41 @@ func readPayload(ctx context.Context, dir string, p *sidecarv1.Payload, limit in
 	default:
 		return nil, fmt.Errorf("%w: neither inline bytes nor a file", ErrBadPayload)
 	}
+}
+
+// mapPayload maps a payload file above minMap bytes read-only, under the
+// same rule as readPayload, and removes its name (the sidecar owns the
+// object now; the mapping holds its pages until free unmaps them). A file of at most
+// minMap bytes is left alone (free nil): it is read instead.
+//
+// Trust: the function keeps write access to the file it handed over; by
+// writing to it, it changes only its own object, and by truncating it, it
+// makes the sidecar's reads of the mapping fault: the kernel's (writev to
+// a consumer) fail with EFAULT, and every copy the sidecar makes in user
+// space goes through store.Clone, which turns the fault into an error.
+func mapPayload(dir, path string, limit, minMap int64) (data []byte, free func(), err error) {
+	f, st, err := invocation.OpenInDir(dir, path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrBadPayload, err)
+	}
+	defer f.Close()
+	if st.Size() > limit {
+		return nil, nil, fmt.Errorf("%w: %s is %d bytes, cap %d", store.ErrTooLarge, path, st.Size(), limit)
+	}
+	if st.Size() <= minMap || st.Size() == 0 {
+		return nil, nil, nil
+	}
+	if int64(int(st.Size())) != st.Size() {
+		return nil, nil, fmt.Errorf("%w: %s is %d bytes", store.ErrTooLarge, path, st.Size())
+	}
+	data, err = syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED|syscall.MAP_POPULATE)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: map %s: %v", ErrBadPayload, path, err)
+	}
+	// The mapping keeps the pages: the name goes at once, as after a
+	// read, so nothing is left in the directory whatever happens next.
+	_ = os.Remove(f.Name())
+	return data, func() { _ = syscall.Munmap(data) }, nil
 }
 
 // fileSink creates a file for an object that is returned by path.

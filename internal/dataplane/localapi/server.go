@@ -180,17 +180,51 @@ func (s *Server) load(ctx context.Context, p *sidecarv1.Payload) (data []byte, r
 	return data, release, nil
 }
 
-// put stores data and seals a reference to it.
-func (s *Server) put(ctx context.Context, m store.Meta, data []byte) (string, error) {
+// loaded is a request's object: bytes in the heap, or (free set) a
+// mapping of the payload file, which stays the object's storage.
+type loaded struct {
+	data []byte
+	free func() // unmaps the file, unless the store took it
+}
+
+// loadObject reads a request's object for the store. A payload file
+// above the inline threshold is not read: it is mapped, and the mapping
+// becomes the object's storage (no copy into the sidecar's heap; the
+// store's cap still counts it, and freeing the object unmaps it). release
+// frees what the store did not take.
+func (s *Server) loadObject(ctx context.Context, p *sidecarv1.Payload) (*loaded, func(), error) {
+	if path := p.GetPath(); path != "" {
+		data, free, err := mapPayload(s.Dir, path, s.limit(), int64(s.InlineThreshold))
+		if err != nil {
+			return nil, func() {}, err
+		}
+		if free != nil {
+			obj := &loaded{data: data, free: free}
+			return obj, func() {
+				if obj.free != nil {
+					obj.free()
+					obj.free = nil
+				}
+			}, nil
+		}
+	}
+	data, release, err := s.load(ctx, p)
+	return &loaded{data: data}, release, err
+}
+
+// put stores an object and seals a reference to it; the store takes a
+// mapped object's file over.
+func (s *Server) put(ctx context.Context, m store.Meta, obj *loaded) (string, error) {
 	kr, err := s.keys(ctx)
 	if err != nil {
 		return "", err
 	}
 	wctx, cancel := s.memoryWait(ctx)
 	defer cancel()
-	if err := s.Store.Put(wctx, m, data); err != nil {
+	if err := s.Store.PutOwned(wctx, m, obj.data, obj.free); err != nil {
 		return "", storeFull(wctx, err)
 	}
+	obj.free = nil // the store's now
 	r, err := kr.Seal(ref.Record{Addr: s.Addr, Key: m.ID, Expires: m.Expires, Reads: m.Reads})
 	if err != nil {
 		s.Store.Remove(m.ID)
@@ -224,7 +258,7 @@ func (s *Server) newID(kind string) string {
 
 // Put implements Zipline's put(obj, N).
 func (s *Server) Put(ctx context.Context, req *sidecarv1.PutRequest) (*sidecarv1.PutResponse, error) {
-	data, release, err := s.load(ctx, req.GetObject())
+	obj, release, err := s.loadObject(ctx, req.GetObject())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -234,11 +268,11 @@ func (s *Server) Put(ctx context.Context, req *sidecarv1.PutRequest) (*sidecarv1
 		reads = 1
 	}
 	m := store.Meta{ID: s.newID("put"), Session: req.GetSession(), Reads: reads, Expires: s.now().Add(s.ttl(req.GetTtlMs()))}
-	r, err := s.put(ctx, m, data)
+	r, err := s.put(ctx, m, obj)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &sidecarv1.PutResponse{Ref: r, Size: int64(len(data))}, nil
+	return &sidecarv1.PutResponse{Ref: r, Size: int64(len(obj.data))}, nil
 }
 
 // Get implements Zipline's get(ref): from this pod's store when the object
@@ -275,8 +309,8 @@ func (s *Server) fetch(ctx context.Context, r string) (*sidecarv1.Payload, int64
 	)
 	info, err := s.Pull(ctx, r, func(size int64) (io.WriterAt, error) {
 		if size <= int64(s.InlineThreshold) {
-			buf = make([]byte, size)
-			return sliceAt(buf), nil
+			buf = make(pull.Buffer, size)
+			return pull.Buffer(buf), nil
 		}
 		var err error
 		if sink, err = newFileSink(s.Dir); err != nil {
@@ -350,14 +384,23 @@ func (s *Server) SendObject(ctx context.Context, req *sidecarv1.SendObjectReques
 	if req.GetPersist() && s.Persist == nil {
 		return nil, toStatus(fmt.Errorf("%w: persist requested but no S3 tier is configured", ErrBadPayload))
 	}
-	data, release, err := s.load(ctx, req.GetObject())
+	obj, release, err := s.loadObject(ctx, req.GetObject())
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	defer release()
+	data := obj.data
 	resp := &sidecarv1.SendObjectResponse{Size: int64(len(data))}
 	if req.GetPersist() {
-		if err := s.Persist.Put(ctx, persistID(req.GetSession(), req.GetBucket(), req.GetKey()), data, 0); err != nil {
+		pdata := data
+		if obj.free != nil {
+			// The S3 client reads it in user space: a copy that a
+			// truncated file cannot turn into a crash.
+			if pdata, err = store.Clone(data); err != nil {
+				return nil, toStatus(fmt.Errorf("%w: %v", ErrBadPayload, err))
+			}
+		}
+		if err := s.Persist.Put(ctx, persistID(req.GetSession(), req.GetBucket(), req.GetKey()), pdata, 0); err != nil {
 			return nil, toStatus(fmt.Errorf("persist %s/%s: %w", req.GetBucket(), req.GetKey(), err))
 		}
 		resp.Persisted = true
@@ -366,7 +409,7 @@ func (s *Server) SendObject(ctx context.Context, req *sidecarv1.SendObjectReques
 	// the session is collected or its TTL passes.
 	m := store.Meta{ID: s.newID("obj"), Session: req.GetSession(), Bucket: req.GetBucket(), Key: req.GetKey(),
 		Reads: math.MaxUint32, Expires: s.now().Add(s.ttl(0)), Metadata: req.GetMetadata()}
-	r, err := s.put(ctx, m, data)
+	r, err := s.put(ctx, m, obj)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -449,11 +492,12 @@ func (s *Server) Invoke(ctx context.Context, req *sidecarv1.InvokeRequest) (*sid
 	if req.GetUrl() == "" {
 		return nil, toStatus(fmt.Errorf("%w: invoke needs a url", ErrBadPayload))
 	}
-	data, release, err := s.load(ctx, req.GetObject())
+	loadedObj, release, err := s.loadObject(ctx, req.GetObject())
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	defer release()
+	data := loadedObj.data
 	bucket, key := req.GetBucket(), req.GetKey()
 	if bucket == "" {
 		bucket = "input"
@@ -478,7 +522,7 @@ func (s *Server) Invoke(ctx context.Context, req *sidecarv1.InvokeRequest) (*sid
 		}
 	} else {
 		m := store.Meta{ID: invID, Session: session, Bucket: bucket, Key: key, Reads: 1, Expires: s.now().Add(s.ttl(0))}
-		if obj.Ref, err = s.put(ctx, m, data); err != nil {
+		if obj.Ref, err = s.put(ctx, m, loadedObj); err != nil {
 			return nil, toStatus(err)
 		}
 		release() // the store accounts for it now
@@ -533,14 +577,4 @@ func inlinePayload(b []byte) *sidecarv1.Payload {
 
 func pathPayload(p string) *sidecarv1.Payload {
 	return &sidecarv1.Payload{Source: &sidecarv1.Payload_Path{Path: p}}
-}
-
-// sliceAt writes chunks into a pre-sized buffer.
-type sliceAt []byte
-
-func (s sliceAt) WriteAt(p []byte, off int64) (int, error) {
-	if off < 0 || off+int64(len(p)) > int64(len(s)) {
-		return 0, fmt.Errorf("chunk at %d+%d beyond the %d-byte object", off, len(p), len(s))
-	}
-	return copy(s[off:], p), nil
 }

@@ -198,11 +198,20 @@ func (s *Sidecar) Backup(ctx context.Context) (int, error) {
 	n := 0
 	var errs []error
 	for _, m := range s.Store.Unread() {
-		data, _, ok := s.Store.Peek(m.ID)
+		lease, ok := s.Store.Hold(m.ID)
 		if !ok {
 			continue
 		}
-		err := s3.Put(ctx, m.ID, data, 0)
+		data, err := lease.Data, error(nil)
+		if lease.Owned() {
+			// A shared-memory file the function handed over: copied
+			// safely before the S3 client reads it.
+			data, err = store.Clone(data)
+		}
+		if err == nil {
+			err = s3.Put(ctx, m.ID, data, 0)
+		}
+		lease.Release()
 		backups.WithLabelValues(result(err)).Inc()
 		if err != nil {
 			errs = append(errs, err)

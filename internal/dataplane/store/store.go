@@ -6,9 +6,11 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sort"
 	"sync"
 	"time"
@@ -39,6 +41,7 @@ type entry struct {
 	seq      uint64 // insertion order, for spilling the oldest first
 	spilling bool
 	data     []byte
+	free     func() // releases data's storage (a mapped file); nil for heap bytes
 	read     uint32 // reads started
 	readers  int    // reads in progress (leases)
 	gone     bool   // freed while leased: the last Release drops it
@@ -73,6 +76,15 @@ func New(capBytes int64, now func() time.Time) *Store {
 // Put stores data (the store keeps the slice; the caller must not modify it).
 // When the cap is reached it waits for memory until ctx ends.
 func (s *Store) Put(ctx context.Context, m Meta, data []byte) error {
+	return s.PutOwned(ctx, m, data, nil)
+}
+
+// PutOwned stores data that lives outside the heap (e.g. a mapped
+// shared-memory file): it counts against the cap like any object, and
+// free runs once, when the object is freed and no read holds it any more
+// (read its bytes only through leases: Read, Hold). On error the caller
+// keeps data and calls free itself.
+func (s *Store) PutOwned(ctx context.Context, m Meta, data []byte, free func()) error {
 	m.Size = int64(len(data))
 	if m.Size > s.cap {
 		return fmt.Errorf("%w: %d bytes, cap %d", ErrTooLarge, m.Size, s.cap)
@@ -89,7 +101,7 @@ func (s *Store) Put(ctx context.Context, m Meta, data []byte) error {
 		s.sweepLocked()
 		if s.used+m.Size <= s.cap {
 			s.seq++
-			s.objs[m.ID] = &entry{meta: m, data: data, seq: s.seq}
+			s.objs[m.ID] = &entry{meta: m, data: data, free: free, seq: s.seq}
 			s.used += m.Size
 			s.mu.Unlock()
 			return nil
@@ -118,6 +130,36 @@ type Lease struct {
 	s    *Store
 	e    *entry
 	once sync.Once
+}
+
+// Owned reports whether the bytes live outside the heap (PutOwned): a
+// copy of them in user space should go through Clone.
+func (l *Lease) Owned() bool { return l.e.free != nil }
+
+// Clone copies bytes into the heap. For bytes stored with PutOwned — a
+// mapped file the function that made it could still truncate — a fault
+// while copying is an error, not a crash of the sidecar.
+func Clone(data []byte) (out []byte, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = nil, fmt.Errorf("object bytes unreadable (their file shrank?): %v", r)
+		}
+	}()
+	return bytes.Clone(data), nil
+}
+
+// Hold keeps an object's bytes valid without counting a read (backup):
+// Release the lease when done.
+func (s *Store) Hold(id string) (*Lease, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.objs[id]
+	if !ok || e.gone {
+		return nil, false
+	}
+	e.readers++
+	return &Lease{Meta: e.meta, Data: e.data, s: s, e: e}, true
 }
 
 // Release ends the read; the object is freed if that was the last allowed one.
@@ -213,7 +255,9 @@ func (s *Store) Unread() []Meta {
 	return out
 }
 
-// Peek returns an object's data without counting a read (backup, spill).
+// Peek returns an object's data without counting a read. The bytes of an
+// object stored with PutOwned may go away once it is freed: read those
+// through Hold instead.
 func (s *Store) Peek(id string) ([]byte, Meta, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -305,6 +349,10 @@ func (s *Store) dropLocked(e *entry) {
 	delete(s.objs, e.meta.ID)
 	s.used -= e.meta.Size
 	e.data = nil
+	if e.free != nil {
+		e.free()
+		e.free = nil
+	}
 	close(s.free)
 	s.free = make(chan struct{})
 }
@@ -328,6 +376,7 @@ func (s *Store) victimsLocked(need int64) []*entry {
 			break
 		}
 		e.spilling = true
+		e.readers++ // its bytes stay valid while they are spilled
 		out = append(out, e)
 		need -= e.meta.Size
 	}
@@ -339,10 +388,17 @@ func (s *Store) victimsLocked(need int64) []*entry {
 func (s *Store) spill(ctx context.Context, victims []*entry) error {
 	var errs []error
 	for _, e := range victims {
-		err := s.Spill(ctx, e.meta, e.data)
+		data, err := e.data, error(nil)
+		if e.free != nil {
+			data, err = Clone(data) // the tier's client reads it in user space
+		}
+		if err == nil {
+			err = s.Spill(ctx, e.meta, data)
+		}
 		s.mu.Lock()
 		e.spilling = false
-		if err == nil {
+		e.readers--
+		if err == nil || (e.gone && e.readers == 0) {
 			s.freeLocked(e)
 		}
 		s.mu.Unlock()

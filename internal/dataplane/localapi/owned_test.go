@@ -1,0 +1,92 @@
+package localapi
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"testing"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+)
+
+// TestPutKeepsTheFileAsStorage: a put's shared-memory file becomes the
+// object's storage (mapped, not read into the sidecar's heap): counted
+// against the store's cap, its name gone from the directory at once, and
+// unmapped when the object is freed.
+func TestPutKeepsTheFileAsStorage(t *testing.T) {
+	a, b := startPod(t, podOpts{}), startPod(t, podOpts{})
+	ctx := context.Background()
+	obj := random(3 << 20)
+	r, err := a.sdk.Put(ctx, obj, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := entries(t, a.dir); len(left) != 0 {
+		t.Errorf("files left in the object directory: %v", left)
+	}
+	if a.api.Store.Used() != int64(len(obj)) {
+		t.Errorf("store counts %d bytes, want %d", a.api.Store.Used(), len(obj))
+	}
+	unread := a.api.Store.Unread()
+	if len(unread) != 1 {
+		t.Fatalf("%d objects stored", len(unread))
+	}
+	h, ok := a.api.Store.Hold(unread[0].ID)
+	if !ok || !h.Owned() {
+		t.Fatal("the object is not the mapped file")
+	}
+	h.Release()
+	got, err := b.sdk.Get(ctx, r)
+	if err != nil || !bytes.Equal(got, obj) {
+		t.Fatalf("get: %d bytes, %v", len(got), err)
+	}
+	if a.api.Store.Used() != 0 || a.api.Store.Len() != 0 {
+		t.Errorf("after its only read the object still holds %d bytes", a.api.Store.Used())
+	}
+}
+
+// TestTruncatedPutFile: a function hands its file over, keeps it open
+// and truncates it. The sidecar does not crash: a consumer's get fails
+// with an error, a copy for a tier fails with an error, and the pod's
+// other objects are served as before.
+func TestTruncatedPutFile(t *testing.T) {
+	a, b := startPod(t, podOpts{}), startPod(t, podOpts{})
+	ctx := context.Background()
+	f, err := os.CreateTemp(a.dir, "put-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(random(4 << 20)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.sdk.RPC().Put(ctx, &sidecarv1.PutRequest{Object: pathPayload(f.Name()), Reads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(0); err != nil {
+		t.Fatal(err)
+	}
+	h, ok := a.api.Store.Hold(a.api.Store.Unread()[0].ID)
+	if !ok {
+		t.Fatal("object gone")
+	}
+	if _, err := store.Clone(h.Data); err == nil {
+		t.Error("copying the truncated object succeeded")
+	}
+	h.Release()
+	if got, err := b.sdk.Get(ctx, resp.GetRef()); err == nil {
+		t.Errorf("get of the truncated object: %d bytes, no error", len(got))
+	} else {
+		t.Logf("consumer saw: %v", err)
+	}
+	good := random(2 << 20)
+	r, err := a.sdk.Put(ctx, good, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.sdk.Get(ctx, r); err != nil || !bytes.Equal(got, good) {
+		t.Fatalf("another object after the truncation: %d bytes, %v", len(got), err)
+	}
+}

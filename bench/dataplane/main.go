@@ -1,6 +1,8 @@
 // Command dataplane measures object transfer side by side in one run, on
-// this machine: raw loopback TCP (the ceiling), ziptrail's Cap'n Proto pull
-// between a producer and a consumer sidecar, Redis SET+GET and S3 PUT+GET
+// this machine: raw loopback TCP (the ceiling), ziptrail's pull between a
+// producer and a consumer sidecar (the producer's put an in-process store
+// insert), ziptrail through the SDK's local API (put in one pod, get in
+// another, as functions see it; 1-1 only), Redis SET+GET and S3 PUT+GET
 // (a real redis-server and a real MinIO), for 1-1 transfers and for the
 // scatter, gather and broadcast patterns. It prints one table and writes
 // JSON and a PNG chart.
@@ -85,8 +87,8 @@ func run(reps int, outDir string, withS3 bool) error {
 			for _, size := range []int{10_000, 10_000_000} {
 				data := payload(size)
 				for _, sys := range env.systems() {
-					if sys.name == "raw TCP" {
-						continue
+					if sys.pattern == nil {
+						continue // raw TCP and the SDK path: 1-1 only
 					}
 					f := sys.pattern(ctx, pattern, fan, data)
 					if err := measure(pattern, fan, size, sys.name, f); err != nil {
@@ -150,8 +152,8 @@ func printTable(results []Result, systems []string) {
 	for _, s := range systems {
 		fmt.Printf(" %s |", s)
 	}
-	fmt.Printf(" ziptrail vs raw | vs Redis | vs S3 |\n|---|---|")
-	fmt.Print(strings.Repeat("---|", len(systems)+3) + "\n")
+	fmt.Printf(" ziptrail vs raw | vs Redis | vs S3 | SDK vs ziptrail |\n|---|---|")
+	fmt.Print(strings.Repeat("---|", len(systems)+4) + "\n")
 	for _, k := range rows {
 		name := k.pattern
 		if k.fan > 1 {
@@ -176,7 +178,11 @@ func printTable(results []Result, systems []string) {
 			}
 			return fmt.Sprintf("%.1f×", o.Seconds/zt.Seconds)
 		}
-		fmt.Printf(" %s | %s | %s |\n", ratio("raw TCP", true), ratio("Redis", false), ratio("S3", false))
+		sdk := "–"
+		if r, ok := cells[k]["ziptrail SDK"]; ok && zt.Seconds > 0 {
+			sdk = fmt.Sprintf("%.2f×", r.Seconds/zt.Seconds)
+		}
+		fmt.Printf(" %s | %s | %s | %s |\n", ratio("raw TCP", true), ratio("Redis", false), ratio("S3", false), sdk)
 	}
 }
 

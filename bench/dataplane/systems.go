@@ -37,6 +37,8 @@ type env struct {
 	seq     atomic.Int64
 	withS3  bool
 	clients []*pull.Client
+	// The SDK path: two pods' local APIs.
+	sdkA, sdkB *sdkPod
 }
 
 type producer struct {
@@ -68,6 +70,12 @@ func setup(withS3 bool) (*env, error) {
 		go s.Serve(ln)
 		e.prods = append(e.prods, &producer{srv: s, addr: ln.Addr().String()})
 		e.clients = append(e.clients, &pull.Client{Keys: k})
+	}
+	if e.sdkA, err = startSDKPod(k); err != nil {
+		return nil, err
+	}
+	if e.sdkB, err = startSDKPod(k); err != nil {
+		return nil, err
 	}
 	// Raw TCP: a server that answers a size with that many bytes.
 	e.rawLn, err = net.Listen("tcp", "127.0.0.1:0")
@@ -107,11 +115,13 @@ func (e *env) close() {
 	for _, c := range e.clients {
 		c.Close()
 	}
+	e.sdkA.close()
+	e.sdkB.close()
 	e.tb.Close()
 }
 
 func (e *env) names() []string {
-	n := []string{"raw TCP", "ziptrail", "Redis"}
+	n := []string{"raw TCP", "ziptrail", "ziptrail SDK", "Redis"}
 	if e.withS3 {
 		n = append(n, "S3")
 	}
@@ -122,6 +132,7 @@ func (e *env) systems() []system {
 	s := []system{
 		{name: "raw TCP", oneToOne: e.rawOne},
 		{name: "ziptrail", oneToOne: e.ztOne, pattern: e.ztPattern},
+		{name: "ziptrail SDK", oneToOne: e.sdkOne},
 		{name: "Redis", oneToOne: e.redisOne, pattern: e.redisPattern},
 	}
 	if e.withS3 {

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+)
+
+// sdkPod is one pod as a function sees it: its sidecar's store, pull
+// server and client, and the local API on a unix socket with a
+// shared-memory directory, with the function's client dialled in.
+type sdkPod struct {
+	srv    *pull.Server
+	pulls  *pull.Client
+	api    *localapi.Server
+	client *localapi.Client
+	dir    string
+	sock   string
+}
+
+func startSDKPod(keys *ref.Keyring) (*sdkPod, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	st := store.New(8<<30, nil)
+	p := &sdkPod{srv: &pull.Server{Store: st, Keys: keys}, pulls: &pull.Client{Keys: keys}}
+	go p.srv.Serve(ln)
+	// A pod's object directory is an emptyDir of medium Memory: tmpfs.
+	if p.dir, err = os.MkdirTemp("/dev/shm", "ztbench"); err != nil {
+		return nil, err
+	}
+	sockDir, err := os.MkdirTemp("", "ztbench")
+	if err != nil {
+		return nil, err
+	}
+	p.sock = filepath.Join(sockDir, "s")
+	p.api = &localapi.Server{Store: st, Addr: ln.Addr().String(), Dir: p.dir, Namespace: "bench", Function: "f",
+		InlineThreshold: 64 << 10, MaxObjectBytes: 8 << 30,
+		Keys: func(context.Context) (*ref.Keyring, error) { return keys, nil },
+		Pull: p.pulls.PullTo}
+	apiLn, err := localapi.Listen(p.sock)
+	if err != nil {
+		return nil, err
+	}
+	go p.api.Serve(apiLn)
+	if p.client, err = localapi.Dial(p.sock, p.dir); err != nil {
+		return nil, err
+	}
+	p.client.InlineThreshold = 64 << 10
+	return p, nil
+}
+
+func (p *sdkPod) close() {
+	p.client.Close()
+	p.api.Stop()
+	p.srv.Close()
+	p.pulls.Close()
+	os.RemoveAll(p.dir)
+	os.RemoveAll(filepath.Dir(p.sock))
+}
+
+// sdkOne is what two functions see: put through pod A's local API (the
+// object goes as a shared-memory file the sidecar keeps), get through pod
+// B's (pulled from A into a shared-memory file), mapped as the Go and
+// Python SDKs map it (reading it is then the function's own work).
+func (e *env) sdkOne(ctx context.Context, data []byte) error {
+	r, err := e.sdkA.client.Put(ctx, data, 1)
+	if err != nil {
+		return err
+	}
+	resp, err := e.sdkB.client.RPC().Get(ctx, &sidecarv1.GetRequest{Ref: r})
+	if err != nil {
+		return err
+	}
+	got := resp.GetObject().GetInline()
+	if path := resp.GetObject().GetPath(); path != "" {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_ = os.Remove(path)
+		if got, err = syscall.Mmap(int(f.Fd()), 0, int(resp.GetSize()), syscall.PROT_READ, syscall.MAP_SHARED); err != nil {
+			return err
+		}
+		defer syscall.Munmap(got)
+	}
+	if len(got) != len(data) || (len(got) > 0 && got[len(got)-1] != data[len(data)-1]) {
+		return fmt.Errorf("got %d bytes of %d", len(got), len(data))
+	}
+	return nil
+}

@@ -55,8 +55,14 @@ func Unmap(b []byte) error {
 }
 
 // CopyTo writes the object into w from offset 0: the one copy a consumer
-// makes when its function reads a file rather than the memfd.
+// makes when its function reads a file rather than the memfd. Into a file
+// the kernel copies page to page (sendfile), without mapping the object.
 func (o *Object) CopyTo(w io.WriterAt) error {
+	if f, ok := w.(*os.File); ok {
+		if err := o.sendTo(f); err == nil || !errors.Is(err, errNoSendfile) {
+			return err
+		}
+	}
 	b, err := o.Map()
 	if err != nil {
 		return err
@@ -180,4 +186,48 @@ func rights(oob []byte) []int {
 // everything but the caller's own context ending.
 func Fallback(err error) bool {
 	return err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+var errNoSendfile = errors.New("sendfile not possible")
+
+// sendTo copies the object into f at offset 0 with sendfile(2).
+func (o *Object) sendTo(f *os.File) error {
+	if o.Size == 0 {
+		return nil
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return errNoSendfile
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return errNoSendfile
+	}
+	var off int64
+	var serr error
+	if err := rc.Write(func(dst uintptr) bool {
+		for off < o.Size {
+			n, err := unix.Sendfile(int(dst), int(o.File.Fd()), &off, int(min(o.Size-off, 1<<30)))
+			if err == unix.EINTR || err == unix.EAGAIN {
+				continue
+			}
+			if err != nil {
+				serr = err
+				return true
+			}
+			if n == 0 {
+				serr = io.ErrUnexpectedEOF
+				return true
+			}
+		}
+		return true
+	}); err != nil {
+		return errNoSendfile
+	}
+	if serr != nil && off == 0 && (serr == unix.EINVAL || serr == unix.ENOSYS) {
+		return errNoSendfile
+	}
+	if serr != nil {
+		return fmt.Errorf("samenode: sendfile: %w", serr)
+	}
+	return nil
 }

@@ -510,3 +510,43 @@ func TestPrepareDir(t *testing.T) {
 		t.Fatalf("mode %v, want %v", st.Mode(), DirMode)
 	}
 }
+
+// TestCopyTo: the consumer's one copy into a file (sendfile) and into any
+// WriterAt (through a mapping) give the object's bytes.
+func TestCopyTo(t *testing.T) {
+	f := newFixture(t)
+	data := payload(3<<20 + 5)
+	r := f.put(t, "c", data, 2)
+	for _, toFile := range []bool{true, false} {
+		o, err := f.cli.Get(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		if toFile {
+			out, err := os.Create(filepath.Join(t.TempDir(), "in"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := o.CopyTo(out); err != nil {
+				t.Fatal(err)
+			}
+			out.Close()
+			got, _ = os.ReadFile(out.Name())
+		} else {
+			buf := make(sliceAt, len(data))
+			if err := o.CopyTo(buf); err != nil {
+				t.Fatal(err)
+			}
+			got = buf
+		}
+		o.Close()
+		if !bytes.Equal(got, data) {
+			t.Fatalf("toFile=%v: copy differs (%d bytes)", toFile, len(got))
+		}
+	}
+}
+
+type sliceAt []byte
+
+func (s sliceAt) WriteAt(p []byte, off int64) (int, error) { return copy(s[off:], p), nil }

@@ -82,3 +82,36 @@ func TestLargestInputIsBounded(t *testing.T) {
 		t.Errorf("%d configurations evaluated: the bounds let one request cost too much", n)
 	}
 }
+
+// FuzzDecodeRequest plays a careless or hostile client of the gateway's
+// plan route: whatever the body, decoding and planning return an answer
+// or an error, never panic, and stay bounded work.
+func FuzzDecodeRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"dataBytes": 4294967296, "fastCapacity": 1073741824, "budget": 0.5}`,
+		`{"dataBytes": 1e9, "minWorkerMemory": 1, "maxWorkerMemory": 2}`,
+		`{"dataBytes": 1152921504606846976, "fastCapacity": 1099511627776, "maxWorkerMemory": 1099511627776, "maxParallelism": 1048576}`,
+		`{"dataBytes": 1, "podMemory": 1e-300, "deadline": 1e-300, "methods": ["hybrid", "hybrid"]}`,
+		`{"dataBytes": 1e9, "prices": {"workerPerGiBSecond": 1e308, "slowPerGet": 1e308}}`,
+		`{"dataBytes": 5e-324, "fastCapacity": 5e-324}`,
+	} {
+		f.Add([]byte(s))
+	}
+	cal := model.DefaultCalibration()
+	f.Fuzz(func(t *testing.T, body []byte) {
+		in, prices, err := DecodeRequest(body)
+		if err != nil {
+			return
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = Explain(cal, prices, in)
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: still planning after 5 s", body)
+		}
+	})
+}

@@ -23,7 +23,10 @@ def machine():
     return (sum(v[:8]) - idle) / TICK, idle / TICK
 
 
-def tree_cpu(root):
+def tree_cpu(root, by_comm=None):
+    """CPU seconds of root and its descendants; with by_comm (a dict),
+    also added up by command name (the pods' python3, queue-proxy-zl,
+    minio, redis-server, kube-apiserver, …)."""
     procs = {}
     for p in os.listdir("/proc"):
         if not p.isdigit():
@@ -33,19 +36,23 @@ def tree_cpu(root):
                 s = f.read()
         except OSError:
             continue
+        comm = s[s.index("(") + 1:s.rindex(")")]
         rest = s[s.rindex(")") + 2:].split()
         ppid = int(rest[1])
         # utime stime cutime cstime (reaped children count too)
         cpu = sum(int(x) for x in rest[11:15]) / TICK
-        procs[int(p)] = (ppid, cpu)
+        procs[int(p)] = (ppid, cpu, comm)
     kids = {}
-    for pid, (ppid, _) in procs.items():
+    for pid, (ppid, _, _) in procs.items():
         kids.setdefault(ppid, []).append(pid)
     total, stack = 0.0, [root]
     while stack:
         pid = stack.pop()
         if pid in procs:
             total += procs[pid][1]
+            if by_comm is not None:
+                c = procs[pid][2]
+                by_comm[c] = round(by_comm.get(c, 0.0) + procs[pid][1], 2)
         stack.extend(kids.get(pid, []))
     return total
 
@@ -54,11 +61,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("pid", type=int)
     ap.add_argument("--interval", type=float, default=2)
+    ap.add_argument("--by-comm", action="store_true", help="also the tree's CPU by command name")
     a = ap.parse_args()
     while os.path.exists(f"/proc/{a.pid}"):
         busy, idle = machine()
-        print(json.dumps({"t": time.time(), "machineBusy": busy, "machineIdle": idle, "tree": tree_cpu(a.pid),
-                          "load": open("/proc/loadavg").read().split()[:3]}), flush=True)
+        by = {} if a.by_comm else None
+        rec = {"t": time.time(), "machineBusy": busy, "machineIdle": idle, "tree": tree_cpu(a.pid, by),
+               "load": open("/proc/loadavg").read().split()[:3]}
+        if by is not None:
+            rec["byComm"] = by
+        print(json.dumps(rec), flush=True)
         time.sleep(a.interval)
 
 

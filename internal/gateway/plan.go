@@ -83,7 +83,8 @@ func (c *ConfigMapCalibration) Calibration(ctx context.Context) (model.Calibrati
 	c.cal, c.warning = model.DefaultCalibration(), ""
 	ttl := orDefault(c.TTL, 30*time.Second)
 	var cm corev1.ConfigMap
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// Not the caller's cancellation: what is read is kept for others.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	err := c.Reader.Get(rctx, client.ObjectKey{Namespace: c.Namespace, Name: name}, &cm)
 	switch {

@@ -31,6 +31,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
 	"github.com/ziptrail/ziptrail/internal/invocation"
@@ -69,6 +70,8 @@ type Config struct {
 	// GroupDrainTimeout bounds how long a terminating sidecar keeps
 	// serving messaging-group members still running (default 10 m).
 	GroupDrainTimeout time.Duration
+	// SameNode: the same-node data plane (samenode.go); zero: TCP only.
+	SameNode SameNodeConfig
 	// MaxOutputsBytes caps one function response with outputs, which is
 	// read whole to turn large objects into references; default
 	// invocation.MaxEnvelopeBytes. All such responses being read share
@@ -86,6 +89,7 @@ func FromEnv() Config {
 		ObjectTTL:    time.Duration(envInt("ZIPTRAIL_OBJECT_TTL_SECONDS", 600)) * time.Second,
 		OperatorAddr: os.Getenv("ZIPTRAIL_OPERATOR_ADDR"), KeyFile: os.Getenv("ZIPTRAIL_KEY_FILE"), TokenFile: controlclient.TokenFileFromEnv(),
 		APISocket: os.Getenv("ZIPTRAIL_SOCKET"), MetricsPort: envInt("ZIPTRAIL_METRICS_PORT", 9193),
+		SameNode: sameNodeFromEnv(),
 	}
 	if c.Function == "" {
 		c.Function = os.Getenv("SERVING_SERVICE")
@@ -149,6 +153,9 @@ type Sidecar struct {
 	outputs     *semaphore.Weighted // bytes of function outputs being read
 
 	backedUp chan struct{}
+
+	// sameNode serves this pod's objects to consumers on its node (samenode.go).
+	sameNode *samenode.Server
 
 	// The tiers in use: the Config's, or the operator's (setTiers).
 	redis    atomic.Pointer[tier.Redis]
@@ -238,6 +245,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		return fmt.Errorf("data plane listener: %w", err)
 	}
 	s.server = &pull.Server{Store: s.Store, Streams: s.msgs.ServeStream, StreamMagic: messaging.StreamMagic}
+	s.startSameNode()
 	switch {
 	case s.live():
 		s.server.Fallback = tier.Chain{s.liveRedis()}
@@ -317,6 +325,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				s.drainGroups()
 				stopCtl()
 				_ = ln.Close()
+				s.stopSameNode()
 				if s.api != nil {
 					s.api.Stop()
 					_ = s.msgLn.Close()
@@ -325,6 +334,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				return
 			case <-t.C:
 				s.Store.Sweep()
+				s.sweepSameNode()
 			}
 		}
 	}()
@@ -349,7 +359,7 @@ func (s *Sidecar) serveLocalAPI() error {
 			if err := s.waitKeys(ctx); err != nil {
 				return pull.Info{}, err
 			}
-			return s.client.PullTo(ctx, r, dst)
+			return s.pullTo(ctx, r, dst)
 		},
 	}
 	switch {
@@ -608,7 +618,7 @@ func (s *Sidecar) resolve(ctx context.Context, env *invocation.Envelope) ([]stri
 				return
 			}
 			defer f.Close()
-			_, err = s.client.PullTo(ctx, o.Ref, func(size int64) (io.WriterAt, error) { return f, f.Truncate(size) })
+			_, err = s.pullTo(ctx, o.Ref, func(size int64) (io.WriterAt, error) { return f, f.Truncate(size) })
 			if err != nil {
 				errs <- fmt.Errorf("%s/%s: %w", o.Bucket, o.Key, err)
 				return
@@ -655,7 +665,7 @@ func (s *Sidecar) externalize(ctx context.Context, env *invocation.Envelope, out
 			return nil, err
 		}
 		stored = append(stored, id)
-		r, err := s.keys.Load().Seal(ref.Record{Addr: s.addr(), Key: id, Expires: exp, Reads: math.MaxUint32})
+		r, err := s.keys.Load().Seal(s.withNode(ref.Record{Addr: s.addr(), Key: id, Expires: exp, Reads: math.MaxUint32}))
 		if err != nil {
 			return nil, err
 		}

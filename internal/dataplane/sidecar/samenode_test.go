@@ -1,0 +1,137 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// samenodeGets reads ziptrail_dataplane_samenode_gets_total{result}.
+func samenodeGets(t *testing.T, result string) float64 {
+	t.Helper()
+	return counter(t, "ziptrail_dataplane_samenode_gets_total", result)
+}
+
+// counter reads a counter of the default registry by its result label.
+func counter(t *testing.T, name, result string) float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestSameNodePath: a consumer on the producer's node receives the object
+// as a memfd (the samenode counter moves, the producer's socket is in the
+// node directory); one on another node pulls it over TCP; both functions
+// read the same bytes from their input file.
+func TestSameNodePath(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "keys.json")
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{3}, 32))
+	if err := os.WriteFile(keyFile, []byte(`{"active":"k1","keys":{"k1":"`+key+`"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "sn") // short: socket paths are at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := samenode.PrepareDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	startOn := func(node, uid string) *Sidecar {
+		s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(),
+			MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile,
+			SameNode: SameNodeConfig{Dir: dir, Node: node, PodUID: uid}})
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	producer := startOn("node-a", "0b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e11")
+	near := startOn("node-a", "1b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e12")
+	far := startOn("node-b", "2b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e13")
+	if _, err := os.Stat(filepath.Join(dir, "0b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e11.sock")); err != nil {
+		t.Fatalf("producer's socket: %v", err)
+	}
+	big := bytes.Repeat([]byte("0123456789"), 300_000) // 3 MB
+	pfn := httptest.NewServer(producer.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		out, _ := json.Marshal(invocation.Outputs{Objects: []invocation.Object{{Bucket: "b", Key: "big", Inline: big}}})
+		w.Header().Set("Content-Type", invocation.OutputsContentType)
+		w.Write(out)
+	})))
+	defer pfn.Close()
+	resp, body := post(t, pfn.URL, invocation.Envelope{Namespace: "ns", Function: "p", Session: "s1", Invocation: "i1"})
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	outs, err := invocation.DecodeOutputs(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := outs.Objects[0]
+	consume := func(s *Sidecar) []byte {
+		var got []byte
+		fn := httptest.NewServer(s.Wrap(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			env, err := invocation.Decode(req.Body)
+			if err != nil {
+				http.Error(w, err.Error(), 400)
+				return
+			}
+			got, _ = os.ReadFile(filepath.Join(s.cfg.ShmDir, env.Objects[0].Path))
+			w.Write([]byte("ok"))
+		})))
+		defer fn.Close()
+		resp, body := post(t, fn.URL, invocation.Envelope{Namespace: "ns", Function: "c", Session: "s1", Invocation: "i2",
+			Objects: []invocation.Object{{Bucket: "b", Key: "big", Ref: r.Ref, Size: r.Size}}})
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		return got
+	}
+	tcp := func() float64 { return counter(t, "ziptrail_dataplane_pulls_total", "ok") }
+	ok0, na0, tcp0 := samenodeGets(t, "ok"), samenodeGets(t, "not_applicable"), tcp()
+	if got := consume(near); !bytes.Equal(got, big) {
+		t.Fatalf("same node: got %d bytes", len(got))
+	}
+	if ok := samenodeGets(t, "ok"); ok != ok0+1 {
+		t.Errorf("same-node gets ok %v -> %v: the object did not come as a memfd", ok0, ok)
+	}
+	if n := tcp(); n != tcp0 {
+		t.Errorf("TCP pulls %v -> %v: the same-node consumer pulled over TCP", tcp0, n)
+	}
+	if got := consume(far); !bytes.Equal(got, big) {
+		t.Fatalf("other node: got %d bytes", len(got))
+	}
+	if ok, na, n := samenodeGets(t, "ok"), samenodeGets(t, "not_applicable"), tcp(); ok != ok0+1 || na != na0+1 || n != tcp0+1 {
+		t.Errorf("other node: ok %v -> %v, not_applicable %v -> %v, TCP pulls %v -> %v; want the TCP pull", ok0, ok, na0, na, tcp0, n)
+	}
+}

@@ -91,8 +91,24 @@ func main() {
 	noRay := flag.Bool("no-ray", false, "leave out the Ray peer")
 	flag.StringVar(&o.rayPython, "ray-python", "", "python of a venv with Ray (default: hack/ray-venv.sh's)")
 	flag.DurationVar(&o.timeout, "run-timeout", 40*time.Minute, "give up on one sort after this long")
+	replot := flag.String("replot", "", "only redraw the chart (into -out) and print the table of this sort.json")
 	warmup := flag.String("warmup", "256MiB", "first sort this much through s3 and hybrid, not counted, so that the functions' pods are up (0: no warm-up)")
 	flag.Parse()
+	if *replot != "" {
+		b, err := os.ReadFile(*replot)
+		if err != nil {
+			fail(err)
+		}
+		rep := &Report{}
+		if err := json.Unmarshal(b, rep); err != nil {
+			fail(err)
+		}
+		if err := writeChart(filepath.Join(o.out, "sort.png"), rep.Runs); err != nil {
+			fail(err)
+		}
+		printTable(os.Stdout, rep)
+		return
+	}
 	o.ray = !*noRay
 	if wb, err := model.ParseBytes(*warmup); err == nil {
 		o.warmup = int64(wb)
@@ -737,6 +753,10 @@ func modelErrors(runs []Run) map[string]Error {
 }
 
 func human(b int64) string {
+	// a size of records (100 bytes each) just under whole GiB is that size
+	if g := math.Round(float64(b) / GiB); g >= 1 && math.Abs(float64(b)-g*GiB) < 100 {
+		return strconv.FormatFloat(g, 'f', -1, 64) + " GiB"
+	}
 	switch {
 	case b >= GiB && b%(GiB/10) == 0 || b >= 10*GiB:
 		return strconv.FormatFloat(float64(b)/GiB, 'f', -1, 64) + " GiB"

@@ -58,6 +58,7 @@ def plan_job(params: dict) -> shuffle.Job:
     p = dict(params)
     plan = p.pop("plan", None)
     if plan is not None:
+        plan = plan.get("result", plan)  # explain -o json (and the gateway's plan) keep the plan under "result"
         chosen = plan.get("chosen") or {}
         cfg = chosen.get("config") or {}
         if not cfg.get("method"):

@@ -582,7 +582,10 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 			return err
 		}
 	}
+	// The shuffle planner reads the calibration where the chart's operator
+	// would: `ziptrail calibrate --configmap ziptrail-system/…` on this cluster.
 	c.gw.Store(gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
-		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}}))
+		Auth:        &gateway.KubeAuth{Client: mgr.GetClient()},
+		Calibration: &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: SystemNamespace}}))
 	return nil
 }

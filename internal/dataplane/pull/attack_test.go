@@ -290,3 +290,30 @@ func TestClientReusesConnections(t *testing.T) {
 		t.Fatalf("pull over a connection the producer closed: %q %v", got, err)
 	}
 }
+
+// TestClientDropsOldIdleConnections: connections to producers that went
+// away are not kept open forever (a sidecar pulls from pods that come and
+// go).
+func TestClientDropsOldIdleConnections(t *testing.T) {
+	c := &Client{}
+	now := time.Now()
+	mk := func(addr string, age time.Duration) net.Conn {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		c.idle[addr] = append(c.idle[addr], &peerConn{addr: addr, nc: a, since: now.Add(-age)})
+		return b
+	}
+	c.idle = map[string][]*peerConn{}
+	gone := mk("gone:1", 2*maxIdleAge)
+	old := mk("mixed:1", 2*maxIdleAge)
+	mk("mixed:1", time.Second)
+	c.sweepLocked(now)
+	if _, ok := c.idle["gone:1"]; ok || len(c.idle["mixed:1"]) != 1 {
+		t.Fatalf("after the sweep: %v", c.idle)
+	}
+	for _, peer := range []net.Conn{gone, old} {
+		if _, err := peer.Read(make([]byte, 1)); err == nil {
+			t.Error("an old idle connection is still open")
+		}
+	}
+}

@@ -52,8 +52,13 @@ func errResponse(err error) response {
 	return response{code: uint8(code), msg: err.Error()}
 }
 
-// maxIdlePerPeer bounds the idle connections kept per producer.
-const maxIdlePerPeer = 16
+// maxIdlePerPeer bounds the idle connections kept per producer; one idle
+// for longer than maxIdleAge is closed (producers come and go: a pod's
+// address must not keep a dead connection open forever).
+const (
+	maxIdlePerPeer = 16
+	maxIdleAge     = 90 * time.Second // below the producer's IdleTimeout
+)
 
 // Client pulls objects from producers over persistent connections (one
 // request at a time each; a free one is reused, so a pull pays no dial).
@@ -66,13 +71,15 @@ type Client struct {
 
 	mu     sync.Mutex
 	idle   map[string][]*peerConn
+	swept  time.Time
 	closed bool
 }
 
 type peerConn struct {
-	addr string
-	nc   net.Conn
-	br   *bufio.Reader
+	addr  string
+	nc    net.Conn
+	br    *bufio.Reader
+	since time.Time // idle since
 }
 
 // Info describes a pulled object.
@@ -290,6 +297,9 @@ func (c *Client) conn(ctx context.Context, addr string) (*peerConn, bool, error)
 	if l := c.idle[addr]; len(l) > 0 {
 		pc := l[len(l)-1]
 		c.idle[addr] = l[:len(l)-1]
+		if len(l) == 1 {
+			delete(c.idle, addr)
+		}
 		c.mu.Unlock()
 		return pc, true, nil
 	}
@@ -311,17 +321,40 @@ func (c *Client) conn(ctx context.Context, addr string) (*peerConn, bool, error)
 
 func (c *Client) put(pc *peerConn) {
 	_ = pc.nc.SetDeadline(time.Time{})
-	addr := pc.addr
+	now := time.Now()
+	pc.since = now
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || len(c.idle[addr]) >= maxIdlePerPeer {
+	if c.closed || len(c.idle[pc.addr]) >= maxIdlePerPeer {
 		pc.nc.Close()
 		return
 	}
 	if c.idle == nil {
 		c.idle = map[string][]*peerConn{}
 	}
-	c.idle[addr] = append(c.idle[addr], pc)
+	c.idle[pc.addr] = append(c.idle[pc.addr], pc)
+	if now.Sub(c.swept) > maxIdleAge/4 {
+		c.swept = now
+		c.sweepLocked(now)
+	}
+}
+
+// sweepLocked closes connections idle for longer than maxIdleAge (the
+// oldest are first in each list).
+func (c *Client) sweepLocked(now time.Time) {
+	for addr, l := range c.idle {
+		n := 0
+		for n < len(l) && now.Sub(l[n].since) > maxIdleAge {
+			l[n].nc.Close()
+			n++
+		}
+		switch {
+		case n == len(l):
+			delete(c.idle, addr)
+		case n > 0:
+			c.idle[addr] = append(l[:0], l[n:]...)
+		}
+	}
 }
 
 // Close drops every idle connection (pulls under way end on their own).

@@ -326,15 +326,35 @@ func (s *Server) reply(c *net.UnixConn, r response, f *os.File) bool {
 // object's first read.
 func (s *Server) memfd(l *store.Lease) (*os.File, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	f, ok := s.cache[l.Meta.ID]
+	s.mu.Unlock()
 	if !ok {
-		var err error
-		if f, err = newSealedMemfd(l.Meta.ID, l.Data); err != nil {
+		// The copy runs unlocked: other objects' reads do not wait for it.
+		nf, err := newSealedMemfd(l.Meta.ID, l.Data)
+		if err != nil {
 			return nil, err
 		}
-		s.cacheLocked(l.Meta.ID, f)
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			_ = nf.Close()
+			return nil, net.ErrClosed
+		}
+		if f, ok = s.cache[l.Meta.ID]; ok {
+			_ = nf.Close() // another read made it meanwhile
+		} else {
+			f = nf
+			s.cacheLocked(l.Meta.ID, f)
+		}
+	} else {
+		s.mu.Lock()
+		if s.cache[l.Meta.ID] != f {
+			// Dropped meanwhile (the store let it go): nothing to serve.
+			s.mu.Unlock()
+			return nil, fmt.Errorf("samenode: %s: %w", l.Meta.ID, store.ErrNotFound)
+		}
 	}
+	defer s.mu.Unlock()
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("samenode: dup memfd: %w", err)

@@ -23,7 +23,7 @@ def machine():
     return (sum(v[:8]) - idle) / TICK, idle / TICK
 
 
-def tree_cpu(root, by_comm=None):
+def tree_cpu(root, by_comm=None, also=None):
     """CPU seconds of root and its descendants; with by_comm (a dict),
     also added up by command name (the pods' python3, queue-proxy-zl,
     minio, redis-server, kube-apiserver, …)."""
@@ -45,9 +45,22 @@ def tree_cpu(root, by_comm=None):
     kids = {}
     for pid, (ppid, _, _) in procs.items():
         kids.setdefault(ppid, []).append(pid)
-    total, stack = 0.0, [root]
+    total, stack, seen = 0.0, [root], set()
+    if also:
+        # processes that left the tree (Ray's raylet and workers start in
+        # sessions of their own): matched by their command line
+        for pid in procs:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if also.encode() in f.read():
+                        stack.append(pid)
+            except OSError:
+                pass
     while stack:
         pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
         if pid in procs:
             total += procs[pid][1]
             if by_comm is not None:
@@ -62,11 +75,12 @@ def main():
     ap.add_argument("pid", type=int)
     ap.add_argument("--interval", type=float, default=2)
     ap.add_argument("--by-comm", action="store_true", help="also the tree's CPU by command name")
+    ap.add_argument("--also", help="also count processes (and their descendants) whose command line contains this")
     a = ap.parse_args()
     while os.path.exists(f"/proc/{a.pid}"):
         busy, idle = machine()
         by = {} if a.by_comm else None
-        rec = {"t": time.time(), "machineBusy": busy, "machineIdle": idle, "tree": tree_cpu(a.pid, by),
+        rec = {"t": time.time(), "machineBusy": busy, "machineIdle": idle, "tree": tree_cpu(a.pid, by, a.also),
                "load": open("/proc/loadavg").read().split()[:3]}
         if by is not None:
             rec["byComm"] = by

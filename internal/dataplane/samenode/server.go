@@ -363,6 +363,10 @@ func (s *Server) memfd(l *store.Lease) (*os.File, error) {
 }
 
 func (s *Server) cacheLocked(id string, f *os.File) {
+	if s.closed {
+		_ = f.Close() // Prepare or Adopt after Close: nothing serves it
+		return
+	}
 	if s.cache == nil {
 		s.cache = map[string]*os.File{}
 	}

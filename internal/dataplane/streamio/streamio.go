@@ -52,7 +52,7 @@ func ReadIntoFile(br *bufio.Reader, r io.Reader, f *os.File, size int64) error {
 		}
 		return fmt.Errorf("%w: %v", ErrNoRoom, err)
 	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
+	mem, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
 		// E.g. a file opened write-only.
 		return fmt.Errorf("%w: map: %v", errors.ErrUnsupported, err)

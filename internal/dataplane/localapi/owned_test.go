@@ -81,6 +81,9 @@ func TestTruncatedPutFile(t *testing.T) {
 	} else {
 		t.Logf("consumer saw: %v", err)
 	}
+	if left := entries(t, b.dir); len(left) != 0 {
+		t.Errorf("the failed get left files in the consumer's directory: %v", left)
+	}
 	good := random(2 << 20)
 	r, err := a.sdk.Put(ctx, good, 1)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -105,28 +106,33 @@ func (c *Client) Get(ctx context.Context, r string) (_ *Object, err error) {
 	if err != nil {
 		return nil, ErrNotApplicable
 	}
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unixpacket", path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	var resp response
+	var fds []int
+	for attempt := 0; ; attempt++ {
+		conn, reused, err := conns.get(ctx, path)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		var transport bool
+		resp, fds, transport, err = exchange(ctx, conn, r)
+		if err == nil {
+			if resp.status == statusOK || resp.status == statusRefused || resp.status == statusNotFound {
+				conns.put(path, conn) // the producer keeps serving it
+			} else {
+				_ = conn.Close()
+			}
+			break
+		}
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+		_ = conn.Close()
+		if transport && reused && attempt == 0 && ctx.Err() == nil {
+			continue // an idle connection the producer had closed: dial anew
+		}
+		return nil, err
 	}
-	conn := nc.(*net.UnixConn)
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	} else {
-		_ = conn.SetDeadline(time.Now().Add(idleTimeout))
-	}
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	if _, _, err := conn.WriteMsgUnix(encodeRequest(r), nil, nil); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	buf := make([]byte, maxResponseBytes+64)
-	oob := make([]byte, unix.CmsgSpace(4*4))
-	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
-	fds := rights(oob[:oobn])
-	var keep int = -1
+	keep := -1
 	defer func() {
 		for _, fd := range fds {
 			if fd != keep {
@@ -134,19 +140,6 @@ func (c *Client) Get(ctx context.Context, r string) (_ *Object, err error) {
 			}
 		}
 	}()
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
-		return nil, fmt.Errorf("%w: truncated response", ErrProtocol)
-	}
-	resp, err := decodeResponse(buf[:n])
-	if err != nil {
-		return nil, err
-	}
 	switch resp.status {
 	case statusOK:
 	case statusRefused:
@@ -230,4 +223,98 @@ func (o *Object) sendTo(f *os.File) error {
 		return fmt.Errorf("samenode: sendfile: %w", serr)
 	}
 	return nil
+}
+
+// exchange sends one request on conn and reads its response and the
+// descriptors that came with it (the caller closes those). transport: the
+// connection failed (no response), as opposed to a bad response.
+func exchange(ctx context.Context, conn *net.UnixConn, r string) (_ response, fds []int, transport bool, err error) {
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	} else {
+		_ = conn.SetDeadline(time.Now().Add(idleTimeout))
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer func() {
+		if !stop() && err == nil {
+			err = ctx.Err() // the deadline was cut: do not reuse the connection
+		}
+	}()
+	if _, _, err := conn.WriteMsgUnix(encodeRequest(r), nil, nil); err != nil {
+		return response{}, nil, true, transportErr(ctx, err)
+	}
+	buf := make([]byte, maxResponseBytes+64)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
+	fds = rights(oob[:oobn])
+	if err == nil && n == 0 {
+		err = io.EOF // the producer closed the connection
+	}
+	if err != nil {
+		return response{}, fds, true, transportErr(ctx, err)
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		return response{}, fds, false, fmt.Errorf("%w: truncated response", ErrProtocol)
+	}
+	resp, err := decodeResponse(buf[:n])
+	return resp, fds, false, err
+}
+
+func transportErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w: %v", ErrUnavailable, err)
+}
+
+// conns keeps idle connections to producers' sockets, so a get is one
+// round trip on an open connection (the producer ends idle ones after
+// idleTimeout; those younger than maxIdle are reused).
+var conns = &connPool{idle: map[string][]idleConn{}}
+
+const (
+	maxIdlePerSocket = 4
+	maxIdle          = idleTimeout / 2
+)
+
+type connPool struct {
+	mu   sync.Mutex
+	idle map[string][]idleConn
+}
+
+type idleConn struct {
+	c     *net.UnixConn
+	since time.Time
+}
+
+func (p *connPool) get(ctx context.Context, path string) (*net.UnixConn, bool, error) {
+	p.mu.Lock()
+	for l := p.idle[path]; len(l) > 0; l = p.idle[path] {
+		ic := l[len(l)-1]
+		p.idle[path] = l[:len(l)-1]
+		if time.Since(ic.since) < maxIdle {
+			p.mu.Unlock()
+			return ic.c, true, nil
+		}
+		_ = ic.c.Close()
+	}
+	delete(p.idle, path)
+	p.mu.Unlock()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unixpacket", path)
+	if err != nil {
+		return nil, false, err
+	}
+	return nc.(*net.UnixConn), false, nil
+}
+
+func (p *connPool) put(path string, c *net.UnixConn) {
+	_ = c.SetDeadline(time.Time{})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.idle[path]) >= maxIdlePerSocket {
+		_ = c.Close()
+		return
+	}
+	p.idle[path] = append(p.idle[path], idleConn{c: c, since: time.Now()})
 }

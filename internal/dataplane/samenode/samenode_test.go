@@ -350,6 +350,14 @@ func waitFor(t *testing.T, cond func() bool, format string, args ...any) {
 func TestNoDescriptorLeaks(t *testing.T) {
 	f := newFixture(t)
 	data := payload(64 << 10)
+	// One get first: the client then keeps its connection (and the server
+	// its end) for the next gets.
+	o, err := f.cli.Get(context.Background(), f.put(t, "warm", data, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	waitFor(t, func() bool { return f.srv.Cached() == 0 }, "the warm-up object's memfd released")
 	baseline := openFDs(t)
 	for i := range 200 {
 		r := f.put(t, fmt.Sprintf("o%d", i), data, 1)
@@ -550,3 +558,37 @@ func TestCopyTo(t *testing.T) {
 type sliceAt []byte
 
 func (s sliceAt) WriteAt(p []byte, off int64) (int, error) { return copy(s[off:], p), nil }
+
+// TestConnectionReuse: sequential gets share one connection, and a pooled
+// connection the producer closed (its pod restarted) is replaced.
+func TestConnectionReuse(t *testing.T) {
+	f := newFixture(t)
+	data := payload(1000)
+	for i := range 10 {
+		o, err := f.cli.Get(context.Background(), f.put(t, fmt.Sprintf("r%d", i), data, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Close()
+	}
+	f.srv.mu.Lock()
+	n := len(f.srv.conns)
+	f.srv.mu.Unlock()
+	if n != 1 {
+		t.Errorf("10 sequential gets left %d connections, want 1 reused", n)
+	}
+	// The producer restarts on the same socket: the pooled connection is dead.
+	_ = f.srv.Close()
+	srv := &Server{Store: f.store, Keys: func() *ref.Keyring { return f.keys }, Addr: testAddr, Pod: testPod}
+	ln, err := srv.Listen(f.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	o, err := f.cli.Get(context.Background(), f.put(t, "after", data, 1))
+	if err != nil {
+		t.Fatalf("get after the producer restarted: %v", err)
+	}
+	o.Close()
+}

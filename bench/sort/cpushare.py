@@ -59,6 +59,12 @@ def main() -> None:
         if "start" not in r or "end" not in r:
             continue
         s0, s1 = sample(r["start"]), sample(r["end"])
+        if r["method"].lower() == "ray":
+            # Ray's processes exit at ray.shutdown, just before the run's
+            # "done" line, and take their CPU time with them: end at the
+            # last sample before that
+            j = max(0, bisect.bisect_left(ts, r["end"]) - 2)
+            s1 = samples[j]
         wall = s1["t"] - s0["t"]
         if wall <= 0:
             continue

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -40,6 +41,11 @@ type WorkflowReconciler struct {
 	// ControlAddr is the operator's control Service, written on every
 	// function's revision template for queue-proxy-zl (Tiers.ControlAddr).
 	ControlAddr string
+	// TriggerStatusInterval is the least time between two writes of a
+	// child Trigger's counters; default DefaultTriggerStatusInterval.
+	TriggerStatusInterval time.Duration
+
+	triggerWrites triggerWrites
 }
 
 // WorkflowSink is what the trigger engine's side needs from reconciles.
@@ -47,6 +53,10 @@ type WorkflowSink interface {
 	SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady string) error
 	RemoveWorkflow(namespace, name string)
 	SessionCounts(namespace, name string) v1alpha1.SessionCounts
+	// TriggerCounts are the counters of the workflow's triggers, by their
+	// names inside the workflow: Firings, Reexecutions, SpeculativeCopies
+	// and LastFiredTime of their child Triggers' status, cumulative.
+	TriggerCounts(namespace, name string) map[string]v1alpha1.TriggerStatus
 	// Changes names workflows whose session counts changed.
 	Changes() <-chan event.TypedGenericEvent[*v1alpha1.Workflow]
 }
@@ -130,9 +140,14 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 			return ctrl.Result{}, nil
 		}
 		wf.Status.Sessions = r.Sink.SessionCounts(wf.Namespace, wf.Name)
-		if wf.Status.Sessions.Active > 0 {
+		// The triggers' counters, held back by their rate limit or not.
+		requeue := r.updateTriggerCounts(ctx, wf)
+		if wf.Status.Sessions.Active > 0 && (requeue == 0 || requeue > 5*time.Second) {
 			// Session counters move without spec changes: refresh them.
-			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+			requeue = 5 * time.Second
+		}
+		if requeue > 0 {
+			return ctrl.Result{RequeueAfter: requeue}, nil
 		}
 	}
 	log.FromContext(ctx).V(1).Info("reconciled workflow", "services", len(want.services), "buckets", len(want.buckets), "triggers", len(want.triggers))
@@ -187,7 +202,7 @@ func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&v1alpha1.Workflow{}).
 		Owns(&servingv1.Service{}).
 		Owns(&v1alpha1.Bucket{}).
-		Owns(&v1alpha1.Trigger{}).
+		Owns(&v1alpha1.Trigger{}, builder.WithPredicates(childSpecChanged)).
 		Named("workflow")
 	if r.Sink != nil {
 		b = b.WatchesRawSource(source.Channel(r.Sink.Changes(), &handler.TypedEnqueueRequestForObject[*v1alpha1.Workflow]{}))

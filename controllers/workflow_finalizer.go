@@ -21,6 +21,7 @@ func (r *WorkflowReconciler) finalize(ctx context.Context, wf *v1alpha1.Workflow
 	}
 	if r.Sink != nil {
 		r.Sink.RemoveWorkflow(wf.Namespace, wf.Name)
+		r.forgetTriggerWrites(wf)
 	}
 	controllerutil.RemoveFinalizer(wf, WorkflowFinalizer)
 	return r.Update(ctx, wf)

@@ -213,13 +213,20 @@ type TriggerStatus struct {
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
-	// Firings counts how often the trigger fired.
+	// Firings counts how often the trigger fired (once per firing, however
+	// many targets it invokes). Written by the operator for a Workflow's
+	// triggers, at most every few seconds; cumulative since the trigger
+	// was created.
 	// +optional
 	Firings int64 `json:"firings,omitempty"`
 	// Reexecutions counts source re-invocations caused by this trigger's
 	// rules, speculative copies included.
 	// +optional
 	Reexecutions int64 `json:"reexecutions,omitempty"`
+	// SpeculativeCopies counts the re-executions that were speculative
+	// copies of stragglers (speculateAfter): a subset of Reexecutions.
+	// +optional
+	SpeculativeCopies int64 `json:"speculativeCopies,omitempty"`
 	// LastFiredTime is when the trigger last fired.
 	// +optional
 	LastFiredTime *metav1.Time `json:"lastFiredTime,omitempty"`
@@ -234,6 +241,9 @@ type TriggerStatus struct {
 // +kubebuilder:printcolumn:name="Targets",type=string,JSONPath=`.spec.targets`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Firings",type=integer,JSONPath=`.status.firings`
+// +kubebuilder:printcolumn:name="Reexecutions",type=integer,JSONPath=`.status.reexecutions`
+// +kubebuilder:printcolumn:name="Speculative",type=integer,JSONPath=`.status.speculativeCopies`,priority=1
+// +kubebuilder:printcolumn:name="Last Fired",type=date,JSONPath=`.status.lastFiredTime`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63",message="metadata.name must be a DNS label (lowercase alphanumerics and '-', at most 63 characters)"
 type Trigger struct {

@@ -15,6 +15,10 @@ type state struct {
 	Engine   *engine.Snapshot    `json:"engine"`
 	Sessions []sessions.Session  `json:"sessions"`
 	Results  map[string]resultIO `json:"results,omitempty"`
+	// Triggers are the triggers' counts (triggerCounts), by workflow and
+	// trigger, so a new leader continues them; absent in checkpoints
+	// written before they were kept (they start at 0 then).
+	Triggers map[string]map[string]triggerCount `json:"triggers,omitempty"`
 }
 
 type resultIO struct {
@@ -23,7 +27,7 @@ type resultIO struct {
 }
 
 func (o *Orchestrator) save(ctx context.Context) error {
-	st := state{Engine: o.engine.Snapshot(), Sessions: o.sessions.Export(), Results: map[string]resultIO{}}
+	st := state{Engine: o.engine.Snapshot(), Sessions: o.sessions.Export(), Results: map[string]resultIO{}, Triggers: o.counts.export()}
 	for _, s := range st.Sessions {
 		if s.Result != nil {
 			st.Results[s.ID] = resultIO{Inline: s.Result.Inline, Ref: s.Result.Ref}
@@ -66,6 +70,7 @@ func (o *Orchestrator) restore(ctx context.Context) error {
 		}
 	}
 	o.sessions.Import(st.Sessions)
+	o.counts.restore(st.Triggers)
 	o.gen = gen
 	o.opts.Log.Info("restored checkpoint", "generation", gen, "sessions", len(st.Engine.Sessions))
 	return nil

@@ -91,6 +91,10 @@ type Orchestrator struct {
 	// producers are the nodes of the pods that reported references
 	// (ObjectReady), for the dispatcher's Ziptrail-Producer-Node.
 	producers *producerNodes
+
+	// counts are the triggers' firings and re-executions, for their
+	// child Triggers' status (TriggerCounts).
+	counts *triggerCounts
 }
 
 type workflowInfo struct {
@@ -119,7 +123,8 @@ func New(opts Options) (*Orchestrator, error) {
 	}
 	o := &Orchestrator{opts: opts, engine: engine.New(0), sessions: sessions.NewRegistry(), workflows: map[string]*workflowInfo{}, outSig: make(chan struct{}, 1),
 		changes: make(chan event.TypedGenericEvent[*v1alpha1.Workflow], 1024), keys: &keyrings{src: opts.Keys},
-		held: map[string]*heldResult{}, heldRefs: map[string]string{}, producers: newProducerNodes(DefaultProducerNodes)}
+		held: map[string]*heldResult{}, heldRefs: map[string]string{}, producers: newProducerNodes(DefaultProducerNodes),
+		counts: newTriggerCounts()}
 	o.sessions.Now = opts.Now
 	d, err := dispatch.New(dispatch.Options{Resolver: opts.Resolver, Ingress: opts.Ingress, Concurrency: opts.Concurrency,
 		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult, ProducerNode: o.producerNode})
@@ -183,9 +188,11 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 
 // SetWorkflow loads or updates a workflow (called by the Workflow reconciler).
 func (o *Orchestrator) SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady string) error {
-	if err := o.engine.SetWorkflow(engineSpec(wf)); err != nil {
+	spec := engineSpec(wf)
+	if err := o.engine.SetWorkflow(spec); err != nil {
 		return err
 	}
+	o.counts.setWorkflow(spec)
 	info := &workflowInfo{namespace: wf.Namespace, name: wf.Name, ready: ready, notReady: notReady, outputs: wf.Spec.OutputBuckets()}
 	o.mu.Lock()
 	o.workflows[Key(wf.Namespace, wf.Name)] = info
@@ -196,6 +203,7 @@ func (o *Orchestrator) SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady s
 // RemoveWorkflow forgets a deleted workflow.
 func (o *Orchestrator) RemoveWorkflow(namespace, name string) {
 	o.engine.RemoveWorkflow(Key(namespace, name))
+	o.counts.removeWorkflow(Key(namespace, name))
 	o.mu.Lock()
 	delete(o.workflows, Key(namespace, name))
 	o.mu.Unlock()
@@ -269,6 +277,9 @@ func (o *Orchestrator) execute(acts []engine.Action) {
 	for _, a := range acts {
 		switch a.Kind {
 		case engine.ActInvoke, engine.ActRerun:
+			if a.Kind == engine.ActInvoke {
+				o.counts.invoked(a, o.opts.Now())
+			}
 			o.invoke(a)
 		case engine.ActSessionComplete:
 			res := &sessions.Result{Bucket: a.Result.Bucket, Key: a.Result.Key, Size: a.Result.Size, Inline: a.Result.Inline, Ref: a.Result.Ref}
@@ -319,6 +330,7 @@ func (o *Orchestrator) invoke(a engine.Action) {
 			o.sessions.Log(a.Session, "Rerun", "re-executing %s (attempt %d): its output is late", a.Function, a.Attempt)
 		}
 		reexecutions.Inc()
+		o.counts.rerun(a)
 	} else {
 		for _, ob := range a.Objects {
 			env.Objects = append(env.Objects, invocation.Object{Bucket: ob.Bucket, Key: ob.Key, Size: ob.Size, Ref: ob.Ref, Inline: ob.Inline, Metadata: ob.Metadata})

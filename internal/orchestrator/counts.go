@@ -1,7 +1,6 @@
 package orchestrator
 
 import (
-	"maps"
 	"sync"
 	"time"
 
@@ -35,8 +34,11 @@ type triggerCounts struct {
 	mu sync.Mutex
 	m  map[string]map[string]*triggerCount
 	// first is each workflow trigger's first target: a firing invokes
-	// every target of the trigger once, so a firing is counted at the
-	// invocation of its first target.
+	// every target of the trigger once, in the order of the spec, so a
+	// firing is counted at the invocation of its first target (the engine
+	// reports invocations, not firings). A spec update that reorders the
+	// targets while a firing's invocations are being executed could
+	// miscount that one firing.
 	first map[string]map[string]string
 }
 
@@ -157,7 +159,8 @@ func (c *triggerCounts) restore(st map[string]map[string]triggerCount) {
 // Triggers that did neither are absent.
 func (o *Orchestrator) TriggerCounts(namespace, name string) map[string]v1alpha1.TriggerStatus {
 	o.counts.mu.Lock()
-	ts := maps.Clone(o.counts.m[Key(namespace, name)])
+	defer o.counts.mu.Unlock()
+	ts := o.counts.m[Key(namespace, name)]
 	out := make(map[string]v1alpha1.TriggerStatus, len(ts))
 	for trig, tc := range ts {
 		st := v1alpha1.TriggerStatus{Firings: tc.Firings, Reexecutions: tc.Reexecutions, SpeculativeCopies: tc.SpeculativeCopies}
@@ -167,6 +170,5 @@ func (o *Orchestrator) TriggerCounts(namespace, name string) map[string]v1alpha1
 		}
 		out[trig] = st
 	}
-	o.counts.mu.Unlock()
 	return out
 }

@@ -10,7 +10,7 @@
 #
 # No binary download sites are reachable from our CI, so the Kubernetes control
 # plane (kube-apiserver, etcd, kubectl), MinIO and helm are built from Go
-# modules through the module proxy; redis-server and capnp come from Debian.
+# modules through the module proxy; redis-server comes from Debian.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,7 +21,6 @@ K8S_VERSION=v1.36.3        # kube-apiserver, kubectl (envtest assets), kube-cont
 COREDNS_VERSION=v1.14.7    # cluster DNS of the local cluster (see hack/tools/coredns/go.mod)
 ETCD_VERSION=v3.6.16       # etcd server (see hack/tools/etcd/go.mod)
 CONTROLLER_TOOLS_VERSION=v0.20.1
-CAPNPC_GO_VERSION=v3.1.0-alpha.2
 HELM_VERSION=v3.22.0
 PROTOC_GEN_GO_VERSION=v1.36.12     # matches google.golang.org/protobuf in go.mod
 PROTOC_GEN_GO_GRPC_VERSION=v1.6.2
@@ -51,7 +50,6 @@ export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 # --- Debian packages --------------------------------------------------------
 apt_pkgs=()
 command -v redis-server >/dev/null || apt_pkgs+=(redis-server)
-command -v capnp >/dev/null || apt_pkgs+=(capnproto)
 command -v ip >/dev/null || apt_pkgs+=(iproute2)
 command -v protoc >/dev/null || apt_pkgs+=(protobuf-compiler)
 command -v iptables >/dev/null || apt_pkgs+=(iptables)   # kube-proxy (iptables mode)
@@ -63,7 +61,7 @@ if ((${#apt_pkgs[@]})); then
 	$SUDO apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
 else
-	log "debian: redis-server, capnp, ip, protoc, iptables, conntrack present"
+	log "debian: redis-server, ip, protoc, iptables, conntrack present"
 fi
 
 # --- Go tools built from modules ------------------------------------------
@@ -116,7 +114,6 @@ build_k8s() {
 
 build_k8s
 go_install controller-gen "$CONTROLLER_TOOLS_VERSION" "sigs.k8s.io/controller-tools/cmd/controller-gen@$CONTROLLER_TOOLS_VERSION"
-go_install capnpc-go "$CAPNPC_GO_VERSION" "capnproto.org/go/capnp/v3/capnpc-go@$CAPNPC_GO_VERSION"
 go_install protoc-gen-go "$PROTOC_GEN_GO_VERSION" "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO_VERSION"
 go_install protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC_VERSION" "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$PROTOC_GEN_GO_GRPC_VERSION"
 go_install helm "$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
@@ -173,7 +170,6 @@ log "  kube-controller-manager, kube-scheduler, kube-proxy $("$ENVTEST_DIR/kube-
 log "  coredns        $("$BIN/coredns" -version 2>&1 | head -1)"
 log "  iptables       $(iptables --version 2>&1)"
 log "  controller-gen $("$BIN/controller-gen" --version 2>&1)"
-log "  capnp          $(capnp --version 2>&1)"
 log "  protoc         $(protoc --version 2>&1) protoc-gen-go $PROTOC_GEN_GO_VERSION protoc-gen-go-grpc $PROTOC_GEN_GO_GRPC_VERSION"
 log "  helm           $("$BIN/helm" version --short 2>&1)"
 log "  minio          $MINIO_VERSION"

@@ -195,7 +195,7 @@ func (p *pod) waitReady(ctx context.Context, timeout time.Duration) error {
 // queueProxyEnv is the local runtime's queue-proxy environment plus the
 // ziptrail variables a local pod gets. Both binaries get the same
 // environment; stock queue-proxy ignores ZIPTRAIL_*. The data plane gets a
-// key file, as after the operator sent the keys, so its Cap'n Proto server
+// key file, as after the operator sent the keys, so its pull-stream server
 // is listening as in a running pod.
 func queueProxyEnv(np *netns.Pod, id, dir string) []string {
 	shm := shmDir(dir, id)

@@ -1,5 +1,5 @@
 // Command queue-proxy-zl is Knative Serving's queue-proxy with the ziptrail
-// extension: the pod's in-memory object store, the Cap'n Proto data plane,
+// extension: the pod's in-memory object store, the data plane's pull stream,
 // and resolution of object references on invocations. It replaces
 // Knative's queue-sidecar-image cluster-wide; requests without ziptrail
 // content behave exactly as with the stock queue-proxy.

@@ -6,7 +6,6 @@
 package pins
 
 import (
-	_ "capnproto.org/go/capnp/v3"
 	_ "github.com/minio/minio-go/v7"
 	_ "github.com/onsi/ginkgo/v2"
 	_ "github.com/onsi/gomega"

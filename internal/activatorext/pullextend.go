@@ -37,7 +37,7 @@ func OperatorKeys(c *controlclient.KeysClient) KeyGetter {
 }
 
 // DataPlaneExtender extends references at their producers over the data
-// plane (the producer's Cap'n Proto `extend` call). A reference names its
+// plane (an extend request on the producer's pull stream). A reference names its
 // producer only inside its sealed record, so the extender opens it with the
 // namespace's reference keys, read through Keys (the operator), and read
 // again when a reference names a key id it does not know (rotation).

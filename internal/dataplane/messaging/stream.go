@@ -16,8 +16,8 @@ import (
 )
 
 // The message stream between sidecars: one TCP connection per peer, on
-// the data-plane port (the listener tells it from Cap'n Proto by its first
-// four bytes, StreamMagic). Each message is a header and its body
+// the data-plane port (the listener tells it from the pull stream by its
+// first four bytes, StreamMagic). Each message is a header and its body
 // straight after it: a large body goes from the sender's shared-memory
 // file to the socket with sendfile, and from the socket into a new
 // shared-memory file at the receiver, so neither sidecar copies it

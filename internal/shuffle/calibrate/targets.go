@@ -107,7 +107,7 @@ func (s s3Target) warm(ctx context.Context, _ int) error {
 // podTarget is ziptrail's pod-memory data plane in this process, as
 // bench/dataplane runs it: producers are pull.Servers on loopback TCP, each
 // with its own object store; consumer i pulls with its own pull.Client
-// (its own Cap'n Proto connection) from producer i. Objects allow
+// (its own pull-stream connections) from producer i. Objects allow
 // unlimited reads, so one object serves a whole measurement.
 type podTarget struct {
 	keys    *ref.Keyring

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -29,16 +30,32 @@ func main() {
 		os.Exit(1)
 	}
 	sc := sidecar.New(cfg)
+	// The sidecar outlives SIGTERM (d.Ctx): queue-proxy keeps proxying
+	// requests while Knative drains the pod, and their functions still
+	// need the local API, the data plane and the control stream. It stops
+	// when sharedmain.Main returns, once the drain is over
+	// (internal/dataplane/sidecar/shutdown.go).
+	life, stop := context.WithCancel(context.Background())
+	started := false
 	err = sharedmain.Main(func(d *sharedmain.Defaults) {
-		if err := sc.Start(d.Ctx); err != nil {
+		if err := sc.Start(life); err != nil {
 			// A misconfigured data plane must not serve: references it
 			// cannot resolve would fail later and far from the cause.
 			fmt.Fprintf(os.Stderr, "queue-proxy-zl: ziptrail extension: %v\n", err)
 			os.Exit(1)
 		}
+		started = true
+		go func() {
+			<-d.Ctx.Done()
+			sc.Terminating()
+		}()
 		// Innermost position: right before the proxy to the user container.
 		d.ProxyHandler = sc.Wrap(d.ProxyHandler)
 	})
+	stop()
+	if started {
+		<-sc.Stopped()
+	}
 	if err != nil {
 		os.Exit(1)
 	}

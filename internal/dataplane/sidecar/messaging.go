@@ -72,16 +72,13 @@ func (l liveMailbox) Take(ctx context.Context, session, group string, rank uint3
 }
 
 // drainGroups keeps a terminating sidecar serving while group members run
-// in its pod: it says so in the pod's log (the pod stays Ready while it
-// drains, so `kubectl logs -c queue-proxy` is where a user sees why it
-// lingers), then waits until the last member leaves or groupDrain passes.
+// in its pod (Terminating logged them), until the last one leaves or
+// groupDrain passes.
 func (s *Sidecar) drainGroups() {
-	n := s.msgs.Live()
-	if n == 0 {
+	if s.msgs.Live() == 0 {
 		return
 	}
 	limit := s.groupDrain()
-	fmt.Fprintf(os.Stderr, "queue-proxy-zl: terminating with %d group member(s) running here: the data plane and the local API stay up until they leave (at most %s)\n", n, limit)
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	if err := s.msgs.WaitIdle(ctx); err != nil {

@@ -153,6 +153,12 @@ type Sidecar struct {
 	outputs     *semaphore.Weighted // bytes of function outputs being read
 
 	backedUp chan struct{}
+	// Shutdown (shutdown.go): SIGTERM's early backup runs once; what it
+	// backed up is not uploaded again by the final one; stopped closes
+	// when the servers are closed.
+	terminating sync.Once
+	backedUpIDs sync.Map // object id → struct{}
+	stopped     chan struct{}
 
 	// sameNode serves this pod's objects to consumers on its node (samenode.go).
 	sameNode *samenode.Server
@@ -165,7 +171,8 @@ type Sidecar struct {
 
 // New prepares a sidecar; Start runs its servers.
 func New(cfg Config) *Sidecar {
-	s := &Sidecar{cfg: cfg, Store: store.New(cfg.MemoryLimit, nil), ready: make(chan struct{}), backedUp: make(chan struct{})}
+	s := &Sidecar{cfg: cfg, Store: store.New(cfg.MemoryLimit, nil), ready: make(chan struct{}), backedUp: make(chan struct{}),
+		stopped: make(chan struct{})}
 	if cfg.Redis != nil {
 		s.redis.Store(cfg.Redis)
 		s.Store.Spill = s.spill
@@ -196,7 +203,9 @@ func (s *Sidecar) tiers() tier.Chain {
 }
 
 // Backup copies every unread object to the slow tier (S3), so consumers
-// can still read them after this pod is gone. It runs on SIGTERM.
+// can still read them after this pod is gone; objects an earlier Backup
+// copied are skipped. It runs on SIGTERM and again at the end of the
+// drain (shutdown.go).
 func (s *Sidecar) Backup(ctx context.Context) (int, error) {
 	s3 := s.s3.Load()
 	if s3 == nil {
@@ -205,6 +214,9 @@ func (s *Sidecar) Backup(ctx context.Context) (int, error) {
 	n := 0
 	var errs []error
 	for _, m := range s.Store.Unread() {
+		if _, done := s.backedUpIDs.Load(m.ID); done {
+			continue
+		}
 		lease, ok := s.Store.Hold(m.ID)
 		if !ok {
 			continue
@@ -224,12 +236,13 @@ func (s *Sidecar) Backup(ctx context.Context) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
+		s.backedUpIDs.Store(m.ID, struct{}{})
 		n++
 	}
 	return n, errors.Join(errs...)
 }
 
-// BackedUp is closed once the shutdown backup finished.
+// BackedUp is closed once the final shutdown backup finished.
 func (s *Sidecar) BackedUp() <-chan struct{} { return s.backedUp }
 
 // Start listens for consumers, connects to the operator (or loads the key
@@ -313,24 +326,16 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		for {
 			select {
 			case <-ctx.Done():
-				// SIGTERM: Knative drains for a while before stopping the
-				// servers; back unread objects up meanwhile, then close.
-				bctx, cancel := context.WithTimeout(context.Background(), s.cfg.BackupTimeout)
-				_, _ = s.Backup(bctx)
-				cancel()
-				close(s.backedUp)
-				// Group members still running keep the data plane and the
-				// local API until they end (Knative's drain waits for their
-				// invocations; the pod's grace period bounds both).
-				s.drainGroups()
-				stopCtl()
-				_ = ln.Close()
-				s.stopSameNode()
-				if s.api != nil {
-					s.api.Stop()
-					_ = s.msgLn.Close()
-				}
-				stopMetrics()
+				s.shutdown(func() {
+					stopCtl()
+					_ = ln.Close()
+					s.stopSameNode()
+					if s.api != nil {
+						s.api.Stop()
+						_ = s.msgLn.Close()
+					}
+					stopMetrics()
+				})
 				return
 			case <-t.C:
 				s.Store.Sweep()

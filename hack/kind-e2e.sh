@@ -67,7 +67,7 @@ done
 echo "== helm install"
 helm upgrade --install ziptrail charts/ziptrail --namespace "$NAMESPACE" --create-namespace --wait --timeout 5m \
 	--set image.registry="$REGISTRY" --set image.tag="$TAG" --set image.pullPolicy=Never \
-	--set activatorExt.enabled=true
+	--set activatorExt.enabled=true --set sameNode.enabled=true
 # The hook swapped the activator's image: wait for Knative's activator to roll out with it.
 kubectl rollout status -n knative-serving deployment/activator --timeout=300s
 kubectl get configmap/config-deployment -n knative-serving -o jsonpath='{.data.queue-sidecar-image}{"\n"}'

@@ -58,7 +58,11 @@ type Server struct {
 	// Report sends an object-ready event to the operator; nil without one.
 	Report func(*controlv1.ObjectReady) error
 
-	Addr            string // this pod's data-plane address, sealed into references
+	Addr string // this pod's data-plane address, sealed into references
+	// Sealing adds what the sidecar seals into every reference it makes
+	// besides the address (its node and pod for the same-node path); nil
+	// adds nothing.
+	Sealing         func(ref.Record) ref.Record
 	Dir             string // shared-memory directory for object files
 	Namespace       string
 	Function        string
@@ -225,7 +229,11 @@ func (s *Server) put(ctx context.Context, m store.Meta, obj *loaded) (string, er
 		return "", storeFull(wctx, err)
 	}
 	obj.free = nil // the store's now
-	r, err := kr.Seal(ref.Record{Addr: s.Addr, Key: m.ID, Expires: m.Expires, Reads: m.Reads})
+	rec := ref.Record{Addr: s.Addr, Key: m.ID, Expires: m.Expires, Reads: m.Reads}
+	if s.Sealing != nil {
+		rec = s.Sealing(rec)
+	}
+	r, err := kr.Seal(rec)
 	if err != nil {
 		s.Store.Remove(m.ID)
 		return "", err

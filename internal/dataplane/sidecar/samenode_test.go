@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 	"github.com/ziptrail/ziptrail/internal/testservers"
@@ -133,5 +134,67 @@ func TestSameNodePath(t *testing.T) {
 	}
 	if ok, na, n := samenodeGets(t, "ok"), samenodeGets(t, "not_applicable"), tcp(); ok != ok0+1 || na != na0+1 || n != tcp0+1 {
 		t.Errorf("other node: ok %v -> %v, not_applicable %v -> %v, TCP pulls %v -> %v; want the TCP pull", ok0, ok, na0, na, tcp0, n)
+	}
+}
+
+// TestSameNodeLocalAPIPut: an object a function puts through its local API
+// (not only one it returns) carries its producer's node, so a get through
+// the local API of a pod on the same node takes the memfd, not TCP.
+func TestSameNodeLocalAPIPut(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "keys.json")
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{4}, 32))
+	if err := os.WriteFile(keyFile, []byte(`{"active":"k1","keys":{"k1":"`+key+`"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "sn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := samenode.PrepareDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(uid string) *localapi.Client {
+		sock, err := os.MkdirTemp("", "zt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(sock) })
+		s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: shmDir(t),
+			MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile,
+			APISocket: filepath.Join(sock, "sidecar.sock"), SameNode: SameNodeConfig{Dir: dir, Node: "node-a", PodUID: uid}})
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c, err := localapi.Dial(s.cfg.APISocket, s.cfg.ShmDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.InlineThreshold = s.cfg.InlineThreshold
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	producer := pod("3b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e14")
+	consumer := pod("4b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e15")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	big := bytes.Repeat([]byte("abcdefghij"), 300_000) // 3 MB: a file, not inline
+	r, err := producer.Put(ctx, big, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcp := func() float64 { return counter(t, "ziptrail_dataplane_pulls_total", "ok") }
+	ok0, tcp0 := samenodeGets(t, "ok"), tcp()
+	got, err := consumer.Get(ctx, r)
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("get on the same node: %d bytes, %v", len(got), err)
+	}
+	if ok := samenodeGets(t, "ok"); ok != ok0+1 {
+		t.Errorf("same-node gets ok %v -> %v: the put object did not come as a memfd", ok0, ok)
+	}
+	if n := tcp(); n != tcp0 {
+		t.Errorf("TCP pulls %v -> %v: the same-node consumer pulled over TCP", tcp0, n)
 	}
 }

@@ -352,7 +352,7 @@ func (s *Sidecar) serveLocalAPI() error {
 	if err := os.MkdirAll(s.cfg.ShmDir, 0o777); err != nil {
 		return fmt.Errorf("shared-memory directory: %w", err)
 	}
-	api := &localapi.Server{Store: s.Store, Addr: s.addr(), Messages: s.msgs, Dir: s.cfg.ShmDir, Namespace: s.cfg.Namespace, Function: s.cfg.Function,
+	api := &localapi.Server{Store: s.Store, Addr: s.addr(), Sealing: s.withNode, Messages: s.msgs, Dir: s.cfg.ShmDir, Namespace: s.cfg.Namespace, Function: s.cfg.Function,
 		TTL: s.cfg.ObjectTTL, InlineThreshold: s.cfg.InlineThreshold, MaxObjectBytes: s.cfg.MemoryLimit, PutTimeout: s.cfg.PutTimeout,
 		Keys: func(ctx context.Context) (*ref.Keyring, error) {
 			if err := s.waitKeys(ctx); err != nil {

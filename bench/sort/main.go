@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -32,22 +31,18 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 	"github.com/ziptrail/ziptrail/internal/localk8s"
-	"github.com/ziptrail/ziptrail/internal/sessions"
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
 )
 
@@ -543,274 +538,4 @@ func mapTasks(records, per int64, rounds int) int {
 		n += int(max(1, (b-a+per-1)/per))
 	}
 	return n
-}
-
-func measureCompute(python, root string, taskBytes int64) (ComputeMeasure, error) {
-	cmd := exec.Command(python, filepath.Join(root, "bench", "sort", "cpu.py"), filepath.Join(root, "examples", "sort"),
-		"--task-bytes", strconv.FormatInt(min(taskBytes, 64*MiB), 10), "--repeat", "3")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return ComputeMeasure{}, fmt.Errorf("bench/sort/cpu.py: %w", err)
-	}
-	var cm ComputeMeasure
-	if err := json.Unmarshal(out, &cm); err != nil {
-		return cm, err
-	}
-	_ = json.Unmarshal(out, &cm.Raw)
-	return cm, nil
-}
-
-// rayPgid is the running Ray peer's process group (0: none), rayOut its
-// stdout.
-var (
-	rayPgid atomic.Int64
-	rayOut  strings.Builder
-)
-
-func rayRun(python, examples string, seed, records int64, parts int, taskRecords, store int64, timeout time.Duration) (json.RawMessage, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	script := filepath.Join(filepath.Dir(filepath.Dir(examples)), "bench", "sort", "ray_sort.py")
-	cmd := exec.CommandContext(ctx, python, script, examples, "--seed", strconv.FormatInt(seed, 10),
-		"--records", strconv.FormatInt(records, 10), "--partitions", strconv.Itoa(parts),
-		"--task-records", strconv.FormatInt(taskRecords, 10), "--object-store-memory", strconv.FormatInt(store, 10), "--num-cpus", "2")
-	cmd.Env = append(os.Environ(), "RAY_AUTH_MODE=disabled")
-	// Its own process group: an interrupt takes Ray's processes down too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	rayOut.Reset()
-	cmd.Stdout = &rayOut
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	rayPgid.Store(int64(cmd.Process.Pid))
-	err := cmd.Wait()
-	rayPgid.Store(0)
-	out := []byte(rayOut.String())
-	rayOut.Reset()
-	if err != nil {
-		tail := stderr.String()
-		if len(tail) > 2000 {
-			tail = tail[len(tail)-2000:]
-		}
-		return nil, fmt.Errorf("%w: %s", err, tail)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	return json.RawMessage(lines[len(lines)-1]), nil
-}
-
-func redisUsed(ctx context.Context, rdb *redis.Client) int64 {
-	info, err := rdb.Info(ctx, "memory").Result()
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "used_memory:"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return 0
-}
-
-func watchRedis(ctx context.Context, rdb *redis.Client, peak *int64) func() {
-	done := make(chan struct{})
-	fin := make(chan struct{})
-	go func() {
-		defer close(fin)
-		for {
-			if u := redisUsed(ctx, rdb); u > *peak {
-				*peak = u
-			}
-			select {
-			case <-done:
-				return
-			case <-time.After(250 * time.Millisecond):
-			}
-		}
-	}()
-	return func() { close(done); <-fin }
-}
-
-// session runs one sort session through the gateway and returns its result
-// and its record (start and end times).
-func session(gateway, token string, params map[string]any, timeout time.Duration, progress func(time.Duration, string)) (json.RawMessage, sessions.Session, error) {
-	var s sessions.Session
-	do := func(method, url string, body io.Reader) ([]byte, int, error) {
-		req, err := http.NewRequest(method, url, body)
-		if err != nil {
-			return nil, 0, err
-		}
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return nil, 0, err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		return b, resp.StatusCode, err
-	}
-	in, _ := json.Marshal(params)
-	body, code, err := do(http.MethodPost, gateway+"/v1/namespaces/bench/workflows/sort/sessions", strings.NewReader(string(in)))
-	if err != nil {
-		return nil, s, err
-	}
-	if code != http.StatusCreated {
-		return nil, s, fmt.Errorf("start: %d %s", code, body)
-	}
-	if err := json.Unmarshal(body, &s); err != nil {
-		return nil, s, err
-	}
-	start := time.Now()
-	var result []byte
-	for {
-		b, code, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+s.ID+"/result?wait=30s", nil)
-		if err != nil {
-			return nil, s, err
-		}
-		if code == http.StatusOK {
-			result = b
-			break
-		}
-		if code != http.StatusAccepted {
-			return nil, s, fmt.Errorf("session %s: %d %s", s.ID, code, b)
-		}
-		if time.Since(start) > timeout {
-			return nil, s, fmt.Errorf("session %s: no result after %s", s.ID, timeout)
-		}
-		// what the session is doing: invocations, objects, its last event
-		var st sessions.Session
-		what := ""
-		if b, code, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+s.ID, nil); err == nil && code == http.StatusOK && json.Unmarshal(b, &st) == nil {
-			// A failed invocation fails the run (the workflow would re-run it
-			// after its 5-minute timeout; a benchmark reports it instead).
-			for _, e := range st.Events {
-				if e.Kind == "InvokeFailed" {
-					return nil, s, fmt.Errorf("session %s: %s: %.300s", s.ID, e.Kind, e.Message)
-				}
-			}
-			what = fmt.Sprintf("%d invocations, %d objects", st.Invocations, st.Objects)
-			if n := len(st.Events); n > 0 {
-				e := st.Events[n-1]
-				what += fmt.Sprintf("; last event %s %s ago: %.160s", e.Kind, time.Since(e.Time).Round(time.Second), e.Message)
-			}
-		}
-		progress(time.Since(start), what)
-	}
-	b, code, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+s.ID, nil)
-	if err != nil {
-		return nil, s, err
-	}
-	if code != http.StatusOK {
-		return nil, s, fmt.Errorf("session %s: %d %s", s.ID, code, b)
-	}
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, s, err
-	}
-	if s.State != sessions.Completed || s.Ended == nil {
-		return nil, s, fmt.Errorf("session %s: %s %s", s.ID, s.State, s.Error)
-	}
-	return result, s, nil
-}
-
-func waitReady(ctx context.Context, c client.Client, wf *v1alpha1.Workflow, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		got := &v1alpha1.Workflow{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(wf), got); err == nil && meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady) {
-			return nil
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	return fmt.Errorf("%s not ready after %s", wf.Name, timeout)
-}
-
-// modelErrors is the model's mean absolute relative error over the ziptrail
-// runs that completed, per size group and overall.
-func modelErrors(runs []Run) map[string]Error {
-	out := map[string]Error{}
-	var all, allIO []float64
-	for _, r := range runs {
-		if r.System != "ziptrail" || r.SortSeconds <= 0 || r.Predicted <= 0 {
-			continue
-		}
-		all = append(all, math.Abs(r.Predicted-r.SortSeconds)/r.SortSeconds)
-		allIO = append(allIO, math.Abs(r.PredictedNoCPU-r.SortSeconds)/r.SortSeconds)
-	}
-	mean := func(v []float64) float64 {
-		s := 0.0
-		for _, x := range v {
-			s += x
-		}
-		return 100 * s / float64(max(1, len(v)))
-	}
-	out["all"] = Error{Runs: len(all), WithCompute: mean(all), TransfersOnly: mean(allIO),
-		Description: "mean of |predicted − measured| / measured over the ziptrail runs, in %; measured = session time − the collector's validation"}
-	return out
-}
-
-func human(b int64) string {
-	// a size of records (100 bytes each) just under whole GiB is that size
-	if g := math.Round(float64(b) / GiB); g >= 1 && math.Abs(float64(b)-g*GiB) < 100 {
-		return strconv.FormatFloat(g, 'f', -1, 64) + " GiB"
-	}
-	switch {
-	case b >= GiB && b%(GiB/10) == 0 || b >= 10*GiB:
-		return strconv.FormatFloat(float64(b)/GiB, 'f', -1, 64) + " GiB"
-	case b >= GiB:
-		return fmt.Sprintf("%.2f GiB", float64(b)/GiB)
-	case b >= MiB:
-		return fmt.Sprintf("%.0f MiB", float64(b)/MiB)
-	default:
-		return fmt.Sprintf("%d B", b)
-	}
-}
-
-func fmtSec(s float64) string {
-	if s <= 0 || math.IsNaN(s) {
-		return "-"
-	}
-	return fmt.Sprintf("%.1fs", s)
-}
-
-func printTable(w io.Writer, rep *Report) {
-	fmt.Fprintln(w, "| size | method | rounds | measured (sort + validation) | sort | predicted | error | transfers-only prediction | valid, same sha256 | load before → after |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
-	for _, r := range rep.Runs {
-		name := r.Method
-		if r.System == "ray" {
-			name = "**Ray** (peer)"
-		}
-		size := human(r.Bytes)
-		switch {
-		case r.Skipped != "":
-			fmt.Fprintf(w, "| %s | %s | | skipped: %s | | %s | | %s | | |\n", size, name, r.Skipped, fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU))
-			continue
-		case r.Failed != "":
-			fmt.Fprintf(w, "| %s | %s | | FAILED: %.120s | | %s | | %s | | %s → %s |\n", size, name, r.Failed, fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU), r.LoadBefore, r.LoadAfter)
-			continue
-		}
-		rounds, pred, errs, io := "", "", "", ""
-		if r.Rounds > 1 {
-			rounds = strconv.Itoa(r.Rounds)
-		}
-		if r.System == "ziptrail" {
-			pred, io = fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU)
-			if r.ErrorPct != nil {
-				errs = fmt.Sprintf("%+.0f %%", *r.ErrorPct)
-			}
-		}
-		same := "first"
-		if r.SameOutput != nil {
-			same = strconv.FormatBool(*r.SameOutput)
-		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s (%s + %s) | %s | %s | %s | %s | %v, %s | %s → %s |\n", size, name, rounds, fmtSec(r.Seconds),
-			fmtSec(r.SortSeconds), fmtSec(r.ValidateSeconds), fmtSec(r.SortSeconds), pred, errs, io, r.Valid, same, r.LoadBefore, r.LoadAfter)
-	}
-	if e, ok := rep.Error["all"]; ok {
-		fmt.Fprintf(w, "\nmodel mean absolute error over %d runs: %.1f %% (transfer terms only: %.1f %%)\n", e.Runs, e.WithCompute, e.TransfersOnly)
-	}
 }

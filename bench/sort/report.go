@@ -1,0 +1,97 @@
+package main
+
+// The model's errors and the table.
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+)
+
+// modelErrors is the model's mean absolute relative error over the ziptrail
+// runs that completed, per size group and overall.
+func modelErrors(runs []Run) map[string]Error {
+	out := map[string]Error{}
+	var all, allIO []float64
+	for _, r := range runs {
+		if r.System != "ziptrail" || r.SortSeconds <= 0 || r.Predicted <= 0 {
+			continue
+		}
+		all = append(all, math.Abs(r.Predicted-r.SortSeconds)/r.SortSeconds)
+		allIO = append(allIO, math.Abs(r.PredictedNoCPU-r.SortSeconds)/r.SortSeconds)
+	}
+	mean := func(v []float64) float64 {
+		s := 0.0
+		for _, x := range v {
+			s += x
+		}
+		return 100 * s / float64(max(1, len(v)))
+	}
+	out["all"] = Error{Runs: len(all), WithCompute: mean(all), TransfersOnly: mean(allIO),
+		Description: "mean of |predicted − measured| / measured over the ziptrail runs, in %; measured = session time − the collector's validation"}
+	return out
+}
+
+func human(b int64) string {
+	// a size of records (100 bytes each) just under whole GiB is that size
+	if g := math.Round(float64(b) / GiB); g >= 1 && math.Abs(float64(b)-g*GiB) < 100 {
+		return strconv.FormatFloat(g, 'f', -1, 64) + " GiB"
+	}
+	switch {
+	case b >= GiB && b%(GiB/10) == 0 || b >= 10*GiB:
+		return strconv.FormatFloat(float64(b)/GiB, 'f', -1, 64) + " GiB"
+	case b >= GiB:
+		return fmt.Sprintf("%.2f GiB", float64(b)/GiB)
+	case b >= MiB:
+		return fmt.Sprintf("%.0f MiB", float64(b)/MiB)
+	default:
+		return fmt.Sprintf("%d B", b)
+	}
+}
+
+func fmtSec(s float64) string {
+	if s <= 0 || math.IsNaN(s) {
+		return "-"
+	}
+	return fmt.Sprintf("%.1fs", s)
+}
+
+func printTable(w io.Writer, rep *Report) {
+	fmt.Fprintln(w, "| size | method | rounds | measured (sort + validation) | sort | predicted | error | transfers-only prediction | valid, same sha256 | load before → after |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rep.Runs {
+		name := r.Method
+		if r.System == "ray" {
+			name = "**Ray** (peer)"
+		}
+		size := human(r.Bytes)
+		switch {
+		case r.Skipped != "":
+			fmt.Fprintf(w, "| %s | %s | | skipped: %s | | %s | | %s | | |\n", size, name, r.Skipped, fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU))
+			continue
+		case r.Failed != "":
+			fmt.Fprintf(w, "| %s | %s | | FAILED: %.120s | | %s | | %s | | %s → %s |\n", size, name, r.Failed, fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU), r.LoadBefore, r.LoadAfter)
+			continue
+		}
+		rounds, pred, errs, io := "", "", "", ""
+		if r.Rounds > 1 {
+			rounds = strconv.Itoa(r.Rounds)
+		}
+		if r.System == "ziptrail" {
+			pred, io = fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU)
+			if r.ErrorPct != nil {
+				errs = fmt.Sprintf("%+.0f %%", *r.ErrorPct)
+			}
+		}
+		same := "first"
+		if r.SameOutput != nil {
+			same = strconv.FormatBool(*r.SameOutput)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s (%s + %s) | %s | %s | %s | %s | %v, %s | %s → %s |\n", size, name, rounds, fmtSec(r.Seconds),
+			fmtSec(r.SortSeconds), fmtSec(r.ValidateSeconds), fmtSec(r.SortSeconds), pred, errs, io, r.Valid, same, r.LoadBefore, r.LoadAfter)
+	}
+	if e, ok := rep.Error["all"]; ok {
+		fmt.Fprintf(w, "\nmodel mean absolute error over %d runs: %.1f %% (transfer terms only: %.1f %%)\n", e.Runs, e.WithCompute, e.TransfersOnly)
+	}
+}

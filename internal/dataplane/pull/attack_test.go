@@ -36,7 +36,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func openFDs(t *testing.T) int {
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
-		t.Skip("no /proc/self/fd")
+		t.Fatalf("count open descriptors: %v", err)
 	}
 	return len(ents)
 }

@@ -3,14 +3,9 @@ package main
 import (
 	"image"
 	"image/color"
-	"image/draw"
-	"image/png"
 	"math"
-	"os"
 
-	"golang.org/x/image/font"
-	"golang.org/x/image/font/basicfont"
-	"golang.org/x/image/math/fixed"
+	"github.com/ziptrail/ziptrail/bench/internal/chart"
 )
 
 var palette = map[string]color.RGBA{
@@ -24,12 +19,7 @@ var palette = map[string]color.RGBA{
 // writeChart draws 1-1 throughput (MB/s, log scale) per object size.
 func writeChart(path string, results []Result, systems []string) error {
 	const w, h, left, bottom, top = 900, 420, 70, 60, 40
-	img := image.NewRGBA(image.Rect(0, 0, w, h))
-	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
-	label := func(x, y int, s string, c color.Color) {
-		d := font.Drawer{Dst: img, Src: image.NewUniform(c), Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
-		d.DrawString(s)
-	}
+	c := chart.New(w, h)
 	var sizes []int
 	seen := map[int]bool{}
 	maxMB := 1.0
@@ -52,13 +42,9 @@ func writeChart(path string, results []Result, systems []string) error {
 		return h - bottom - int(plotH*math.Log10(mb)/math.Log10(top10))
 	}
 	for v := 1.0; v <= top10; v *= 10 {
-		yy := y(v)
-		for x := left; x < w-10; x++ {
-			img.Set(x, yy, color.RGBA{225, 225, 225, 255})
-		}
-		label(5, yy+4, fmtMB(v), color.Black)
+		c.GridLine(y(v), left, w-10, fmtMB(v))
 	}
-	label(left, 20, "1-1 transfer throughput, MB/s (log scale), measured side by side", color.Black)
+	c.Label(left, 20, "1-1 transfer throughput, MB/s (log scale), measured side by side", color.Black)
 	groupW := (w - left - 20) / max(len(sizes), 1)
 	barW := (groupW - 20) / max(len(systems), 1)
 	for gi, size := range sizes {
@@ -67,23 +53,18 @@ func writeChart(path string, results []Result, systems []string) error {
 			for _, r := range results {
 				if r.Pattern == "1-1" && r.Size == size && r.System == sys {
 					x0 := gx + si*barW
-					draw.Draw(img, image.Rect(x0, y(r.MBps), x0+barW-4, h-bottom), image.NewUniform(palette[sys]), image.Point{}, draw.Src)
+					c.Fill(image.Rect(x0, y(r.MBps), x0+barW-4, h-bottom), palette[sys])
 				}
 			}
 		}
-		label(gx+groupW/2-25, h-bottom+18, human(size), color.Black)
+		c.Label(gx+groupW/2-25, h-bottom+18, human(size), color.Black)
 	}
-	for si, sys := range systems {
-		x := left + si*150
-		draw.Draw(img, image.Rect(x, h-22, x+12, h-10), image.NewUniform(palette[sys]), image.Point{}, draw.Src)
-		label(x+18, h-11, sys, color.Black)
+	colors := make([]color.Color, len(systems))
+	for i, sys := range systems {
+		colors[i] = palette[sys]
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return png.Encode(f, img)
+	c.Legend(left, systems, colors)
+	return c.SavePNG(path)
 }
 
 func fmtMB(v float64) string {

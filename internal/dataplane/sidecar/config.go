@@ -1,0 +1,111 @@
+package sidecar
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/controlclient"
+	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+)
+
+// Config of a sidecar; FromEnv reads it from the pod's environment.
+type Config struct {
+	Namespace, Workflow, Function, Pod string
+	PodIP                              string
+	DataplanePort                      int    // data-plane port: pulls and message streams (9192; Knative uses 9090/9091)
+	ShmDir                             string // where resolved inputs are written for the function
+	MemoryLimit                        int64  // store cap in bytes
+	InlineThreshold                    int    // objects up to this size stay inline
+	ObjectTTL                          time.Duration
+	OperatorAddr                       string // control stream; empty: keys from KeyFile
+	KeyFile                            string // JSON {"active": id, "keys": {id: base64}} for standalone use
+	APISocket                          string // unix socket of the local API for the function; empty disables it
+	MetricsPort                        int    // Prometheus /metrics of the data plane; 0 disables it
+	// TokenFile holds the pod's projected service-account token for the
+	// control stream (audience controlclient.Audience), re-read on every
+	// (re)connect; default controlclient.DefaultTokenFile, where Knative
+	// mounts it ($ZIPTRAIL_TOKEN_FILE overrides it).
+	TokenFile string
+	// Log receives control-stream errors (connection failures, refused
+	// tokens, events the operator refused); nil discards them.
+	Log func(error)
+	// PutTimeout bounds how long a put waits for memory in a full pod
+	// (no fast tier to spill to) before it fails with "store full".
+	PutTimeout time.Duration
+	// Tiers: Redis takes spilled objects, S3 the backup of unread objects
+	// when the pod terminates. Nil tiers are disabled.
+	Redis *tier.Redis
+	S3    *tier.S3
+	// BackupTimeout bounds the SIGTERM backup (inside Knative's drain).
+	BackupTimeout time.Duration
+	// GroupDrainTimeout bounds how long a terminating sidecar keeps
+	// serving messaging-group members still running (default 10 m).
+	GroupDrainTimeout time.Duration
+	// SameNode: the same-node data plane (samenode.go); zero: TCP only.
+	SameNode SameNodeConfig
+	// MaxOutputsBytes caps one function response with outputs, which is
+	// read whole to turn large objects into references; default
+	// invocation.MaxEnvelopeBytes. All such responses being read share
+	// the larger of MemoryLimit and MaxOutputsBytes.
+	MaxOutputsBytes int64
+}
+
+// FromEnv builds a Config from Knative's and ziptrail's environment.
+func FromEnv() Config {
+	c := Config{
+		Namespace: os.Getenv("SERVING_NAMESPACE"), Pod: os.Getenv("SERVING_POD"), PodIP: os.Getenv("SERVING_POD_IP"),
+		Workflow: os.Getenv("ZIPTRAIL_WORKFLOW"), Function: os.Getenv("ZIPTRAIL_FUNCTION"),
+		DataplanePort: envInt("ZIPTRAIL_DATAPLANE_PORT", 9192), ShmDir: envStr("ZIPTRAIL_SHM_DIR", "/dev/shm/ziptrail/objects"),
+		MemoryLimit: int64(envInt("ZIPTRAIL_MEMORY_LIMIT", 256<<20)), InlineThreshold: envInt("ZIPTRAIL_INLINE_THRESHOLD", 64<<10),
+		ObjectTTL:    time.Duration(envInt("ZIPTRAIL_OBJECT_TTL_SECONDS", 600)) * time.Second,
+		OperatorAddr: os.Getenv("ZIPTRAIL_OPERATOR_ADDR"), KeyFile: os.Getenv("ZIPTRAIL_KEY_FILE"), TokenFile: controlclient.TokenFileFromEnv(),
+		APISocket: os.Getenv("ZIPTRAIL_SOCKET"), MetricsPort: envInt("ZIPTRAIL_METRICS_PORT", 9193),
+		SameNode: sameNodeFromEnv(),
+	}
+	if c.Function == "" {
+		c.Function = os.Getenv("SERVING_SERVICE")
+	}
+	c.Log = func(err error) { fmt.Fprintf(os.Stderr, "queue-proxy-zl: control stream: %v\n", err) }
+	if c.APISocket == "" {
+		// Knative sets queue-proxy's environment, so in a cluster only the
+		// user container gets ZIPTRAIL_SOCKET: both agree on the path next
+		// to the shared-memory object directory (/dev/shm/ziptrail).
+		c.APISocket = filepath.Join(filepath.Dir(c.ShmDir), "sidecar.sock")
+	}
+	c.BackupTimeout = time.Duration(envInt("ZIPTRAIL_BACKUP_TIMEOUT_SECONDS", 25)) * time.Second
+	c.MaxOutputsBytes = int64(envInt("ZIPTRAIL_MAX_OUTPUTS_BYTES", invocation.MaxEnvelopeBytes))
+	c.PutTimeout = 30 * time.Second
+	if d, err := time.ParseDuration(os.Getenv("ZIPTRAIL_PUT_TIMEOUT")); err == nil && d > 0 {
+		c.PutTimeout = d
+	}
+	// Tiers normally come from the operator over the control stream; these
+	// variables are overrides for tests and --standalone only.
+	if os.Getenv("ZIPTRAIL_REDIS_ADDR") != "" || os.Getenv("ZIPTRAIL_S3_ENDPOINT") != "" {
+		r, s3, err := TiersFrom(&controlv1.Tiers{RedisAddr: os.Getenv("ZIPTRAIL_REDIS_ADDR"), RedisPassword: os.Getenv("ZIPTRAIL_REDIS_PASSWORD"),
+			S3Endpoint: os.Getenv("ZIPTRAIL_S3_ENDPOINT"), S3AccessKey: os.Getenv("ZIPTRAIL_S3_ACCESS_KEY"), S3SecretKey: os.Getenv("ZIPTRAIL_S3_SECRET_KEY"),
+			S3Bucket: os.Getenv("ZIPTRAIL_S3_BUCKET"), S3Tls: os.Getenv("ZIPTRAIL_S3_TLS") == "true"}, c.Namespace)
+		if err == nil {
+			c.Redis, c.S3 = r, s3
+		}
+	}
+	return c
+}
+
+func envStr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
+		return v
+	}
+	return def
+}

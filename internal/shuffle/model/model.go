@@ -100,6 +100,10 @@ type Phase struct {
 	// ComputeSeconds is the compute term when it adds to the transfers
 	// (Params.Cores set: workers and stores share the cores); 0 otherwise.
 	ComputeSeconds float64 `json:"computeSeconds,omitempty"`
+	// PlatformCPU is the CPU seconds (of one core) the installation's own
+	// processes spend moving the phase's bytes (Params.SlowCPU, FastCPU,
+	// PodCPU); counted, with Params.Cores set, in the compute term.
+	PlatformCPU float64 `json:"platformCPU,omitempty"`
 	// Workers is the number of workers billed while the phase runs.
 	Workers int `json:"workers"`
 	// Requests of one run of the phase: to the slow store (both buckets),
@@ -351,11 +355,18 @@ func tasks(d float64, p int, chunk float64) int {
 //     over its workers, one core each at most.
 //
 // When Params.Cores is set, the workers and the stores share those cores
-// (one machine): the transfers' limits were measured with the cores busy
-// moving bytes, so the job's own work cannot hide under them, and the
-// compute term is added to the largest transfer limit instead of competing
-// with it. Otherwise (each worker its own core, as on Lambda) it is one
-// more limit.
+// (one machine). If the platform's CPU per byte is known
+// (Params.PlatformCPUMeasured), the stores' and sidecars' CPU for the
+// phase's transfers, platform, joins the job's on those cores: the compute
+// term is max(cpu / min(p, tasks, Cores), (cpu + platform) / Cores), one
+// more limit competing with the transfer limits (the transfers' CPU is in
+// it, so adding it to them would count it twice). If it is not known (a
+// calibration from before), the compute term is added to the largest
+// transfer limit instead: the transfers' limits were measured with the
+// cores busy moving bytes, so the job's own work cannot hide under them.
+// Without Params.Cores (each worker its own core, as on Lambda) the compute
+// term is one more limit and the platform's CPU, on the stores' own
+// machines, does not count.
 func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, cpu float64, ops []op) Phase {
 	pp := m.Params
 	ph := Phase{Name: name, Count: count, Tasks: tasks, Startup: pp.WorkerStartup, Workers: workers}
@@ -367,11 +378,22 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 	}
 	dirBytes := map[dirKey]float64{}
 	serverBytes := map[string]float64{}
+	var platform float64 // the installation's CPU for these transfers
 	for _, o := range ops {
 		if o.bytes <= 0 {
 			continue
 		}
 		size := o.bytes / o.requests
+		switch {
+		case o.bucket == fast:
+			platform += pp.FastCPU.Of(o.bytes, o.requests)
+		case o.bucket == pod:
+			if !o.write { // a producer's writes stay in its own memory
+				platform += pp.PodCPU.Of(o.bytes, o.requests)
+			}
+		default:
+			platform += pp.SlowCPU.Of(o.bytes, o.requests)
+		}
 		switch {
 		case o.bucket == fast:
 			ph.FastOps += o.requests
@@ -456,14 +478,21 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 			bound, ph.BoundBy = t.Seconds, t.Name
 		}
 	}
-	if cpu > 0 {
+	shared := pp.Cores > 0 && pp.PlatformCPUMeasured()
+	if shared {
+		ph.PlatformCPU = platform
+	}
+	if cpu > 0 || (shared && platform > 0) {
 		par := float64(min(p, tasks))
 		if pp.Cores > 0 {
 			par = min(par, pp.Cores)
 		}
 		ct := Term{ComputeTerm, cpu / par}
+		if shared {
+			ct.Seconds = max(ct.Seconds, (cpu+platform)/pp.Cores)
+		}
 		ph.Terms = append(ph.Terms, ct)
-		if pp.Cores > 0 {
+		if pp.Cores > 0 && !shared {
 			ph.ComputeSeconds = ct.Seconds
 			if ct.Seconds > bound {
 				ph.BoundBy = ComputeTerm

@@ -1,8 +1,10 @@
 package model
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
+	"os"
 	"strings"
 	"testing"
 )
@@ -491,5 +493,163 @@ func TestJobTaskCounts(t *testing.T) {
 	}
 	if _, err := m.Predict(Config{Method: S3, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, MapTasks: -1}); err == nil {
 		t.Error("negative MapTasks accepted")
+	}
+}
+
+// platformParams are handParams with the platform's CPU per store: 5 ns/B
+// and 10 ms per request through the slow store, 3 ns/B through the fast
+// store, 1 ns/B and 1 ms per request for pod pulls.
+func platformParams(cores float64) Params {
+	p := handParams()
+	p.Cores = cores
+	p.SlowCPU = StoreCPU{PerByte: 5e-9, PerRequest: 0.01}
+	p.FastCPU = StoreCPU{PerByte: 3e-9}
+	p.PodCPU = StoreCPU{PerByte: 1e-9, PerRequest: 0.001}
+	return p
+}
+
+// TestPlatformCPU: with Cores set and the platform's CPU measured, a
+// phase's compute term is max(job / min(P, tasks, Cores), (job +
+// platform) / Cores), where platform = Σ over its transfers of requests ×
+// PerRequest + bytes × PerByte of the store; it competes with the transfer
+// limits (max), not added to them. D = 1 GB on 4 workers of 1 GB: 4 tasks
+// of 250 MB, every transfer limit 250 MB / 50 MB/s = 5 s (the pod pull
+// 1.25 s); job CPU 24 s (map) and 8 s (reduce).
+func TestPlatformCPU(t *testing.T) {
+	job := Compute{MapSecondsPerByte: 24e-9, ReduceSecondsPerByte: 8e-9}
+	for _, c := range []struct {
+		name               string
+		method             Method
+		cores              float64
+		compute            Compute
+		mapPlat, redPlat   float64 // platform CPU-seconds
+		map_, reduce_      float64
+		mapBound, redBound string
+	}{
+		// s3: map reads 1 GB in 4 GETs, writes 1 GB in 16 PUTs: 2e9 B ×
+		// 5 ns + 20 × 10 ms = 10.2 s; the reduce the same.
+		// 2 cores: (24 + 10.2)/2 = 17.1; (8 + 10.2)/2 = 9.1.
+		{"s3, 2 cores", S3, 2, job, 10.2, 10.2, 17.1, 9.1, ComputeTerm, ComputeTerm},
+		// 16 cores: max(24/4, 34.2/16) = 6 > 5; max(8/4, 18.2/16) = 2 < 5
+		// (the read and the write limit tie at 5 s: the first listed).
+		{"s3, 16 cores", S3, 16, job, 10.2, 10.2, 6, 5, ComputeTerm, "s3 read bandwidth"},
+		// no job CPU: the platform's alone, 10.2/2 = 5.1 > 5.
+		{"s3, 2 cores, no job CPU", S3, 2, Compute{}, 10.2, 10.2, 5.1, 5.1, ComputeTerm, ComputeTerm},
+		// own cores (Cores 0): the platform's CPU is on the stores'
+		// machines and does not count: 24/4 = 6; 8/4 = 2 < 5.
+		{"s3, own cores", S3, 0, job, 0, 0, 6, 5, ComputeTerm, "s3 read bandwidth"},
+		// redis: map 1 GB from s3 in 4 GETs (5.04 s) + 1 GB to Redis
+		// (3 s) = 8.04: (24 + 8.04)/2 = 16.02; reduce the same 8.04:
+		// (8 + 8.04)/2 = 8.02.
+		{"redis, 2 cores", Redis, 2, job, 8.04, 8.04, 16.02, 8.02, ComputeTerm, ComputeTerm},
+		// podmemory: map reads 1 GB from s3 (5.04 s), its partitions stay
+		// in the pod (no CPU): (24 + 5.04)/2 = 14.52; reduce pulls 1 GB in
+		// 16 objects (1 + 0.016 s) and writes 1 GB in 4 PUTs (5.04 s):
+		// (8 + 6.056)/2 = 7.028.
+		{"podmemory, 2 cores", PodMemory, 2, job, 5.04, 6.056, 14.52, 7.028, ComputeTerm, ComputeTerm},
+	} {
+		cfg := Config{Method: c.method, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, FastCapacity: 2e9, Compute: c.compute}
+		pr, err := mustModel(t, platformParams(c.cores), handPrices()).Predict(cfg)
+		if err != nil {
+			t.Fatal(c.name, err)
+		}
+		m, r := pr.Phases[0], pr.Phases[1]
+		if !near(m.PlatformCPU, c.mapPlat) || !near(r.PlatformCPU, c.redPlat) {
+			t.Errorf("%s: platform CPU %v, %v; want %v, %v", c.name, m.PlatformCPU, r.PlatformCPU, c.mapPlat, c.redPlat)
+		}
+		if !near(m.Seconds, c.map_) || !near(r.Seconds, c.reduce_) {
+			t.Errorf("%s: map %v s, reduce %v s; want %v, %v", c.name, m.Seconds, r.Seconds, c.map_, c.reduce_)
+		}
+		if m.BoundBy != c.mapBound || r.BoundBy != c.redBound {
+			t.Errorf("%s: bound by %q, %q; want %q, %q", c.name, m.BoundBy, r.BoundBy, c.mapBound, c.redBound)
+		}
+		if m.ComputeSeconds != 0 || r.ComputeSeconds != 0 {
+			t.Errorf("%s: the compute term was added to the transfers (%v, %v)", c.name, m.ComputeSeconds, r.ComputeSeconds)
+		}
+	}
+
+	// hybrid, 2 cores, rounds of 250 MB (k = 4, 4 tasks each: whole waves
+	// of P): a round's partition reads 250 MB from s3 in 4 GETs (1.25 +
+	// 0.04) and writes 250 MB to Redis (0.75): 2.04 s of platform CPU,
+	// (6 + 2.04)/2 = 4.02 > 0.3125 s of transfers; the combine reads them back (0.75) and writes 1 run of
+	// 250 MB per range (4 PUTs: 1.25 + 0.04): 2.04, (2 + 2.04)/2 = 2.02;
+	// the merge reads 16 runs (5 + 0.16) and writes 1 GB in 4 PUTs
+	// (5.04): 10.2, (8 + 10.2)/2 = 9.1.
+	cfg := Config{Method: Hybrid, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, FastCapacity: 2.5e8, Compute: job}
+	pr, err := mustModel(t, platformParams(2), handPrices()).Predict(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pr.Rounds != 4 {
+		t.Fatalf("rounds %d, want 4", pr.Rounds)
+	}
+	for i, want := range []struct{ plat, secs float64 }{{2.04, 4.02}, {2.04, 2.02}, {10.2, 9.1}} {
+		ph := pr.Phases[i]
+		if !near(ph.PlatformCPU, want.plat) || !near(ph.Seconds, want.secs) || ph.BoundBy != ComputeTerm {
+			t.Errorf("hybrid %s: platform %v s, %v s bound by %q; want %v, %v, compute", ph.Name, ph.PlatformCPU, ph.Seconds, ph.BoundBy, want.plat, want.secs)
+		}
+	}
+	if want := 4*(4.02+2.02) + 9.1; !near(pr.Seconds, want) {
+		t.Errorf("hybrid total %v, want %v", pr.Seconds, want)
+	}
+
+	// Negative or infinite costs are rejected.
+	p := handParams()
+	p.FastCPU.PerByte = -1
+	if err := p.Validate(); err == nil {
+		t.Error("negative fastCPU accepted")
+	}
+}
+
+// TestNoPlatformCPUPredictsAsBefore: a calibration without the platform's
+// CPU (all older ones) predicts exactly what it did: the predictions that
+// bench/sort's run recorded in docs/bench/sort.json with
+// docs/bench/sort-calibration-used.json are reproduced to the last bit,
+// and the platform CPU is nowhere.
+func TestNoPlatformCPUPredictsAsBefore(t *testing.T) {
+	cal, err := Load("../../../docs/bench/sort-calibration-used.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cal.Params.PlatformCPUMeasured() || cal.Params.Cores != 2 {
+		t.Fatalf("that calibration has platform CPU %v or cores %v ≠ 2", cal.Params.PlatformCPUMeasured(), cal.Params.Cores)
+	}
+	b, err := os.ReadFile("../../../docs/bench/sort.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Runs []struct {
+			Predicted  float64 `json:"predicted"`
+			Prediction *struct {
+				Config Config `json:"config"`
+			} `json:"prediction"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	m := mustModel(t, cal.Params, DefaultPrices())
+	n := 0
+	for _, r := range rep.Runs {
+		if r.Prediction == nil {
+			continue
+		}
+		pr, err := m.Predict(r.Prediction.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pr.Seconds != r.Predicted {
+			t.Errorf("%s of %v: %v s, recorded %v s", r.Prediction.Config.Method, r.Prediction.Config.DataBytes, pr.Seconds, r.Predicted)
+		}
+		for _, ph := range pr.Phases {
+			if ph.PlatformCPU != 0 {
+				t.Errorf("platform CPU %v without its calibration", ph.PlatformCPU)
+			}
+		}
+		n++
+	}
+	if n != 9 {
+		t.Errorf("%d predictions checked, want 9", n)
 	}
 }

@@ -61,6 +61,21 @@ type Params struct {
 	// its own and its work overlaps its transfers (Locus's Lambda).
 	Cores float64 `json:"cores,omitempty"`
 
+	// SlowCPU, FastCPU and PodCPU are the installation's own CPU cost of
+	// moving data through each store: the store's server (MinIO, Redis)
+	// plus the client side that moves the bytes for a worker (ziptrail's
+	// sidecar; for pod memory the producer's and the consumer's sidecars),
+	// in seconds of one core per request and per byte written or read.
+	// `ziptrail calibrate --local` measures them (the servers' and its own
+	// CPU time over each measurement). They count only with Cores set:
+	// then that CPU competes with the job's for the same cores (see the
+	// package doc, "Platform CPU"). All zero: not measured (a calibration
+	// from before they existed, or of servers calibrate cannot see), and
+	// the model predicts as it did without them.
+	SlowCPU StoreCPU `json:"slowCPU,omitzero"`
+	FastCPU StoreCPU `json:"fastCPU,omitzero"`
+	PodCPU  StoreCPU `json:"podCPU,omitzero"`
+
 	// WorkerStartup is the time from invoking a stage's workers to their
 	// first byte of work (a cold start), paid once per stage.
 	WorkerStartup float64 `json:"workerStartup"`
@@ -78,6 +93,25 @@ type Params struct {
 	// a speculative copy on a freed worker and finishes with whichever copy
 	// ends first. 0 disables speculation.
 	SpeculateAfter float64 `json:"speculateAfter"`
+}
+
+// StoreCPU is the CPU, in seconds of one core, the installation's own
+// processes spend per request and per byte moved through a store (written
+// or read): moving n objects of s bytes costs n·PerRequest + n·s·PerByte.
+type StoreCPU struct {
+	PerByte    float64 `json:"perByte,omitempty"`
+	PerRequest float64 `json:"perRequest,omitempty"`
+}
+
+// Of is the CPU seconds of moving bytes in requests objects.
+func (c StoreCPU) Of(bytes, requests float64) float64 {
+	return bytes*c.PerByte + requests*c.PerRequest
+}
+
+// PlatformCPUMeasured says whether any store's CPU cost is known
+// (SlowCPU, FastCPU, PodCPU).
+func (p Params) PlatformCPUMeasured() bool {
+	return p.SlowCPU != StoreCPU{} || p.FastCPU != StoreCPU{} || p.PodCPU != StoreCPU{}
 }
 
 // Bandwidth is the fitted per-worker bandwidth b(p, w) to a store when p
@@ -196,6 +230,12 @@ func (p Params) Validate() error {
 	}
 	if p.SlowServerBandwidth < 0 || p.PodAggregateBandwidth < 0 || p.WorkerStartup < 0 || p.Cores < 0 || math.IsInf(p.Cores, 0) {
 		errs = append(errs, errors.New("slowServerBandwidth, podAggregateBandwidth, workerStartup and cores must not be negative"))
+	}
+	for _, c := range []StoreCPU{p.SlowCPU, p.FastCPU, p.PodCPU} {
+		if !(c.PerByte >= 0) || !(c.PerRequest >= 0) || math.IsInf(c.PerByte, 0) || math.IsInf(c.PerRequest, 0) {
+			errs = append(errs, errors.New("slowCPU, fastCPU, podCPU: perByte and perRequest must be non-negative and finite"))
+			break
+		}
 	}
 	if !(p.PodStoreFraction > 0 && p.PodStoreFraction <= 1) || !(p.TaskMemoryFraction > 0 && p.TaskMemoryFraction <= 1) {
 		errs = append(errs, errors.New("podStoreFraction and taskMemoryFraction must be in (0, 1]"))

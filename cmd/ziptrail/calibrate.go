@@ -118,6 +118,18 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		cfg.Redis = &redis.Options{Addr: rs.Addr}
 		cfg.S3 = calibrate.S3Endpoint{Endpoint: mi.Endpoint, AccessKey: mi.AccessKey, SecretKey: mi.SecretKey, Bucket: bucket}
 		details["s3"] = "MinIO (testservers.StartMinIO) at " + mi.Endpoint + ", data in a temp dir"
+		// The servers are this machine's processes: their CPU per byte
+		// moved is measured, and they share its cores with the workers.
+		cfg.ServerPIDs = map[string]int{}
+		for store, addr := range map[string]string{calibrate.Redis: rs.Addr, calibrate.S3: mi.Endpoint} {
+			pid, err := calibrate.ListenerPID(addr)
+			if err != nil {
+				return fmt.Errorf("%s server's process (for its CPU time): %w", store, err)
+			}
+			cfg.ServerPIDs[store] = pid
+		}
+		base.Cores = float64(runtime.NumCPU())
+		details["serverCPU"] = "measured: /proc/<pid>/stat of redis-server and MinIO, and this process's own CPU (the client side, and both ends of the pod pulls)"
 	} else {
 		if *redisAddr == "" || *s3Endpoint == "" || *s3Bucket == "" {
 			return errors.New("give --redis, --s3-endpoint and --s3-bucket (with --s3-access-key-file and --s3-secret-key-file), or --local")
@@ -145,6 +157,10 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			scheme = "https://"
 		}
 		details["s3"] = scheme + *s3Endpoint + "/" + *s3Bucket
+		// The servers' processes are not visible from here (pods, another
+		// machine): their CPU per byte is not measured, and neither are
+		// the cores the workers share with them.
+		details["serverCPU"] = "not measured: the Redis and S3 servers are not processes of this machine that calibrate started; slowCPU and fastCPU unknown (0), podCPU from in-process pulls"
 	}
 	details["redis"] = cfg.Redis.Addr
 	if v := redisVersion(ctx, cfg.Redis); v != "" {
@@ -388,6 +404,23 @@ func printCalibration(w io.Writer, m *calibrate.Measurements, cal model.Calibrat
 	fmt.Fprintf(tw, "podAggregateBandwidth\t%s\n", capOrNone(p.PodAggregateBandwidth))
 	if n := len(p.Stragglers); n > 0 {
 		fmt.Fprintf(tw, "stragglers\t%d samples, %.2f to %.2f, median %.2f\n", n, p.Stragglers[n-1], p.Stragglers[0], p.Stragglers[n/2])
+	}
+	for _, c := range []struct {
+		n string
+		c model.StoreCPU
+	}{{"slowCPU", p.SlowCPU}, {"fastCPU", p.FastCPU}, {"podCPU", p.PodCPU}} {
+		if c.c == (model.StoreCPU{}) {
+			fmt.Fprintf(tw, "%s\tnot measured\n", c.n)
+			continue
+		}
+		v := fmt.Sprintf("read %s + %s per request", calibrate.FormatCPUPerByte(c.c.Read.PerByte), calibrate.FormatCPUSeconds(c.c.Read.PerRequest))
+		if c.n != "podCPU" {
+			v = fmt.Sprintf("write %s + %s per request, %s", calibrate.FormatCPUPerByte(c.c.Write.PerByte), calibrate.FormatCPUSeconds(c.c.Write.PerRequest), v)
+		}
+		fmt.Fprintf(tw, "%s\t%s (server and client CPU)\n", c.n, v)
+	}
+	if p.Cores > 0 {
+		fmt.Fprintf(tw, "cores\t%g (this machine's: the workers and the stores share them)\n", p.Cores)
 	}
 	fmt.Fprintf(tw, "podStoreFraction\t%.2f (configuration)\n", p.PodStoreFraction)
 	fmt.Fprintf(tw, "workerStartup\t%s (configuration)\n", model.FormatSeconds(p.WorkerStartup))

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,7 @@ func TestCalibrateLocal(t *testing.T) {
 		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
 	t.Log("\n" + stdout.String())
-	for _, want := range []string{"calibration of machine", "bandwidth per worker", "request rates", "fitted parameters:", "slowRead", "podPullBandwidth",
+	for _, want := range []string{"calibration of machine", "bandwidth per worker", "request rates", "fitted parameters:", "slowRead", "podPullBandwidth", "slowCPU", "podCPU", "cores",
 		"wrote the calibration to " + file, "created ConfigMap shuffle/cal (key calibration.json)"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("stdout lacks %q", want)
@@ -74,6 +75,12 @@ func TestCalibrateLocal(t *testing.T) {
 	}
 	if cal.Params.SlowRead == model.DefaultParams().SlowRead || !(cal.Params.PodPullBandwidth > 0) || len(cal.Params.FastRequests.Points) != 4 {
 		t.Errorf("params not measured: %+v", cal.Params)
+	}
+	// --local: the servers are this machine's processes, so their CPU per
+	// byte is measured, and the machine's cores are recorded
+	if !cal.Params.PlatformCPUMeasured() || cal.Params.Cores != float64(runtime.NumCPU()) || !strings.HasPrefix(cal.MeasuredOn.Details["serverCPU"], "measured") {
+		t.Errorf("platform CPU slow %+v fast %+v pod %+v, cores %v, details %q", cal.Params.SlowCPU, cal.Params.FastCPU, cal.Params.PodCPU,
+			cal.Params.Cores, cal.MeasuredOn.Details["serverCPU"])
 	}
 	cm, err := kc.CoreV1().ConfigMaps("shuffle").Get(ctx, "cal", metav1.GetOptions{})
 	if err != nil {

@@ -3,6 +3,7 @@ package calibrate
 import (
 	"bytes"
 	"context"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,7 +28,20 @@ func TestMeasureRealServers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	workers := []int{1, 2, 4, 8}
+	pids := map[string]int{}
+	for store, addr := range map[string]string{Redis: rs.Addr, S3: mi.Endpoint} {
+		pid, err := ListenerPID(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+		if want := map[string]string{Redis: "redis-server", S3: "minio"}[store]; strings.TrimSpace(string(comm)) != want {
+			t.Errorf("%s's listener is %q (pid %d), want %s", store, comm, pid, want)
+		}
+		pids[store] = pid
+	}
 	m, err := Measure(ctx, Config{
+		ServerPIDs:       pids,
 		Redis:            &redis.Options{Addr: rs.Addr},
 		S3:               S3Endpoint{Endpoint: mi.Endpoint, AccessKey: mi.AccessKey, SecretKey: mi.SecretKey, Bucket: bucket},
 		DurationPerPoint: 100 * time.Millisecond,
@@ -107,6 +121,29 @@ func TestMeasureRealServers(t *testing.T) {
 		t.Errorf("server points %+v", m.Server)
 	}
 
+	// CPU: a sample per timed run (bandwidth points, rate probes, the
+	// server point), the servers' CPU read for S3 and Redis, none for pod
+	// pulls (both ends are this process)
+	probes := 0
+	for _, r := range m.Rates {
+		probes += len(r.Probes)
+	}
+	if want := len(m.Bandwidth) + probes + len(m.Server); len(m.CPU) != want {
+		t.Errorf("%d CPU samples, want %d", len(m.CPU), want)
+	}
+	cpu := map[string]float64{}
+	for _, s := range m.CPU {
+		if (s.Store == Pod) != (s.ServerCPU == -1) || s.ClientCPU < 0 || s.Requests < 1 || !(s.Bytes > 0) {
+			t.Errorf("CPU sample %+v", s)
+		}
+		cpu[s.Store] += s.Total()
+	}
+	for _, store := range []string{S3, Redis, Pod} {
+		if !(cpu[store] > 0) {
+			t.Errorf("%s: no CPU measured", store)
+		}
+	}
+
 	// the fit: valid params, positive where measured
 	p, notes, err := Fit(m, model.DefaultParams())
 	if err != nil {
@@ -151,6 +188,12 @@ func TestMeasureRealServers(t *testing.T) {
 	}
 	if len(p.Stragglers) != 1+2+4+8 {
 		t.Errorf("%d straggler samples", len(p.Stragglers))
+	}
+	// the platform's CPU per byte: fitted from samples of 50 ms or more
+	// (100 ms points have a few); logged
+	t.Logf("CPU: slow %+v, fast %+v, pod %+v", p.SlowCPU, p.FastCPU, p.PodCPU)
+	if !p.PlatformCPUMeasured() {
+		t.Error("no store's CPU per byte fitted")
 	}
 	if _, err := model.New(p, model.DefaultPrices()); err != nil {
 		t.Error(err)

@@ -452,6 +452,41 @@ func Fit(m *Measurements, base model.Params) (model.Params, []string, error) {
 			note("pod aggregate bandwidth: still growing at the most pullers measured; uncapped")
 		}
 	}
+	for _, c := range []struct {
+		store, op string
+		dst       *model.CPUCost
+	}{{S3, Write, &p.SlowCPU.Write}, {S3, Read, &p.SlowCPU.Read}, {Redis, Write, &p.FastCPU.Write}, {Redis, Read, &p.FastCPU.Read}, {Pod, Read, &p.PodCPU.Read}} {
+		var samples []CPUSample
+		unseen := 0
+		for _, s := range m.CPU {
+			if s.Store != c.store || s.Op != c.op {
+				continue
+			}
+			if s.ServerCPU < 0 && c.store != Pod {
+				unseen++
+				continue
+			}
+			samples = append(samples, s)
+		}
+		if len(samples) == 0 {
+			if unseen > 0 {
+				note("%s %s CPU: the server's process was not visible to calibrate; not measured (unknown)", c.store, c.op)
+			}
+			continue
+		}
+		f, err := FitCPU(samples)
+		if err != nil {
+			note("%s %s CPU: %v; not measured", c.store, c.op, err)
+			continue
+		}
+		*c.dst = f.CPU
+		who := fmt.Sprintf("server %.0f %%, client (the sidecar's side) %.0f %%", 100*f.ServerShare, 100*(1-f.ServerShare))
+		if c.store == Pod {
+			who = "producer and consumer, both in this process"
+		}
+		note("%s %s CPU: %s + %s per request (%s); relative rms residual %.2f over %d measurements", c.store, c.op,
+			FormatCPUPerByte(f.CPU.PerByte), FormatCPUSeconds(f.CPU.PerRequest), who, f.RMS, f.Samples)
+	}
 	if err := p.Validate(); err != nil {
 		return model.Params{}, nil, fmt.Errorf("fitted params: %w", err)
 	}
@@ -512,4 +547,15 @@ func FormatCount(v float64) string {
 		return strconv.FormatFloat(math.Round(v*10)/10, 'f', -1, 64)
 	}
 	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64)
+}
+
+// FormatCPUPerByte prints CPU seconds per byte as nanoseconds per byte
+// (= CPU seconds per GB).
+func FormatCPUPerByte(v float64) string {
+	return strconv.FormatFloat(v*1e9, 'g', 3, 64) + " ns/B"
+}
+
+// FormatCPUSeconds prints a small CPU time in µs.
+func FormatCPUSeconds(v float64) string {
+	return strconv.FormatFloat(v*1e6, 'g', 3, 64) + " µs"
 }

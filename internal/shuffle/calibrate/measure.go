@@ -45,6 +45,12 @@ type Config struct {
 	// ServerClients is the number of clients of the Redis server-bandwidth
 	// point (default 16).
 	ServerClients int
+	// ServerPIDs are the processes of the stores' servers on this machine,
+	// by store (S3, Redis), whose CPU time is read from /proc around every
+	// measurement (ListenerPID finds a local server's). A store without
+	// one has its server's CPU unmeasured (CPUSample.ServerCPU −1), and
+	// the fit leaves its CPU cost unknown.
+	ServerPIDs map[string]int
 	// Progress receives a line per step (nil: none).
 	Progress io.Writer
 }
@@ -319,7 +325,7 @@ func (r *runner) bandwidthPoint(ctx context.Context, t target, op string, w int,
 			keys[i] = r.key("bw-write", n, seq, i)
 			r.wrote(t, keys[i])
 		}
-		res, err = runWorkers(ctx, t, w, r.cfg.DurationPerPoint, func(ctx context.Context, i int) (int, error) {
+		res, err = r.runWorkers(ctx, t, Write, size, w, r.cfg.DurationPerPoint, func(ctx context.Context, i int) (int, error) {
 			return n, t.put(ctx, i, keys[i], data)
 		})
 	} else {
@@ -330,7 +336,7 @@ func (r *runner) bandwidthPoint(ctx context.Context, t target, op string, w int,
 		for i := range bufs {
 			bufs[i] = make([]byte, n)
 		}
-		res, err = runWorkers(ctx, t, w, r.cfg.DurationPerPoint, func(ctx context.Context, i int) (int, error) {
+		res, err = r.runWorkers(ctx, t, Read, size, w, r.cfg.DurationPerPoint, func(ctx context.Context, i int) (int, error) {
 			m, err := t.get(ctx, i, keys[i], bufs[i])
 			if err == nil && m != n {
 				err = fmt.Errorf("read %d bytes of %d", m, n)
@@ -390,7 +396,7 @@ func (r *runner) ratePoint(ctx context.Context, t target, op string, size float6
 	var out []string
 	flat := 0 // probes in a row that did not beat the best by 10 %
 	for c := 1; c <= maxC; c *= 2 {
-		res, err := runWorkers(ctx, t, c, r.cfg.DurationPerPoint/2, func(ctx context.Context, i int) (int, error) {
+		res, err := r.runWorkers(ctx, t, op, size, c, r.cfg.DurationPerPoint/2, func(ctx context.Context, i int) (int, error) {
 			if op == Write {
 				return n, t.put(ctx, i, keys[i], data)
 			}
@@ -439,7 +445,7 @@ func (r *runner) serverPoint(ctx context.Context, t target, size float64) (strin
 	for i := 1; i < c; i += 2 {
 		bufs[i] = make([]byte, n)
 	}
-	res, err := runWorkers(ctx, t, c, r.cfg.DurationPerPoint, func(ctx context.Context, i int) (int, error) {
+	res, err := r.runWorkers(ctx, t, "mixed", size, c, r.cfg.DurationPerPoint, func(ctx context.Context, i int) (int, error) {
 		if i%2 == 0 {
 			return n, t.put(ctx, i, writeKeys[i], data)
 		}
@@ -458,7 +464,40 @@ type result struct {
 	perWorker []float64
 	aggregate float64
 	requests  int
+	bytes     float64
 	seconds   float64
+}
+
+// runWorkers is runWorkers with the CPU time of t's server (if its PID is
+// known) and of this process read before and after, recorded as a
+// CPUSample of op on objects of size.
+func (r *runner) runWorkers(ctx context.Context, t target, op string, size float64, n int, d time.Duration, f func(ctx context.Context, worker int) (int, error)) (result, error) {
+	pid := r.cfg.ServerPIDs[t.name()]
+	server0, serr := -1.0, error(nil)
+	if pid > 0 {
+		server0, serr = ProcessCPU(pid)
+	}
+	self0 := selfCPU()
+	res, err := runWorkers(ctx, t, n, d, f)
+	self1 := selfCPU()
+	if err != nil {
+		return res, err
+	}
+	cs := CPUSample{Store: t.name(), Op: op, Size: size, Workers: n, Requests: res.requests, Bytes: res.bytes, Seconds: res.seconds,
+		ServerCPU: -1, ClientCPU: self1 - self0}
+	if pid > 0 && serr == nil {
+		server1, err := ProcessCPU(pid)
+		if err != nil {
+			return res, fmt.Errorf("%s server (pid %d) CPU: %w", t.name(), pid, err)
+		}
+		cs.ServerCPU = server1 - server0
+	} else if serr != nil {
+		return res, fmt.Errorf("%s server (pid %d) CPU: %w", t.name(), pid, serr)
+	}
+	r.mu.Lock()
+	r.m.CPU = append(r.m.CPU, cs)
+	r.mu.Unlock()
+	return res, nil
 }
 
 // runWorkers runs n workers at once, each calling op back to back (at
@@ -499,6 +538,7 @@ func runWorkers(ctx context.Context, t target, n int, d time.Duration, op func(c
 		total += moved[i]
 		res.requests += reqs[i]
 	}
+	res.bytes = float64(total)
 	res.aggregate = float64(total) / wall
 	return res, nil
 }

@@ -92,6 +92,9 @@ type Measurements struct {
 	Bandwidth []BandwidthPoint `json:"bandwidth"`
 	Rates     []RatePoint      `json:"rates"`
 	Server    []ServerPoint    `json:"server"`
+	// CPU is the CPU time of every timed measurement (client and, where
+	// visible, server).
+	CPU []CPUSample `json:"cpu,omitempty"`
 }
 
 // bandwidth returns the points of one store and direction, by workers then

@@ -97,6 +97,36 @@
 // limit. Config.MapTasks and Config.Partitions let a job that fixed its
 // own task counts be predicted with them (objects = mappers × partitions).
 //
+// # Platform CPU (the installation's own work per byte moved)
+//
+// On a local cluster the stores and ziptrail's sidecars run on the same
+// cores as the job: bench/sort measured, per 2 GiB sorted through s3, the
+// sidecars at 45 CPU-seconds, MinIO 43 and Redis 5 against the functions'
+// 96. Params.SlowCPU, FastCPU and PodCPU are that cost per store and
+// direction (model.StoreCPU: Read and Write, each PerByte and PerRequest
+// seconds of one core): the store's server plus the client side that
+// moves the bytes for a worker (the sidecar's part), for pod memory the
+// producer's and the consumer's ends of a pull (a producer's put into its
+// own store is no transfer and costs nothing here). A phase's platform
+// CPU is the sum over its transfers, every bucket, of objects × PerRequest
+// + bytes × PerByte (Phase.PlatformCPU). With Params.Cores set and the
+// costs measured (Params.PlatformCPUMeasured), the compute term is
+//
+//	max(job / min(P, tasks, Cores), (job + platform) / Cores)
+//
+// and competes with the transfer limits like any other (the phase takes
+// the largest): the transfers' CPU is now in the term, and where the
+// transfers are CPU-bound (this machine) adding the two would count it
+// twice. Without the costs (all zero: older calibrations, or servers
+// calibrate could not see) the compute term is added to the transfers as
+// before, the stand-in for the platform's unmeasured CPU, and every
+// prediction is what it was (TestNoPlatformCPUPredictsAsBefore). Without
+// Cores the platform's CPU runs on the stores' own machines and does not
+// count. Not in it: the sidecar's local-API copies to and from the
+// function and the control plane's per-object work (the engine, the API
+// server): `ziptrail calibrate` moves bytes with Go clients, not through a
+// sidecar.
+//
 // # Stragglers (§3.5)
 //
 // Params.Stragglers are sampled per-worker bandwidths relative to the fit
@@ -148,4 +178,9 @@
 //     library, not measured.
 //   - Stragglers: the per-worker throughputs of the bandwidth runs, each
 //     divided by the fit's prediction for its parallelism.
+//   - SlowCPU, FastCPU, PodCPU (--local only): the CPU time of the
+//     redis-server and MinIO processes (/proc/<pid>/stat) and of the
+//     calibrating process (the clients, and both ends of the pod pulls)
+//     around every timed measurement, fitted per store and direction as
+//     PerRequest·objects + PerByte·bytes; Cores: the machine's cores.
 package model

@@ -386,13 +386,13 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 		size := o.bytes / o.requests
 		switch {
 		case o.bucket == fast:
-			platform += pp.FastCPU.Of(o.bytes, o.requests)
+			platform += pp.FastCPU.Of(o.bytes, o.requests, o.write)
 		case o.bucket == pod:
 			if !o.write { // a producer's writes stay in its own memory
-				platform += pp.PodCPU.Of(o.bytes, o.requests)
+				platform += pp.PodCPU.Of(o.bytes, o.requests, false)
 			}
 		default:
-			platform += pp.SlowCPU.Of(o.bytes, o.requests)
+			platform += pp.SlowCPU.Of(o.bytes, o.requests, o.write)
 		}
 		switch {
 		case o.bucket == fast:

@@ -496,15 +496,18 @@ func TestJobTaskCounts(t *testing.T) {
 	}
 }
 
-// platformParams are handParams with the platform's CPU per store: 5 ns/B
-// and 10 ms per request through the slow store, 3 ns/B through the fast
-// store, 1 ns/B and 1 ms per request for pod pulls.
+// platformParams are handParams with the platform's CPU per store, the
+// same for writes and reads: 5 ns/B and 10 ms per request through the slow
+// store, 3 ns/B through the fast store, 1 ns/B and 1 ms per request for
+// pod pulls.
 func platformParams(cores float64) Params {
 	p := handParams()
 	p.Cores = cores
-	p.SlowCPU = StoreCPU{PerByte: 5e-9, PerRequest: 0.01}
-	p.FastCPU = StoreCPU{PerByte: 3e-9}
-	p.PodCPU = StoreCPU{PerByte: 1e-9, PerRequest: 0.001}
+	slow, fast, pod := CPUCost{PerByte: 5e-9, PerRequest: 0.01}, CPUCost{PerByte: 3e-9}, CPUCost{PerByte: 1e-9, PerRequest: 0.001}
+	p.SlowCPU = StoreCPU{Read: slow, Write: slow}
+	p.FastCPU = StoreCPU{Read: fast, Write: fast}
+	// a producer's writes stay in its pod: no cost, whatever Write says
+	p.PodCPU = StoreCPU{Read: pod, Write: CPUCost{PerByte: 1}}
 	return p
 }
 
@@ -593,9 +596,23 @@ func TestPlatformCPU(t *testing.T) {
 		t.Errorf("hybrid total %v, want %v", pr.Seconds, want)
 	}
 
+	// Writes and reads priced apart: S3 writes at 7 ns/B: the s3 map reads
+	// 1 GB in 4 GETs (5.04 s) and writes 1 GB in 16 PUTs (7.16 s): 12.2 s,
+	// (24 + 12.2)/2 = 18.1; the reduce reads 16 (5.16) and writes 4
+	// (7.04): 12.2, (8 + 12.2)/2 = 10.1.
+	p := platformParams(2)
+	p.SlowCPU.Write.PerByte = 7e-9
+	pr, err = mustModel(t, p, handPrices()).Predict(Config{Method: S3, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, Compute: job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, r := pr.Phases[0], pr.Phases[1]; !near(m.PlatformCPU, 12.2) || !near(r.PlatformCPU, 12.2) || !near(m.Seconds, 18.1) || !near(r.Seconds, 10.1) {
+		t.Errorf("s3 with dearer writes: platform %v, %v s; phases %v, %v s; want 12.2, 12.2; 18.1, 10.1", m.PlatformCPU, r.PlatformCPU, m.Seconds, r.Seconds)
+	}
+
 	// Negative or infinite costs are rejected.
-	p := handParams()
-	p.FastCPU.PerByte = -1
+	p = handParams()
+	p.FastCPU.Read.PerByte = -1
 	if err := p.Validate(); err == nil {
 		t.Error("negative fastCPU accepted")
 	}

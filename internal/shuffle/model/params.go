@@ -65,7 +65,8 @@ type Params struct {
 	// moving data through each store: the store's server (MinIO, Redis)
 	// plus the client side that moves the bytes for a worker (ziptrail's
 	// sidecar; for pod memory the producer's and the consumer's sidecars),
-	// in seconds of one core per request and per byte written or read.
+	// in seconds of one core per request and per byte, for writes and for
+	// reads.
 	// `ziptrail calibrate --local` measures them (the servers' and its own
 	// CPU time over each measurement). They count only with Cores set:
 	// then that CPU competes with the job's for the same cores (see the
@@ -96,16 +97,32 @@ type Params struct {
 }
 
 // StoreCPU is the CPU, in seconds of one core, the installation's own
-// processes spend per request and per byte moved through a store (written
-// or read): moving n objects of s bytes costs n·PerRequest + n·s·PerByte.
+// processes spend moving data through a store, by direction: writing n
+// objects of s bytes costs n·Write.PerRequest + n·s·Write.PerByte, reading
+// them the same with Read (an S3 server's writes cost it several times
+// its reads: it hashes and stores them).
 type StoreCPU struct {
+	Read  CPUCost `json:"read,omitzero"`
+	Write CPUCost `json:"write,omitzero"`
+}
+
+// CPUCost is seconds of one core per byte and per request.
+type CPUCost struct {
 	PerByte    float64 `json:"perByte,omitempty"`
 	PerRequest float64 `json:"perRequest,omitempty"`
 }
 
 // Of is the CPU seconds of moving bytes in requests objects.
-func (c StoreCPU) Of(bytes, requests float64) float64 {
+func (c CPUCost) Of(bytes, requests float64) float64 {
 	return bytes*c.PerByte + requests*c.PerRequest
+}
+
+// Of is the CPU seconds of writing (or reading) bytes in requests objects.
+func (c StoreCPU) Of(bytes, requests float64, write bool) float64 {
+	if write {
+		return c.Write.Of(bytes, requests)
+	}
+	return c.Read.Of(bytes, requests)
 }
 
 // PlatformCPUMeasured says whether any store's CPU cost is known
@@ -231,7 +248,7 @@ func (p Params) Validate() error {
 	if p.SlowServerBandwidth < 0 || p.PodAggregateBandwidth < 0 || p.WorkerStartup < 0 || p.Cores < 0 || math.IsInf(p.Cores, 0) {
 		errs = append(errs, errors.New("slowServerBandwidth, podAggregateBandwidth, workerStartup and cores must not be negative"))
 	}
-	for _, c := range []StoreCPU{p.SlowCPU, p.FastCPU, p.PodCPU} {
+	for _, c := range []CPUCost{p.SlowCPU.Read, p.SlowCPU.Write, p.FastCPU.Read, p.FastCPU.Write, p.PodCPU.Read, p.PodCPU.Write} {
 		if !(c.PerByte >= 0) || !(c.PerRequest >= 0) || math.IsInf(c.PerByte, 0) || math.IsInf(c.PerRequest, 0) {
 			errs = append(errs, errors.New("slowCPU, fastCPU, podCPU: perByte and perRequest must be non-negative and finite"))
 			break

@@ -10,6 +10,9 @@
 //
 //	go run ./bench/sort [-sizes 1GiB,2GiB,4GiB] [-methods s3,redis,podmemory,hybrid]
 //	                    [-calibration docs/bench/sort-calibration.json] [-out docs/bench] [-no-ray]
+//	go run ./bench/sort -replot docs/bench/sort.json [-out DIR]        # redraw the chart, print the table
+//	go run ./bench/sort -replot docs/bench/sort.json [-calibration F] [-platform-cpu F]
+//	                                                   # re-predict the recorded runs, print the table
 //
 // docs/benchmarks.md ("Sort") explains the setup and the results. Needs root
 // (the local cluster) and the host's cluster claim (it waits for it).
@@ -86,7 +89,8 @@ func main() {
 	noRay := flag.Bool("no-ray", false, "leave out the Ray peer")
 	flag.StringVar(&o.rayPython, "ray-python", "", "python of a venv with Ray (default: hack/ray-venv.sh's)")
 	flag.DurationVar(&o.timeout, "run-timeout", 40*time.Minute, "give up on one sort after this long")
-	replot := flag.String("replot", "", "only redraw the chart (into -out) and print the table of this sort.json")
+	replot := flag.String("replot", "", "only redraw the chart (into -out) and print the table of this sort.json; with -calibration or -platform-cpu given, re-predict its runs instead (no chart)")
+	platformCPU := flag.String("platform-cpu", "", "-replot: re-predict with the platform's CPU per store (slowCPU, fastCPU, podCPU) of this calibration (`ziptrail calibrate --local` output)")
 	warmup := flag.String("warmup", "256MiB", "first sort this much through s3 and hybrid, not counted, so that the functions' pods are up (0: no warm-up)")
 	flag.Parse()
 	if *replot != "" {
@@ -97,6 +101,45 @@ func main() {
 		rep := &Report{}
 		if err := json.Unmarshal(b, rep); err != nil {
 			fail(err)
+		}
+		calGiven := false
+		flag.Visit(func(f *flag.Flag) { calGiven = calGiven || f.Name == "calibration" })
+		if calGiven || *platformCPU != "" {
+			// Re-predict the recorded runs: the storage parameters of
+			// -calibration (default: the one the run used), the platform's
+			// CPU of -platform-cpu. The measured times are not touched, and
+			// the chart (the run's) is not redrawn.
+			calFile := o.calibration
+			if !calGiven {
+				calFile = filepath.Join(filepath.Dir(*replot), "sort-calibration-used.json")
+			}
+			cal, err := model.Load(calFile)
+			if err != nil {
+				fail(err)
+			}
+			var plat *model.Calibration
+			if *platformCPU != "" {
+				pc, err := model.Load(*platformCPU)
+				if err != nil {
+					fail(err)
+				}
+				if !pc.Params.PlatformCPUMeasured() {
+					fail(fmt.Errorf("%s has no platform CPU (slowCPU, fastCPU, podCPU): calibrate it with ziptrail calibrate --local", *platformCPU))
+				}
+				plat = &pc
+			}
+			if err := repredict(rep, cal, plat); err != nil {
+				fail(err)
+			}
+			fmt.Printf("re-predicted with the storage parameters of %s", calFile)
+			if plat != nil {
+				fmt.Printf(" and the platform CPU of %s (slow %+v, fast %+v, pod %+v; s per byte and per request)", *platformCPU,
+					plat.Params.SlowCPU, plat.Params.FastCPU, plat.Params.PodCPU)
+			}
+			fmt.Printf("\n\n")
+			printTable(os.Stdout, rep)
+			printCPU(os.Stdout, rep)
+			return
 		}
 		if err := writeChart(filepath.Join(o.out, "sort.png"), rep.Runs); err != nil {
 			fail(err)

@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"strconv"
+
+	"github.com/ziptrail/ziptrail/internal/shuffle/model"
 )
 
 // modelErrors is the model's mean absolute relative error over the ziptrail
@@ -93,5 +95,85 @@ func printTable(w io.Writer, rep *Report) {
 	}
 	if e, ok := rep.Error["all"]; ok {
 		fmt.Fprintf(w, "\nmodel mean absolute error over %d runs: %.1f %% (transfer terms only: %.1f %%)\n", e.Runs, e.WithCompute, e.TransfersOnly)
+	}
+}
+
+// repredict recomputes every run's prediction with cal's parameters (the
+// runs' own configurations, as recorded in sort.json: sizes, task counts,
+// fast-tier cap, round size, the sort's CPU cost), and with the platform's
+// CPU per store from platform when it is not nil: the measured times stay
+// what they were. A calibration without cores gets the run's machine's
+// (as the bench did). The transfers-only prediction leaves out the job's
+// and the platform's CPU (Locus's model).
+func repredict(rep *Report, cal model.Calibration, platform *model.Calibration) error {
+	p := cal.Params
+	if p.Cores == 0 {
+		if c, ok := rep.Machine["cores"].(float64); ok {
+			p.Cores = c
+		}
+	}
+	if platform != nil {
+		p.SlowCPU, p.FastCPU, p.PodCPU = platform.Params.SlowCPU, platform.Params.FastCPU, platform.Params.PodCPU
+	}
+	m, err := model.New(p, model.DefaultPrices())
+	if err != nil {
+		return err
+	}
+	io := p
+	io.SlowCPU, io.FastCPU, io.PodCPU = model.StoreCPU{}, model.StoreCPU{}, model.StoreCPU{}
+	mio, err := model.New(io, model.DefaultPrices())
+	if err != nil {
+		return err
+	}
+	for i := range rep.Runs {
+		r := &rep.Runs[i]
+		if r.System != "ziptrail" || r.Prediction == nil {
+			continue
+		}
+		cfg := r.Prediction.Config
+		pred, err := m.Predict(cfg)
+		if err != nil {
+			return fmt.Errorf("%s via %s: %w", human(r.Bytes), r.Method, err)
+		}
+		cfg.Compute = model.Compute{}
+		predIO, err := mio.Predict(cfg)
+		if err != nil {
+			return err
+		}
+		r.Predicted, r.PredictedNoCPU, r.Prediction = pred.Seconds, predIO.Seconds, &pred
+		r.ErrorPct = nil
+		if r.SortSeconds > 0 {
+			e := 100 * (r.Predicted - r.SortSeconds) / r.SortSeconds
+			r.ErrorPct = &e
+		}
+	}
+	rep.Error = modelErrors(rep.Runs)
+	return nil
+}
+
+// printCPU lists, per run, the CPU the prediction counts: the job's (the
+// sort's, Config.Compute) and the platform's (stores and sidecars), in
+// CPU-seconds over all phases.
+func printCPU(w io.Writer, rep *Report) {
+	fmt.Fprintln(w, "\n| size | method | job CPU (predicted) | platform CPU (predicted) | phases bound by compute |")
+	fmt.Fprintln(w, "|---|---|---|---|---|")
+	for _, r := range rep.Runs {
+		if r.System != "ziptrail" || r.Prediction == nil {
+			continue
+		}
+		c := r.Prediction.Config
+		var plat float64
+		bound := 0
+		for _, ph := range r.Prediction.Phases {
+			plat += float64(ph.Count) * ph.PlatformCPU
+			if ph.BoundBy == model.ComputeTerm {
+				bound++
+			}
+		}
+		job := c.DataBytes * (c.Compute.MapSecondsPerByte + c.Compute.ReduceSecondsPerByte)
+		if c.Method == model.Hybrid {
+			job += c.DataBytes * c.Compute.ReduceSecondsPerByte // combine and merge
+		}
+		fmt.Fprintf(w, "| %s | %s | %.0f s | %.0f s | %d of %d |\n", human(r.Bytes), r.Method, job, plat, bound, len(r.Prediction.Phases))
 	}
 }

@@ -51,9 +51,17 @@ func noLeaks(t *testing.T) {
 	})
 }
 
+// serverAddr is the producer's listening address (read under its lock:
+// Serve sets the listener in its own goroutine).
+func serverAddr(s *Server) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ln.Addr().String()
+}
+
 func dialRaw(t *testing.T, s *Server, prefix []byte) net.Conn {
 	t.Helper()
-	nc, err := net.Dial("tcp", s.ln.Addr().String())
+	nc, err := net.Dial("tcp", serverAddr(s))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +106,7 @@ func rawPull(t *testing.T, nc net.Conn, br *bufio.Reader, r string) (response, [
 func TestRawBadReferencesAnsweredOnOneConnection(t *testing.T) {
 	noLeaks(t)
 	s, refs := startProducer(t, map[string][]byte{"o": []byte("secret bytes")}, 1)
-	addr := s.ln.Addr().String()
+	addr := serverAddr(s)
 	tampered := []byte(refs["o"])
 	if tampered[len(tampered)-5] == 'A' { // another valid base64url character
 		tampered[len(tampered)-5] = 'B'
@@ -157,8 +165,7 @@ func TestRawBadReferencesAnsweredOnOneConnection(t *testing.T) {
 
 func TestRawMalformedFrames(t *testing.T) {
 	noLeaks(t)
-	s, refs := startProducer(t, map[string][]byte{"o": []byte("x")}, 1)
-	s.HeaderTimeout = 200 * time.Millisecond
+	s, refs := startProducer(t, map[string][]byte{"o": []byte("x")}, 1, func(s *Server) { s.HeaderTimeout = 200 * time.Millisecond })
 	frame := func(n uint32, rest ...byte) []byte {
 		b := binary.LittleEndian.AppendUint32(append([]byte{}, StreamMagic[:]...), n)
 		return append(b, rest...)
@@ -197,9 +204,10 @@ func TestRawMalformedFrames(t *testing.T) {
 			closedByServer(t, nc)
 		})
 	}
-	// An idle connection is closed after IdleTimeout.
-	s.IdleTimeout = 200 * time.Millisecond
-	closedByServer(t, dialRaw(t, s, StreamMagic[:]))
+	// An idle connection is closed after IdleTimeout (a producer of its
+	// own: limits are set before a server serves).
+	idle, _ := startProducer(t, nil, 1, func(s *Server) { s.IdleTimeout = 200 * time.Millisecond })
+	closedByServer(t, dialRaw(t, idle, StreamMagic[:]))
 	// Nothing of that reached the object.
 	c := &Client{Keys: s.Keys}
 	defer c.Close()
@@ -213,8 +221,7 @@ func TestRawMalformedFrames(t *testing.T) {
 // lease (the object, read once of once, is gone).
 func TestRawConsumerThatStopsReading(t *testing.T) {
 	noLeaks(t)
-	s, refs := startProducer(t, map[string][]byte{"big": random(64 << 20)}, 1)
-	s.WriteTimeout = 200 * time.Millisecond
+	s, refs := startProducer(t, map[string][]byte{"big": random(64 << 20)}, 1, func(s *Server) { s.WriteTimeout = 200 * time.Millisecond })
 	nc := dialRaw(t, s, StreamMagic[:])
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetReadBuffer(4 << 10)
@@ -230,8 +237,7 @@ func TestRawConsumerThatStopsReading(t *testing.T) {
 // at once; the producer serves again once they are gone.
 func TestRawManyConnections(t *testing.T) {
 	noLeaks(t)
-	s, refs := startProducer(t, map[string][]byte{"o": []byte("x")}, 1)
-	s.MaxConns = 8
+	s, refs := startProducer(t, map[string][]byte{"o": []byte("x")}, 1, func(s *Server) { s.MaxConns = 8 })
 	var held []net.Conn
 	br := []*bufio.Reader{}
 	for range 8 {

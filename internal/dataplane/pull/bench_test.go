@@ -41,7 +41,7 @@ func putRef(t testing.TB, s *Server, id string, obj []byte, reads uint32) string
 		t.Fatal(err)
 	}
 	s.mu.Lock()
-	addr := s.ln.Addr().String()
+	addr := serverAddr(s)
 	s.mu.Unlock()
 	r, err := s.Keys.Seal(ref.Record{Addr: addr, Key: id, Expires: exp, Reads: reads})
 	if err != nil {

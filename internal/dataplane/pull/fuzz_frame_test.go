@@ -62,8 +62,7 @@ func FuzzResponseFrame(f *testing.F) {
 // genuine pull afterwards.
 func FuzzProducerStream(f *testing.F) {
 	obj := random(100 << 10)
-	s, refs := startProducer(f, map[string][]byte{"o": obj}, math.MaxUint32)
-	s.HeaderTimeout = 100 * time.Millisecond
+	s, refs := startProducer(f, map[string][]byte{"o": obj}, math.MaxUint32, func(s *Server) { s.HeaderTimeout = 100 * time.Millisecond })
 	genuine := (&request{op: opPull, ref: refs["o"]}).encode()
 	f.Add(genuine)
 	f.Add(append(genuine, genuine...))
@@ -73,7 +72,7 @@ func FuzzProducerStream(f *testing.F) {
 	c := &Client{Keys: s.Keys}
 	f.Cleanup(c.Close)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		nc, err := net.Dial("tcp", s.ln.Addr().String())
+		nc, err := net.Dial("tcp", serverAddr(s))
 		if err != nil {
 			t.Fatal(err)
 		}

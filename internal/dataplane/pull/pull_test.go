@@ -32,8 +32,13 @@ func keys(t testing.TB, ns string) *ref.Keyring {
 }
 
 // startProducer starts a Server on loopback holding the given objects.
-func startProducer(t testing.TB, objs map[string][]byte, reads uint32) (*Server, map[string]string) {
+// opts set the Server's limits before it serves (setting them later races
+// with its connections).
+func startProducer(t testing.TB, objs map[string][]byte, reads uint32, opts ...func(*Server)) (*Server, map[string]string) {
 	s := &Server{Store: store.New(4<<30, nil), Keys: keys(t, "ns")}
+	for _, o := range opts {
+		o(s)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -32,6 +32,10 @@ var ErrNotFound = errors.New("no such key")
 // S3's default).
 const DefaultRegion = "us-east-1"
 
+// MaxObject is the largest object Get accepts (S3's limit for one PUT):
+// a store announcing more is refused before anything is allocated.
+const MaxObject = 5 << 30
+
 // Config names the store and its credentials.
 type Config struct {
 	Endpoint             string // host:port
@@ -91,6 +95,9 @@ func (c *Client) Get(ctx context.Context, bucket, key string) ([]byte, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, c.failure("get", bucket, key, resp)
 	}
+	if resp.ContentLength > MaxObject {
+		return nil, fmt.Errorf("s3 get %s/%s: the store announces %d bytes, more than an object can be (%d)", bucket, key, resp.ContentLength, int64(MaxObject))
+	}
 	if resp.ContentLength > 0 {
 		b := make([]byte, resp.ContentLength)
 		if _, err := io.ReadFull(resp.Body, b); err != nil {
@@ -98,9 +105,12 @@ func (c *Client) Get(ctx context.Context, bucket, key string) ([]byte, error) {
 		}
 		return b, nil
 	}
-	b, err := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxObject+1))
 	if err != nil {
 		return nil, fmt.Errorf("s3 get %s/%s: %w", bucket, key, err)
+	}
+	if len(b) > MaxObject {
+		return nil, fmt.Errorf("s3 get %s/%s: the store sent more than an object can be (%d bytes)", bucket, key, int64(MaxObject))
 	}
 	return b, nil
 }

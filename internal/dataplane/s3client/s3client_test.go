@@ -151,6 +151,25 @@ func TestFailures(t *testing.T) {
 	if _, err := wrong(s3client.Config{Endpoint: ln.Addr().String(), AccessKey: "a", SecretKey: "b"}).Get(short, bucket, "ns/k"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("a store that never answers: %v, want the context's deadline", err)
 	}
+	// A store announcing an absurd length is refused before anything is
+	// allocated; one that sends less than it announced is an error.
+	liar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/b/huge" {
+			w.Header().Set("Content-Length", "1099511627776") // 1 TiB
+		} else {
+			w.Header().Set("Content-Length", "100")
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("short"))
+	}))
+	defer liar.Close()
+	lc := wrong(s3client.Config{Endpoint: strings.TrimPrefix(liar.URL, "http://"), AccessKey: "a", SecretKey: "b"})
+	if _, err := lc.Get(ctx, "b", "huge"); err == nil || !strings.Contains(err.Error(), "more than an object can be") {
+		t.Errorf("a 1 TiB Content-Length: %v", err)
+	}
+	if got, err := lc.Get(ctx, "b", "short"); err == nil {
+		t.Errorf("a body shorter than its Content-Length: %d bytes, no error", len(got))
+	}
 	// A bare 404 without S3's error document (a proxy, a wrong endpoint)
 	// is an error, not a missing object.
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) }))

@@ -5,22 +5,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"knative.dev/pkg/apis"
-	duckv1 "knative.dev/pkg/apis/duck/v1"
-	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/controllers"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/sessions"
 	"github.com/ziptrail/ziptrail/internal/testservers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
@@ -33,16 +22,6 @@ import (
 // the child Triggers' status shows those numbers (they used to stay 0),
 // next to the Trigger reconciler's conditions.
 func TestTriggerCountsInTriggerStatus(t *testing.T) {
-	env, err := controlplane.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer env.Stop()
-	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-
 	release := make(chan struct{})
 	fns := &testservers.Functions{}
 	fns.Add(t, "fires-split", ziptrail.FunctionHandler(func(ctx context.Context, _ *ziptrail.Invocation) ([]byte, error) {
@@ -63,32 +42,8 @@ func TestTriggerCountsInTriggerStatus(t *testing.T) {
 	}))
 	t.Cleanup(func() { close(release) }) // before the servers close
 
-	o, err := New(Options{Resolver: fns, Log: logr.Discard()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// TestFailedSessionInWorkflowStatus registers the same controllers in
-	// this process: their names are not unique here.
-	skip := true
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
-		Controller: config.Controller{SkipNameValidation: &skip}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := controllers.Setup(mgr, controllers.Tiers{}, o); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	mgrDone, orchDone := make(chan error, 1), make(chan error, 1)
-	go func() { mgrDone <- mgr.Start(ctx) }()
-	go func() { orchDone <- o.Run(ctx) }()
-	defer func() { cancel(); <-mgrDone; <-orchDone }()
-
-	ns := "counts-test"
-	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-		t.Fatal(err)
-	}
+	const ns = "counts-test"
+	ctx, k8s, o := withReconcilers(t, fns, ns)
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fires"},
 		Spec: v1alpha1.WorkflowSpec{Entry: "split", SessionDeadline: &metav1.Duration{Duration: 30 * time.Second},
 			Functions: []v1alpha1.FunctionSpec{{Name: "split", Image: "example.com/split"}, {Name: "work", Image: "example.com/work"}, {Name: "finish", Image: "example.com/finish"}},
@@ -101,31 +56,9 @@ func TestTriggerCountsInTriggerStatus(t *testing.T) {
 			},
 			Buckets: []v1alpha1.NamedBucket{{Name: "items"}, {Name: "done"}},
 		}}
-	if err := k8s.Create(ctx, wf); err != nil {
-		t.Fatal(err)
-	}
-	// Knative's part: the functions' Services become ready.
-	for _, fn := range []string{"split", "work", "finish"} {
-		waitFor(t, "the Knative Service of "+fn+" to be ready", func() bool {
-			svc := &servingv1.Service{}
-			if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "fires-" + fn}, svc); err != nil {
-				return false
-			}
-			svc.Status.ObservedGeneration = svc.Generation
-			svc.Status.Conditions = duckv1.Conditions{{Type: apis.ConditionReady, Status: corev1.ConditionTrue}}
-			return k8s.Status().Update(ctx, svc) == nil
-		})
-	}
-	var id string
-	waitFor(t, "the workflow to take sessions", func() bool {
-		id, err = o.StartSession(ctx, ns, "fires", []byte("in"))
-		return err == nil
-	})
-	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-	defer wcancel()
-	s, err := o.Sessions().Wait(wctx, id)
-	if err != nil || s.State != sessions.Completed {
-		t.Fatalf("session %s: %s %s %v", id, s.State, s.Error, err)
+	id, s := runReconciled(t, ctx, k8s, o, wf)
+	if s.State != sessions.Completed {
+		t.Fatalf("session %s: %s %s", id, s.State, s.Error)
 	}
 
 	// The status as kubectl sees it.

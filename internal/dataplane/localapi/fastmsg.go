@@ -144,10 +144,30 @@ func errorResponse(err error) *msgResponse {
 	return &msgResponse{err: true, reason: reason, body: []byte(err.Error())}
 }
 
+// serveMessageConn answers one connection's requests, one at a time. A
+// request that cannot be answered at once (a receive waiting for its
+// message, a send waiting for the receiver's sidecar) does not hold this
+// goroutine: the goroutine that ends it (the stream reader that queued the
+// message or got the answer) writes the response, and this one goes back
+// to reading the connection. That read is also the watch over the waiting
+// request: the client sends nothing while it waits, so a read that
+// returns means it hung up (or broke the protocol), and the request is
+// given up (a receive must not take a message for a caller that is gone;
+// a send the caller gave up on, e.g. held back by a full receiver, must
+// not go on without it).
 func (s *Server) serveMessageConn(c net.Conn) {
 	defer c.Close()
 	r, w := bufio.NewReaderSize(c, 64<<10), bufio.NewWriterSize(c, 64<<10)
+	var cur *msgCall
 	for {
+		_, err := r.Peek(1)
+		if cur != nil && !cur.settled() {
+			cur.giveUp()
+			return
+		}
+		if err != nil {
+			return
+		}
 		q, err := readMsgRequest(r)
 		if err != nil {
 			if errors.Is(err, errMsgFrame) {
@@ -155,81 +175,119 @@ func (s *Server) serveMessageConn(c net.Conn) {
 			}
 			return
 		}
-		resp := s.whileConnected(c, r, q)
-		if writeMsgResponse(w, resp) != nil {
-			if resp.flags&1 != 0 {
-				_ = os.Remove(string(resp.body)) // nobody will map it
-			}
-			return
-		}
+		cur = &msgCall{w: w}
+		cur.setCancel(s.startMessage(q, cur.respond))
 	}
 }
 
-// whileConnected runs a request with a context that ends if the client
-// goes away meanwhile (a receive waiting for a message must not take one
-// for a caller that is gone; a send the caller gave up on, e.g. held back
-// by a full receiver, must not go on without it): the client sends nothing
-// while it waits, so a read that returns means it hung up (or broke the
-// protocol).
-func (s *Server) whileConnected(c net.Conn, r *bufio.Reader, q *msgRequest) *msgResponse {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		if _, err := r.Peek(1); !errors.Is(err, os.ErrDeadlineExceeded) {
-			cancel()
-		}
-	}()
-	resp := s.message(ctx, q)
-	_ = c.SetReadDeadline(time.Now())
-	<-watched
-	_ = c.SetReadDeadline(time.Time{})
-	if ctx.Err() != nil && resp.err {
-		resp.reason = "CANCELED"
-	}
-	return resp
+// msgCall is one request of a connection until its response is written.
+type msgCall struct {
+	w *bufio.Writer
+	// mu is held while the response is written: settled waits for it.
+	mu       sync.Mutex
+	answered bool
+	cancel   func()
 }
 
-// message runs one fast-path request.
-func (s *Server) message(ctx context.Context, q *msgRequest) *msgResponse {
+// respond writes the call's response, once: a response for a client that
+// gave up (or a second one) is dropped, with its file.
+func (m *msgCall) respond(resp *msgResponse) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.answered || writeMsgResponse(m.w, resp) != nil {
+		if resp.flags&1 != 0 {
+			_ = os.Remove(string(resp.body)) // nobody will map it
+		}
+	}
+	m.answered = true
+}
+
+// settled reports whether the response was written (waiting for a write
+// under way).
+func (m *msgCall) settled() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.answered
+}
+
+func (m *msgCall) setCancel(c func()) {
+	m.mu.Lock()
+	m.cancel = c
+	m.mu.Unlock()
+}
+
+// giveUp ends a request whose client is gone: its response, if any still
+// comes, is dropped.
+func (m *msgCall) giveUp() {
+	m.mu.Lock()
+	m.answered = true
+	c := m.cancel
+	m.mu.Unlock()
+	if c != nil {
+		c()
+	}
+}
+
+// startMessage starts one fast-path request; respond gets its response,
+// from this goroutine or another. It returns the request's cancel.
+func (s *Server) startMessage(q *msgRequest, respond func(*msgResponse)) func() {
 	rt, err := s.router()
 	if err != nil {
-		return errorResponse(err)
+		respond(errorResponse(err))
+		return nil
 	}
+	var timeout time.Duration
 	if q.timeoutMs > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(q.timeoutMs)*time.Millisecond)
-		defer cancel()
+		timeout = time.Duration(q.timeoutMs) * time.Millisecond
 	}
 	switch q.op {
 	case opSend:
-		p := inlinePayload(q.payload)
-		if q.flags&1 != 0 {
-			p = pathPayload(string(q.payload))
-		}
 		out := messaging.Outgoing{Session: q.session, Group: q.group, From: q.rank, To: q.peer, Tag: q.tag}
-		mailboxed, err := s.send(ctx, rt, out, p)
-		if err != nil {
-			return errorResponse(err)
+		sent := func(mailboxed bool, err error) {
+			if err != nil {
+				respond(errorResponse(err))
+				return
+			}
+			resp := &msgResponse{}
+			if mailboxed {
+				resp.flags |= 2
+			}
+			respond(resp)
 		}
-		resp := &msgResponse{}
-		if mailboxed {
-			resp.flags |= 2
+		if q.flags&1 != 0 {
+			// A file of the object directory: opened, sent and removed on
+			// a goroutine of its own.
+			ctx, cancel := context.WithCancel(context.Background())
+			if timeout > 0 {
+				ctx, cancel = context.WithTimeout(context.Background(), timeout)
+			}
+			go func() {
+				defer cancel()
+				sent(s.send(ctx, rt, out, pathPayload(string(q.payload))))
+			}()
+			return cancel
 		}
-		return resp
+		out.Data = q.payload
+		if out.Data == nil {
+			out.Data = []byte{}
+		}
+		return rt.SendFunc(out, timeout, sent)
 	case opRecv:
-		m, err := rt.Recv(ctx, q.session, q.group, q.rank, messaging.Filter{AnySource: q.flags&1 != 0, From: q.peer, AnyTag: q.flags&2 != 0, Tag: q.tag})
-		if err != nil {
-			return errorResponse(err)
-		}
-		resp := &msgResponse{from: m.From, tag: m.Tag, size: m.Size, body: m.Data}
-		if m.Path != "" {
-			resp.flags |= 1
-			resp.body = []byte(m.Path)
-		}
-		return resp
+		f := messaging.Filter{AnySource: q.flags&1 != 0, From: q.peer, AnyTag: q.flags&2 != 0, Tag: q.tag}
+		return rt.RecvFunc(q.session, q.group, q.rank, f, timeout, func(m messaging.Message, err error) {
+			if err != nil {
+				respond(errorResponse(err))
+				return
+			}
+			resp := &msgResponse{from: m.From, tag: m.Tag, size: m.Size, body: m.Data}
+			if m.Path != "" {
+				resp.flags |= 1
+				resp.body = []byte(m.Path)
+			}
+			respond(resp)
+		})
 	default:
-		return errorResponse(fmt.Errorf("%w: unknown operation %d", ErrBadPayload, q.op))
+		respond(errorResponse(fmt.Errorf("%w: unknown operation %d", ErrBadPayload, q.op)))
+		return nil
 	}
 }

@@ -12,12 +12,15 @@ import (
 // accept queues a message from another sidecar (its authenticator
 // checked) for a rank of this pod. A message that finds no member here is
 // dropped (its file removed) and answered NotHere.
+//
+// A receive waiting for it (RecvFunc) gets it right away, from the
+// caller's goroutine: accept returns after calling its function.
 func (r *Router) accept(m Message) (Status, func(context.Context) error) {
 	k := gkey{m.Session, m.Group}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	g := r.groups[k]
 	if g == nil || g.local[m.To] == nil {
+		r.mu.Unlock()
 		if m.Path != "" {
 			_ = os.Remove(m.Path)
 		}
@@ -27,6 +30,7 @@ func (r *Router) accept(m Message) (Status, func(context.Context) error) {
 	// A delivery retried after a broken stream may have arrived before.
 	id := [2]uint64{uint64(m.From), m.Seq}
 	if _, dup := mb.seen[id]; dup {
+		r.mu.Unlock()
 		if m.Path != "" {
 			_ = os.Remove(m.Path)
 		}
@@ -36,9 +40,17 @@ func (r *Router) accept(m Message) (Status, func(context.Context) error) {
 		clear(mb.seen)
 	}
 	mb.seen[id] = struct{}{}
+	received.Inc()
+	// A waiting receive exists only while nothing queued matches it, so
+	// the message it takes is the one a Recv would take.
+	if w := mb.waiting(&m); w != nil {
+		r.mu.Unlock()
+		w.end(m, nil)
+		return Queued, nil
+	}
+	defer r.mu.Unlock()
 	mb.inbox = append(mb.inbox, m)
 	mb.bytes += int64(m.Size)
-	received.Inc()
 	signal(&mb.wake)
 	if mb.bytes <= r.cfg.QueueBytes {
 		return Queued, nil

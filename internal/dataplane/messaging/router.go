@@ -136,6 +136,9 @@ type member struct {
 	bytes      int64
 	wake       chan struct{} // closed and replaced when the inbox or state changes
 	closed     bool
+	// waiters are the receives waiting without a goroutine (RecvFunc),
+	// oldest first; a message that one of them takes skips the inbox.
+	waiters []*waiter
 }
 
 // New returns a router.
@@ -308,14 +311,29 @@ func (r *Router) JoinResult(res *controlv1.GroupJoinResult) {
 // View takes a group's new membership from the directory.
 func (r *Router) View(v *controlv1.GroupView) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	g := r.groups[gkey{v.Session, v.Group}]
 	if g == nil || (g.view != nil && v.Epoch <= g.view.Epoch) {
+		r.mu.Unlock()
 		return
 	}
 	g.view = v
 	g.size, g.mailbox = v.Size, v.Mailbox
 	signal(&g.changed)
+	// Waiting receives whose senders are all gone fail now.
+	var es []ended
+	for rank, mb := range g.local {
+		for i := 0; i < len(mb.waiters); {
+			w := mb.waiters[i]
+			if err := peersGone(v, rank, w.f); err != nil {
+				mb.unwait(w)
+				es = append(es, ended{w, fmt.Errorf("%w (group %s)", err, v.Group)})
+				continue
+			}
+			i++
+		}
+	}
+	r.mu.Unlock()
+	endAll(es)
 }
 
 // Resync joins this pod's members again on a new control stream (the
@@ -394,13 +412,22 @@ func (r *Router) leave(k gkey, rank uint32, m *member, failed bool) {
 // drop removes a member (false when it was gone already).
 func (r *Router) drop(k gkey, rank uint32, m *member) bool {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	var es []ended
+	defer func() {
+		r.mu.Unlock()
+		endAll(es)
+	}()
 	g := r.groups[k]
 	if g == nil || g.local[rank] != m {
 		return false
 	}
 	delete(g.local, rank)
 	m.closed = true
+	for len(m.waiters) > 0 {
+		w := m.waiters[0]
+		m.unwait(w)
+		es = append(es, ended{w, fmt.Errorf("%w: rank %d of group %s does not run in this pod", ErrClosed, rank, k.group)})
+	}
 	for _, msg := range m.inbox {
 		if msg.Path != "" {
 			_ = os.Remove(msg.Path) // unread: nobody will map it

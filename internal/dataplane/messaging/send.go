@@ -35,28 +35,52 @@ type Outgoing struct {
 // sidecar queued the message; mailboxed reports that the fast tier holds
 // it for a rank not running.
 func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err error) {
+	msg, auth, err := r.prepare(o)
+	if err != nil {
+		return false, err
+	}
+	return r.deliver(ctx, o, msg, auth, nil)
+}
+
+// prepare checks that the sender runs here and the receiver is in the
+// group, numbers the message and returns the group's authenticator.
+func (r *Router) prepare(o Outgoing) (Message, string, error) {
 	k := gkey{o.Session, o.Group}
 	r.mu.Lock()
 	g := r.groups[k]
 	if g == nil || g.local[o.From] == nil {
 		r.mu.Unlock()
-		return false, fmt.Errorf("%w: rank %d of group %s does not run in this pod (join first)", ErrClosed, o.From, o.Group)
+		return Message{}, "", fmt.Errorf("%w: rank %d of group %s does not run in this pod (join first)", ErrClosed, o.From, o.Group)
 	}
 	if o.To >= g.size {
 		r.mu.Unlock()
-		return false, fmt.Errorf("%w: rank %d outside the group's 0..%d", ErrInvalid, o.To, g.size-1)
+		return Message{}, "", fmt.Errorf("%w: rank %d outside the group's 0..%d", ErrInvalid, o.To, g.size-1)
 	}
 	g.seq[[2]uint32{o.From, o.To}]++
 	seq := g.seq[[2]uint32{o.From, o.To}]
 	r.mu.Unlock()
 	auth, err := r.authenticator(k)
 	if err != nil {
-		return false, err
+		return Message{}, "", err
 	}
 	msg := Message{Session: o.Session, Group: o.Group, From: o.From, To: o.To, Tag: o.Tag, Seq: seq, Data: o.Data, Size: o.Size}
 	if o.File == nil {
 		msg.Size = uint64(len(o.Data))
 	}
+	return msg, auth, nil
+}
+
+// attempt is a delivery's outcome.
+type attempt struct {
+	st  Status
+	err error
+}
+
+// deliver sends a prepared message until the receiver's sidecar takes it,
+// the directory says the receiver is gone, or ctx ends; first is the
+// outcome of a delivery already tried (nil: none yet).
+func (r *Router) deliver(ctx context.Context, o Outgoing, msg Message, auth string, first *attempt) (mailboxed bool, err error) {
+	k := gkey{o.Session, o.Group}
 	// A listed receiver that cannot be reached (its stream broke, its pod
 	// died) is tried again every retryPause: the directory soon says
 	// whether it is gone (PeerGone); one still listed after
@@ -64,7 +88,7 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 	var failingSince time.Time
 	for {
 		r.mu.Lock()
-		g = r.groups[k]
+		g := r.groups[k]
 		if g == nil || g.local[o.From] == nil {
 			r.mu.Unlock()
 			return false, fmt.Errorf("%w: rank %d left group %s", ErrClosed, o.From, o.Group)
@@ -75,17 +99,14 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 		pause := r.cfg.GoneGrace // not joined yet: wait for a view
 		switch {
 		case peer != nil:
-			st, err := r.streams.Deliver(ctx, peer.DataplaneAddr, auth, msg, o.File)
-			switch {
-			case err == nil && st == Queued:
-				return false, nil
-			case err == nil && st == Foreign:
-				return false, fmt.Errorf("%w: rank %d's sidecar refused this namespace's authenticator", ErrForeign, o.To)
-			case err == nil && st == Refused:
-				return false, fmt.Errorf("%w: no room for it at rank %d (its shared-memory directory is full)", ErrRefused, o.To)
-			case err != nil && ctx.Err() != nil:
-				return false, r.timeout(ctx, o)
-			case err != nil && !errors.Is(err, ErrUnreachable):
+			var st Status
+			var err error
+			if first != nil {
+				st, err, first = first.st, first.err, nil
+			} else {
+				st, err = r.streams.Deliver(ctx, peer.DataplaneAddr, auth, msg, o.File)
+			}
+			if done, err := r.delivered(ctx, o, st, err); done {
 				return false, err
 			}
 			// Not there (it left) or unreachable.
@@ -124,6 +145,24 @@ func (r *Router) Send(ctx context.Context, o Outgoing) (mailboxed bool, err erro
 		}
 		wait.Stop()
 	}
+}
+
+// delivered tells a final outcome of one delivery (done) from one to try
+// again (the receiver was not there, or not reachable).
+func (r *Router) delivered(ctx context.Context, o Outgoing, st Status, err error) (done bool, _ error) {
+	switch {
+	case err == nil && st == Queued:
+		return true, nil
+	case err == nil && st == Foreign:
+		return true, fmt.Errorf("%w: rank %d's sidecar refused this namespace's authenticator", ErrForeign, o.To)
+	case err == nil && st == Refused:
+		return true, fmt.Errorf("%w: no room for it at rank %d (its shared-memory directory is full)", ErrRefused, o.To)
+	case err != nil && ctx.Err() != nil:
+		return true, r.timeout(ctx, o)
+	case err != nil && !errors.Is(err, ErrUnreachable):
+		return true, err
+	}
+	return false, nil
 }
 
 // retryPause is the pause between deliveries to a listed receiver that

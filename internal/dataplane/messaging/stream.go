@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -64,11 +65,17 @@ type wire struct {
 	seq, id, size        uint64
 }
 
-func (w *wire) header() []byte {
+func (w *wire) header() []byte { return w.appendHeader(nil) }
+
+// appendHeader appends the header to b.
+func (w *wire) appendHeader(b []byte) []byte {
 	n := headerFixed + len(w.auth) + len(w.session) + len(w.group)
-	b := make([]byte, 4+n)
-	binary.LittleEndian.PutUint32(b, uint32(n))
-	h := b[4:]
+	at := len(b)
+	b = slices.Grow(b, 4+n)[:at+4+n]
+	f := b[at:]
+	clear(f[:4+headerFixed])
+	binary.LittleEndian.PutUint32(f, uint32(n))
+	h := f[4:]
 	h[0] = 1
 	binary.LittleEndian.PutUint16(h[2:], uint16(len(w.auth)))
 	binary.LittleEndian.PutUint16(h[4:], uint16(len(w.session)))
@@ -87,7 +94,14 @@ func (w *wire) header() []byte {
 
 var errFrame = errors.New("malformed message frame")
 
-func readHeader(r *bufio.Reader) (wire, error) {
+// headerReader reads a stream's headers, reusing its buffer and the
+// previous header's strings when they repeat (one group's messages).
+type headerReader struct {
+	buf  []byte
+	prev wire
+}
+
+func (hr *headerReader) read(r *bufio.Reader) (wire, error) {
 	var lb [4]byte
 	if _, err := io.ReadFull(r, lb[:]); err != nil {
 		return wire{}, err
@@ -96,7 +110,10 @@ func readHeader(r *bufio.Reader) (wire, error) {
 	if n < headerFixed || n > headerFixed+maxStrings {
 		return wire{}, fmt.Errorf("%w: header of %d bytes", errFrame, n)
 	}
-	h := make([]byte, n)
+	if cap(hr.buf) < n {
+		hr.buf = make([]byte, headerFixed+maxStrings)
+	}
+	h := hr.buf[:n]
 	if _, err := io.ReadFull(r, h); err != nil {
 		return wire{}, err
 	}
@@ -110,8 +127,17 @@ func readHeader(r *bufio.Reader) (wire, error) {
 		return wire{}, fmt.Errorf("%w: body of %d bytes", errFrame, w.size)
 	}
 	s := h[headerFixed:]
-	w.auth, w.session, w.group = string(s[:al]), string(s[al:al+sl]), string(s[al+sl:])
+	w.auth, w.session, w.group = same(hr.prev.auth, s[:al]), same(hr.prev.session, s[al:al+sl]), same(hr.prev.group, s[al+sl:])
+	hr.prev = w
 	return w, nil
+}
+
+// same is b as a string: prev when equal (no allocation).
+func same(prev string, b []byte) string {
+	if prev == string(b) {
+		return prev
+	}
+	return string(b)
 }
 
 // --- sender side ------------------------------------------------------------
@@ -125,12 +151,17 @@ type Streams struct {
 type peerStream struct {
 	conn    net.Conn
 	wmu     sync.Mutex
+	wbuf    []byte // under wmu
 	mu      sync.Mutex
 	nextID  uint64
-	waiting map[uint64]chan Status
+	waiting map[uint64]answerFunc
 	dead    chan struct{}
 	err     error
 }
+
+// answerFunc gets a delivery's answer, or ErrUnreachable when the stream
+// ended before it came.
+type answerFunc func(Status, error)
 
 func (s *Streams) peer(ctx context.Context, addr string) (*peerStream, error) {
 	s.mu.Lock()
@@ -155,17 +186,34 @@ func (s *Streams) peer(ctx context.Context, addr string) (*peerStream, error) {
 		c.Close()
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
 	}
-	p := &peerStream{conn: c, waiting: map[uint64]chan Status{}, dead: make(chan struct{})}
+	p := &peerStream{conn: c, waiting: map[uint64]answerFunc{}, dead: make(chan struct{})}
 	if s.peers == nil {
 		s.peers = map[string]*peerStream{}
 	}
 	s.peers[addr] = p
-	go p.answers()
+	go p.answers(addr)
 	return p, nil
 }
 
-// answers reads the peer's answers until the stream ends.
-func (p *peerStream) answers() {
+// live is the open stream to addr, or nil when there is none (a send
+// that must dial first takes the slow path).
+func (s *Streams) live(addr string) *peerStream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.peers[addr]; p != nil {
+		select {
+		case <-p.dead:
+		default:
+			return p
+		}
+	}
+	return nil
+}
+
+// answers reads the peer's answers until the stream ends, and hands each
+// to its delivery's answerFunc right here: a waiting function's sidecar
+// answers it from this goroutine, with no hand-off to another.
+func (p *peerStream) answers(addr string) {
 	r := bufio.NewReader(p.conn)
 	var b [answerLen]byte
 	var err error
@@ -175,22 +223,70 @@ func (p *peerStream) answers() {
 		}
 		id := binary.LittleEndian.Uint64(b[:])
 		p.mu.Lock()
-		ch := p.waiting[id]
+		fn := p.waiting[id]
 		delete(p.waiting, id)
 		p.mu.Unlock()
-		if ch != nil {
-			ch <- Status(b[8])
+		if fn != nil {
+			fn(Status(b[8]), nil)
 		}
 	}
 	p.mu.Lock()
 	p.err = err
 	close(p.dead)
+	waiting := p.waiting
+	p.waiting = map[uint64]answerFunc{}
 	p.mu.Unlock()
 	p.conn.Close()
+	for _, fn := range waiting {
+		fn(0, fmt.Errorf("%w: %s: the stream ended before the answer", ErrUnreachable, addr))
+	}
 }
 
 // broken drops the stream: answers() sees it and closes dead.
 func (p *peerStream) broken() { p.conn.Close() }
+
+// send writes one message (body: data, or size bytes of file from its
+// start) and registers fn for its answer. fn is called once, from the
+// stream's reader, unless send returns an error or forget(id) returns
+// true.
+func (p *peerStream) send(auth string, m *Message, file *os.File, fn answerFunc) (uint64, error) {
+	p.mu.Lock()
+	select {
+	case <-p.dead:
+		p.mu.Unlock()
+		return 0, fmt.Errorf("%w: the stream ended", ErrUnreachable)
+	default:
+	}
+	p.nextID++
+	id := p.nextID
+	p.waiting[id] = fn
+	p.mu.Unlock()
+	w := wire{auth: auth, session: m.Session, group: m.Group, from: m.From, to: m.To, tag: m.Tag, seq: m.Seq, id: id, size: m.Size}
+	if file == nil {
+		w.size = uint64(len(m.Data))
+	}
+	p.wmu.Lock()
+	err := writeMessage(p.conn, &p.wbuf, &w, m.Data, file)
+	p.wmu.Unlock()
+	if err != nil {
+		p.broken()
+		if p.forget(id) {
+			return 0, fmt.Errorf("%w: %v", ErrUnreachable, err)
+		}
+		// The reader took it first: fn gets ErrUnreachable from there.
+	}
+	return id, nil
+}
+
+// forget drops a delivery's answerFunc: true when it had not been called
+// (and now will not be).
+func (p *peerStream) forget(id uint64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.waiting[id]
+	delete(p.waiting, id)
+	return ok
+}
 
 // Deliver sends one message (body: data, or size bytes of file from its
 // start) and waits for the receiver's answer.
@@ -199,37 +295,40 @@ func (s *Streams) Deliver(ctx context.Context, addr, auth string, m Message, fil
 	if err != nil {
 		return 0, err
 	}
-	ch := make(chan Status, 1)
-	p.mu.Lock()
-	p.nextID++
-	id := p.nextID
-	p.waiting[id] = ch
-	p.mu.Unlock()
-	w := wire{auth: auth, session: m.Session, group: m.Group, from: m.From, to: m.To, tag: m.Tag, seq: m.Seq, id: id, size: m.Size}
-	if file == nil {
-		w.size = uint64(len(m.Data))
+	type answer struct {
+		st  Status
+		err error
 	}
-	p.wmu.Lock()
-	err = writeMessage(p.conn, &w, m.Data, file)
-	p.wmu.Unlock()
+	ch := make(chan answer, 1)
+	id, err := p.send(auth, &m, file, func(st Status, err error) { ch <- answer{st, err} })
 	if err != nil {
-		p.broken()
-		return 0, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
+		return 0, fmt.Errorf("%s: %w", addr, err)
 	}
 	select {
-	case st := <-ch:
-		return st, nil
-	case <-p.dead:
-		return 0, fmt.Errorf("%w: %s: the stream ended before the answer", ErrUnreachable, addr)
+	case a := <-ch:
+		return a.st, a.err
 	case <-ctx.Done():
-		p.mu.Lock()
-		delete(p.waiting, id)
-		p.mu.Unlock()
+		if !p.forget(id) {
+			a := <-ch
+			return a.st, a.err
+		}
 		return 0, ctx.Err()
 	}
 }
 
-func writeMessage(c net.Conn, w *wire, data []byte, file *os.File) error {
+// joinMax bounds the bodies copied behind their header into one write
+// (larger ones go out with writev, or sendfile from their file).
+const joinMax = 4 << 10
+
+// writeMessage writes a message; buf is the stream's scratch buffer
+// (under its write lock), grown as needed.
+func writeMessage(c net.Conn, buf *[]byte, w *wire, data []byte, file *os.File) error {
+	if file == nil && len(data) <= joinMax {
+		b := append(w.appendHeader((*buf)[:0]), data...)
+		*buf = b
+		_, err := c.Write(b)
+		return err
+	}
 	h := w.header()
 	if file == nil {
 		bufs := net.Buffers{h, data}
@@ -270,6 +369,7 @@ func (r *Router) ServeStream(c net.Conn) {
 		_ = tc.SetNoDelay(true)
 	}
 	br := bufio.NewReaderSize(c, 64<<10)
+	var hr headerReader
 	var wmu sync.Mutex
 	answer := func(id uint64, st Status) {
 		var b [answerLen]byte
@@ -279,9 +379,9 @@ func (r *Router) ServeStream(c net.Conn) {
 		_, _ = c.Write(b[:])
 		wmu.Unlock()
 	}
-	authOK := map[string]time.Time{} // this stream's checked authenticators
+	authOK := map[authID]time.Time{} // this stream's checked authenticators
 	for {
-		w, err := readHeader(br)
+		w, err := hr.read(br)
 		if err != nil {
 			return
 		}
@@ -306,11 +406,14 @@ func (r *Router) ServeStream(c net.Conn) {
 	}
 }
 
+// authID is an authenticator checked for a group.
+type authID struct{ auth, session, group string }
+
 // check opens a message's authenticator (once per stream and token).
-func (r *Router) check(ok map[string]time.Time, w *wire) Status {
-	key := authKey(w.session, w.group)
+func (r *Router) check(ok map[authID]time.Time, w *wire) Status {
+	id := authID{w.auth, w.session, w.group}
 	now := r.now()
-	if exp, seen := ok[w.auth+"\x00"+key]; seen && now.Before(exp) {
+	if exp, seen := ok[id]; seen && now.Before(exp) {
 		return Queued
 	}
 	kr := r.cfg.Keys()
@@ -318,14 +421,14 @@ func (r *Router) check(ok map[string]time.Time, w *wire) Status {
 		return NotHere
 	}
 	rec, err := kr.Open(w.auth, now)
-	if err != nil || rec.Key != key {
+	if err != nil || rec.Key != authKey(w.session, w.group) {
 		refusedForeign.Inc()
 		return Foreign
 	}
 	if len(ok) > 1024 {
 		clear(ok)
 	}
-	ok[w.auth+"\x00"+key] = rec.Expires
+	ok[id] = rec.Expires
 	return Queued
 }
 

@@ -12,10 +12,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -71,6 +73,9 @@ type WorkflowSink interface {
 // Reconcile brings a Workflow's children in line with its spec.
 func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
 	wf := &v1alpha1.Workflow{}
+	if s, ok := r.sharded(); ok && !s.Owns(req.NamespacedName) {
+		return ctrl.Result{}, nil // another replica's bucket: its owner reconciles it
+	}
 	if err := r.Get(ctx, req.NamespacedName, wf); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -86,6 +91,7 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 	// Status is patched once, at the end, whatever happened in between.
 	before := wf.DeepCopy()
 	wasReady := readyStatus(wf.Status.Conditions)
+	r.setEngineStatus(wf)
 	defer func() {
 		wf.Status.ObservedGeneration = wf.Generation
 		if err := r.Status().Patch(ctx, wf, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
@@ -204,6 +210,10 @@ func (r *WorkflowReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&v1alpha1.Bucket{}).
 		Owns(&v1alpha1.Trigger{}, builder.WithPredicates(childSpecChanged)).
 		Named("workflow")
+	if _, ok := r.sharded(); ok {
+		// Every replica reconciles the workflows of its own buckets.
+		b = b.WithOptions(controller.Options{NeedLeaderElection: ptr.To(false)})
+	}
 	if r.Sink != nil {
 		b = b.WatchesRawSource(source.Channel(r.Sink.Changes(), &handler.TypedEnqueueRequestForObject[*v1alpha1.Workflow]{}))
 	}

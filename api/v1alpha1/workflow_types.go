@@ -216,6 +216,20 @@ type WorkflowStatus struct {
 	// Functions is the number of functions deployed.
 	// +optional
 	Functions int32 `json:"functions,omitempty"`
+	// Engine is where the workflow's trigger engine runs when the engine
+	// is sharded across operator replicas (docs/sharding.md); absent with
+	// a single unsharded engine.
+	// +optional
+	Engine *WorkflowEngine `json:"engine,omitempty"`
+}
+
+// WorkflowEngine names the engine bucket a workflow hashes to and the
+// operator replica that owns that bucket.
+type WorkflowEngine struct {
+	// Bucket is the bucket's name (also its Lease's).
+	Bucket string `json:"bucket"`
+	// Owner is the identity (pod IP) of the replica holding the bucket.
+	Owner string `json:"owner"`
 }
 
 // Workflow owns a set of functions (one Knative Service each) and the Buckets
@@ -229,6 +243,7 @@ type WorkflowStatus struct {
 // +kubebuilder:printcolumn:name="Active",type=integer,JSONPath=`.status.sessions.active`
 // +kubebuilder:printcolumn:name="Completed",type=integer,JSONPath=`.status.sessions.completed`
 // +kubebuilder:printcolumn:name="Failed",type=integer,JSONPath=`.status.sessions.failed`,priority=1
+// +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.status.engine.owner`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 28",message="metadata.name must be a DNS label of at most 28 characters, so that <workflow>-<function> is a valid Knative Service name"
 type Workflow struct {

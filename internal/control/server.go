@@ -93,7 +93,10 @@ type Server struct {
 	// StreamGrace is how long a pod whose stream ended has to reconnect
 	// before its group members are announced gone (DefaultStreamGrace).
 	StreamGrace time.Duration
-	groupsOnce  sync.Once
+	// Route, when set, sends a sidecar whose workflow another operator
+	// replica owns there (route.go); nil serves every stream here.
+	Route      Router
+	groupsOnce sync.Once
 
 	mu       sync.RWMutex
 	conns    map[*conn]struct{}
@@ -111,6 +114,11 @@ type conn struct {
 	once    sync.Once
 	acked   atomic.Uint64 // highest seq processed
 	ackWake chan struct{}
+	// moved is closed (once, with redirect set) when the stream's bucket
+	// moved away (Server.Moved): the sender sends redirect and ends it.
+	moved    chan struct{}
+	moveOnce sync.Once
+	redirect *controlv1.Redirect
 }
 
 func (c *conn) close() { c.once.Do(func() { close(c.gone) }) }
@@ -194,6 +202,10 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 		out:     make(chan *controlv1.OperatorMessage, 256),
 		gone:    make(chan struct{}),
 		ackWake: make(chan struct{}, 1),
+		moved:   make(chan struct{}),
+	}
+	if done, err := s.route(ctx, stream, c.id); done {
+		return err
 	}
 	keys, err := s.keys.Keys(ctx, caller.Namespace)
 	if err != nil {
@@ -259,6 +271,14 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 					}
 					sentAck = seq
 				}
+			case <-c.moved:
+				if err := stream.Send(&controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Redirect{Redirect: c.redirect}}); err != nil {
+					sendErr <- err
+				} else {
+					sendErr <- movedErr(c)
+				}
+				c.close()
+				return
 			case <-c.gone:
 				return
 			case <-ctx.Done():
@@ -299,6 +319,11 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	case err := <-sendErr:
 		return err
 	case <-c.gone:
+		select {
+		case <-c.moved:
+			return movedErr(c)
+		default:
+		}
 		return status.Error(codes.ResourceExhausted, "sidecar did not keep up with operator commands; reconnect")
 	case <-expired:
 		return status.Errorf(codes.Unauthenticated, "the stream's token expired at %s: reconnect with the current token",
@@ -344,6 +369,10 @@ func (s *Server) dispatch(ctx context.Context, c *conn, m *controlv1.SidecarMess
 		return status.Error(codes.InvalidArgument, "Hello may only be sent once, first")
 	default:
 		return status.Errorf(codes.InvalidArgument, "unknown sidecar message %T", m.Msg)
+	}
+	if errors.Is(err, ErrMoved) {
+		// Not acknowledged: the sidecar sends it again to the owner.
+		return status.Errorf(codes.Unavailable, "event from %s/%s: %v: reconnect", id.Namespace, id.Pod, err)
 	}
 	if err != nil {
 		// One event the engine rejects (an unknown bucket, a session already

@@ -104,7 +104,11 @@ func (c *Client) Connected() bool {
 	return c.connected
 }
 
-// Run keeps a stream to the operator until ctx ends.
+// Run keeps a stream to the operator until ctx ends. An operator replica
+// that does not own the pod's workflow answers with a Redirect to the one
+// that does (docs/sharding.md): the client reconnects there at once, with
+// the same token, and goes back to addr (the control Service) when that
+// stream ends.
 func (c *Client) Run(ctx context.Context) error {
 	if c.token == nil {
 		return errors.New("controlclient: no service-account token source: the operator refuses unauthenticated streams")
@@ -114,7 +118,14 @@ func (c *Client) Run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	cl := controlv1.NewControlClient(conn)
+	home := controlv1.NewControlClient(conn)
+	var away *grpc.ClientConn // the connection to a redirect's address
+	defer func() {
+		if away != nil {
+			_ = away.Close()
+		}
+	}()
+	cl, hops := home, 0
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		start := time.Now()
@@ -122,6 +133,26 @@ func (c *Client) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if away != nil {
+			_ = away.Close()
+			away = nil
+		}
+		cl = home
+		if time.Since(start) > 10*time.Second {
+			hops = 0 // it was up for a while: this is a new move
+		}
+		var rd *redirected
+		if errors.As(err, &rd) && hops < maxRedirects {
+			hops++
+			if rd.addr == "" {
+				continue // the bucket is moving: ask the control Service again
+			}
+			if away, err = grpc.NewClient(rd.addr, c.opts...); err == nil {
+				cl = controlv1.NewControlClient(away)
+				continue
+			}
+		}
+		hops = 0
 		if time.Since(start) > 10*time.Second {
 			backoff = 100 * time.Millisecond // it was up for a while: retry fast
 		}
@@ -140,6 +171,17 @@ func (c *Client) Run(ctx context.Context) error {
 	return nil
 }
 
+// maxRedirects is how many redirects in a row are followed before backing
+// off (a bucket changing owners as the sidecar follows it).
+const maxRedirects = 4
+
+// redirected ends a stream the operator redirected.
+type redirected struct{ addr, bucket string }
+
+func (r *redirected) Error() string {
+	return fmt.Sprintf("the operator redirected the stream to %q (bucket %s)", r.addr, r.bucket)
+}
+
 // stream runs one connection: Hello, then events out and commands in.
 func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 	sctx, cancel := context.WithCancel(ctx)
@@ -150,9 +192,12 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 	}
 	if err := st.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_Hello{Hello: c.hello}}); err != nil {
 		if errors.Is(err, io.EOF) {
-			// The operator ended the stream (e.g. refused the token): its
-			// status is what Recv returns.
-			_, err = st.Recv()
+			// The operator ended the stream (e.g. refused the token, or
+			// redirected it): its status is what Recv returns.
+			var m *controlv1.OperatorMessage
+			if m, err = st.Recv(); err == nil && m.GetRedirect() != nil {
+				return &redirected{addr: m.GetRedirect().Address, bucket: m.GetRedirect().Bucket}
+			}
 		}
 		return err
 	}
@@ -162,6 +207,10 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 			m, err := st.Recv()
 			if err != nil {
 				recvErr <- err
+				return
+			}
+			if rd := m.GetRedirect(); rd != nil {
+				recvErr <- &redirected{addr: rd.Address, bucket: rd.Bucket}
 				return
 			}
 			c.handle(m)

@@ -62,12 +62,25 @@ var (
 	ErrLengthRequired = errors.New("input length required")
 	// ErrResultGone: the result object is no longer held anywhere.
 	ErrResultGone = errors.New("result no longer available")
+	// ErrEngineMoving: the workflow's engine bucket is changing owners
+	// (docs/sharding.md); retry in a moment.
+	ErrEngineMoving = errors.New("the workflow's engine is moving to another operator replica")
 )
+
+// SessionStore is where the gateway finds sessions: the engine's registry
+// (*sessions.Registry), or the sharded engine's registries of the buckets
+// this replica owns.
+type SessionStore interface {
+	Get(id string) (sessions.Session, error)
+	List(namespace, workflow string) []sessions.Session
+	Wait(ctx context.Context, id string) (sessions.Session, error)
+	Watch(id string) (sessions.Session, <-chan struct{}, error)
+}
 
 // Handler serves the API.
 type Handler struct {
 	Starter  Starter
-	Sessions *sessions.Registry
+	Sessions SessionStore
 	Results  ResultReader
 	// Auth authenticates and authorizes every request; nil refuses every
 	// request (the gateway never runs open).
@@ -77,7 +90,10 @@ type Handler struct {
 	// Calibration gives the shuffle planner (plan.go) the installation's
 	// calibration; nil plans with the built-in defaults.
 	Calibration CalibrationSource
-	mux         *http.ServeMux
+	// Owners, when set, send requests about workflows another operator
+	// replica serves to that replica (proxy.go).
+	Owners Owners
+	mux    *http.ServeMux
 }
 
 // New wires the routes.
@@ -101,7 +117,12 @@ func New(h *Handler) *Handler {
 	return h
 }
 
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.routed(w, r) {
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
 
 // allow authorizes a request, answering it when refused.
 func (h *Handler) allow(ctx context.Context, token string, a Attributes) error {
@@ -194,7 +215,7 @@ func startStatus(err error) int {
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrLengthRequired):
 		return http.StatusLengthRequired
-	case errors.Is(err, ErrInputsFull):
+	case errors.Is(err, ErrInputsFull), errors.Is(err, ErrEngineMoving):
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError

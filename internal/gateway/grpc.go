@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -31,6 +32,12 @@ const resultChunk = 256 << 10
 type GRPC struct {
 	gatewayv1.UnimplementedGatewayServer
 	H *Handler
+	// Owners, when set, forward calls about workflows another operator
+	// replica serves to its gRPC gateway (grpcproxy.go).
+	Owners Owners
+
+	connsMu sync.Mutex
+	conns   map[string]*grpc.ClientConn
 }
 
 // ServerOptions are the grpc.Server options the gateway needs: inputs up
@@ -38,7 +45,8 @@ type GRPC struct {
 // without a bearer token is refused before its message is read (so nobody
 // anonymous makes the server take in such messages).
 func (g *GRPC) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(int(g.H.MaxInput) + 1<<20), grpc.InTapHandle(requireBearer)}
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(int(g.H.MaxInput) + 1<<20), grpc.InTapHandle(requireBearer),
+		grpc.UnaryInterceptor(g.unaryRoute), grpc.StreamInterceptor(g.streamRoute)}
 }
 
 // requireBearer runs before a call's message is read.

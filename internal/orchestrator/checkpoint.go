@@ -51,6 +51,9 @@ func (o *Orchestrator) restore(ctx context.Context) error {
 		return nil
 	}
 	data, gen, found, err := o.opts.Checkpoint.Load(ctx)
+	if base := o.opts.Generation << 32; err == nil && o.gen < base {
+		o.gen = base
+	}
 	if err != nil || !found {
 		return err
 	}
@@ -71,7 +74,7 @@ func (o *Orchestrator) restore(ctx context.Context) error {
 	}
 	o.sessions.Import(st.Sessions)
 	o.counts.restore(st.Triggers)
-	o.gen = gen
+	o.gen = max(gen, o.opts.Generation<<32)
 	o.opts.Log.Info("restored checkpoint", "generation", gen, "sessions", len(st.Engine.Sessions))
 	return nil
 }

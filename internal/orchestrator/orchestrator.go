@@ -59,6 +59,16 @@ type Options struct {
 	// pods for its result, held by reference, to be read; reading it whole
 	// frees them at once. Default 10m (the sidecars' object TTL).
 	ResultHold time.Duration
+	// Generation fences this orchestrator's checkpoints: they are written
+	// at generations above Generation<<32 (a sharded bucket's Lease
+	// transitions, so a later owner outranks every earlier one).
+	Generation int64
+	// Claim saves a checkpoint at once after restoring it, before serving:
+	// a previous owner's late save is refused from then on.
+	Claim bool
+	// OnStarted is called once the checkpoint is restored (and claimed),
+	// before the clock starts.
+	OnStarted func()
 }
 
 // Orchestrator connects the engine to the rest of the operator.
@@ -95,6 +105,11 @@ type Orchestrator struct {
 	// counts are the triggers' firings and re-executions, for their
 	// child Triggers' status (TriggerCounts).
 	counts *triggerCounts
+
+	// runCtx is Run's context: an invocation that failed because it ended
+	// is lost with this orchestrator, not failed (its next owner
+	// re-executes it per the re-execution rules).
+	runCtx context.Context
 }
 
 type workflowInfo struct {
@@ -148,8 +163,17 @@ func (o *Orchestrator) Engine() *engine.Engine { return o.engine }
 // Run restores the last checkpoint, then drives the clock, the dispatcher
 // and checkpoints until ctx ends.
 func (o *Orchestrator) Run(ctx context.Context) error {
+	o.runCtx = ctx
 	if err := o.restore(ctx); err != nil {
 		return err
+	}
+	if o.opts.Claim && o.opts.Checkpoint != nil {
+		if err := o.save(ctx); err != nil {
+			return fmt.Errorf("orchestrator: claim the checkpoint: %w", err)
+		}
+	}
+	if o.opts.OnStarted != nil {
+		o.opts.OnStarted()
 	}
 	o.dispatcher.Start(ctx)
 	go o.feed(ctx)
@@ -398,6 +422,9 @@ func (o *Orchestrator) onResult(res dispatch.Result) {
 	key := Key(env.Namespace, env.Workflow)
 	fn := strings.TrimPrefix(env.Function, env.Workflow+"-")
 	now := o.opts.Now()
+	if res.Err != nil && o.runCtx != nil && o.runCtx.Err() != nil {
+		return // stopping: its response is lost with this orchestrator, as in a crash
+	}
 	if res.Err != nil {
 		o.invocationFailed(key, env, fn, res.Err, now)
 		return

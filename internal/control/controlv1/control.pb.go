@@ -765,6 +765,7 @@ type OperatorMessage struct {
 	//	*OperatorMessage_Tiers
 	//	*OperatorMessage_GroupView
 	//	*OperatorMessage_GroupJoinResult
+	//	*OperatorMessage_Redirect
 	Msg           isOperatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -879,6 +880,15 @@ func (x *OperatorMessage) GetGroupJoinResult() *GroupJoinResult {
 	return nil
 }
 
+func (x *OperatorMessage) GetRedirect() *Redirect {
+	if x != nil {
+		if x, ok := x.Msg.(*OperatorMessage_Redirect); ok {
+			return x.Redirect
+		}
+	}
+	return nil
+}
+
 type isOperatorMessage_Msg interface {
 	isOperatorMessage_Msg()
 }
@@ -915,6 +925,10 @@ type OperatorMessage_GroupJoinResult struct {
 	GroupJoinResult *GroupJoinResult `protobuf:"bytes,8,opt,name=group_join_result,json=groupJoinResult,proto3,oneof"`
 }
 
+type OperatorMessage_Redirect struct {
+	Redirect *Redirect `protobuf:"bytes,9,opt,name=redirect,proto3,oneof"`
+}
+
 func (*OperatorMessage_Keys) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Drop) isOperatorMessage_Msg() {}
@@ -931,6 +945,65 @@ func (*OperatorMessage_GroupView) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_GroupJoinResult) isOperatorMessage_Msg() {}
 
+func (*OperatorMessage_Redirect) isOperatorMessage_Msg() {}
+
+// Redirect tells an authenticated sidecar that another operator replica
+// owns its workflow's bucket (docs/sharding.md): the operator ends the
+// stream after it, and the sidecar reconnects to address (host:port) with
+// the same token, resending its unacknowledged events. address is empty
+// when the bucket is moving: reconnect to the control Service.
+type Redirect struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Redirect) Reset() {
+	*x = Redirect{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Redirect) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Redirect) ProtoMessage() {}
+
+func (x *Redirect) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
+func (*Redirect) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Redirect) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Redirect) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
 // GroupJoinResult answers a GroupJoin: error empty when the rank is this
 // pod's now; else code (a google.rpc.Code) and why.
 type GroupJoinResult struct {
@@ -944,7 +1017,7 @@ type GroupJoinResult struct {
 
 func (x *GroupJoinResult) Reset() {
 	*x = GroupJoinResult{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1029,7 @@ func (x *GroupJoinResult) String() string {
 func (*GroupJoinResult) ProtoMessage() {}
 
 func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1042,7 @@ func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupJoinResult.ProtoReflect.Descriptor instead.
 func (*GroupJoinResult) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GroupJoinResult) GetJoinId() string {
@@ -1011,7 +1084,7 @@ type GroupView struct {
 
 func (x *GroupView) Reset() {
 	*x = GroupView{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1096,7 @@ func (x *GroupView) String() string {
 func (*GroupView) ProtoMessage() {}
 
 func (x *GroupView) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1109,7 @@ func (x *GroupView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupView.ProtoReflect.Descriptor instead.
 func (*GroupView) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GroupView) GetSession() string {
@@ -1100,7 +1173,7 @@ type GroupMember struct {
 
 func (x *GroupMember) Reset() {
 	*x = GroupMember{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1185,7 @@ func (x *GroupMember) String() string {
 func (*GroupMember) ProtoMessage() {}
 
 func (x *GroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1198,7 @@ func (x *GroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
 func (*GroupMember) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GroupMember) GetRank() uint32 {
@@ -1177,7 +1250,7 @@ type Tiers struct {
 
 func (x *Tiers) Reset() {
 	*x = Tiers{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1262,7 @@ func (x *Tiers) String() string {
 func (*Tiers) ProtoMessage() {}
 
 func (x *Tiers) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1275,7 @@ func (x *Tiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tiers.ProtoReflect.Descriptor instead.
 func (*Tiers) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Tiers) GetRedisAddr() string {
@@ -1269,7 +1342,7 @@ type Rejected struct {
 
 func (x *Rejected) Reset() {
 	*x = Rejected{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1354,7 @@ func (x *Rejected) String() string {
 func (*Rejected) ProtoMessage() {}
 
 func (x *Rejected) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1367,7 @@ func (x *Rejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejected.ProtoReflect.Descriptor instead.
 func (*Rejected) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Rejected) GetSeq() uint64 {
@@ -1328,7 +1401,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1413,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1426,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1375,7 +1448,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1460,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1473,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Keys) GetKeys() []*Key {
@@ -1427,7 +1500,7 @@ type Key struct {
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1512,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1525,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Key) GetId() string {
@@ -1480,7 +1553,7 @@ type DropObjects struct {
 
 func (x *DropObjects) Reset() {
 	*x = DropObjects{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +1565,7 @@ func (x *DropObjects) String() string {
 func (*DropObjects) ProtoMessage() {}
 
 func (x *DropObjects) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +1578,7 @@ func (x *DropObjects) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropObjects.ProtoReflect.Descriptor instead.
 func (*DropObjects) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DropObjects) GetSession() string {
@@ -1533,7 +1606,7 @@ type KeepAlive struct {
 
 func (x *KeepAlive) Reset() {
 	*x = KeepAlive{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1618,7 @@ func (x *KeepAlive) String() string {
 func (*KeepAlive) ProtoMessage() {}
 
 func (x *KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1631,7 @@ func (x *KeepAlive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAlive.ProtoReflect.Descriptor instead.
 func (*KeepAlive) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *KeepAlive) GetRefs() []string {
@@ -1640,7 +1713,7 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
 	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x16\n" +
-	"\x06failed\x18\x04 \x01(\bR\x06failed\"\xf6\x03\n" +
+	"\x06failed\x18\x04 \x01(\bR\x06failed\"\xb3\x04\n" +
 	"\x0fOperatorMessage\x12/\n" +
 	"\x04keys\x18\x01 \x01(\v2\x19.ziptrail.control.v1.KeysH\x00R\x04keys\x126\n" +
 	"\x04drop\x18\x02 \x01(\v2 .ziptrail.control.v1.DropObjectsH\x00R\x04drop\x12?\n" +
@@ -1651,8 +1724,12 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\x05tiers\x18\x06 \x01(\v2\x1a.ziptrail.control.v1.TiersH\x00R\x05tiers\x12?\n" +
 	"\n" +
 	"group_view\x18\a \x01(\v2\x1e.ziptrail.control.v1.GroupViewH\x00R\tgroupView\x12R\n" +
-	"\x11group_join_result\x18\b \x01(\v2$.ziptrail.control.v1.GroupJoinResultH\x00R\x0fgroupJoinResultB\x05\n" +
-	"\x03msg\"T\n" +
+	"\x11group_join_result\x18\b \x01(\v2$.ziptrail.control.v1.GroupJoinResultH\x00R\x0fgroupJoinResult\x12;\n" +
+	"\bredirect\x18\t \x01(\v2\x1d.ziptrail.control.v1.RedirectH\x00R\bredirectB\x05\n" +
+	"\x03msg\"<\n" +
+	"\bRedirect\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\"T\n" +
 	"\x0fGroupJoinResult\x12\x17\n" +
 	"\ajoin_id\x18\x01 \x01(\tR\x06joinId\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
@@ -1714,7 +1791,7 @@ func file_ziptrail_control_v1_control_proto_rawDescGZIP() []byte {
 	return file_ziptrail_control_v1_control_proto_rawDescData
 }
 
-var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*GetKeysRequest)(nil),   // 0: ziptrail.control.v1.GetKeysRequest
 	(*SidecarMessage)(nil),   // 1: ziptrail.control.v1.SidecarMessage
@@ -1725,17 +1802,18 @@ var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*GroupJoin)(nil),        // 6: ziptrail.control.v1.GroupJoin
 	(*GroupLeave)(nil),       // 7: ziptrail.control.v1.GroupLeave
 	(*OperatorMessage)(nil),  // 8: ziptrail.control.v1.OperatorMessage
-	(*GroupJoinResult)(nil),  // 9: ziptrail.control.v1.GroupJoinResult
-	(*GroupView)(nil),        // 10: ziptrail.control.v1.GroupView
-	(*GroupMember)(nil),      // 11: ziptrail.control.v1.GroupMember
-	(*Tiers)(nil),            // 12: ziptrail.control.v1.Tiers
-	(*Rejected)(nil),         // 13: ziptrail.control.v1.Rejected
-	(*Ack)(nil),              // 14: ziptrail.control.v1.Ack
-	(*Keys)(nil),             // 15: ziptrail.control.v1.Keys
-	(*Key)(nil),              // 16: ziptrail.control.v1.Key
-	(*DropObjects)(nil),      // 17: ziptrail.control.v1.DropObjects
-	(*KeepAlive)(nil),        // 18: ziptrail.control.v1.KeepAlive
-	nil,                      // 19: ziptrail.control.v1.ObjectReady.MetadataEntry
+	(*Redirect)(nil),         // 9: ziptrail.control.v1.Redirect
+	(*GroupJoinResult)(nil),  // 10: ziptrail.control.v1.GroupJoinResult
+	(*GroupView)(nil),        // 11: ziptrail.control.v1.GroupView
+	(*GroupMember)(nil),      // 12: ziptrail.control.v1.GroupMember
+	(*Tiers)(nil),            // 13: ziptrail.control.v1.Tiers
+	(*Rejected)(nil),         // 14: ziptrail.control.v1.Rejected
+	(*Ack)(nil),              // 15: ziptrail.control.v1.Ack
+	(*Keys)(nil),             // 16: ziptrail.control.v1.Keys
+	(*Key)(nil),              // 17: ziptrail.control.v1.Key
+	(*DropObjects)(nil),      // 18: ziptrail.control.v1.DropObjects
+	(*KeepAlive)(nil),        // 19: ziptrail.control.v1.KeepAlive
+	nil,                      // 20: ziptrail.control.v1.ObjectReady.MetadataEntry
 }
 var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	2,  // 0: ziptrail.control.v1.SidecarMessage.hello:type_name -> ziptrail.control.v1.Hello
@@ -1744,26 +1822,27 @@ var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	5,  // 3: ziptrail.control.v1.SidecarMessage.function_finished:type_name -> ziptrail.control.v1.FunctionFinished
 	6,  // 4: ziptrail.control.v1.SidecarMessage.group_join:type_name -> ziptrail.control.v1.GroupJoin
 	7,  // 5: ziptrail.control.v1.SidecarMessage.group_leave:type_name -> ziptrail.control.v1.GroupLeave
-	19, // 6: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
-	15, // 7: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
-	17, // 8: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
-	18, // 9: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
-	14, // 10: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
-	13, // 11: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
-	12, // 12: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
-	10, // 13: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
-	9,  // 14: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
-	11, // 15: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
-	16, // 16: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
-	1,  // 17: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
-	0,  // 18: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
-	8,  // 19: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
-	15, // 20: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
-	19, // [19:21] is the sub-list for method output_type
-	17, // [17:19] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	20, // 6: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
+	16, // 7: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
+	18, // 8: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
+	19, // 9: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
+	15, // 10: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
+	14, // 11: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
+	13, // 12: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
+	11, // 13: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
+	10, // 14: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
+	9,  // 15: ziptrail.control.v1.OperatorMessage.redirect:type_name -> ziptrail.control.v1.Redirect
+	12, // 16: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
+	17, // 17: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
+	1,  // 18: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
+	0,  // 19: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
+	8,  // 20: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
+	16, // 21: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
+	20, // [20:22] is the sub-list for method output_type
+	18, // [18:20] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_ziptrail_control_v1_control_proto_init() }
@@ -1789,6 +1868,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 		(*OperatorMessage_Tiers)(nil),
 		(*OperatorMessage_GroupView)(nil),
 		(*OperatorMessage_GroupJoinResult)(nil),
+		(*OperatorMessage_Redirect)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1796,7 +1876,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ziptrail_control_v1_control_proto_rawDesc), len(file_ziptrail_control_v1_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,293 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
+)
+
+// TestShardedFailover runs 3 operator replicas (each its reconcilers, its
+// Knative bucket elections and its sharded engine) on one envtest API
+// server and one redis-server, with workflows in every one of 6 buckets.
+// Once the buckets have spread (2 each), a fan-in session runs on the
+// victim workflow; while one of its branches is in flight the replica
+// owning its bucket is stopped. Another replica takes the bucket over from
+// its checkpoint, re-executes the lost branch per the workflow's rule, and
+// the session completes with every trigger fired exactly once (the child
+// Triggers' status counters). Meanwhile the other replicas' sessions keep
+// completing and their buckets never move.
+func TestShardedFailover(t *testing.T) {
+	const ns, buckets = "shard-test", 6
+	fns := &testservers.Functions{}
+	c := newShardedCluster(t, fns, buckets, ns)
+
+	// One workflow per bucket: the victim ("v-*", a fan-in) and chains.
+	probe := c.set("probe")
+	byBucket := map[string]string{}
+	for i := 0; len(byBucket) < buckets; i++ {
+		name := fmt.Sprintf("w%d", i)
+		if b := probe.BucketOf(ns, name); byBucket[b] == "" {
+			byBucket[b] = name
+		}
+	}
+	var names []string
+	for _, n := range byBucket {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+
+	var joins, cCalls atomic.Int32
+	killed := make(chan struct{})
+	cStarted := make(chan struct{}, 8)
+	held := make(chan struct{}) // the first c: its response is lost with its replica
+	for _, name := range names {
+		fns.Add(t, name+"-split", ziptrail.FunctionHandler(func(ctx context.Context, _ *ziptrail.Invocation) ([]byte, error) {
+			return nil, sendAll(ctx, "to-a", "x", "in", "to-b", "x", "in", "to-c", "x", "in")
+		}))
+		for _, p := range []string{"a", "b", "c"} {
+			fns.Add(t, name+"-"+p, ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+				if p == "c" && strings.HasPrefix(inv.Session, names[0]+"-") {
+					if cCalls.Add(1) == 1 {
+						cStarted <- struct{}{}
+						<-held
+					} else {
+						<-killed // a re-execution by the doomed replica is lost too
+					}
+				}
+				return nil, ziptrail.SendObject(ctx, "parts", p, []byte("in|"+p), nil)
+			}))
+		}
+		fns.Add(t, name+"-join", ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+			if strings.HasPrefix(inv.Session, names[0]+"-") {
+				joins.Add(1)
+			}
+			return nil, ziptrail.SendObject(ctx, "output", "result", []byte(strings.Join(inputs(inv), " + ")), nil)
+		}))
+	}
+	var closeOnce sync.Once
+	t.Cleanup(func() { close(held); closeOnce.Do(func() { close(killed) }) }) // before the function servers close
+
+	begin := make(chan struct{})
+	var live []*replica
+	for i := range 3 {
+		live = append(live, c.start(fmt.Sprintf("replica-%d", i), begin))
+	}
+	close(begin)
+	c.settled(live...)
+
+	ctx := context.Background()
+	imm := func(name, target string) v1alpha1.NamedTrigger {
+		return v1alpha1.NamedTrigger{Name: name, Spec: v1alpha1.TriggerSpec{Bucket: name, Primitive: v1alpha1.Immediate, Targets: []string{target}}}
+	}
+	for _, name := range names {
+		wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: v1alpha1.WorkflowSpec{Entry: "split", SessionDeadline: &metav1.Duration{Duration: 2 * time.Minute},
+				Functions: []v1alpha1.FunctionSpec{{Name: "split", Image: "example.com/f"}, {Name: "a", Image: "example.com/f"},
+					{Name: "b", Image: "example.com/f"}, {Name: "c", Image: "example.com/f"}, {Name: "join", Image: "example.com/f"}},
+				Triggers: []v1alpha1.NamedTrigger{imm("to-a", "a"), imm("to-b", "b"), imm("to-c", "c"),
+					{Name: "join", Spec: v1alpha1.TriggerSpec{Bucket: "parts", Primitive: v1alpha1.BySet, BySet: &v1alpha1.BySetParams{Keys: []string{"a", "b", "c"}},
+						Targets:     []string{"join"},
+						Reexecution: []v1alpha1.ReexecutionRule{{SourceFunction: "c", Timeout: metav1.Duration{Duration: time.Second}, MaxAttempts: 3}}}}},
+				Buckets: []v1alpha1.NamedBucket{{Name: "to-a"}, {Name: "to-b"}, {Name: "to-c"}, {Name: "parts"}},
+			}}
+		if err := c.k8s.Create(ctx, wf); err != nil {
+			t.Fatal(err)
+		}
+		c.makeReady(ctx, wf)
+	}
+	victim := names[0]
+	start := func(name string) (*replica, string, error) {
+		r := c.owner(ns, name)
+		if r == nil {
+			return nil, "", fmt.Errorf("no replica serves %s", name)
+		}
+		id, err := r.engine.StartSession(ctx, ns, name, []byte("in"))
+		return r, id, err
+	}
+	for _, name := range names[1:] {
+		var last error
+		defer func() {
+			if last != nil {
+				t.Logf("%s: %v", name, last)
+			}
+		}()
+		waitForLong(t, 60*time.Second, name+" to take sessions", func() bool {
+			_, _, last = start(name)
+			return last == nil
+		})
+	}
+	var owner *replica
+	var id string
+	waitForLong(t, 60*time.Second, victim+" to take sessions", func() bool {
+		var err error
+		owner, id, err = start(victim)
+		return err == nil
+	})
+	<-cStarted
+	// a and b are done (3 fan-out objects + 2 parts), and checkpointed.
+	waitForLong(t, 30*time.Second, "a and b", func() bool { s, _ := owner.engine.Sessions().Get(id); return s.Objects >= 5 })
+	time.Sleep(100 * time.Millisecond) // several checkpoints (every 20ms) later
+
+	// The other replicas' sessions run on, one after another, through the
+	// failover: none of their buckets may move, none of them may stall.
+	var others []*replica
+	var otherWfs []string
+	for _, r := range live {
+		if r != owner {
+			others = append(others, r)
+		}
+	}
+	for _, name := range names[1:] {
+		if r := c.owner(ns, name); r != nil && r != owner {
+			otherWfs = append(otherWfs, name)
+		}
+	}
+	if len(otherWfs) == 0 {
+		t.Fatalf("no workflow is served by a replica other than %s: buckets did not spread", owner.id)
+	}
+	stopLoad := make(chan struct{})
+	var loadWg sync.WaitGroup
+	var loadMu sync.Mutex
+	var completions []time.Time
+	var loadErrs []string
+	for _, name := range otherWfs {
+		loadWg.Add(1)
+		go func() {
+			defer loadWg.Done()
+			for {
+				select {
+				case <-stopLoad:
+					return
+				default:
+				}
+				r, sid, err := start(name)
+				if err == nil {
+					wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					var s sessions.Session
+					s, err = r.engine.Sessions().Wait(wctx, sid)
+					cancel()
+					if err == nil && s.State != sessions.Completed {
+						err = fmt.Errorf("%s: %s %s", sid, s.State, s.Error)
+					}
+				}
+				loadMu.Lock()
+				if err != nil {
+					loadErrs = append(loadErrs, fmt.Sprintf("%s: %v", name, err))
+				} else {
+					completions = append(completions, time.Now())
+				}
+				loadMu.Unlock()
+			}
+		}()
+	}
+	waitForLong(t, 30*time.Second, "the other replicas' sessions to run", func() bool {
+		loadMu.Lock()
+		defer loadMu.Unlock()
+		return len(completions) >= 3
+	})
+
+	killedAt := time.Now()
+	victimBucket := probe.BucketOf(ns, victim)
+	owner.stop()
+	closeOnce.Do(func() { close(killed) })
+	var heir *replica
+	waitForLong(t, 60*time.Second, "another replica to serve "+victim, func() bool { heir = c.owner(ns, victim); return heir != nil })
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	s, err := heir.engine.Sessions().Wait(wctx, id)
+	if err != nil {
+		t.Fatalf("session %s on %s: %v", id, heir.id, err)
+	}
+	takenAt := time.Now()
+	if s.State != sessions.Completed {
+		t.Fatalf("session %s: %s %s", id, s.State, s.Error)
+	}
+	r, err := heir.engine.Results().OpenResult(ctx, ns, s.Result)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(r)
+	if want := "in|a + in|b + in|c"; string(got) != want {
+		t.Errorf("result %q, want %q", got, want)
+	}
+	if n := joins.Load(); n != 1 {
+		t.Errorf("join ran %d times, want exactly once", n)
+	}
+	t.Logf("%s (bucket %s) moved from %s to %s; the session completed %v after the kill; c ran %d times",
+		victim, victimBucket, owner.id, heir.id, takenAt.Sub(killedAt).Round(time.Millisecond), cCalls.Load())
+
+	// The child Triggers' counters, as the heir's reconciler writes them.
+	for trig, want := range map[string]int64{"to-a": 1, "to-b": 1, "to-c": 1, "join": 1} {
+		name := victim + "-" + trig
+		waitForLong(t, 30*time.Second, "Trigger "+name+" firings = 1", func() bool {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("Trigger"))
+			if err := c.k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, u); err != nil {
+				return false
+			}
+			n, _, _ := unstructured.NestedInt64(u.Object, "status", "firings")
+			if n > want {
+				t.Fatalf("Trigger %s fired %d times, want %d", name, n, want)
+			}
+			return n == want
+		})
+	}
+	// Workflow.status.engine names the heir.
+	waitForLong(t, 30*time.Second, victim+"'s status.engine to name "+heir.id, func() bool {
+		wf := &v1alpha1.Workflow{}
+		if err := c.k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: victim}, wf); err != nil || wf.Status.Engine == nil {
+			return false
+		}
+		return wf.Status.Engine.Owner == heir.id && wf.Status.Engine.Bucket == victimBucket
+	})
+
+	// The other replicas' sessions never paused: they completed during the
+	// failover, none failed, and their buckets never moved.
+	waitForLong(t, 30*time.Second, "another session of the other replicas after the takeover", func() bool {
+		loadMu.Lock()
+		defer loadMu.Unlock()
+		return len(completions) > 0 && completions[len(completions)-1].After(takenAt)
+	})
+	close(stopLoad)
+	loadWg.Wait()
+	var during int
+	var maxGap time.Duration
+	for i, at := range completions {
+		if at.After(killedAt) && !at.After(takenAt) {
+			during++
+		}
+		if i > 0 && at.After(killedAt) {
+			maxGap = max(maxGap, at.Sub(completions[i-1]))
+		}
+	}
+	t.Logf("other replicas: %d sessions completed between the kill and the victim's completion, longest gap between completions after the kill %v",
+		during, maxGap.Round(time.Millisecond))
+	if len(loadErrs) > 0 {
+		t.Errorf("sessions of the other replicas failed: %v", loadErrs)
+	}
+	if during == 0 {
+		t.Errorf("no session of the other replicas completed between the kill and the victim's completion")
+	}
+	for _, r := range others {
+		for _, m := range r.movesSince(killedAt) {
+			if !m.owned {
+				t.Errorf("%s gave up bucket %s during the failover", r.id, m.bucket)
+			}
+		}
+	}
+}

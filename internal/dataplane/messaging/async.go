@@ -28,7 +28,7 @@ func (r *Router) SendFunc(o Outgoing, timeout time.Duration, fn func(mailboxed b
 		fn(false, err)
 		return func() {}
 	}
-	ctx, stop := withTimeout(timeout)
+	ctx, stop := r.opContext(timeout)
 	var once sync.Once
 	stopAfter := func() bool { return false }
 	finish := func(mailboxed bool, err error) {
@@ -84,21 +84,12 @@ func (r *Router) SendFunc(o Outgoing, timeout time.Duration, fn func(mailboxed b
 	return stop
 }
 
-// withTimeout is a context of its own for an operation that outlives its
-// caller's call: bounded by timeout (0: none), ended by cancel.
-func withTimeout(timeout time.Duration) (context.Context, context.CancelFunc) {
-	if timeout > 0 {
-		return context.WithTimeout(context.Background(), timeout)
-	}
-	return context.WithCancel(context.Background())
-}
-
 // waiter is a receive waiting in a member for a matching message.
 type waiter struct {
-	f     Filter
-	fn    func(Message, error)
-	timer *time.Timer
-	done  bool // under Router.mu: fn has been or is being called
+	f        Filter
+	fn       func(Message, error)
+	deadline *deadline
+	done     bool // under Router.mu: fn has been or is being called
 }
 
 // RecvFunc is Recv for callers that do not wait for it: fn gets Recv's
@@ -129,7 +120,7 @@ func (r *Router) RecvFunc(session, name string, rank uint32, f Filter, timeout t
 		// No view yet, or messages may also come through the fast tier
 		// (polled): the blocking receive, on its own goroutine.
 		r.mu.Unlock()
-		ctx, stop := withTimeout(timeout)
+		ctx, stop := r.opContext(timeout)
 		go func() {
 			m, err := r.Recv(ctx, session, name, rank, f)
 			stop()
@@ -145,7 +136,7 @@ func (r *Router) RecvFunc(session, name string, rank uint32, f Filter, timeout t
 	w := &waiter{f: f, fn: fn}
 	mb.waiters = append(mb.waiters, w)
 	if timeout > 0 {
-		w.timer = time.AfterFunc(timeout, func() {
+		w.deadline = r.deadlines.add(time.Now().Add(timeout), func() {
 			r.endWait(mb, w, fmt.Errorf("%w: receiving as rank %d of group %s: %v", ErrTimeout, rank, name, context.DeadlineExceeded))
 		})
 	}
@@ -183,9 +174,7 @@ func (mb *member) unwait(w *waiter) bool {
 
 // end calls a waiter's fn (after unwait, outside Router.mu).
 func (w *waiter) end(m Message, err error) {
-	if w.timer != nil {
-		w.timer.Stop()
-	}
+	w.deadline.cancel()
 	w.fn(m, err)
 }
 

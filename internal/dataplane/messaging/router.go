@@ -110,6 +110,8 @@ type Router struct {
 	left   chan struct{} // closed and replaced whenever a member ends
 	// streams are the message streams to other sidecars.
 	streams Streams
+	// deadlines end the function socket's waiting sends and receives.
+	deadlines deadlines
 }
 
 type gkey struct{ session, group string }

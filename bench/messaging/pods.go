@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/testservers"
@@ -37,13 +36,11 @@ type pods struct {
 // pod is one running sidecar with the SDK client a function in that pod
 // would have.
 type pod struct {
+	*testservers.QueueProxy
 	name   string
 	socket string
 	shm    string
 	client *ziptrail.Client
-	cmd    *exec.Cmd
-	exited chan error
-	once   sync.Once
 }
 
 // buildSidecar builds queue-proxy-zl once, as sdk/go's tests do.
@@ -74,7 +71,7 @@ func repoRoot() (string, error) {
 	return filepath.Dir(mod), nil
 }
 
-// start runs one pod and waits until its API socket exists.
+// start runs one pod and returns once its sidecar serves.
 func (p *pods) start() (*pod, error) {
 	p.mu.Lock()
 	p.seq++
@@ -90,37 +87,18 @@ func (p *pods) start() (*pod, error) {
 		return nil, err
 	}
 	p.tb.Cleanup(func() { os.RemoveAll(sockDir); os.RemoveAll(shmRoot) })
-	s := &pod{name: name, socket: filepath.Join(sockDir, "sidecar.sock"), shm: filepath.Join(shmRoot, "objects"), exited: make(chan error, 1)}
-	s.cmd = exec.Command(p.bin, "--standalone", "--listen", fmt.Sprintf("127.0.0.1:%d", testservers.FreePort(p.tb)),
-		"--upstream", fmt.Sprintf("http://127.0.0.1:%d", testservers.FreePort(p.tb)))
-	s.cmd.Env = append(os.Environ(), "SERVING_NAMESPACE="+namespace, "SERVING_POD="+name, "SERVING_POD_IP=127.0.0.1",
-		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", testservers.FreePort(p.tb)), "ZIPTRAIL_METRICS_PORT=0",
-		"ZIPTRAIL_OPERATOR_ADDR="+p.op.Addr, "ZIPTRAIL_TOKEN_FILE="+token,
-		"ZIPTRAIL_SOCKET="+s.socket, "ZIPTRAIL_SHM_DIR="+s.shm,
-		"ZIPTRAIL_MEMORY_LIMIT="+fmt.Sprint(1<<30)) // room for a 64 MB message and its echo
-	s.cmd.Env = append(s.cmd.Env, p.env...)
-	s.cmd.Stderr = stderrCounter{}
-	if err := s.cmd.Start(); err != nil {
-		return nil, err
+	s := &pod{name: name, socket: filepath.Join(sockDir, "sidecar.sock"), shm: filepath.Join(shmRoot, "objects")}
+	s.QueueProxy, err = testservers.RunQueueProxy(testservers.QueueProxyOptions{Binary: p.bin,
+		Upstream: fmt.Sprintf("http://127.0.0.1:%d", testservers.FreePort(p.tb)), Stderr: stderrCounter{},
+		Env: append([]string{"SERVING_NAMESPACE=" + namespace, "SERVING_POD=" + name, "SERVING_POD_IP=127.0.0.1",
+			"ZIPTRAIL_METRICS_PORT=0", "ZIPTRAIL_OPERATOR_ADDR=" + p.op.Addr, "ZIPTRAIL_TOKEN_FILE=" + token,
+			"ZIPTRAIL_SOCKET=" + s.socket, "ZIPTRAIL_SHM_DIR=" + s.shm,
+			"ZIPTRAIL_MEMORY_LIMIT=" + fmt.Sprint(1<<30)}, // room for a 64 MB message and its echo
+			p.env...)})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	go func() { s.exited <- s.cmd.Wait() }()
-	p.tb.Cleanup(s.kill)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(s.socket); err == nil {
-			break
-		}
-		select {
-		case err := <-s.exited:
-			s.exited <- err
-			return nil, fmt.Errorf("%s exited at start: %v", name, err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%s did not open its API socket within 30 s", name)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	p.tb.Cleanup(s.Kill)
 	if s.client, err = ziptrail.NewClient(ziptrail.Config{Socket: s.socket, ShmDir: s.shm}); err != nil {
 		return nil, err
 	}
@@ -143,15 +121,9 @@ func (stderrCounter) Write(b []byte) (int, error) {
 }
 
 // kill ends the process with SIGKILL (a crashed pod) and waits for it.
-func (s *pod) kill() {
-	s.once.Do(func() {
-		_ = s.cmd.Process.Signal(syscall.SIGKILL)
-		err := <-s.exited
-		s.exited <- err
-	})
-}
+func (s *pod) kill() { s.Kill() }
 
-func (s *pod) pid() int { return s.cmd.Process.Pid }
+func (s *pod) pid() int { return s.Cmd.Process.Pid }
 
 // joinAll joins rank i of group from members[i], concurrently, waiting
 // until every rank joined.

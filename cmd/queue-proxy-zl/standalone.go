@@ -52,7 +52,7 @@ func standalone(args []string, stderr io.Writer) int {
 	srv := &http.Server{Handler: sc.Wrap(httputil.NewSingleHostReverseProxy(target)), ReadHeaderTimeout: time.Minute}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	fmt.Fprintf(stderr, "queue-proxy-zl: standalone, invocations on %s, upstream %s\n", ln.Addr(), target)
+	fmt.Fprintf(stderr, "queue-proxy-zl: standalone, invocations on %s, data plane on port %d, upstream %s\n", ln.Addr(), sc.DataplanePort(), target)
 	select {
 	case err := <-served:
 		fmt.Fprintf(stderr, "queue-proxy-zl: %v\n", err)

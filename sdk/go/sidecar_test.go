@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/ziptrail/ziptrail/internal/testservers"
 )
@@ -75,16 +74,17 @@ func keyFile(t testing.TB, id string, fill byte) string {
 // sidecar is one running queue-proxy-zl process, with an SDK client on
 // its socket as a function container in its pod would have.
 type sidecar struct {
-	listen string // invocations (Knative's queue-proxy port)
+	*testservers.QueueProxy
 	socket string
 	shm    string
 	env    []string // ZIPTRAIL_SOCKET and ZIPTRAIL_SHM_DIR, for other processes of the pod
 	client *Client
-	cmd    *exec.Cmd
-	exited chan error
 }
 
-func (s *sidecar) url() string { return "http://" + s.listen }
+func (s *sidecar) url() string { return s.URL() }
+
+// kill ends the process (SIGKILL: a crashed pod) and waits for it.
+func (s *sidecar) kill() { s.Kill() }
 
 type sidecarOpts struct {
 	namespace string // default "ns"
@@ -104,8 +104,8 @@ func functionShm(t *testing.T) string {
 	return dir
 }
 
-// startSidecar runs a sidecar and waits until its API socket exists; it
-// is killed at the end of the test.
+// startSidecar runs a sidecar and returns once it serves; it is killed at
+// the end of the test.
 func startSidecar(t testing.TB, o sidecarOpts) *sidecar {
 	t.Helper()
 	if o.namespace == "" {
@@ -122,48 +122,16 @@ func startSidecar(t testing.TB, o sidecarOpts) *sidecar {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	s := &sidecar{listen: fmt.Sprintf("127.0.0.1:%d", testservers.FreePort(t)), socket: filepath.Join(sockDir, "sidecar.sock"),
-		shm: o.shm, exited: make(chan error, 1)}
+	s := &sidecar{socket: filepath.Join(sockDir, "sidecar.sock"), shm: o.shm}
 	s.env = []string{"ZIPTRAIL_SOCKET=" + s.socket, "ZIPTRAIL_SHM_DIR=" + s.shm}
-	s.cmd = exec.Command(sidecarBinary(t), "--standalone", "--listen", s.listen, "--upstream", o.upstream)
-	s.cmd.Env = append(os.Environ(), append([]string{"SERVING_NAMESPACE=" + o.namespace, "SERVING_POD_IP=127.0.0.1",
-		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", testservers.FreePort(t)), "ZIPTRAIL_METRICS_PORT=0",
-		"ZIPTRAIL_KEY_FILE=" + o.keys, "ZIPTRAIL_INLINE_THRESHOLD=4096"}, append(s.env, o.env...)...)...)
-	s.cmd.Stderr = os.Stderr
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { s.exited <- s.cmd.Wait() }()
-	t.Cleanup(func() { s.kill() })
-	// Ready once the API socket exists (bounded poll, no fixed sleep).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(s.socket); err == nil {
-			break
-		}
-		select {
-		case err := <-s.exited:
-			s.exited <- err
-			t.Fatalf("sidecar exited at start: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("sidecar did not open its API socket within 30 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	s.QueueProxy = testservers.StartQueueProxy(t, testservers.QueueProxyOptions{Binary: sidecarBinary(t), Upstream: o.upstream,
+		Env: append([]string{"SERVING_NAMESPACE=" + o.namespace, "SERVING_POD_IP=127.0.0.1", "ZIPTRAIL_METRICS_PORT=0",
+			"ZIPTRAIL_KEY_FILE=" + o.keys, "ZIPTRAIL_INLINE_THRESHOLD=4096"}, append(s.env, o.env...)...)})
 	if s.client, err = NewClient(Config{Socket: s.socket, ShmDir: s.shm, InlineThreshold: 4096}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.client.Close() })
 	return s
-}
-
-// kill ends the process (SIGKILL: a crashed pod) and waits for it.
-func (s *sidecar) kill() {
-	_ = s.cmd.Process.Kill()
-	err := <-s.exited
-	s.exited <- err
 }
 
 // shmFiles lists what is left in the shared-memory directory.

@@ -148,6 +148,10 @@ func (s *Sidecar) Backup(ctx context.Context) (int, error) {
 // BackedUp is closed once the final shutdown backup finished.
 func (s *Sidecar) BackedUp() <-chan struct{} { return s.backedUp }
 
+// DataplanePort is the data plane's port: the configured one, or after
+// Start the one the system chose for port 0.
+func (s *Sidecar) DataplanePort() int { return s.cfg.DataplanePort }
+
 // Start listens for consumers, connects to the operator (or loads the key
 // file) and runs until ctx ends.
 func (s *Sidecar) Start(ctx context.Context) error {
@@ -159,6 +163,11 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	ln, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(s.cfg.DataplanePort)))
 	if err != nil {
 		return fmt.Errorf("data plane listener: %w", err)
+	}
+	if s.cfg.DataplanePort == 0 {
+		// Port 0 (tests on loopback): the port the system chose is the
+		// one references and the directory announce.
+		s.cfg.DataplanePort = ln.Addr().(*net.TCPAddr).Port
 	}
 	s.server = &pull.Server{Store: s.Store, Streams: s.msgs.ServeStream, StreamMagic: messaging.StreamMagic}
 	s.startSameNode()

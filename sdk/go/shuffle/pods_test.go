@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/ziptrail/ziptrail/internal/invocation"
 	"github.com/ziptrail/ziptrail/internal/testservers"
@@ -115,36 +114,12 @@ func (tr *tiers) startPod(t *testing.T, upstream, shm string) *pod {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	listen := fmt.Sprintf("127.0.0.1:%d", testservers.FreePort(t))
 	socket := filepath.Join(sockDir, "sidecar.sock")
-	p := &pod{url: "http://" + listen, shm: shm, env: []string{"ZIPTRAIL_SOCKET=" + socket, "ZIPTRAIL_SHM_DIR=" + shm}}
-	cmd := exec.Command(sidecarBinary(t), "--standalone", "--listen", listen, "--upstream", upstream)
-	cmd.Env = append(os.Environ(), append([]string{"SERVING_NAMESPACE=ns", "SERVING_POD_IP=127.0.0.1",
-		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", testservers.FreePort(t)), "ZIPTRAIL_METRICS_PORT=0",
-		"ZIPTRAIL_KEY_FILE=" + tr.keys, "ZIPTRAIL_INLINE_THRESHOLD=4096"}, append(p.env, tr.env...)...)...)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(socket); err == nil {
-			break
-		}
-		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("sidecar exited at start: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("sidecar did not open its API socket within 30 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	p := &pod{shm: shm, env: []string{"ZIPTRAIL_SOCKET=" + socket, "ZIPTRAIL_SHM_DIR=" + shm}}
+	q := testservers.StartQueueProxy(t, testservers.QueueProxyOptions{Binary: sidecarBinary(t), Upstream: upstream,
+		Env: append([]string{"SERVING_NAMESPACE=ns", "SERVING_POD_IP=127.0.0.1", "ZIPTRAIL_METRICS_PORT=0",
+			"ZIPTRAIL_KEY_FILE=" + tr.keys, "ZIPTRAIL_INLINE_THRESHOLD=4096"}, append(p.env, tr.env...)...)})
+	p.url = q.URL()
 	if p.client, err = ziptrail.NewClient(ziptrail.Config{Socket: socket, ShmDir: shm, InlineThreshold: 4096}); err != nil {
 		t.Fatal(err)
 	}

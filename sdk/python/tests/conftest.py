@@ -10,6 +10,7 @@ import datetime
 import hashlib
 import hmac
 import os
+import re
 import shutil
 import signal
 import socket
@@ -59,6 +60,27 @@ def port_open(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+READY = re.compile(r"standalone, invocations on (\S+), data plane on port (\d+),")
+
+
+def ready_line(proc: subprocess.Popen) -> dict[str, str]:
+    """Forwards a standalone sidecar's stderr to ours from a thread; the
+    returned dict gets "listen" once the sidecar printed that it serves."""
+    found: dict[str, str] = {}
+
+    def forward() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            m = READY.search(line)
+            if m and "listen" not in found:
+                found["dataplane_port"] = m.group(2)
+                found["listen"] = m.group(1)
+            sys.stderr.write(line)
+
+    threading.Thread(target=forward, daemon=True).start()
+    return found
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -152,19 +174,23 @@ class Sidecars:
         sock_dir = tempfile.mkdtemp(prefix="zt")  # short: unix socket paths are limited
         shm = tempfile.mkdtemp(prefix="zt-objects-", dir=shm_base())
         self.dirs += [sock_dir, shm]
-        listen = f"127.0.0.1:{free_port()}"
         sock = os.path.join(sock_dir, "sidecar.sock")
         upstream_port = free_port()
         if function is not None:
             self.function(function, {"ZIPTRAIL_SOCKET": sock, "ZIPTRAIL_SHM_DIR": shm}, upstream_port)
+        # Port 0: the sidecar binds its ports itself and announces them once
+        # it listens, so no port picked here can be taken in between.
         penv = dict(os.environ, SERVING_NAMESPACE=namespace, SERVING_POD_IP="127.0.0.1",
-                    ZIPTRAIL_DATAPLANE_PORT=str(free_port()), ZIPTRAIL_METRICS_PORT="0", ZIPTRAIL_SOCKET=sock,
+                    ZIPTRAIL_METRICS_PORT="0", ZIPTRAIL_SOCKET=sock,
                     ZIPTRAIL_SHM_DIR=shm, ZIPTRAIL_KEY_FILE=key_file or self.key_file, **env)
-        proc = subprocess.Popen([self.binary, "--standalone", "--listen", listen, "--upstream",
-                                 f"http://127.0.0.1:{upstream_port}"], env=penv)
-        sc = Sidecar(proc, listen, sock, shm, namespace, upstream_port)
+        penv["ZIPTRAIL_DATAPLANE_PORT"] = "0"
+        proc = subprocess.Popen([self.binary, "--standalone", "--listen", "127.0.0.1:0", "--upstream",
+                                 f"http://127.0.0.1:{upstream_port}"], env=penv, stderr=subprocess.PIPE, text=True)
+        announced = ready_line(proc)
+        sc = Sidecar(proc, "", sock, shm, namespace, upstream_port)
         self.started.append(sc)
-        wait_for("queue-proxy-zl", lambda: os.path.exists(sock), proc)
+        wait_for("queue-proxy-zl", lambda: announced.get("listen") is not None, proc)
+        sc.listen = announced["listen"]
         return sc
 
     def function(self, source: str, env: dict[str, str] | None = None, port: int | None = None) -> int:

@@ -44,7 +44,7 @@ func TestChart(t *testing.T) {
 	if err == nil {
 		t.Errorf("helm lint accepted ci/bad-values.yaml:\n%s", out)
 	}
-	for _, field := range []string{"/operator/replicas", "/tiers/redis/address", "/activatorExt/keepAliveInterval", "/dataplane/port"} {
+	for _, field := range []string{"/operator/replicas", "/engine/buckets", "/tiers/redis/address", "/activatorExt/keepAliveInterval", "/dataplane/port"} {
 		if !strings.Contains(out, "at '"+field+"'") {
 			t.Errorf("the schema error does not name %s:\n%s", field, out)
 		}
@@ -67,6 +67,11 @@ func TestChart(t *testing.T) {
 		if err := k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// Sharded without Redis: refused (a bucket's new owner restores from
+	// the checkpoints there).
+	if out, err := helm(t, "template", "zt", chart, "--kube-version", "1.36.3", "--set", "engine.sharded=true"); err == nil || !strings.Contains(out, "engine.sharded needs tiers.redis.address") {
+		t.Errorf("a sharded engine without Redis: %v\n%s", err, out)
 	}
 	for name, values := range map[string][]string{"default": nil, "all features": {"-f", allFeatures}} {
 		manifest, err := helm(t, append([]string{"template", "zt", chart, "--namespace", "ziptrail-system", "--include-crds", "--kube-version", "1.36.3"}, values...)...)
@@ -99,9 +104,18 @@ func TestChart(t *testing.T) {
 		// gateway: their Services select the leader's pod label. The hooks
 		// run in the operator's image; the post-delete one restores Knative
 		// and removes the Lease.
-		for _, want := range []string{`ziptrail.dev/leader: "true"`, "- knative-config", "- knative-restore", "helm.sh/hook: post-delete", "ziptrail/operator:"} {
+		for _, want := range []string{"- knative-config", "- knative-restore", "helm.sh/hook: post-delete", "ziptrail/operator:"} {
 			if !strings.Contains(manifest, want) {
 				t.Errorf("%s: rendered chart has no %q", name, want)
+			}
+		}
+		// Unsharded (the default), only the elected replica serves them:
+		// their Services select the leader's pod label. Sharded (all
+		// features), every replica serves its buckets' and forwards the
+		// rest.
+		for want, sharded := range map[string]bool{`ziptrail.dev/leader: "true"`: false, "--engine-buckets=8": true, "--engine-lease-duration=15s": true} {
+			if got := strings.Contains(manifest, want); got != (sharded == (name == "all features")) {
+				t.Errorf("%s: rendered chart contains %q: %v", name, want, got)
 			}
 		}
 		if strings.Contains(manifest, "registry.k8s.io/kubectl") {

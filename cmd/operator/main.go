@@ -2,7 +2,10 @@
 // Trigger reconcilers, and — on the elected leader only — the trigger engine
 // with its dispatcher, the sidecars' control stream, the session gateway
 // (Kubernetes authentication and authorization on every request) and the
-// data-plane store of large session inputs.
+// data-plane store of large session inputs. With --engine-buckets the
+// engine is sharded instead: every replica runs the engine of the buckets
+// it owns and serves the control stream and the gateway, sending other
+// replicas' workflows to them (sharded.go, docs/sharding.md).
 package main
 
 import (
@@ -54,6 +57,7 @@ type config struct {
 	inputStoreBytes, maxInputBytes                   int64
 	keyReaders                                       string
 	podWebhook                                       podWebhookConfig
+	shard                                            shardConfig
 }
 
 func main() {
@@ -86,6 +90,7 @@ func main() {
 	flag.Int64Var(&c.inputStoreBytes, "input-store-bytes", 256<<20, "memory held at most for the inputs of running sessions (inputs over 64 KiB); starts beyond it are refused with 503")
 	flag.Int64Var(&c.maxInputBytes, "max-input-bytes", 64<<20, "largest session input the gateway accepts (413 beyond)")
 	podWebhookFlags(&c.podWebhook)
+	shardFlags(&c.shard)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -145,7 +150,7 @@ func run(c config) error {
 	}
 	keys := &control.SecretKeys{Client: mgr.GetClient()}
 	inputs := orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: advertise, Cap: c.inputStoreBytes})
-	orch, err := orchestrator.New(orchestrator.Options{
+	opts := orchestrator.Options{
 		Resolver:    dispatch.ServiceResolver{Reader: mgr.GetClient()},
 		Ingress:     c.ingress,
 		Checkpoint:  store,
@@ -153,11 +158,31 @@ func run(c config) error {
 		Log:         ctrl.Log.WithName("orchestrator"),
 		Keys:        keys,
 		Inputs:      inputs,
-	})
-	if err != nil {
-		return err
 	}
-	srv := control.NewServer(orch, keys)
+	var eng *engine
+	if c.shard.buckets > 0 {
+		// Every replica runs the engine of the buckets it owns, and serves
+		// the control stream and the gateway (sharded.go).
+		if eng, err = shardedEngine(cfg, mgr, c.shard, c.leaderNS, opts); err != nil {
+			return err
+		}
+	} else {
+		orch, err := orchestrator.New(opts)
+		if err != nil {
+			return err
+		}
+		eng = singleEngine(orch)
+	}
+	// add registers a runnable of the engine's side: on the elected leader
+	// only (the default for a RunnableFunc), or on every replica when the
+	// engine is sharded.
+	add := func(f func(ctx context.Context) error) error {
+		if eng.sharded != nil {
+			return mgr.Add(everyReplica(f))
+		}
+		return mgr.Add(manager.RunnableFunc(f))
+	}
+	srv := control.NewServer(eng.events, keys)
 	srv.Log = func(err error) { log.Error(err, "control stream") }
 	// Every caller presents a projected service-account token for
 	// control.ziptrail.dev; TokenReview verifies it (cached ≤ 1 min).
@@ -170,30 +195,46 @@ func run(c config) error {
 	// The sidecars' storage tiers, sent over the authenticated stream.
 	srv.Tiers = &controlv1.Tiers{RedisAddr: c.redisAddr, RedisPassword: c.redisPassword, S3Endpoint: c.s3Endpoint,
 		S3AccessKey: c.s3AccessKey, S3SecretKey: c.s3SecretKey, S3Bucket: c.s3Bucket, S3Tls: c.s3TLS}
-	orch.SetControl(srv)
+	eng.connect(srv)
+	gwh := &gateway.Handler{Starter: eng.starter, Sessions: eng.sessions, Results: eng.results,
+		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}, MaxInput: c.maxInputBytes}
+	gwg := &gateway.GRPC{}
+	if p := eng.sharded; p != nil {
+		// A sidecar of another replica's workflow is redirected there (after
+		// authentication); gateway calls are proxied to it.
+		cr, err := p.router(c.controlAddr)
+		if err != nil {
+			return err
+		}
+		srv.Route = p.controlRoute(cr)
+		if gwh.Owners, err = p.router(c.gatewayAddr); err != nil {
+			return err
+		}
+		if gwg.Owners, err = p.router(c.gatewayGRPCAddr); err != nil {
+			return err
+		}
+	}
 
-	if err := controllers.Setup(mgr, controllers.Tiers{Redis: c.redisAddr != "", S3: c.s3Endpoint != "", ControlAddr: c.controlService}, orch); err != nil {
+	if err := controllers.Setup(mgr, controllers.Tiers{Redis: c.redisAddr != "", S3: c.s3Endpoint != "", ControlAddr: c.controlService}, eng.sink); err != nil {
 		return err
 	}
-	// Leader-only runnables (the default for a RunnableFunc): one replica
-	// drives the engine, serves the control stream and the gateway.
-	if err := mgr.Add(manager.RunnableFunc(orch.Run)); err != nil {
+	// Unsharded, one replica (the leader) drives the engine, serves the
+	// control stream and the gateway.
+	if err := add(eng.run); err != nil {
 		return err
 	}
-	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+	if err := add(func(ctx context.Context) error {
 		gs := grpc.NewServer(control.ServerOptions()...)
 		controlv1.RegisterControlServer(gs, srv)
 		return serveUntil(ctx, c.controlAddr, gs.Serve, func() { gs.GracefulStop() })
-	})); err != nil {
+	}); err != nil {
 		return err
 	}
-	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+	if err := add(func(ctx context.Context) error {
 		return serveUntil(ctx, c.inputsAddr, inputs.Serve, func() { _ = inputs.Close() })
-	})); err != nil {
+	}); err != nil {
 		return err
 	}
-	gwh := &gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
-		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}, MaxInput: c.maxInputBytes}
 	// The shuffle planner's calibration: the ConfigMap `ziptrail calibrate
 	// --configmap` writes in the operator's namespace, read uncached (the
 	// chart grants get on that one ConfigMap, not list/watch).
@@ -201,18 +242,18 @@ func run(c config) error {
 		gwh.Calibration = &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: ns}
 	}
 	gw := gateway.New(gwh)
-	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+	gwg.H = gw
+	if err := add(func(ctx context.Context) error {
 		hs := &http.Server{Handler: gw, ReadHeaderTimeout: 10 * time.Second}
 		return serveUntil(ctx, c.gatewayAddr, hs.Serve, func() { _ = hs.Shutdown(context.Background()) })
-	})); err != nil {
+	}); err != nil {
 		return err
 	}
-	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		g := &gateway.GRPC{H: gw}
-		gs := grpc.NewServer(g.ServerOptions()...)
-		gatewayv1.RegisterGatewayServer(gs, g)
+	if err := add(func(ctx context.Context) error {
+		gs := grpc.NewServer(gwg.ServerOptions()...)
+		gatewayv1.RegisterGatewayServer(gs, gwg)
 		return serveUntil(ctx, c.gatewayGRPCAddr, gs.Serve, func() { gs.GracefulStop() })
-	})); err != nil {
+	}); err != nil {
 		return err
 	}
 

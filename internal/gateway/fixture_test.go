@@ -55,6 +55,7 @@ type fixture struct {
 	g    *gateway.GRPC
 
 	controlAddr string
+	grpcAddr    string // gRPC gateway
 }
 
 // newFixture starts everything; configure, when set, completes the
@@ -140,6 +141,7 @@ func fixtureOn(t testing.TB, cfg *rest.Config, configure func(*fixture, *orchest
 	}
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
+	f.grpcAddr = ln.Addr().String()
 	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20), grpc.MaxCallSendMsgSize(64<<20)))
 	if err != nil {

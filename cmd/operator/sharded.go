@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/controllers"
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/orchestrator"
+	"github.com/ziptrail/ziptrail/internal/sharding"
+)
+
+// shardConfig is the sharded engine's (docs/sharding.md).
+type shardConfig struct {
+	buckets  int
+	identity string
+	lease    time.Duration
+	renew    time.Duration
+	retry    time.Duration
+}
+
+func shardFlags(c *shardConfig) {
+	flag.IntVar(&c.buckets, "engine-buckets", 0, "shard the trigger engine into this many buckets owned by the operator's replicas "+
+		"(Knative bucket leader election, one Lease each; every replica serves the control stream and the gateway for its buckets "+
+		"and redirects or proxies the rest); 0 runs one engine on the elected leader")
+	flag.StringVar(&c.identity, "engine-identity", os.Getenv("POD_IP"), "this replica's address (host) as the other replicas and the sidecars reach it (default $POD_IP)")
+	flag.DurationVar(&c.lease, "engine-lease-duration", 15*time.Second, "bucket Leases: how long a dead replica keeps its buckets")
+	flag.DurationVar(&c.renew, "engine-renew-deadline", 10*time.Second, "bucket Leases: how long a replica tries to renew before it gives its buckets up")
+	flag.DurationVar(&c.retry, "engine-retry-period", 2*time.Second, "bucket Leases: how often they are renewed and free ones tried")
+}
+
+// engine is what the operator's other parts use of the trigger engine,
+// one engine on the leader or one per owned bucket.
+type engine struct {
+	sink     controllers.WorkflowSink
+	events   control.Events
+	starter  gateway.Starter
+	sessions gateway.SessionStore
+	results  gateway.ResultReader
+	// run drives the engine; connect links the control server to it.
+	run     func(ctx context.Context) error
+	connect func(*control.Server)
+	// sharded: set when every replica serves (its buckets).
+	sharded *shardedParts
+}
+
+type shardedParts struct {
+	set    *sharding.Set
+	engine *orchestrator.Sharded
+	srv    *control.Server // set by connect
+}
+
+func singleEngine(o *orchestrator.Orchestrator) *engine {
+	return &engine{sink: o, events: o, starter: o, sessions: o.Sessions(), results: o.Results(), run: o.Run, connect: o.SetControl}
+}
+
+// shardedEngine builds the bucket elections and the sharded engine.
+func shardedEngine(cfg *rest.Config, mgr manager.Manager, sc shardConfig, leaseNS string, opts orchestrator.Options) (*engine, error) {
+	if sc.identity == "" {
+		return nil, errors.New("--engine-buckets needs --engine-identity (or $POD_IP, from the downward API): the address other replicas redirect and proxy to")
+	}
+	if leaseNS == "" {
+		leaseNS = os.Getenv("POD_NAMESPACE")
+	}
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	zl, err := zap.NewProduction()
+	if err != nil {
+		return nil, err
+	}
+	set, err := sharding.New(kc, sharding.Config{Buckets: sc.buckets, Identity: sc.identity, Namespace: leaseNS,
+		LeaseDuration: sc.lease, RenewDeadline: sc.renew, RetryPeriod: sc.retry, Log: zl.Sugar().Named("buckets")})
+	if err != nil {
+		return nil, err
+	}
+	parts := &shardedParts{set: set}
+	eng, err := orchestrator.NewSharded(orchestrator.ShardedOptions{Options: opts, Buckets: set, Identity: sc.identity,
+		Workflows: func(ctx context.Context) ([]types.NamespacedName, error) {
+			var l v1alpha1.WorkflowList
+			if err := mgr.GetClient().List(ctx, &l); err != nil {
+				return nil, err
+			}
+			out := make([]types.NamespacedName, len(l.Items))
+			for i, w := range l.Items {
+				out[i] = types.NamespacedName{Namespace: w.Namespace, Name: w.Name}
+			}
+			return out, nil
+		},
+		OnMove: func(bucket string, owned bool) {
+			if owned || parts.srv == nil {
+				return
+			}
+			// The bucket's sidecars go back to the control Service, which
+			// sends them on to the new owner.
+			parts.srv.Moved(func(id control.Identity) bool { return set.BucketOf(id.Namespace, id.Workflow) == bucket },
+				&controlv1.Redirect{Bucket: bucket})
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	parts.engine = eng
+	return &engine{sink: eng, events: eng, starter: eng, sessions: eng.Sessions(), results: eng.Results(), sharded: parts,
+		connect: func(s *control.Server) { parts.srv = s; eng.SetControl(s) },
+		run: func(ctx context.Context) error {
+			// The elections outlive the engine: its buckets are saved a
+			// last time before their Leases are released.
+			electCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+			elected := make(chan error, 1)
+			go func() { elected <- set.Run(electCtx, eng) }()
+			err := eng.Run(ctx)
+			stop()
+			return errors.Join(err, <-elected)
+		}}, nil
+}
+
+// routers send the control stream and gateway calls of other replicas'
+// workflows to them: every replica listens on the same ports.
+func (p *shardedParts) router(addr string) (*sharding.Router, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("bind address %q: %w", addr, err)
+	}
+	return &sharding.Router{Set: p.set, Serving: p.engine.Serving, Port: port}, nil
+}
+
+// controlRoute is the control server's Router.
+func (p *shardedParts) controlRoute(r *sharding.Router) control.Router {
+	return func(ctx context.Context, id control.Identity) (*controlv1.Redirect, error) {
+		addr, bucket, err := r.Route(ctx, id.Namespace, id.Workflow)
+		if err != nil || addr == "" {
+			return nil, err
+		}
+		return &controlv1.Redirect{Address: addr, Bucket: bucket}, nil
+	}
+}
+
+// everyReplica is a runnable that runs on every replica, elected or not.
+type everyReplica func(ctx context.Context) error
+
+func (f everyReplica) Start(ctx context.Context) error { return f(ctx) }
+func (everyReplica) NeedLeaderElection() bool          { return false }

@@ -166,8 +166,10 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	}
 	if s.cfg.DataplanePort == 0 {
 		// Port 0 (tests on loopback): the port the system chose is the
-		// one references and the directory announce.
+		// one references and the directory announce, so the router New
+		// made with port 0 is made again (nothing used it before Start).
 		s.cfg.DataplanePort = ln.Addr().(*net.TCPAddr).Port
+		s.msgs = s.newRouter()
 	}
 	s.server = &pull.Server{Store: s.Store, Streams: s.msgs.ServeStream, StreamMagic: messaging.StreamMagic}
 	s.startSameNode()

@@ -215,8 +215,33 @@ func (s *Sharded) Promote(b reconciler.Bucket, _ func(reconciler.Bucket, types.N
 		defer s.wg.Done()
 		defer close(sh.done)
 		s.load(sctx, sh)
-		if err := o.Run(sctx); err != nil {
-			opts.Log.Error(err, "the bucket's engine stopped")
+		for {
+			err := o.Run(sctx)
+			if err == nil || sctx.Err() != nil {
+				return
+			}
+			sh.mu.Lock()
+			served := sh.serving
+			sh.serving = false
+			sh.mu.Unlock()
+			if served {
+				// A newer owner saved (checkpoint.ErrStale): this replica
+				// lost the bucket and hears of it from its elector next.
+				bucketsOwned.Dec()
+				if s.opts.OnMove != nil {
+					s.opts.OnMove(bucket, false)
+				}
+				opts.Log.Error(err, "the bucket's engine stopped")
+				return
+			}
+			// Restoring or claiming failed (Redis unreachable): the Lease
+			// is held, so keep trying rather than leave the bucket unserved.
+			opts.Log.Error(err, "restore the bucket; retrying")
+			select {
+			case <-sctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
 		}
 	}()
 	return nil

@@ -2,16 +2,21 @@ package orchestrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"knative.dev/pkg/apis"
 	duckv1 "knative.dev/pkg/apis/duck/v1"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
@@ -49,6 +54,11 @@ type replica struct {
 	engine  *Sharded
 	stop    func() // graceful: last saves, then Leases released
 	stopped chan struct{}
+	// crash stops the replica as a SIGKILL would: it reaches neither the
+	// API server nor Redis any more, so it saves nothing and releases no
+	// Lease (they expire).
+	crash func()
+	cut   atomic.Bool
 
 	mu    sync.Mutex
 	moves []move // OnMove calls
@@ -94,8 +104,10 @@ func newShardedCluster(t *testing.T, fns *testservers.Functions, buckets int, na
 }
 
 // set is a bucket set of the cluster's configuration, for identity id.
-func (c *shardedCluster) set(id string) *sharding.Set {
-	kc, err := kubernetes.NewForConfig(c.cfgEnv.Config)
+func (c *shardedCluster) set(id string) *sharding.Set { return c.setOn(c.cfgEnv.Config, id) }
+
+func (c *shardedCluster) setOn(cfg *rest.Config, id string) *sharding.Set {
+	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -111,11 +123,16 @@ func (c *shardedCluster) set(id string) *sharding.Set {
 func (c *shardedCluster) start(id string, begin <-chan struct{}) *replica {
 	t := c.t
 	t.Helper()
-	r := &replica{id: id, set: c.set(id), stopped: make(chan struct{})}
+	r := &replica{id: id, stopped: make(chan struct{})}
+	// The replica's own connections, which crash cuts.
+	cfg := rest.CopyConfig(c.cfgEnv.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return cuttable{rt: rt, cut: &r.cut} })
+	r.set = c.setOn(cfg, id)
+	rdb := redis.NewClient(&redis.Options{Addr: c.redis.Addr})
 	skip := true
 	lease := 2 * time.Second
 	renew, retry := 1500*time.Millisecond, 200*time.Millisecond
-	mgr, err := ctrl.NewManager(c.cfgEnv.Config, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
 		Controller:     config.Controller{SkipNameValidation: &skip},
 		LeaderElection: true, LeaderElectionID: "operator.ziptrail.dev", LeaderElectionNamespace: c.leaseNS,
 		LeaderElectionReleaseOnCancel: true, LeaseDuration: &lease, RenewDeadline: &renew, RetryPeriod: &retry,
@@ -125,7 +142,7 @@ func (c *shardedCluster) start(id string, begin <-chan struct{}) *replica {
 	}
 	r.engine, err = NewSharded(ShardedOptions{
 		Options: Options{Resolver: c.fns, Log: logr.Discard(), CheckpointInterval: 20 * time.Millisecond,
-			Checkpoint: &checkpoint.Store{Client: c.redis.Client, Key: "ziptrail:test:engine"}},
+			Checkpoint: &checkpoint.Store{Client: rdb, Key: "ziptrail:test:engine"}},
 		Buckets: r.set, Identity: id,
 		Workflows: func(ctx context.Context) ([]types.NamespacedName, error) {
 			var l v1alpha1.WorkflowList
@@ -176,6 +193,11 @@ func (c *shardedCluster) start(id string, begin <-chan struct{}) *replica {
 			<-mgrDone
 			close(r.stopped)
 		})
+	}
+	r.crash = func() {
+		r.cut.Store(true)
+		_ = rdb.Close()
+		r.stop()
 	}
 	t.Cleanup(r.stop)
 	c.replicas = append(c.replicas, r)
@@ -229,6 +251,19 @@ func (c *shardedCluster) makeReady(ctx context.Context, wf *v1alpha1.Workflow) {
 			return c.k8s.Status().Update(ctx, svc) == nil
 		})
 	}
+}
+
+// cuttable fails every request once cut is set.
+type cuttable struct {
+	rt  http.RoundTripper
+	cut *atomic.Bool
+}
+
+func (c cuttable) RoundTrip(req *http.Request) (*http.Response, error) {
+	if c.cut.Load() {
+		return nil, errors.New("this replica was killed")
+	}
+	return c.rt.RoundTrip(req)
 }
 
 func waitForLong(t *testing.T, limit time.Duration, what string, cond func() bool) {

@@ -55,7 +55,11 @@ func watchRedis(ctx context.Context, rdb *redis.Client, peak *int64) func() {
 
 // session runs one sort session through the gateway and returns its result
 // and its record (start and end times).
-func session(gateway, token string, params map[string]any, timeout time.Duration, progress func(time.Duration, string)) (json.RawMessage, sessions.Session, error) {
+//
+// While it runs, the session is also polled every second and each snapshot
+// given to snapshot (if not nil): the events of the result's 30-second
+// long polls would come too late for the phases' times.
+func session(gateway, token string, params map[string]any, timeout time.Duration, progress func(time.Duration, string), snapshot func(sessions.Session)) (json.RawMessage, sessions.Session, error) {
 	var s sessions.Session
 	do := func(method, url string, body io.Reader) ([]byte, int, error) {
 		req, err := http.NewRequest(method, url, body)
@@ -83,6 +87,25 @@ func session(gateway, token string, params map[string]any, timeout time.Duration
 		return nil, s, err
 	}
 	start := time.Now()
+	if snapshot != nil {
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			tick := time.NewTicker(time.Second)
+			defer tick.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-tick.C:
+				}
+				var st sessions.Session
+				if b, code, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+s.ID, nil); err == nil && code == http.StatusOK && json.Unmarshal(b, &st) == nil {
+					snapshot(st)
+				}
+			}
+		}()
+	}
 	var result []byte
 	for {
 		b, code, err := do(http.MethodGet, gateway+"/v1/namespaces/bench/sessions/"+s.ID+"/result?wait=30s", nil)
@@ -127,6 +150,9 @@ func session(gateway, token string, params map[string]any, timeout time.Duration
 	}
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, s, err
+	}
+	if snapshot != nil {
+		snapshot(s)
 	}
 	if s.State != sessions.Completed || s.Ended == nil {
 		return nil, s, fmt.Errorf("session %s: %s %s", s.ID, s.State, s.Error)

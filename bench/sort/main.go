@@ -91,6 +91,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "run-timeout", 40*time.Minute, "give up on one sort after this long")
 	replot := flag.String("replot", "", "only redraw the chart (into -out) and print the table of this sort.json; with -calibration or -platform-cpu given, re-predict its runs instead (no chart)")
 	platformCPU := flag.String("platform-cpu", "", "-replot: re-predict with the platform's CPU per store (slowCPU, fastCPU, podCPU) of this calibration (`ziptrail calibrate --local` output)")
+	coresFrom := flag.String("cores-left", "", "-replot: re-predict each run with the cores the machine had left for it (its cores minus the other work's, from bench/sort/cpushare.py --json output, e.g. docs/bench/sort-cpu.json) instead of all of them")
 	warmup := flag.String("warmup", "256MiB", "first sort this much through s3 and hybrid, not counted, so that the functions' pods are up (0: no warm-up)")
 	flag.Parse()
 	if *replot != "" {
@@ -104,7 +105,7 @@ func main() {
 		}
 		calGiven := false
 		flag.Visit(func(f *flag.Flag) { calGiven = calGiven || f.Name == "calibration" })
-		if calGiven || *platformCPU != "" {
+		if calGiven || *platformCPU != "" || *coresFrom != "" {
 			// Re-predict the recorded runs: the storage parameters of
 			// -calibration (default: the one the run used), the platform's
 			// CPU of -platform-cpu. The measured times are not touched, and
@@ -128,7 +129,14 @@ func main() {
 				}
 				plat = &pc
 			}
-			if err := repredict(rep, cal, plat); err != nil {
+			var coresLeft func(Run) float64
+			if *coresFrom != "" {
+				mc, _ := rep.Machine["cores"].(float64)
+				if coresLeft, err = coresLeftFrom(*coresFrom, mc); err != nil {
+					fail(err)
+				}
+			}
+			if err := repredict(rep, cal, plat, coresLeft); err != nil {
 				fail(err)
 			}
 			fmt.Printf("re-predicted with the storage parameters of %s", calFile)
@@ -136,15 +144,20 @@ func main() {
 				fmt.Printf(" and the platform CPU of %s (slow %+v, fast %+v, pod %+v; s per byte and per request)", *platformCPU,
 					plat.Params.SlowCPU, plat.Params.FastCPU, plat.Params.PodCPU)
 			}
+			if coresLeft != nil {
+				fmt.Printf(", each run with the cores left to it by the machine's other work (%s)", *coresFrom)
+			}
 			fmt.Printf("\n\n")
 			printTable(os.Stdout, rep)
 			printCPU(os.Stdout, rep)
+			printPhases(os.Stdout, rep)
 			return
 		}
 		if err := writeChart(filepath.Join(o.out, "sort.png"), rep.Runs); err != nil {
 			fail(err)
 		}
 		printTable(os.Stdout, rep)
+		printPhases(os.Stdout, rep)
 		return
 	}
 	o.ray = !*noRay
@@ -233,6 +246,11 @@ type Run struct {
 	LoadAfter       string            `json:"loadAfter,omitempty"`
 	Result          json.RawMessage   `json:"result,omitempty"`
 	PeakRedisMemory int64             `json:"peakRedisUsedMemory,omitempty"`
+	// Functions: when the session invoked each function (the phases'
+	// starts; see FunctionTimes), and how many of its events the polls
+	// missed (0: the times are complete).
+	Functions    []FunctionTimes `json:"functions,omitempty"`
+	MissedEvents int             `json:"missedEvents,omitempty"`
 }
 
 // ComputeMeasure is bench/sort/cpu.py's output: the sort's own CPU seconds
@@ -396,7 +414,7 @@ func run(o options) error {
 			t := time.Now()
 			_, _, err := session(c.GatewayURL, c.GatewayToken, params, o.timeout, func(el time.Duration, what string) {
 				logf("warm-up %s via %s: running, %s (%s)", human(o.warmup), method, el.Round(time.Second), what)
-			})
+			}, nil)
 			if err != nil {
 				return fmt.Errorf("warm-up: %w", err)
 			}
@@ -482,10 +500,12 @@ func run(o options) error {
 				fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU), r.LoadBefore)
 			peak := int64(0)
 			stop := watchRedis(ctx, rdb, &peak)
+			invoked := newInvocationLog()
 			res, s, err := session(c.GatewayURL, c.GatewayToken, params, o.timeout, func(el time.Duration, what string) {
 				logf("[%d/%d] %s via %s: running, %s elapsed (Redis %s used; %s)", step, total, human(r.Bytes), method, el.Round(time.Second), human(redisUsed(ctx, rdb)), what)
-			})
+			}, invoked.add)
 			stop()
+			r.Functions, r.MissedEvents = invoked.times()
 			r.PeakRedisMemory = peak - used
 			r.LoadAfter = loadavg()
 			_ = rdb.ConfigSet(ctx, "maxmemory", "0").Err()

@@ -3,9 +3,12 @@ package main
 // The model's errors and the table.
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strconv"
 
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
@@ -105,7 +108,12 @@ func printTable(w io.Writer, rep *Report) {
 // what they were. A calibration without cores gets the run's machine's
 // (as the bench did). The transfers-only prediction leaves out the job's
 // and the platform's CPU (Locus's model).
-func repredict(rep *Report, cal model.Calibration, platform *model.Calibration) error {
+//
+// coresLeft, when not nil, gives a run's cores: those the machine had left
+// for the sort while it ran (its cores minus what other work on the
+// machine used then, measured; see coresLeftFrom). 0 or nil: the
+// calibration's cores (else the machine's).
+func repredict(rep *Report, cal model.Calibration, platform *model.Calibration, coresLeft func(Run) float64) error {
 	p := cal.Params
 	if p.Cores == 0 {
 		if c, ok := rep.Machine["cores"].(float64); ok {
@@ -114,10 +122,6 @@ func repredict(rep *Report, cal model.Calibration, platform *model.Calibration) 
 	}
 	if platform != nil {
 		p.SlowCPU, p.FastCPU, p.PodCPU = platform.Params.SlowCPU, platform.Params.FastCPU, platform.Params.PodCPU
-	}
-	m, err := model.New(p, model.DefaultPrices())
-	if err != nil {
-		return err
 	}
 	io := p
 	io.SlowCPU, io.FastCPU, io.PodCPU = model.StoreCPU{}, model.StoreCPU{}, model.StoreCPU{}
@@ -129,6 +133,16 @@ func repredict(rep *Report, cal model.Calibration, platform *model.Calibration) 
 		r := &rep.Runs[i]
 		if r.System != "ziptrail" || r.Prediction == nil {
 			continue
+		}
+		pr := p
+		if coresLeft != nil {
+			if c := coresLeft(*r); c > 0 {
+				pr.Cores = c
+			}
+		}
+		m, err := model.New(pr, model.DefaultPrices())
+		if err != nil {
+			return err
 		}
 		cfg := r.Prediction.Config
 		pred, err := m.Predict(cfg)
@@ -176,4 +190,43 @@ func printCPU(w io.Writer, rep *Report) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %.0f s | %.0f s | %d of %d |\n", human(r.Bytes), r.Method, job, plat, bound, len(r.Prediction.Phases))
 	}
+}
+
+// coresLeftFrom reads bench/sort/cpushare.py's JSON (--json: per run the
+// cores the sort's process tree got and the cores the rest of the machine
+// used, both measured from /proc while it ran) and returns, per run, the
+// machine's cores minus the others' use: the cores that were left for the
+// sort. Runs are matched by size and method; a run not in the file gets
+// 0 (the calibration's cores).
+func coresLeftFrom(path string, machineCores float64) (func(Run) float64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var f struct {
+		Tree []struct {
+			Size        string  `json:"size"`
+			Method      string  `json:"method"`
+			CoresOthers float64 `json:"coresOthers"`
+		} `json:"tree"`
+	}
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(f.Tree) == 0 {
+		return nil, fmt.Errorf("%s: no runs (\"tree\")", path)
+	}
+	if !(machineCores > 0) {
+		return nil, errors.New("the run's machine has no cores recorded")
+	}
+	return func(r Run) float64 {
+		for _, t := range f.Tree {
+			size, err := model.ParseBytes(t.Size)
+			if err != nil || t.Method != r.Method || math.Abs(size-float64(r.Bytes)) > 0.01*float64(r.Bytes) {
+				continue
+			}
+			return max(machineCores-t.CoresOthers, 0.1)
+		}
+		return 0
+	}, nil
 }

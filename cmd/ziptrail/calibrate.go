@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -52,6 +54,7 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defaults := model.DefaultParams()
 	podFrac := fs.Float64("pod-store-fraction", defaults.PodStoreFraction, "fraction of a producer pod's memory its object store may hold (configuration, not measured)")
 	startup := fs.Duration("worker-startup", time.Duration(defaults.WorkerStartup*float64(time.Second)), "a stage's cold start (not measured here; bench/coldstart measures it on the local cluster)")
+	qpBinary := fs.String("queue-proxy-zl", "", "--local: the sidecar binary of the sidecar-path CPU points (default: queue-proxy-zl on $PATH, next to this executable, or built from ./cmd/queue-proxy-zl in a ziptrail checkout); \"none\" leaves them out")
 	outFile := fs.String("o", "", "write the calibration to this file")
 	rawFile := fs.String("raw", "", "also write every measurement (the tables the fit read) to this JSON file")
 	cmFlag := fs.String("configmap", "", "write the calibration to this ConfigMap, NAMESPACE/NAME (NAME default "+model.ConfigMapName+"), on the cluster of the default kubeconfig (or --kubeconfig)")
@@ -97,6 +100,19 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 	}
 
+	// the sidecar binary is found before anything starts
+	var bin string
+	switch {
+	case !*local && *qpBinary != "":
+		return errors.New("--queue-proxy-zl goes with --local (the sidecar path is measured against servers calibrate started)")
+	case *local && *qpBinary != "none" && *redisAddr == "" && *s3Endpoint == "":
+		var cleanup func()
+		if bin, cleanup, err = findQueueProxy(ctx, *qpBinary, stderr); err != nil {
+			return err
+		}
+		defer cleanup()
+	}
+
 	cfg := calibrate.Config{DurationPerPoint: *perPoint, MaxObject: maxObj, Workers: workers, Progress: stderr}
 	host, _ := os.Hostname()
 	details := map[string]string{
@@ -130,6 +146,12 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		base.Cores = float64(runtime.NumCPU())
 		details["serverCPU"] = "measured: /proc/<pid>/stat of redis-server and MinIO, and this process's own CPU (the client side, and both ends of the pod pulls)"
+		if *qpBinary != "none" {
+			cfg.Sidecar = &calibrate.SidecarPath{Binary: bin}
+			details["sidecarCPU"] = "measured: objects through two queue-proxy-zl --standalone (" + bin + ") from SDK clients in this process; the platform's CPU per byte is fitted on these points (server + sidecars + SDK)"
+		} else {
+			details["sidecarCPU"] = "not measured (--queue-proxy-zl none): the platform's CPU per byte is the bare clients' and the servers', without the sidecar's own work"
+		}
 	} else {
 		if *redisAddr == "" || *s3Endpoint == "" || *s3Bucket == "" {
 			return errors.New("give --redis, --s3-endpoint and --s3-bucket (with --s3-access-key-file and --s3-secret-key-file), or --local")
@@ -220,6 +242,43 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stdout, "%s ConfigMap %s/%s (key %s) on %q\n", verb, cm.namespace, cm.name, model.ConfigMapKey, cm.context)
 	}
 	return nil
+}
+
+// findQueueProxy resolves --queue-proxy-zl: the path given, else
+// queue-proxy-zl on $PATH, else next to this executable, else — run from
+// a ziptrail checkout (`go run ./cmd/ziptrail`, make bench-sort) — built
+// from ./cmd/queue-proxy-zl into a temporary directory that cleanup
+// removes.
+func findQueueProxy(ctx context.Context, given string, progress io.Writer) (bin string, cleanup func(), err error) {
+	cleanup = func() {}
+	if given != "" {
+		if st, err := os.Stat(given); err != nil || st.IsDir() {
+			return "", cleanup, fmt.Errorf("--queue-proxy-zl %s: not a file", given)
+		}
+		return given, cleanup, nil
+	}
+	if p, err := exec.LookPath("queue-proxy-zl"); err == nil {
+		return p, cleanup, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "queue-proxy-zl")
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, cleanup, nil
+		}
+	}
+	if _, err := os.Stat(filepath.Join("cmd", "queue-proxy-zl", "main.go")); err == nil {
+		dir, err := os.MkdirTemp("", "ziptrail-calibrate-")
+		if err != nil {
+			return "", cleanup, err
+		}
+		fmt.Fprintln(progress, "building ./cmd/queue-proxy-zl for the sidecar-path points")
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", dir, "./cmd/queue-proxy-zl").CombinedOutput(); err != nil {
+			os.RemoveAll(dir)
+			return "", cleanup, fmt.Errorf("go build ./cmd/queue-proxy-zl: %v\n%s", err, out)
+		}
+		return filepath.Join(dir, "queue-proxy-zl"), func() { os.RemoveAll(dir) }, nil
+	}
+	return "", cleanup, errors.New("--local measures the sidecar path and needs queue-proxy-zl: not on $PATH, not next to this executable, and this is not a ziptrail checkout to build it in; build it (go build -o DIR ./cmd/queue-proxy-zl) and give --queue-proxy-zl DIR/queue-proxy-zl, or --queue-proxy-zl none to leave the sidecar path out")
 }
 
 // startLocalServers starts redis-server and MinIO with a bucket.
@@ -414,10 +473,14 @@ func printCalibration(w io.Writer, m *calibrate.Measurements, cal model.Calibrat
 			continue
 		}
 		v := fmt.Sprintf("read %s + %s per request", calibrate.FormatCPUPerByte(c.c.Read.PerByte), calibrate.FormatCPUSeconds(c.c.Read.PerRequest))
-		if c.n != "podCPU" {
+		if c.c.Write != (model.CPUCost{}) {
 			v = fmt.Sprintf("write %s + %s per request, %s", calibrate.FormatCPUPerByte(c.c.Write.PerByte), calibrate.FormatCPUSeconds(c.c.Write.PerRequest), v)
 		}
-		fmt.Fprintf(tw, "%s\t%s (server and client CPU)\n", c.n, v)
+		who := "server and bare client CPU"
+		if _, ok := cal.MeasuredOn.Details["sidecarCPU"]; ok && strings.HasPrefix(cal.MeasuredOn.Details["sidecarCPU"], "measured") {
+			who = "server, queue-proxy-zl and SDK CPU"
+		}
+		fmt.Fprintf(tw, "%s\t%s (%s)\n", c.n, v, who)
 	}
 	if p.Cores > 0 {
 		fmt.Fprintf(tw, "cores\t%g (this machine's: the workers and the stores share them)\n", p.Cores)

@@ -35,10 +35,14 @@ type CPUSample struct {
 	ServerCPU float64 `json:"serverCPU"`
 	// ClientCPU is this process's CPU seconds (every thread).
 	ClientCPU float64 `json:"clientCPU"`
+	// SidecarCPU is the queue-proxy-zl processes' CPU seconds (the
+	// sidecar-path points; 0 in the others, which have no sidecar).
+	SidecarCPU float64 `json:"sidecarCPU,omitempty"`
 }
 
-// Total is the sample's CPU: server (if measured) plus client.
-func (s CPUSample) Total() float64 { return max(s.ServerCPU, 0) + s.ClientCPU }
+// Total is the sample's CPU: server (if measured) plus sidecars plus
+// client.
+func (s CPUSample) Total() float64 { return max(s.ServerCPU, 0) + s.SidecarCPU + s.ClientCPU }
 
 // selfCPU is this process's CPU time (user + system, every thread) in
 // seconds.
@@ -146,8 +150,9 @@ func ListenerPID(addr string) (int, error) {
 // fitted on.
 type CPUFit struct {
 	CPU model.CPUCost
-	// ServerShare is the server's part of the CPU of the samples (0 to 1).
-	ServerShare float64
+	// ServerShare and SidecarShare are the server's and the sidecars'
+	// parts of the CPU of the samples (0 to 1).
+	ServerShare, SidecarShare float64
 	// RMS is the root mean square relative residual.
 	RMS     float64
 	Samples int
@@ -164,7 +169,7 @@ const minCPUSample = 0.05
 // are left out (the resolution of /proc's times).
 func FitCPU(samples []CPUSample) (CPUFit, error) {
 	var req, byt []float64
-	var server, total float64
+	var server, sidecar, total float64
 	for _, s := range samples {
 		y := s.Total()
 		if y < minCPUSample || s.Requests < 1 || !(s.Bytes > 0) {
@@ -174,6 +179,7 @@ func FitCPU(samples []CPUSample) (CPUFit, error) {
 		req = append(req, float64(s.Requests)/y)
 		byt = append(byt, s.Bytes/y)
 		server += max(s.ServerCPU, 0)
+		sidecar += s.SidecarCPU
 		total += y
 	}
 	n := len(req)
@@ -199,7 +205,7 @@ func FitCPU(samples []CPUSample) (CPUFit, error) {
 		r := c.PerRequest*req[i] + c.PerByte*byt[i] - 1
 		ss += r * r
 	}
-	return CPUFit{CPU: c, ServerShare: server / total, RMS: math.Sqrt(ss / float64(n)), Samples: n}, nil
+	return CPUFit{CPU: c, ServerShare: server / total, SidecarShare: sidecar / total, RMS: math.Sqrt(ss / float64(n)), Samples: n}, nil
 }
 
 func sse(x []float64, a float64, y []float64) float64 {

@@ -452,21 +452,35 @@ func Fit(m *Measurements, base model.Params) (model.Params, []string, error) {
 			note("pod aggregate bandwidth: still growing at the most pullers measured; uncapped")
 		}
 	}
+	// The platform's CPU per store and direction: from the sidecar-path
+	// points where they were measured (the real path: SDK, queue-proxy-zl,
+	// server), else from the in-process measurements (bare clients: the
+	// sidecar's own work missing). A producer's put into its own pod store
+	// is only measured on the sidecar path (in process it is no transfer).
 	for _, c := range []struct {
 		store, op string
 		dst       *model.CPUCost
-	}{{S3, Write, &p.SlowCPU.Write}, {S3, Read, &p.SlowCPU.Read}, {Redis, Write, &p.FastCPU.Write}, {Redis, Read, &p.FastCPU.Read}, {Pod, Read, &p.PodCPU.Read}} {
-		var samples []CPUSample
-		unseen := 0
-		for _, s := range m.CPU {
-			if s.Store != c.store || s.Op != c.op {
-				continue
+	}{{S3, Write, &p.SlowCPU.Write}, {S3, Read, &p.SlowCPU.Read}, {Redis, Write, &p.FastCPU.Write}, {Redis, Read, &p.FastCPU.Read},
+		{Pod, Write, &p.PodCPU.Write}, {Pod, Read, &p.PodCPU.Read}} {
+		pick := func(all []CPUSample) (samples []CPUSample, unseen int) {
+			for _, s := range all {
+				if s.Store != c.store || s.Op != c.op {
+					continue
+				}
+				if s.ServerCPU < 0 && c.store != Pod {
+					unseen++
+					continue
+				}
+				samples = append(samples, s)
 			}
-			if s.ServerCPU < 0 && c.store != Pod {
-				unseen++
-				continue
-			}
-			samples = append(samples, s)
+			return samples, unseen
+		}
+		samples, unseen := pick(m.SidecarPath)
+		viaSidecar := len(samples) > 0
+		if !viaSidecar {
+			var u int
+			samples, u = pick(m.CPU)
+			unseen += u
 		}
 		if len(samples) == 0 {
 			if unseen > 0 {
@@ -480,9 +494,14 @@ func Fit(m *Measurements, base model.Params) (model.Params, []string, error) {
 			continue
 		}
 		*c.dst = f.CPU
-		who := fmt.Sprintf("server %.0f %%, client (the sidecar's side) %.0f %%", 100*f.ServerShare, 100*(1-f.ServerShare))
-		if c.store == Pod {
-			who = "producer and consumer, both in this process"
+		var who string
+		switch {
+		case viaSidecar:
+			who = fmt.Sprintf("through queue-proxy-zl: server %.0f %%, sidecars %.0f %%, SDK %.0f %%", 100*f.ServerShare, 100*f.SidecarShare, 100*(1-f.ServerShare-f.SidecarShare))
+		case c.store == Pod:
+			who = "bare pull client and server, both in this process"
+		default:
+			who = fmt.Sprintf("bare clients, no sidecar: server %.0f %%, client %.0f %%", 100*f.ServerShare, 100*(1-f.ServerShare))
 		}
 		note("%s %s CPU: %s + %s per request (%s); relative rms residual %.2f over %d measurements", c.store, c.op,
 			FormatCPUPerByte(f.CPU.PerByte), FormatCPUSeconds(f.CPU.PerRequest), who, f.RMS, f.Samples)

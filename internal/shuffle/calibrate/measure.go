@@ -51,6 +51,11 @@ type Config struct {
 	// one has its server's CPU unmeasured (CPUSample.ServerCPU −1), and
 	// the fit leaves its CPU cost unknown.
 	ServerPIDs map[string]int
+	// Sidecar, when set, adds the sidecar-path points: objects of 256 KB
+	// to 16 MB through two real queue-proxy-zl processes (SidecarPath),
+	// with their CPU, the servers' and the SDK's. The fit prices the
+	// platform's CPU from these points where they exist.
+	Sidecar *SidecarPath
 	// Progress receives a line per step (nil: none).
 	Progress io.Writer
 }
@@ -99,6 +104,14 @@ func (c *Config) defaults() error {
 	if c.Progress == nil {
 		c.Progress = io.Discard
 	}
+	if c.Sidecar != nil {
+		if c.Sidecar.Binary == "" {
+			return errors.New("calibrate: the sidecar path needs the queue-proxy-zl binary")
+		}
+		if c.Sidecar.Workers <= 0 {
+			c.Sidecar.Workers = 2
+		}
+	}
 	return nil
 }
 
@@ -144,8 +157,11 @@ type runner struct {
 	redis  redisTarget
 	s3     s3Target
 	pod    *podTarget
-	seq    atomic.Int64 // makes every point's keys new (a pod store remembers freed ids)
-	mu     sync.Mutex
+	// sidecar is the two queue-proxy-zl of the sidecar-path points (nil:
+	// not measured).
+	sidecar *sidecars
+	seq     atomic.Int64 // makes every point's keys new (a pod store remembers freed ids)
+	mu      sync.Mutex
 	// written are keys still to remove, by target.
 	written map[target]map[string]bool
 }
@@ -197,10 +213,21 @@ func Measure(ctx context.Context, cfg Config) (*Measurements, error) {
 		prefix:  "ziptrail-calibrate/" + time.Now().UTC().Format("20060102T150405") + "-" + hex.EncodeToString(id) + "/",
 		written: map[target]map[string]bool{}}
 	defer r.cleanup(ctx)
+	if cfg.Sidecar != nil {
+		fmt.Fprintf(cfg.Progress, "starting two queue-proxy-zl (%s) with these tiers\n", cfg.Sidecar.Binary)
+		if r.sidecar, err = startSidecars(cfg); err != nil {
+			return nil, fmt.Errorf("sidecars: %w", err)
+		}
+		defer r.sidecar.close()
+	}
 
 	steps := r.steps()
-	fmt.Fprintf(cfg.Progress, "calibrating: %d steps of about %s each (bandwidth of %v workers at %s objects; request rates at %s; Redis server bandwidth; pod pulls)\n",
-		len(steps), cfg.DurationPerPoint, cfg.Workers, sizes(BandwidthSizes(cfg.MaxObject)), sizes(RateSizes(cfg.MaxObject)))
+	sidecar := ""
+	if r.sidecar != nil {
+		sidecar = fmt.Sprintf("; CPU through the sidecar at %s", sizes(sidecarSizes(cfg.MaxObject)))
+	}
+	fmt.Fprintf(cfg.Progress, "calibrating: %d steps of about %s each (bandwidth of %v workers at %s objects; request rates at %s; Redis server bandwidth; pod pulls%s)\n",
+		len(steps), cfg.DurationPerPoint, cfg.Workers, sizes(BandwidthSizes(cfg.MaxObject)), sizes(RateSizes(cfg.MaxObject)), sidecar)
 	start := time.Now()
 	for i, s := range steps {
 		fmt.Fprintf(cfg.Progress, "[%*d/%d] %s: ", len(fmt.Sprint(len(steps))), i+1, len(steps), s.label)
@@ -254,6 +281,16 @@ func (r *runner) steps() []step {
 	size := min(10*model.MB, cfg.MaxObject)
 	steps = append(steps, step{fmt.Sprintf("redis server bandwidth, %d clients × %s (half write, half read)", cfg.ServerClients, FormatSize(size)),
 		func(ctx context.Context) (string, error) { return r.serverPoint(ctx, r.redis, size) }})
+	if r.sidecar != nil {
+		for _, store := range []string{S3, Redis, Pod} {
+			for _, op := range []string{Write, Read} {
+				for _, size := range sidecarSizes(cfg.MaxObject) {
+					steps = append(steps, step{fmt.Sprintf("%s %s through the sidecar, %d worker(s) × %s", store, op, cfg.Sidecar.Workers, FormatSize(size)),
+						func(ctx context.Context) (string, error) { return r.sidecarPoint(ctx, store, op, size) }})
+				}
+			}
+		}
+	}
 	return steps
 }
 

@@ -95,6 +95,10 @@ type Measurements struct {
 	// CPU is the CPU time of every timed measurement (client and, where
 	// visible, server).
 	CPU []CPUSample `json:"cpu,omitempty"`
+	// SidecarPath are the sidecar-path points (Config.Sidecar): the CPU
+	// of moving objects through real queue-proxy-zl processes, with
+	// SidecarCPU set.
+	SidecarPath []CPUSample `json:"sidecarPath,omitempty"`
 }
 
 // bandwidth returns the points of one store and direction, by workers then

@@ -388,9 +388,10 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 		case o.bucket == fast:
 			platform += pp.FastCPU.Of(o.bytes, o.requests, o.write)
 		case o.bucket == pod:
-			if !o.write { // a producer's writes stay in its own memory
-				platform += pp.PodCPU.Of(o.bytes, o.requests, false)
-			}
+			// a producer's put into its own pod's store is no transfer,
+			// but it is work: the function hands the bytes to its sidecar
+			// (PodCPU.Write, measured on the sidecar path; 0 before)
+			platform += pp.PodCPU.Of(o.bytes, o.requests, o.write)
 		default:
 			platform += pp.SlowCPU.Of(o.bytes, o.requests, o.write)
 		}

@@ -499,15 +499,15 @@ func TestJobTaskCounts(t *testing.T) {
 // platformParams are handParams with the platform's CPU per store, the
 // same for writes and reads: 5 ns/B and 10 ms per request through the slow
 // store, 3 ns/B through the fast store, 1 ns/B and 1 ms per request for
-// pod pulls.
+// pod pulls, and 0.5 ns/B and 1 ms per request for a producer's put into
+// its own pod's store.
 func platformParams(cores float64) Params {
 	p := handParams()
 	p.Cores = cores
 	slow, fast, pod := CPUCost{PerByte: 5e-9, PerRequest: 0.01}, CPUCost{PerByte: 3e-9}, CPUCost{PerByte: 1e-9, PerRequest: 0.001}
 	p.SlowCPU = StoreCPU{Read: slow, Write: slow}
 	p.FastCPU = StoreCPU{Read: fast, Write: fast}
-	// a producer's writes stay in its pod: no cost, whatever Write says
-	p.PodCPU = StoreCPU{Read: pod, Write: CPUCost{PerByte: 1}}
+	p.PodCPU = StoreCPU{Read: pod, Write: CPUCost{PerByte: 0.5e-9, PerRequest: 0.001}}
 	return p
 }
 
@@ -546,10 +546,11 @@ func TestPlatformCPU(t *testing.T) {
 		// (8 + 8.04)/2 = 8.02.
 		{"redis, 2 cores", Redis, 2, job, 8.04, 8.04, 16.02, 8.02, ComputeTerm, ComputeTerm},
 		// podmemory: map reads 1 GB from s3 (5.04 s), its partitions stay
-		// in the pod (no CPU): (24 + 5.04)/2 = 14.52; reduce pulls 1 GB in
-		// 16 objects (1 + 0.016 s) and writes 1 GB in 4 PUTs (5.04 s):
-		// (8 + 6.056)/2 = 7.028.
-		{"podmemory, 2 cores", PodMemory, 2, job, 5.04, 6.056, 14.52, 7.028, ComputeTerm, ComputeTerm},
+		// in the pod, but each producer hands its 4 pieces to its own
+		// sidecar: 1 GB in 16 puts, 0.5 + 0.016 s; (24 + 5.556)/2 =
+		// 14.778; reduce pulls 1 GB in 16 objects (1 + 0.016 s) and
+		// writes 1 GB in 4 PUTs (5.04 s): (8 + 6.056)/2 = 7.028.
+		{"podmemory, 2 cores", PodMemory, 2, job, 5.556, 6.056, 14.778, 7.028, ComputeTerm, ComputeTerm},
 	} {
 		cfg := Config{Method: c.method, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, FastCapacity: 2e9, Compute: c.compute}
 		pr, err := mustModel(t, platformParams(c.cores), handPrices()).Predict(cfg)

@@ -169,3 +169,39 @@ func BenchmarkShuffle4096(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1e3, "ms/shuffle")
 }
+
+// BenchmarkObjectReadyDelegated is BenchmarkObjectReadyDecision with
+// delegation on: every object comes with the producer's report that it
+// fired the target itself, so the decision only records the firing.
+func BenchmarkObjectReadyDelegated(b *testing.B) {
+	e := New(64)
+	if err := e.SetWorkflow(WorkflowSpec{Name: wfName, Entry: "entry", OutputBucket: "out", SessionDeadline: time.Hour, Delegate: true,
+		Triggers: []TriggerSpec{{Name: "t", Bucket: "b", Primitive: Immediate, Targets: []string{"next"}}}}); err != nil {
+		b.Fatal(err)
+	}
+	const sessions = 1000
+	entries := make([]string, sessions)
+	for i := 0; i < sessions; i++ {
+		acts, err := e.StartSession(wfName, "s"+strconv.Itoa(i), Object{}, t0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		entries[i] = acts[0].Invocation
+	}
+	objs := make([]Object, 4096)
+	for i := range objs {
+		s := "s" + strconv.Itoa(i%sessions)
+		objs[i] = Object{Bucket: "b", Key: strconv.Itoa(i), Session: s, Size: 10 << 10, Ref: "zt1.ref", Invocation: entries[i%sessions]}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		o := objs[i%len(objs)]
+		o.Key = strconv.Itoa(i)
+		o.FiredLocally = []string{DelegatedInvocation(o.Session, "t", "next", "b", o.Key)}
+		acts := e.ObjectReady(wfName, o, t0)
+		if len(acts) != 1 || !acts[0].Delegated {
+			b.Fatalf("got %v", acts)
+		}
+	}
+}

@@ -274,6 +274,13 @@ func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action 
 	}
 	name := obj.Bucket + "/" + obj.Key
 	base := BaseInvocation(obj.Invocation)
+	// Claims of local firings count only from the session's own workflow
+	// and for an object of one of its invocations.
+	var claims []string
+	if wf.spec.Delegate && s.wf == wfName && base != "" && s.invocations[base] != nil {
+		claims = obj.FiredLocally
+	}
+	obj.FiredLocally = nil
 	first, dup := s.seen[name]
 	done := s.count(base, name, dup, first)
 	var out []Action
@@ -282,6 +289,10 @@ func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action 
 		for _, t := range wf.byBucket[obj.Bucket] {
 			st := s.state(t)
 			for _, f := range t.prim.ActionForNewObject(st, s, &obj, now) {
+				if wf.spec.Delegate && Delegable(t.spec) {
+					out = s.fireDelegated(out, wf, t, &obj, claims)
+					continue
+				}
 				out = append(out, s.fire(wf, t, f)...)
 			}
 			// An arrival may make re-executions due at once: the
@@ -347,6 +358,19 @@ func (s *session) fire(wf *workflow, t *trigger, f Firing) []Action {
 	out := make([]Action, 0, len(t.spec.Targets))
 	for _, target := range t.spec.Targets {
 		out = append(out, s.invoke(wf, target, t.spec.Name, f.Objects, f.Group))
+	}
+	return out
+}
+
+// fireDelegated appends a delegable trigger's firing on obj, one action
+// per target under its derived id (see delegated).
+func (s *session) fireDelegated(out []Action, wf *workflow, t *trigger, obj *Object, claims []string) []Action {
+	for _, target := range t.spec.Targets {
+		a, ok := s.delegated(wf, t, target, obj, claims)
+		if !ok {
+			a = s.invoke(wf, target, t.spec.Name, []Object{*obj}, "")
+		}
+		out = append(out, a)
 	}
 	return out
 }

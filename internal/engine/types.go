@@ -17,6 +17,12 @@ type Object struct {
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	Producer   string            `json:"producer,omitempty"`   // producing function
 	Invocation string            `json:"invocation,omitempty"` // producing invocation id
+	// FiredLocally are the invocations the producer's sidecar says it made
+	// for this object itself (delegated firing, see Delegable): ids of
+	// DelegatedInvocation. The engine records those firings without
+	// asking for them to be sent; it ignores any other id, and every
+	// claim when the producing invocation is not one of the session's.
+	FiredLocally []string `json:"-"`
 }
 
 // MarshalJSON keeps an empty inline object ("inline": "") that omitempty
@@ -77,6 +83,10 @@ type Action struct {
 	// or failed invocation: the original still runs, the first to finish
 	// wins.
 	Speculative bool `json:"speculative,omitempty"`
+	// Delegated marks an ActInvoke the producer's sidecar already made
+	// (it reported so, or the invocation reported its start): the caller
+	// records it as sent and does not send it again.
+	Delegated bool `json:"delegated,omitempty"`
 }
 
 // Finish is how an invocation ended.
@@ -167,6 +177,11 @@ type WorkflowSpec struct {
 	OutputBucket    string        `json:"outputBucket"`
 	SessionDeadline time.Duration `json:"sessionDeadline"`
 	Triggers        []TriggerSpec `json:"triggers"`
+	// Delegate gives the firings of delegable triggers (Delegable) ids
+	// derived from session, trigger, target and object
+	// (DelegatedInvocation), so the producer's sidecar may make them
+	// itself; false: sequential ids, every firing sent by the caller.
+	Delegate bool `json:"delegate,omitempty"`
 }
 
 // Validate reports the first problem in a spec.

@@ -1,0 +1,105 @@
+package engine
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func delegatingEngine(t testing.TB) *Engine {
+	e := New(4)
+	for _, name := range []string{delWF, "ns/other"} {
+		if err := e.SetWorkflow(WorkflowSpec{Name: name, Entry: "entry", OutputBucket: "out", SessionDeadline: time.Hour,
+			Triggers: delTriggers, Delegate: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+// TestDelegatedClaims: the engine accepts a claim of a local firing only
+// under the derived id, from the session's own workflow, for an object of
+// one of the session's invocations; anything else is fired as usual (sent).
+func TestDelegatedClaims(t *testing.T) {
+	e := delegatingEngine(t)
+	acts, err := e.StartSession(delWF, "s", Object{}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := acts[0].Invocation
+	id := func(trig, target, bucket, key string) string { return DelegatedInvocation("s", trig, target, bucket, key) }
+	obj := func(bucket, key, inv string, fired ...string) Object {
+		return Object{Bucket: bucket, Key: key, Session: "s", Inline: []byte("x"), Invocation: inv, FiredLocally: fired}
+	}
+	byFn := func(acts []Action) map[string]Action {
+		m := map[string]Action{}
+		for _, a := range acts {
+			m[a.Function] = a
+		}
+		return m
+	}
+
+	// Its own object, f fired locally, g not: f recorded, g sent.
+	got := byFn(e.ObjectReady(delWF, obj("a", "k0", entry, id("imm", "f", "a", "k0")), t0))
+	if a := got["f"]; !a.Delegated || a.Invocation != id("imm", "f", "a", "k0") {
+		t.Fatalf("f: %+v, want Delegated under the derived id", a)
+	}
+	if a := got["g"]; a.Delegated || a.Invocation != id("imm", "g", "a", "k0") {
+		t.Fatalf("g: %+v, want sent under the derived id", a)
+	}
+	// A forged id (another target, another key, a made-up one) is ignored.
+	got = byFn(e.ObjectReady(delWF, obj("a", "k1", entry, id("imm", "f", "a", "k0"), id("imm", "evil", "a", "k1"), "s.d0"), t0))
+	if got["f"].Delegated || got["g"].Delegated || len(got) != 2 {
+		t.Fatalf("forged ids accepted: %+v", got)
+	}
+	// Another workflow of the namespace claiming a firing for this session.
+	got = byFn(e.ObjectReady("ns/other", obj("a", "k2", entry, id("imm", "f", "a", "k2")), t0))
+	if got["f"].Delegated {
+		t.Fatalf("a claim from another workflow was accepted: %+v", got["f"])
+	}
+	// An object of an invocation the session never had.
+	got = byFn(e.ObjectReady(delWF, obj("n", "k1", "s.99", id("nm", "h", "n", "k1")), t0))
+	if a := got["h"]; a.Delegated || a.Invocation == "" {
+		t.Fatalf("a claim for an object of an unknown invocation was accepted: %+v", a)
+	}
+	// A resent report fires nothing more.
+	if acts := e.ObjectReady(delWF, obj("a", "k0", entry, id("imm", "f", "a", "k0")), t0); len(acts) != 0 {
+		t.Fatalf("a resent report fired again: %v", acts)
+	}
+}
+
+// TestDelegatedStartFirst: the consumer's start under the derived id,
+// before the producer's report, records the firing; a start under that id
+// naming another function does not suppress it.
+func TestDelegatedStartFirst(t *testing.T) {
+	e := delegatingEngine(t)
+	acts, _ := e.StartSession(delWF, "s", Object{}, t0)
+	entry := acts[0].Invocation
+	w0 := DelegatedInvocation("s", "tw", "work", "w", "k0")
+	e.FunctionStarted(delWF, "s", "work", w0, nil, t0)
+	acts = e.ObjectReady(delWF, Object{Bucket: "w", Key: "k0", Session: "s", Inline: []byte{}, Invocation: entry}, t0)
+	if len(acts) != 1 || !acts[0].Delegated || acts[0].Invocation != w0 {
+		t.Fatalf("got %v, want the started invocation recorded as Delegated", acts)
+	}
+	w1 := DelegatedInvocation("s", "tw", "work", "w", "k1")
+	e.FunctionStarted(delWF, "s", "evil", w1, nil, t0)
+	acts = e.ObjectReady(delWF, Object{Bucket: "w", Key: "k1", Session: "s", Inline: []byte{}, Invocation: entry}, t0)
+	if len(acts) != 1 || acts[0].Delegated || acts[0].Invocation == w1 || !strings.HasPrefix(acts[0].Invocation, "s.") {
+		t.Fatalf("got %v, want a fresh id, sent", acts)
+	}
+}
+
+// TestNotDelegating: without WorkflowSpec.Delegate the ids stay
+// sequential and claims are ignored (the switch off is today's engine).
+func TestNotDelegating(t *testing.T) {
+	e := New(4)
+	if err := e.SetWorkflow(WorkflowSpec{Name: delWF, Entry: "entry", OutputBucket: "out", SessionDeadline: time.Hour, Triggers: delTriggers}); err != nil {
+		t.Fatal(err)
+	}
+	acts, _ := e.StartSession(delWF, "s", Object{}, t0)
+	acts = e.ObjectReady(delWF, Object{Bucket: "a", Key: "k0", Session: "s", Inline: []byte{}, Invocation: acts[0].Invocation,
+		FiredLocally: []string{DelegatedInvocation("s", "imm", "f", "a", "k0")}}, t0)
+	if len(acts) != 2 || acts[0].Delegated || acts[0].Invocation != "s.1" || acts[1].Invocation != "s.2" {
+		t.Fatalf("got %v", acts)
+	}
+}

@@ -336,8 +336,12 @@ type ObjectReady struct {
 	ProducerFunction string            `protobuf:"bytes,8,opt,name=producer_function,json=producerFunction,proto3" json:"producer_function,omitempty"`
 	InvocationId     string            `protobuf:"bytes,9,opt,name=invocation_id,json=invocationId,proto3" json:"invocation_id,omitempty"`
 	Persisted        bool              `protobuf:"varint,10,opt,name=persisted,proto3" json:"persisted,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Delegated firing (docs/control-stream.md): the invocations this
+	// sidecar made itself for this object (DelegatedTrigger), by their
+	// derived ids; the engine records them instead of sending them.
+	FiredLocally  []string `protobuf:"bytes,11,rep,name=fired_locally,json=firedLocally,proto3" json:"fired_locally,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ObjectReady) Reset() {
@@ -440,6 +444,13 @@ func (x *ObjectReady) GetPersisted() bool {
 	return false
 }
 
+func (x *ObjectReady) GetFiredLocally() []string {
+	if x != nil {
+		return x.FiredLocally
+	}
+	return nil
+}
+
 type FunctionStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Session       string                 `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
@@ -518,7 +529,11 @@ type FunctionFinished struct {
 	// How many distinct objects (bucket/key) the invocation sent: the engine
 	// treats it as running until it has counted them all, since object
 	// reports may arrive after the finish.
-	OutputsSent   uint32 `protobuf:"varint,6,opt,name=outputs_sent,json=outputsSent,proto3" json:"outputs_sent,omitempty"`
+	OutputsSent uint32 `protobuf:"varint,6,opt,name=outputs_sent,json=outputsSent,proto3" json:"outputs_sent,omitempty"`
+	// The function's return value, for an invocation this sidecar made
+	// itself (delegated firing): the operator turns it into the return
+	// objects its dispatcher would have read from the response.
+	ReturnValue   []byte `protobuf:"bytes,7,opt,name=return_value,json=returnValue,proto3,oneof" json:"return_value,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -593,6 +608,13 @@ func (x *FunctionFinished) GetOutputsSent() uint32 {
 		return x.OutputsSent
 	}
 	return 0
+}
+
+func (x *FunctionFinished) GetReturnValue() []byte {
+	if x != nil {
+		return x.ReturnValue
+	}
+	return nil
 }
 
 // GroupJoin: an instance in this pod joins a messaging group of a session
@@ -766,6 +788,7 @@ type OperatorMessage struct {
 	//	*OperatorMessage_GroupView
 	//	*OperatorMessage_GroupJoinResult
 	//	*OperatorMessage_Redirect
+	//	*OperatorMessage_Delegations
 	Msg           isOperatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -889,6 +912,15 @@ func (x *OperatorMessage) GetRedirect() *Redirect {
 	return nil
 }
 
+func (x *OperatorMessage) GetDelegations() *Delegations {
+	if x != nil {
+		if x, ok := x.Msg.(*OperatorMessage_Delegations); ok {
+			return x.Delegations
+		}
+	}
+	return nil
+}
+
 type isOperatorMessage_Msg interface {
 	isOperatorMessage_Msg()
 }
@@ -929,6 +961,10 @@ type OperatorMessage_Redirect struct {
 	Redirect *Redirect `protobuf:"bytes,9,opt,name=redirect,proto3,oneof"`
 }
 
+type OperatorMessage_Delegations struct {
+	Delegations *Delegations `protobuf:"bytes,10,opt,name=delegations,proto3,oneof"`
+}
+
 func (*OperatorMessage_Keys) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Drop) isOperatorMessage_Msg() {}
@@ -947,6 +983,141 @@ func (*OperatorMessage_GroupJoinResult) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Redirect) isOperatorMessage_Msg() {}
 
+func (*OperatorMessage_Delegations) isOperatorMessage_Msg() {}
+
+// Delegations are the triggers of the sidecar's workflow that it fires
+// itself when its function sends an object into their bucket (delegated
+// firing: Immediate and ByName only). Each message replaces the previous
+// set; an empty one turns delegation off for this sidecar.
+type Delegations struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Triggers      []*DelegatedTrigger    `protobuf:"bytes,1,rep,name=triggers,proto3" json:"triggers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Delegations) Reset() {
+	*x = Delegations{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Delegations) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Delegations) ProtoMessage() {}
+
+func (x *Delegations) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Delegations.ProtoReflect.Descriptor instead.
+func (*Delegations) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Delegations) GetTriggers() []*DelegatedTrigger {
+	if x != nil {
+		return x.Triggers
+	}
+	return nil
+}
+
+// DelegatedTrigger is one trigger and one of its targets.
+type DelegatedTrigger struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Trigger       string                 `protobuf:"bytes,1,opt,name=trigger,proto3" json:"trigger,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`           // ByName: the key that fires; empty: every key (Immediate)
+	Function      string                 `protobuf:"bytes,4,opt,name=function,proto3" json:"function,omitempty"` // the target, a function of the workflow
+	Service       string                 `protobuf:"bytes,5,opt,name=service,proto3" json:"service,omitempty"`   // its Knative Service
+	Url           string                 `protobuf:"bytes,6,opt,name=url,proto3" json:"url,omitempty"`           // where the operator's dispatcher invokes it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DelegatedTrigger) Reset() {
+	*x = DelegatedTrigger{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DelegatedTrigger) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DelegatedTrigger) ProtoMessage() {}
+
+func (x *DelegatedTrigger) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DelegatedTrigger.ProtoReflect.Descriptor instead.
+func (*DelegatedTrigger) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DelegatedTrigger) GetTrigger() string {
+	if x != nil {
+		return x.Trigger
+	}
+	return ""
+}
+
+func (x *DelegatedTrigger) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *DelegatedTrigger) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *DelegatedTrigger) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *DelegatedTrigger) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *DelegatedTrigger) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
 // Redirect tells an authenticated sidecar that another operator replica
 // owns its workflow's bucket (docs/sharding.md): the operator ends the
 // stream after it, and the sidecar reconnects to address (host:port) with
@@ -962,7 +1133,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1145,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1158,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Redirect) GetAddress() string {
@@ -1017,7 +1188,7 @@ type GroupJoinResult struct {
 
 func (x *GroupJoinResult) Reset() {
 	*x = GroupJoinResult{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1200,7 @@ func (x *GroupJoinResult) String() string {
 func (*GroupJoinResult) ProtoMessage() {}
 
 func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1213,7 @@ func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupJoinResult.ProtoReflect.Descriptor instead.
 func (*GroupJoinResult) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GroupJoinResult) GetJoinId() string {
@@ -1084,7 +1255,7 @@ type GroupView struct {
 
 func (x *GroupView) Reset() {
 	*x = GroupView{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1267,7 @@ func (x *GroupView) String() string {
 func (*GroupView) ProtoMessage() {}
 
 func (x *GroupView) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1280,7 @@ func (x *GroupView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupView.ProtoReflect.Descriptor instead.
 func (*GroupView) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GroupView) GetSession() string {
@@ -1173,7 +1344,7 @@ type GroupMember struct {
 
 func (x *GroupMember) Reset() {
 	*x = GroupMember{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1356,7 @@ func (x *GroupMember) String() string {
 func (*GroupMember) ProtoMessage() {}
 
 func (x *GroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1369,7 @@ func (x *GroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
 func (*GroupMember) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GroupMember) GetRank() uint32 {
@@ -1250,7 +1421,7 @@ type Tiers struct {
 
 func (x *Tiers) Reset() {
 	*x = Tiers{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1262,7 +1433,7 @@ func (x *Tiers) String() string {
 func (*Tiers) ProtoMessage() {}
 
 func (x *Tiers) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1275,7 +1446,7 @@ func (x *Tiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tiers.ProtoReflect.Descriptor instead.
 func (*Tiers) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Tiers) GetRedisAddr() string {
@@ -1342,7 +1513,7 @@ type Rejected struct {
 
 func (x *Rejected) Reset() {
 	*x = Rejected{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1525,7 @@ func (x *Rejected) String() string {
 func (*Rejected) ProtoMessage() {}
 
 func (x *Rejected) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1538,7 @@ func (x *Rejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejected.ProtoReflect.Descriptor instead.
 func (*Rejected) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Rejected) GetSeq() uint64 {
@@ -1401,7 +1572,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1413,7 +1584,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1426,7 +1597,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1448,7 +1619,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1460,7 +1631,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1473,7 +1644,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Keys) GetKeys() []*Key {
@@ -1500,7 +1671,7 @@ type Key struct {
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1512,7 +1683,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +1696,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Key) GetId() string {
@@ -1553,7 +1724,7 @@ type DropObjects struct {
 
 func (x *DropObjects) Reset() {
 	*x = DropObjects{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1565,7 +1736,7 @@ func (x *DropObjects) String() string {
 func (*DropObjects) ProtoMessage() {}
 
 func (x *DropObjects) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1578,7 +1749,7 @@ func (x *DropObjects) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropObjects.ProtoReflect.Descriptor instead.
 func (*DropObjects) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DropObjects) GetSession() string {
@@ -1606,7 +1777,7 @@ type KeepAlive struct {
 
 func (x *KeepAlive) Reset() {
 	*x = KeepAlive{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1789,7 @@ func (x *KeepAlive) String() string {
 func (*KeepAlive) ProtoMessage() {}
 
 func (x *KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1802,7 @@ func (x *KeepAlive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAlive.ProtoReflect.Descriptor instead.
 func (*KeepAlive) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *KeepAlive) GetRefs() []string {
@@ -1672,7 +1843,7 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\bfunction\x18\x03 \x01(\tR\bfunction\x12\x10\n" +
 	"\x03pod\x18\x04 \x01(\tR\x03pod\x12\x12\n" +
 	"\x04node\x18\x05 \x01(\tR\x04node\x12%\n" +
-	"\x0edataplane_addr\x18\x06 \x01(\tR\rdataplaneAddr\"\x98\x03\n" +
+	"\x0edataplane_addr\x18\x06 \x01(\tR\rdataplaneAddr\"\xbd\x03\n" +
 	"\vObjectReady\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
@@ -1684,7 +1855,8 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\x11producer_function\x18\b \x01(\tR\x10producerFunction\x12#\n" +
 	"\rinvocation_id\x18\t \x01(\tR\finvocationId\x12\x1c\n" +
 	"\tpersisted\x18\n" +
-	" \x01(\bR\tpersisted\x1a;\n" +
+	" \x01(\bR\tpersisted\x12#\n" +
+	"\rfired_locally\x18\v \x03(\tR\ffiredLocally\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\t\n" +
@@ -1693,14 +1865,16 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12#\n" +
 	"\rinvocation_id\x18\x03 \x01(\tR\finvocationId\x12\x12\n" +
-	"\x04args\x18\x04 \x01(\fR\x04args\"\xbe\x01\n" +
+	"\x04args\x18\x04 \x01(\fR\x04args\"\xf7\x01\n" +
 	"\x10FunctionFinished\x12\x18\n" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x1a\n" +
 	"\bfunction\x18\x02 \x01(\tR\bfunction\x12#\n" +
 	"\rinvocation_id\x18\x03 \x01(\tR\finvocationId\x12\x16\n" +
 	"\x06failed\x18\x04 \x01(\bR\x06failed\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12!\n" +
-	"\foutputs_sent\x18\x06 \x01(\rR\voutputsSent\"\x96\x01\n" +
+	"\foutputs_sent\x18\x06 \x01(\rR\voutputsSent\x12&\n" +
+	"\freturn_value\x18\a \x01(\fH\x00R\vreturnValue\x88\x01\x01B\x0f\n" +
+	"\r_return_value\"\x96\x01\n" +
 	"\tGroupJoin\x12\x17\n" +
 	"\ajoin_id\x18\x01 \x01(\tR\x06joinId\x12\x18\n" +
 	"\asession\x18\x02 \x01(\tR\asession\x12\x14\n" +
@@ -1713,7 +1887,7 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
 	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x16\n" +
-	"\x06failed\x18\x04 \x01(\bR\x06failed\"\xb3\x04\n" +
+	"\x06failed\x18\x04 \x01(\bR\x06failed\"\xf9\x04\n" +
 	"\x0fOperatorMessage\x12/\n" +
 	"\x04keys\x18\x01 \x01(\v2\x19.ziptrail.control.v1.KeysH\x00R\x04keys\x126\n" +
 	"\x04drop\x18\x02 \x01(\v2 .ziptrail.control.v1.DropObjectsH\x00R\x04drop\x12?\n" +
@@ -1725,8 +1899,19 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"group_view\x18\a \x01(\v2\x1e.ziptrail.control.v1.GroupViewH\x00R\tgroupView\x12R\n" +
 	"\x11group_join_result\x18\b \x01(\v2$.ziptrail.control.v1.GroupJoinResultH\x00R\x0fgroupJoinResult\x12;\n" +
-	"\bredirect\x18\t \x01(\v2\x1d.ziptrail.control.v1.RedirectH\x00R\bredirectB\x05\n" +
-	"\x03msg\"<\n" +
+	"\bredirect\x18\t \x01(\v2\x1d.ziptrail.control.v1.RedirectH\x00R\bredirect\x12D\n" +
+	"\vdelegations\x18\n" +
+	" \x01(\v2 .ziptrail.control.v1.DelegationsH\x00R\vdelegationsB\x05\n" +
+	"\x03msg\"P\n" +
+	"\vDelegations\x12A\n" +
+	"\btriggers\x18\x01 \x03(\v2%.ziptrail.control.v1.DelegatedTriggerR\btriggers\"\x9e\x01\n" +
+	"\x10DelegatedTrigger\x12\x18\n" +
+	"\atrigger\x18\x01 \x01(\tR\atrigger\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1a\n" +
+	"\bfunction\x18\x04 \x01(\tR\bfunction\x12\x18\n" +
+	"\aservice\x18\x05 \x01(\tR\aservice\x12\x10\n" +
+	"\x03url\x18\x06 \x01(\tR\x03url\"<\n" +
 	"\bRedirect\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\"T\n" +
@@ -1791,7 +1976,7 @@ func file_ziptrail_control_v1_control_proto_rawDescGZIP() []byte {
 	return file_ziptrail_control_v1_control_proto_rawDescData
 }
 
-var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*GetKeysRequest)(nil),   // 0: ziptrail.control.v1.GetKeysRequest
 	(*SidecarMessage)(nil),   // 1: ziptrail.control.v1.SidecarMessage
@@ -1802,18 +1987,20 @@ var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*GroupJoin)(nil),        // 6: ziptrail.control.v1.GroupJoin
 	(*GroupLeave)(nil),       // 7: ziptrail.control.v1.GroupLeave
 	(*OperatorMessage)(nil),  // 8: ziptrail.control.v1.OperatorMessage
-	(*Redirect)(nil),         // 9: ziptrail.control.v1.Redirect
-	(*GroupJoinResult)(nil),  // 10: ziptrail.control.v1.GroupJoinResult
-	(*GroupView)(nil),        // 11: ziptrail.control.v1.GroupView
-	(*GroupMember)(nil),      // 12: ziptrail.control.v1.GroupMember
-	(*Tiers)(nil),            // 13: ziptrail.control.v1.Tiers
-	(*Rejected)(nil),         // 14: ziptrail.control.v1.Rejected
-	(*Ack)(nil),              // 15: ziptrail.control.v1.Ack
-	(*Keys)(nil),             // 16: ziptrail.control.v1.Keys
-	(*Key)(nil),              // 17: ziptrail.control.v1.Key
-	(*DropObjects)(nil),      // 18: ziptrail.control.v1.DropObjects
-	(*KeepAlive)(nil),        // 19: ziptrail.control.v1.KeepAlive
-	nil,                      // 20: ziptrail.control.v1.ObjectReady.MetadataEntry
+	(*Delegations)(nil),      // 9: ziptrail.control.v1.Delegations
+	(*DelegatedTrigger)(nil), // 10: ziptrail.control.v1.DelegatedTrigger
+	(*Redirect)(nil),         // 11: ziptrail.control.v1.Redirect
+	(*GroupJoinResult)(nil),  // 12: ziptrail.control.v1.GroupJoinResult
+	(*GroupView)(nil),        // 13: ziptrail.control.v1.GroupView
+	(*GroupMember)(nil),      // 14: ziptrail.control.v1.GroupMember
+	(*Tiers)(nil),            // 15: ziptrail.control.v1.Tiers
+	(*Rejected)(nil),         // 16: ziptrail.control.v1.Rejected
+	(*Ack)(nil),              // 17: ziptrail.control.v1.Ack
+	(*Keys)(nil),             // 18: ziptrail.control.v1.Keys
+	(*Key)(nil),              // 19: ziptrail.control.v1.Key
+	(*DropObjects)(nil),      // 20: ziptrail.control.v1.DropObjects
+	(*KeepAlive)(nil),        // 21: ziptrail.control.v1.KeepAlive
+	nil,                      // 22: ziptrail.control.v1.ObjectReady.MetadataEntry
 }
 var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	2,  // 0: ziptrail.control.v1.SidecarMessage.hello:type_name -> ziptrail.control.v1.Hello
@@ -1822,27 +2009,29 @@ var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	5,  // 3: ziptrail.control.v1.SidecarMessage.function_finished:type_name -> ziptrail.control.v1.FunctionFinished
 	6,  // 4: ziptrail.control.v1.SidecarMessage.group_join:type_name -> ziptrail.control.v1.GroupJoin
 	7,  // 5: ziptrail.control.v1.SidecarMessage.group_leave:type_name -> ziptrail.control.v1.GroupLeave
-	20, // 6: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
-	16, // 7: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
-	18, // 8: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
-	19, // 9: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
-	15, // 10: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
-	14, // 11: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
-	13, // 12: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
-	11, // 13: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
-	10, // 14: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
-	9,  // 15: ziptrail.control.v1.OperatorMessage.redirect:type_name -> ziptrail.control.v1.Redirect
-	12, // 16: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
-	17, // 17: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
-	1,  // 18: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
-	0,  // 19: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
-	8,  // 20: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
-	16, // 21: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
-	20, // [20:22] is the sub-list for method output_type
-	18, // [18:20] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	22, // 6: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
+	18, // 7: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
+	20, // 8: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
+	21, // 9: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
+	17, // 10: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
+	16, // 11: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
+	15, // 12: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
+	13, // 13: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
+	12, // 14: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
+	11, // 15: ziptrail.control.v1.OperatorMessage.redirect:type_name -> ziptrail.control.v1.Redirect
+	9,  // 16: ziptrail.control.v1.OperatorMessage.delegations:type_name -> ziptrail.control.v1.Delegations
+	10, // 17: ziptrail.control.v1.Delegations.triggers:type_name -> ziptrail.control.v1.DelegatedTrigger
+	14, // 18: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
+	19, // 19: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
+	1,  // 20: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
+	0,  // 21: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
+	8,  // 22: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
+	18, // 23: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
+	22, // [22:24] is the sub-list for method output_type
+	20, // [20:22] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_ziptrail_control_v1_control_proto_init() }
@@ -1859,6 +2048,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 		(*SidecarMessage_GroupLeave)(nil),
 	}
 	file_ziptrail_control_v1_control_proto_msgTypes[3].OneofWrappers = []any{}
+	file_ziptrail_control_v1_control_proto_msgTypes[5].OneofWrappers = []any{}
 	file_ziptrail_control_v1_control_proto_msgTypes[8].OneofWrappers = []any{
 		(*OperatorMessage_Keys)(nil),
 		(*OperatorMessage_Drop)(nil),
@@ -1869,6 +2059,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 		(*OperatorMessage_GroupView)(nil),
 		(*OperatorMessage_GroupJoinResult)(nil),
 		(*OperatorMessage_Redirect)(nil),
+		(*OperatorMessage_Delegations)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1876,7 +2067,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ziptrail_control_v1_control_proto_rawDesc), len(file_ziptrail_control_v1_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -105,9 +105,11 @@
 // 96. Params.SlowCPU, FastCPU and PodCPU are that cost per store and
 // direction (model.StoreCPU: Read and Write, each PerByte and PerRequest
 // seconds of one core): the store's server plus the client side that
-// moves the bytes for a worker (the sidecar's part), for pod memory the
-// producer's and the consumer's ends of a pull (a producer's put into its
-// own store is no transfer and costs nothing here). A phase's platform
+// moves the bytes for a worker (the sidecar's part, and the SDK's in the
+// function), for pod memory the producer's and the consumer's ends of a
+// pull (Read) and a producer's put into its own sidecar (Write: no
+// transfer, but the bytes still go from the function to its sidecar's
+// store). A phase's platform
 // CPU is the sum over its transfers, every bucket, of objects × PerRequest
 // + bytes × PerByte (Phase.PlatformCPU). With Params.Cores set and the
 // costs measured (Params.PlatformCPUMeasured), the compute term is
@@ -122,10 +124,25 @@
 // before, the stand-in for the platform's unmeasured CPU, and every
 // prediction is what it was (TestNoPlatformCPUPredictsAsBefore). Without
 // Cores the platform's CPU runs on the stores' own machines and does not
-// count. Not in it: the sidecar's local-API copies to and from the
-// function and the control plane's per-object work (the engine, the API
-// server): `ziptrail calibrate` moves bytes with Go clients, not through a
-// sidecar.
+// count.
+//
+// The costs are measured on the path a function uses: `ziptrail
+// calibrate --local` moves objects of 256 KB to 16 MB from Go SDK clients
+// through two real queue-proxy-zl processes (local API, the sidecar's
+// tier clients, pod puts and pulls) and reads the CPU of the sidecars,
+// the servers and its own (the SDK). Earlier calibrations measured bare
+// Go clients (minio-go, go-redis, pull.Client) and missed the sidecar's
+// own work. Still not in it: the control plane's per-object work (the
+// engine, the API server, Knative), the shuffle's per-object extras
+// (pointer objects sent to the engine, deletes of consumed pieces), and
+// the Python SDK where it costs more than the Go SDK measured.
+//
+// The model is thus a CPU-bound shared machine: with Cores set, a phase
+// takes the larger of its I/O limits and (job + platform CPU) / Cores.
+// Where the machine is shared with other work, Cores is the cores left to
+// the job, not the machine's: `bench/sort -replot -cores-left` predicts
+// each recorded run with the cores the machine's other work left it, as
+// measured while it ran.
 //
 // # Stragglers (§3.5)
 //

@@ -67,8 +67,10 @@ type Params struct {
 	// sidecar; for pod memory the producer's and the consumer's sidecars),
 	// in seconds of one core per request and per byte, for writes and for
 	// reads.
-	// `ziptrail calibrate --local` measures them (the servers' and its own
-	// CPU time over each measurement). They count only with Cores set:
+	// `ziptrail calibrate --local` measures them: objects through real
+	// queue-proxy-zl processes, with the sidecars', the servers' and its
+	// own (the SDK's) CPU time. PodCPU.Write is a producer's put into its
+	// own sidecar (no transfer, but work). They count only with Cores set:
 	// then that CPU competes with the job's for the same cores (see the
 	// package doc, "Platform CPU"). All zero: not measured (a calibration
 	// from before they existed, or of servers calibrate cannot see), and

@@ -10,21 +10,16 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
@@ -34,15 +29,7 @@ type Resolver interface {
 }
 
 // Result is the outcome of one invocation.
-type Result struct {
-	Envelope *invocation.Envelope
-	Status   int // HTTP status, 0 when no response arrived
-	Header   http.Header
-	Body     []byte // the function's response (bounded)
-	Err      error
-	Tries    int
-	Latency  time.Duration
-}
+type Result = call.Result
 
 // Options configure a Dispatcher.
 type Options struct {
@@ -70,6 +57,7 @@ type Options struct {
 // Dispatcher sends invocations from a bounded pool of workers.
 type Dispatcher struct {
 	opts Options
+	call call.Options // how one invocation is sent (package call)
 	wg   sync.WaitGroup
 
 	mu     sync.Mutex
@@ -128,7 +116,18 @@ func New(opts Options) (*Dispatcher, error) {
 		c.Transport = tr
 		opts.Client = &c
 	}
-	return &Dispatcher{opts: opts, wake: make(chan struct{}, 1)}, nil
+	d := &Dispatcher{opts: opts, wake: make(chan struct{}, 1)}
+	d.call = call.Options{Client: opts.Client, MaxTries: opts.MaxTries, BaseBackoff: opts.BaseBackoff, MaxBackoff: opts.MaxBackoff,
+		MaxBody: opts.MaxBody, ProducerNode: opts.ProducerNode, OnRetry: retries.Inc,
+		URL: func(ctx context.Context, env *invocation.Envelope) (string, error) {
+			u, err := opts.Resolver.URL(ctx, env.Namespace, env.Function)
+			if err != nil {
+				return "", err
+			}
+			return u.String(), nil
+		}}
+	d.call.Defaults()
+	return d, nil
 }
 
 // Start runs the workers until ctx ends; Wait blocks until they have exited.
@@ -246,103 +245,5 @@ func envelopeBytes(env *invocation.Envelope) int64 {
 }
 
 func (d *Dispatcher) send(ctx context.Context, env *invocation.Envelope) Result {
-	start := time.Now()
-	res := Result{Envelope: env}
-	body, err := json.Marshal(env)
-	if err != nil {
-		res.Err = err
-		return res
-	}
-	backoff := d.opts.BaseBackoff
-	for res.Tries = 1; ; res.Tries++ {
-		status, header, respBody, err := d.try(ctx, env, body)
-		res.Status, res.Header, res.Body, res.Err = status, header, respBody, err
-		if !transient(status, err) || res.Tries >= d.opts.MaxTries || ctx.Err() != nil {
-			break
-		}
-		retries.Inc()
-		// Full jitter keeps retries of a burst from arriving together.
-		wait := time.Duration(rand.Int64N(int64(backoff)) + 1)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			res.Err = ctx.Err()
-			res.Latency = time.Since(start)
-			return res
-		case <-t.C:
-		}
-		backoff = min(backoff*2, d.opts.MaxBackoff)
-	}
-	if res.Err == nil && (res.Status < 200 || res.Status > 299) {
-		res.Err = fmt.Errorf("function %s/%s answered %d: %s", env.Namespace, env.Function, res.Status, strings.TrimSpace(string(res.Body)))
-	}
-	res.Latency = time.Since(start)
-	return res
-}
-
-func (d *Dispatcher) try(ctx context.Context, env *invocation.Envelope, body []byte) (int, http.Header, []byte, error) {
-	u, err := d.opts.Resolver.URL(ctx, env.Namespace, env.Function)
-	if err != nil {
-		return 0, nil, nil, fmt.Errorf("resolve %s/%s: %w", env.Namespace, env.Function, err)
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
-	if err != nil {
-		return 0, nil, nil, err
-	}
-	req.Header.Set("Content-Type", invocation.ContentType)
-	req.Header.Set(invocation.HeaderSession, env.Session)
-	req.Header.Set(invocation.HeaderInvocation, env.Invocation)
-	req.Header.Set(invocation.HeaderFunction, env.Function)
-	req.Header.Set(invocation.HeaderAttempt, strconv.Itoa(env.Attempt))
-	if refs := env.Refs(); len(refs) > 0 {
-		req.Header.Set(invocation.HeaderRefs, strings.Join(refs, ","))
-	}
-	if d.opts.ProducerNode != nil {
-		if node := d.opts.ProducerNode(env); node != "" && validHeaderValue(node) {
-			req.Header.Set(invocation.HeaderProducerNode, node)
-		}
-	}
-	resp, err := d.opts.Client.Do(req)
-	if err != nil {
-		return 0, nil, nil, err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, d.opts.MaxBody+1))
-	if err == nil && int64(len(data)) > d.opts.MaxBody {
-		err = permanentError{fmt.Errorf("response of %s/%s exceeds %d bytes: send large outputs as objects", env.Namespace, env.Function, d.opts.MaxBody)}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return resp.StatusCode, resp.Header, nil, err
-	}
-	return resp.StatusCode, resp.Header, data, err
-}
-
-// transient says whether a failure is the platform's (retry) rather than the
-// function's (report): no response at all, or the statuses Knative's
-// activator and ingress use while a revision is starting or overloaded.
-func transient(status int, err error) bool {
-	var perm permanentError
-	if errors.As(err, &perm) {
-		return false
-	}
-	if err != nil {
-		return true
-	}
-	switch status {
-	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests:
-		return true
-	}
-	return false
-}
-
-// permanentError is a failure that a retry cannot fix.
-type permanentError struct{ error }
-
-func (p permanentError) Unwrap() error { return p.error }
-
-// validHeaderValue reports whether v can travel as a header value as is: a
-// node name that cannot (control characters) is dropped rather than failing
-// the request, since locality is a preference only.
-func validHeaderValue(v string) bool {
-	return !strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == 0x7f })
+	return call.Send(ctx, &d.call, env)
 }

@@ -33,6 +33,16 @@ import (
 	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
+// The Leases' timing in these tests: short, so that a killed replica's
+// buckets move within seconds, but with room for an API server slowed by
+// a loaded machine (a replica that cannot renew within testRenew gives its
+// buckets up).
+const (
+	testLease = 5 * time.Second
+	testRenew = 4 * time.Second
+	testRetry = 500 * time.Millisecond
+)
+
 // shardedCluster is an envtest API server, a redis-server and the
 // operator replicas sharing them (each: its manager with the real
 // reconcilers, its bucket elections, its sharded engine).
@@ -112,7 +122,7 @@ func (c *shardedCluster) setOn(cfg *rest.Config, id string) *sharding.Set {
 		c.t.Fatal(err)
 	}
 	s, err := sharding.New(kc, sharding.Config{Buckets: c.buckets, Identity: id, Namespace: c.leaseNS,
-		LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond})
+		LeaseDuration: testLease, RenewDeadline: testRenew, RetryPeriod: testRetry})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -130,8 +140,7 @@ func (c *shardedCluster) start(id string, begin <-chan struct{}) *replica {
 	r.set = c.setOn(cfg, id)
 	rdb := redis.NewClient(&redis.Options{Addr: c.redis.Addr})
 	skip := true
-	lease := 2 * time.Second
-	renew, retry := 1500*time.Millisecond, 200*time.Millisecond
+	lease, renew, retry := testLease, testRenew, testRetry
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
 		Controller:     config.Controller{SkipNameValidation: &skip},
 		LeaderElection: true, LeaderElectionID: "operator.ziptrail.dev", LeaderElectionNamespace: c.leaseNS,
@@ -224,7 +233,7 @@ func (c *shardedCluster) owner(ns, name string) *replica {
 func (c *shardedCluster) settled(live ...*replica) {
 	c.t.Helper()
 	share := (c.buckets + len(live) - 1) / len(live)
-	waitForLong(c.t, 90*time.Second, fmt.Sprintf("the %d buckets spread over %d replicas", c.buckets, len(live)), func() bool {
+	waitForLong(c.t, 3*time.Minute, fmt.Sprintf("the %d buckets spread over %d replicas", c.buckets, len(live)), func() bool {
 		total := 0
 		for _, r := range live {
 			n := len(r.engine.OwnedBuckets())

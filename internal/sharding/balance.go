@@ -21,7 +21,7 @@ import (
 // than its share, ceil(buckets / live replicas), gives one bucket up: it
 // stops serving it (a last checkpoint), releases its Lease and stands
 // for it again only after LeaseDuration, when a replica with fewer buckets
-// has taken it. One bucket per 2×LeaseDuration at most, so ownership
+// has taken it. One bucket per LeaseDuration at most, so ownership
 // settles without churn; a replica that died is no longer counted once its
 // Lease expires, and the survivors keep the buckets they took over.
 
@@ -77,7 +77,7 @@ func (s *Set) balance(ctx context.Context) {
 		if err := s.announce(ctx); err != nil && ctx.Err() == nil {
 			s.cfg.Log.Warnw("announce this replica", "lease", s.memberLease(), "error", err)
 		}
-		if live, err := s.liveReplicas(ctx); err == nil && live > 0 && time.Since(lastShed) > 2*s.cfg.LeaseDuration {
+		if live, err := s.liveReplicas(ctx); err == nil && live > 0 && time.Since(lastShed) > s.cfg.LeaseDuration {
 			share := (s.cfg.Buckets + live - 1) / live
 			if b, ok := s.surplus(share); ok {
 				s.cfg.Log.Infow("giving a bucket up to balance", "bucket", b.Name(), "share", share, "replicas", live)

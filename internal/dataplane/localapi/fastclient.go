@@ -10,6 +10,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 )
 
 // MessageClient speaks the messaging fast path (fastmsg.go) to a sidecar's
@@ -66,7 +68,8 @@ func (c *MessageClient) get() (*msgConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &msgConn{c: nc, r: bufio.NewReaderSize(nc, 64<<10), w: bufio.NewWriterSize(nc, 64<<10)}, nil
+	raw := messaging.Raw(nc) // no wake-up of the runtime's monitor thread per call
+	return &msgConn{c: nc, r: bufio.NewReaderSize(raw, 64<<10), w: bufio.NewWriterSize(raw, 64<<10)}, nil
 }
 
 func (c *MessageClient) put(mc *msgConn) {

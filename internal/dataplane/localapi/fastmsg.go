@@ -157,7 +157,8 @@ func errorResponse(err error) *msgResponse {
 // not go on without it).
 func (s *Server) serveMessageConn(c net.Conn) {
 	defer c.Close()
-	r, w := bufio.NewReaderSize(c, 64<<10), bufio.NewWriterSize(c, 64<<10)
+	raw := messaging.Raw(c)
+	r, w := bufio.NewReaderSize(raw, 64<<10), bufio.NewWriterSize(raw, 64<<10)
 	var cur *msgCall
 	for {
 		_, err := r.Peek(1)

@@ -150,6 +150,7 @@ type Streams struct {
 
 type peerStream struct {
 	conn    net.Conn
+	raw     io.ReadWriter // conn's raw reads and writes (Raw)
 	wmu     sync.Mutex
 	wbuf    []byte // under wmu
 	mu      sync.Mutex
@@ -186,7 +187,7 @@ func (s *Streams) peer(ctx context.Context, addr string) (*peerStream, error) {
 		c.Close()
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
 	}
-	p := &peerStream{conn: c, waiting: map[uint64]answerFunc{}, dead: make(chan struct{})}
+	p := &peerStream{conn: c, raw: Raw(c), waiting: map[uint64]answerFunc{}, dead: make(chan struct{})}
 	if s.peers == nil {
 		s.peers = map[string]*peerStream{}
 	}
@@ -214,7 +215,7 @@ func (s *Streams) live(addr string) *peerStream {
 // to its delivery's answerFunc right here: a waiting function's sidecar
 // answers it from this goroutine, with no hand-off to another.
 func (p *peerStream) answers(addr string) {
-	r := bufio.NewReader(p.conn)
+	r := bufio.NewReader(p.raw)
 	var b [answerLen]byte
 	var err error
 	for {
@@ -266,7 +267,7 @@ func (p *peerStream) send(auth string, m *Message, file *os.File, fn answerFunc)
 		w.size = uint64(len(m.Data))
 	}
 	p.wmu.Lock()
-	err := writeMessage(p.conn, &p.wbuf, &w, m.Data, file)
+	err := writeMessage(p.conn, p.raw, &p.wbuf, &w, m.Data, file)
 	p.wmu.Unlock()
 	if err != nil {
 		p.broken()
@@ -320,13 +321,13 @@ func (s *Streams) Deliver(ctx context.Context, addr, auth string, m Message, fil
 // (larger ones go out with writev, or sendfile from their file).
 const joinMax = 4 << 10
 
-// writeMessage writes a message; buf is the stream's scratch buffer
-// (under its write lock), grown as needed.
-func writeMessage(c net.Conn, buf *[]byte, w *wire, data []byte, file *os.File) error {
+// writeMessage writes a message, a small one in one raw write; buf is
+// the stream's scratch buffer (under its write lock), grown as needed.
+func writeMessage(c net.Conn, raw io.Writer, buf *[]byte, w *wire, data []byte, file *os.File) error {
 	if file == nil && len(data) <= joinMax {
 		b := append(w.appendHeader((*buf)[:0]), data...)
 		*buf = b
-		_, err := c.Write(b)
+		_, err := raw.Write(b)
 		return err
 	}
 	h := w.header()
@@ -368,7 +369,8 @@ func (r *Router) ServeStream(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	br := bufio.NewReaderSize(c, 64<<10)
+	raw := Raw(c)
+	br := bufio.NewReaderSize(raw, 64<<10)
 	var hr headerReader
 	var wmu sync.Mutex
 	answer := func(id uint64, st Status) {
@@ -376,7 +378,7 @@ func (r *Router) ServeStream(c net.Conn) {
 		binary.LittleEndian.PutUint64(b[:], id)
 		b[8] = byte(st)
 		wmu.Lock()
-		_, _ = c.Write(b[:])
+		_, _ = raw.Write(b[:])
 		wmu.Unlock()
 	}
 	authOK := map[authID]time.Time{} // this stream's checked authenticators

@@ -92,6 +92,10 @@ func shardedEngine(cfg *rest.Config, mgr manager.Manager, sc shardConfig, leaseN
 	parts := &shardedParts{set: set}
 	eng, err := orchestrator.NewSharded(orchestrator.ShardedOptions{Options: opts, Buckets: set, Identity: sc.identity,
 		Workflows: func(ctx context.Context) ([]types.NamespacedName, error) {
+			// A bucket may be won before the manager's cache has synced.
+			if !mgr.GetCache().WaitForCacheSync(ctx) {
+				return nil, errors.New("the manager's cache did not sync")
+			}
 			var l v1alpha1.WorkflowList
 			if err := mgr.GetClient().List(ctx, &l); err != nil {
 				return nil, err

@@ -254,9 +254,20 @@ func (s *Sharded) load(ctx context.Context, sh *shard) {
 	pending := map[string]bool{}
 	var keys []types.NamespacedName
 	if s.opts.Workflows != nil {
-		all, err := s.opts.Workflows(ctx)
-		if err != nil {
-			s.opts.Log.Error(err, "list the workflows", "bucket", sh.bucket)
+		var all []types.NamespacedName
+		for deadline := time.Now().Add(s.opts.LoadTimeout); ; {
+			var err error
+			if all, err = s.opts.Workflows(ctx); err == nil || ctx.Err() != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				s.opts.Log.Error(err, "list the workflows; serving the bucket without waiting for them", "bucket", sh.bucket)
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 		}
 		for _, k := range all {
 			if s.opts.Buckets.BucketOf(k.Namespace, k.Name) == sh.bucket {

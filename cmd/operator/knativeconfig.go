@@ -158,7 +158,7 @@ func applyKnativeConfig(ctx context.Context, cs kubernetes.Interface, c knativeC
 }
 
 func runKnativeRestore(args []string) error {
-	var ns, deployment, leaseNS, leaseName, selector string
+	var ns, deployment, leaseNS, leaseName, selector, engineLeases string
 	var knative bool
 	fs := flag.NewFlagSet("knative-restore", flag.ContinueOnError)
 	fs.BoolVar(&knative, "knative", true, "restore Knative's config maps and activator (false: only the Lease)")
@@ -167,6 +167,7 @@ func runKnativeRestore(args []string) error {
 	fs.StringVar(&leaseNS, "lease-namespace", "", "namespace of the operator's leader-election Lease, deleted once no operator pod is left")
 	fs.StringVar(&leaseName, "lease-name", leaderElectionID, "name of that Lease")
 	fs.StringVar(&selector, "operator-selector", "", "label selector of the operator's pods (in --lease-namespace)")
+	fs.StringVar(&engineLeases, "engine-leases", "", "comma-separated Leases of the sharded engine's buckets (in --lease-namespace), deleted with that Lease")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -198,11 +199,19 @@ func runKnativeRestore(args []string) error {
 			return fmt.Errorf("waiting for the operator's pods (%s) to go: %w", selector, err)
 		}
 	}
-	err = cs.CoordinationV1().Leases(leaseNS).Delete(ctx, leaseName, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete lease %s/%s: %w", leaseNS, leaseName, err)
+	names := []string{leaseName}
+	for _, n := range strings.Split(engineLeases, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
 	}
-	fmt.Printf("knative-restore: Knative's configuration restored, lease %s/%s deleted\n", leaseNS, leaseName)
+	for _, name := range names {
+		err = cs.CoordinationV1().Leases(leaseNS).Delete(ctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete lease %s/%s: %w", leaseNS, name, err)
+		}
+	}
+	fmt.Printf("knative-restore: Knative's configuration restored, leases %s/%s deleted\n", leaseNS, strings.Join(names, ","))
 	return nil
 }
 

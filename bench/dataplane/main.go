@@ -8,6 +8,11 @@
 // JSON and a PNG chart.
 //
 //	go run ./bench/dataplane [-reps 5] [-out docs/bench]
+//
+// While iterating on one cell, -sizes, -systems and -patterns narrow the
+// run (e.g. the SDK path at 10 MB against the bare pull:
+// -sizes 10000000 -systems 'ziptrail,ziptrail SDK' -patterns 1-1 -no-s3);
+// a narrowed run prints its table but writes no JSON or chart.
 package main
 
 import (
@@ -18,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -37,7 +43,16 @@ func main() {
 	out := flag.String("out", "docs/bench", "directory for dataplane.json and dataplane.png")
 	skipS3 := flag.Bool("no-s3", false, "skip the S3 column (e.g. MinIO not installed)")
 	sameNode := flag.Bool("samenode", false, "measure the same-node path (memfd over a unix socket) against the TCP pull, Redis and S3 instead (samenode.go)")
+	sizesFlag := flag.String("sizes", "", "comma-separated object sizes in bytes to measure (default: every size)")
+	systemsFlag := flag.String("systems", "", "comma-separated systems to measure, e.g. 'ziptrail,ziptrail SDK' (default: all)")
+	patternsFlag := flag.String("patterns", "", "comma-separated patterns: 1-1, scatter, gather, broadcast (default: all)")
 	flag.Parse()
+	var err error
+	if only.sizes, err = parseSizes(*sizesFlag); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	only.systems, only.patterns = set(*systemsFlag), set(*patternsFlag)
 	runFn := run
 	if *sameNode {
 		runFn = runSameNode
@@ -75,19 +90,31 @@ func run(reps int, outDir string, withS3 bool) error {
 
 	sizes := []int{10_000, 1_000_000, 10_000_000, 100_000_000}
 	for _, size := range sizes {
+		if !only.size(size) || !only.pattern("1-1") {
+			continue
+		}
 		data := payload(size)
 		for _, sys := range env.systems() {
+			if !only.system(sys.name) {
+				continue
+			}
 			if err := measure("1-1", 1, size, sys.name, func() error { return sys.oneToOne(ctx, data) }); err != nil {
 				return err
 			}
 		}
 	}
 	for _, pattern := range []string{"scatter", "gather", "broadcast"} {
+		if !only.pattern(pattern) {
+			continue
+		}
 		for _, fan := range []int{4, 16} {
 			for _, size := range []int{10_000, 10_000_000} {
+				if !only.size(size) {
+					continue
+				}
 				data := payload(size)
 				for _, sys := range env.systems() {
-					if sys.pattern == nil {
+					if sys.pattern == nil || !only.system(sys.name) {
 						continue // raw TCP and the SDK path: 1-1 only
 					}
 					f := sys.pattern(ctx, pattern, fan, data)
@@ -100,6 +127,10 @@ func run(reps int, outDir string, withS3 bool) error {
 	}
 	fmt.Fprintln(os.Stderr)
 	printTable(results, env.names())
+	if only.narrowed() {
+		fmt.Println("\n(narrowed run: no JSON or chart written)")
+		return nil
+	}
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
@@ -112,6 +143,41 @@ func run(reps int, outDir string, withS3 bool) error {
 	}
 	fmt.Printf("\nwrote %s and %s\n", filepath.Join(outDir, "dataplane.json"), filepath.Join(outDir, "dataplane.png"))
 	return nil
+}
+
+// only narrows a run to some sizes, systems and patterns (empty: all).
+var only filter
+
+type filter struct {
+	sizes             map[int]bool
+	systems, patterns map[string]bool
+}
+
+func (f filter) size(n int) bool       { return len(f.sizes) == 0 || f.sizes[n] }
+func (f filter) system(s string) bool  { return len(f.systems) == 0 || f.systems[s] }
+func (f filter) pattern(p string) bool { return len(f.patterns) == 0 || f.patterns[p] }
+func (f filter) narrowed() bool        { return len(f.sizes)+len(f.systems)+len(f.patterns) > 0 }
+
+func set(list string) map[string]bool {
+	m := map[string]bool{}
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			m[s] = true
+		}
+	}
+	return m
+}
+
+func parseSizes(list string) (map[int]bool, error) {
+	m := map[int]bool{}
+	for s := range set(list) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("-sizes: %q is not a size in bytes", s)
+		}
+		m[n] = true
+	}
+	return m, nil
 }
 
 func payload(n int) []byte {

@@ -6,10 +6,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
-	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
@@ -70,31 +68,23 @@ func (p *sdkPod) close() {
 }
 
 // sdkOne is what two functions see: put through pod A's local API (the
-// object goes as a shared-memory file the sidecar keeps), get through pod
-// B's (pulled from A into a shared-memory file), mapped as the Go and
-// Python SDKs map it (reading it is then the function's own work).
+// object goes as a shared-memory file the sidecar keeps, given back to
+// the client once freed), get through pod B's (pulled from A into a
+// shared-memory file the sidecar lends), mapped as the Go SDK maps it
+// (reading it is then the function's own work), closed (the file goes
+// back to B's sidecar for the next get). See docs/dataplane.md, "Reused
+// files".
 func (e *env) sdkOne(ctx context.Context, data []byte) error {
 	r, err := e.sdkA.client.Put(ctx, data, 1)
 	if err != nil {
 		return err
 	}
-	resp, err := e.sdkB.client.RPC().Get(ctx, &sidecarv1.GetRequest{Ref: r})
+	_, obj, err := e.sdkB.client.GetMapped(ctx, r)
 	if err != nil {
 		return err
 	}
-	got := resp.GetObject().GetInline()
-	if path := resp.GetObject().GetPath(); path != "" {
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_ = os.Remove(path)
-		if got, err = syscall.Mmap(int(f.Fd()), 0, int(resp.GetSize()), syscall.PROT_READ, syscall.MAP_SHARED); err != nil {
-			return err
-		}
-		defer syscall.Munmap(got)
-	}
+	defer obj.Close()
+	got := obj.Data
 	if len(got) != len(data) || (len(got) > 0 && got[len(got)-1] != data[len(data)-1]) {
 		return fmt.Errorf("got %d bytes of %d", len(got), len(data))
 	}

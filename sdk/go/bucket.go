@@ -145,14 +145,11 @@ func (c *Client) SendObject(ctx context.Context, obj *BucketObject, persist bool
 // one sent through this pod's sidecar in the session, else a persisted
 // one. Inputs of an invocation are in Invocation.Objects instead.
 func (c *Client) GetObject(ctx context.Context, bucket, key string, opts ...Option) (*Object, error) {
-	resp, err := c.api.RPC().GetObject(ctx, &sidecarv1.GetObjectRequest{Session: collect(ctx, opts).session, Bucket: bucket, Key: key})
+	resp, m, err := c.api.GetObjectMapped(ctx, collect(ctx, opts).session, bucket, key)
 	if err != nil {
 		return nil, rpcError(ctx, "get object", err)
 	}
-	obj, err := c.object("get object", resp)
-	if err != nil {
-		return nil, err
-	}
+	obj := lentObject(resp, m)
 	obj.Bucket, obj.Key = bucket, key
 	return obj, nil
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 )
 
 // Object is an object's bytes: an input of an invocation, or the result of
@@ -22,6 +24,7 @@ type Object struct {
 	Source string
 	data   []byte
 	mapped bool
+	lent   *localapi.Mapped // a Get's object: closing it releases the file
 }
 
 // Bytes returns the object's contents, read-only. For a mapped object the
@@ -38,6 +41,11 @@ func (o *Object) Mapped() bool { return o.mapped }
 // already unlinked, so the memory is freed when the mapping goes away).
 // Invocation inputs are closed by the function server.
 func (o *Object) Close() error {
+	if o.lent != nil {
+		err := o.lent.Close()
+		o.data, o.mapped, o.lent = nil, false, nil
+		return err
+	}
 	if !o.mapped {
 		return nil
 	}

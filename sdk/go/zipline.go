@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
@@ -21,12 +22,24 @@ import (
 // returns its reference: an opaque string any function of the namespace
 // can Get, n times, until the TTL passes. The bytes stay in the sidecar's
 // memory until consumers pull them; obj may be reused once Put returns.
+//
+// A large obj is written into a file of the shared-memory directory: one
+// the sidecar gave back once an earlier object was freed when there is
+// one (docs/dataplane.md, "Reused files").
 func (c *Client) Put(ctx context.Context, obj []byte, n int, opts ...Option) (string, error) {
-	p, err := c.api.Payload(obj)
-	if err != nil {
-		return "", &Error{Kind: KindInternal, Op: "put", Err: fmt.Errorf("write to the shared-memory directory: %w", err)}
+	if n < 1 {
+		return "", &Error{Kind: KindInvalid, Op: "put", Err: fmt.Errorf("reads must be at least 1, got %d", n)}
 	}
-	return c.put(ctx, p, n, opts)
+	o := collect(ctx, opts)
+	resp, err := c.api.PutObject(ctx, obj, &sidecarv1.PutRequest{Reads: uint32(n), TtlMs: o.ttl.Milliseconds(), Session: o.session})
+	var werr *localapi.PayloadError
+	if errors.As(err, &werr) {
+		return "", &Error{Kind: KindInternal, Op: "put", Err: fmt.Errorf("write to the shared-memory directory: %w", werr.Err)}
+	}
+	if err != nil {
+		return "", rpcError(ctx, "put", err)
+	}
+	return resp.GetRef(), nil
 }
 
 func (c *Client) put(ctx context.Context, p *sidecarv1.Payload, n int, opts []Option) (string, error) {
@@ -48,11 +61,20 @@ func (c *Client) put(ctx context.Context, p *sidecarv1.Payload, n int, opts []Op
 // A large object is a mapping of the file the sidecar pulled it into (no
 // copy); Close it when done.
 func (c *Client) Get(ctx context.Context, ref string) (*Object, error) {
-	resp, err := c.api.RPC().Get(ctx, &sidecarv1.GetRequest{Ref: ref})
+	resp, m, err := c.api.GetMapped(ctx, ref)
 	if err != nil {
+		if resp != nil { // answered, but the file could not be mapped
+			return nil, &Error{Kind: KindInternal, Op: "get", Err: err}
+		}
 		return nil, rpcError(ctx, "get", err)
 	}
-	return c.object("get", resp)
+	return lentObject(resp, m), nil
+}
+
+// lentObject wraps what GetMapped returned: the file (when there is one)
+// is the sidecar's, lent until Close.
+func lentObject(resp *sidecarv1.GetResponse, m *localapi.Mapped) *Object {
+	return &Object{Size: int64(len(m.Data)), Source: resp.GetSource(), data: m.Data, mapped: m.Mapped, lent: m}
 }
 
 // object turns a response's payload into an Object.

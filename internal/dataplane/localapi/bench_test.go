@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
@@ -119,28 +118,14 @@ func benchPods(b *testing.B) (*pod, *pod) {
 }
 
 // getMapped gets an object as the SDKs do: inline bytes, or a mapping of
-// the file the sidecar pulled it into (unlinked at once).
+// the file the sidecar pulled it into (lent, released on close).
 func getMapped(ctx context.Context, c *Client, r string, use func([]byte) error) error {
-	resp, err := c.RPC().Get(ctx, &sidecarv1.GetRequest{Ref: r})
+	_, m, err := c.GetMapped(ctx, r)
 	if err != nil {
 		return err
 	}
-	path := resp.GetObject().GetPath()
-	if path == "" {
-		return use(resp.GetObject().GetInline())
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	_ = os.Remove(path)
-	mem, err := syscall.Mmap(int(f.Fd()), 0, int(resp.GetSize()), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		return err
-	}
-	defer syscall.Munmap(mem)
-	return use(mem)
+	defer m.Close()
+	return use(m.Data)
 }
 
 func mustPut(b *testing.B, p *pod, obj []byte) string {

@@ -2,8 +2,12 @@ package localapi
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
+	"sync"
+	"syscall"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -19,6 +23,16 @@ type Client struct {
 	InlineThreshold int
 	rpc             sidecarv1.SidecarClient
 	conn            *grpc.ClientConn
+
+	id string // names this client to the sidecar, which gives its put files back
+
+	mu           sync.Mutex
+	released     []string // lent files closed since the last call (clientfiles.go)
+	putLent      map[string]putFile
+	putIdle      []putFile // oldest first
+	putIdleBytes int64
+	kept         []keptMap // mappings of released lent files, oldest first
+	closed       bool
 }
 
 // Dial connects to the sidecar's unix socket (ZIPTRAIL_SOCKET).
@@ -29,11 +43,24 @@ func Dial(socket, dir string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{Dir: dir, InlineThreshold: 64 << 10, rpc: sidecarv1.NewSidecarClient(conn), conn: conn}, nil
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return &Client{Dir: dir, InlineThreshold: 64 << 10, rpc: sidecarv1.NewSidecarClient(conn), conn: conn,
+		id: hex.EncodeToString(id[:])}, nil
 }
 
-// Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connection and removes the client's idle put files.
+func (c *Client) Close() error {
+	c.dropPutFiles()
+	c.mu.Lock()
+	kept := c.kept
+	c.kept, c.closed = nil, true
+	c.mu.Unlock()
+	for _, km := range kept {
+		_ = syscall.Munmap(km.mem)
+	}
+	return c.conn.Close()
+}
 
 // RPC exposes the generated client (for calls with every field).
 func (c *Client) RPC() sidecarv1.SidecarClient { return c.rpc }
@@ -75,13 +102,8 @@ func (c *Client) Bytes(p *sidecarv1.Payload) ([]byte, error) {
 
 // Put buffers obj in the pod for n reads and returns its reference.
 func (c *Client) Put(ctx context.Context, obj []byte, n uint32) (string, error) {
-	p, err := c.Payload(obj)
+	resp, err := c.PutObject(ctx, obj, &sidecarv1.PutRequest{Reads: n})
 	if err != nil {
-		return "", err
-	}
-	resp, err := c.rpc.Put(ctx, &sidecarv1.PutRequest{Object: p, Reads: n})
-	if err != nil {
-		c.discard(p)
 		return "", err
 	}
 	return resp.GetRef(), nil

@@ -12,16 +12,22 @@ import (
 
 // TestPutKeepsTheFileAsStorage: a put's shared-memory file becomes the
 // object's storage (mapped, not read into the sidecar's heap): counted
-// against the store's cap, its name gone from the directory at once, and
+// against the store's cap, its name gone from the directory at once (for
+// a client that does not take files back, as the Python SDK), and
 // unmapped when the object is freed.
 func TestPutKeepsTheFileAsStorage(t *testing.T) {
 	a, b := startPod(t, podOpts{}), startPod(t, podOpts{})
 	ctx := context.Background()
 	obj := random(3 << 20)
-	r, err := a.sdk.Put(ctx, obj, 1)
+	p, err := a.sdk.Payload(obj)
 	if err != nil {
 		t.Fatal(err)
 	}
+	resp, err := a.sdk.RPC().Put(ctx, &sidecarv1.PutRequest{Object: p, Reads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := resp.GetRef()
 	if left := entries(t, a.dir); len(left) != 0 {
 		t.Errorf("files left in the object directory: %v", left)
 	}

@@ -66,58 +66,42 @@ func readPayload(ctx context.Context, dir string, p *sidecarv1.Payload, limit in
 // makes the sidecar's reads of the mapping fault: the kernel's (writev to
 // a consumer) fail with EFAULT, and every copy the sidecar makes in user
 // space goes through store.Clone, which turns the fault into an error.
-func mapPayload(dir, path string, limit, minMap int64) (data []byte, free func(), err error) {
+//
+// With kept set the name stays (the file goes back to the function that
+// made it once the object is freed, see putreturn.go), and park, instead
+// of unmapping, keeps the mapping in kept for the file's next object.
+func mapPayload(dir, path string, limit, minMap int64, kept *parkedMaps) (data []byte, unmap, park func(), err error) {
 	f, st, err := invocation.OpenInDir(dir, path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", ErrBadPayload, err)
+		return nil, nil, nil, fmt.Errorf("%w: %v", ErrBadPayload, err)
 	}
 	defer f.Close()
 	if st.Size() > limit {
-		return nil, nil, fmt.Errorf("%w: %s is %d bytes, cap %d", store.ErrTooLarge, path, st.Size(), limit)
+		return nil, nil, nil, fmt.Errorf("%w: %s is %d bytes, cap %d", store.ErrTooLarge, path, st.Size(), limit)
 	}
 	if st.Size() <= minMap || st.Size() == 0 {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	if int64(int(st.Size())) != st.Size() {
-		return nil, nil, fmt.Errorf("%w: %s is %d bytes", store.ErrTooLarge, path, st.Size())
+		return nil, nil, nil, fmt.Errorf("%w: %s is %d bytes", store.ErrTooLarge, path, st.Size())
 	}
-	data, err = syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED|syscall.MAP_POPULATE)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: map %s: %v", ErrBadPayload, path, err)
+	var key mapKey
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && kept != nil {
+		key = mapKey{dev: sys.Dev, ino: sys.Ino, size: st.Size()}
+		data = kept.take(key)
 	}
-	// The mapping keeps the pages: the name goes at once, as after a
-	// read, so nothing is left in the directory whatever happens next.
-	_ = os.Remove(f.Name())
-	return data, func() { _ = syscall.Munmap(data) }, nil
-}
-
-// fileSink creates a file for an object that is returned by path.
-type fileSink struct {
-	f *os.File
-}
-
-func newFileSink(dir string) (*fileSink, error) {
-	f, err := os.CreateTemp(dir, "get-*")
-	if err != nil {
-		return nil, err
+	if data == nil {
+		data, err = syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED|syscall.MAP_POPULATE)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%w: map %s: %v", ErrBadPayload, path, err)
+		}
 	}
-	return &fileSink{f: f}, nil
-}
-
-// sized pre-sizes the file so chunks land in place (no second copy).
-func (s *fileSink) sized(size int64) (io.WriterAt, error) {
-	return s.f, s.f.Truncate(size)
-}
-
-// done closes the file, keeping it on success and removing it on failure.
-func (s *fileSink) done(err error) (string, error) {
-	cerr := s.f.Close()
-	if err == nil {
-		err = cerr
+	unmap = func() { _ = syscall.Munmap(data) }
+	if kept == nil {
+		// The mapping keeps the pages: the name goes at once, as after a
+		// read, so nothing is left in the directory whatever happens next.
+		_ = os.Remove(f.Name())
+		return data, unmap, unmap, nil
 	}
-	if err != nil {
-		_ = os.Remove(s.f.Name())
-		return "", err
-	}
-	return s.f.Name(), nil
+	return data, unmap, func() { kept.park(key, data) }, nil
 }

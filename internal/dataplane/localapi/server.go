@@ -16,13 +16,17 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
@@ -70,11 +74,18 @@ type Server struct {
 	InlineThreshold int           // objects up to this size are returned inline
 	PutTimeout      time.Duration // how long a put waits for memory; default 30 s
 	MaxObjectBytes  int64         // the store's cap; larger payload files are refused unread
-	HTTP            *http.Client  // for Invoke; default: no timeout beyond the request's
-	Now             func() time.Time
+	// FilePoolBytes bounds the idle object files kept for reuse
+	// (filepool.go); default 64 MiB.
+	FilePoolBytes int64
+	HTTP          *http.Client // for Invoke; default: no timeout beyond the request's
+	Now           func() time.Time
 
 	seq      atomic.Uint64
 	initOnce sync.Once
+	poolOnce sync.Once
+	pool     *filePool
+	retOnce  sync.Once
+	returns  *returns
 	inflight *semaphore.Weighted // payload bytes read but not yet stored
 	mu       sync.Mutex
 	byName   map[string]string // session/bucket/key -> store id, objects sent here
@@ -115,6 +126,8 @@ func (s *Server) Stop() {
 	if srv != nil {
 		srv.GracefulStop()
 	}
+	s.files(context.Background()).stop()
+	s.returned().stop()
 }
 
 func (s *Server) now() time.Time {
@@ -196,17 +209,33 @@ type loaded struct {
 // becomes the object's storage (no copy into the sidecar's heap; the
 // store's cap still counts it, and freeing the object unmaps it). release
 // frees what the store did not take.
-func (s *Server) loadObject(ctx context.Context, p *sidecarv1.Payload) (*loaded, func(), error) {
+//
+// With returnTo (a client's id, see putreturn.go) the file keeps its name
+// and goes back to that client once the stored object is freed; a file
+// the store did not take is left to the client.
+func (s *Server) loadObject(ctx context.Context, p *sidecarv1.Payload, returnTo string) (*loaded, func(), error) {
 	if path := p.GetPath(); path != "" {
-		data, free, err := mapPayload(s.Dir, path, s.limit(), int64(s.InlineThreshold))
+		var kept *parkedMaps
+		if returnTo != "" && !strings.ContainsRune(filepath.Base(path), ',') {
+			kept = s.returned().maps
+		}
+		data, unmap, park, err := mapPayload(s.Dir, path, s.limit(), int64(s.InlineThreshold), kept)
 		if err != nil {
 			return nil, func() {}, err
 		}
-		if free != nil {
+		if unmap != nil {
+			free := unmap
+			if kept != nil {
+				name := filepath.Base(path)
+				free = func() {
+					park()
+					s.returned().add(returnTo, name)
+				}
+			}
 			obj := &loaded{data: data, free: free}
 			return obj, func() {
 				if obj.free != nil {
-					obj.free()
+					unmap()
 					obj.free = nil
 				}
 			}, nil
@@ -266,11 +295,17 @@ func (s *Server) newID(kind string) string {
 
 // Put implements Zipline's put(obj, N).
 func (s *Server) Put(ctx context.Context, req *sidecarv1.PutRequest) (*sidecarv1.PutResponse, error) {
-	obj, release, err := s.loadObject(ctx, req.GetObject())
+	returnTo := returnsFor(ctx)
+	obj, release, err := s.loadObject(ctx, req.GetObject(), returnTo)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	defer release()
+	if returnTo != "" {
+		if names := s.returned().take(returnTo); len(names) > 0 {
+			_ = grpc.SetHeader(ctx, metadata.Pairs(returnedKey, joinNames(names)))
+		}
+	}
 	reads := req.GetReads()
 	if reads == 0 {
 		reads = 1
@@ -306,37 +341,90 @@ func (s *Server) Get(ctx context.Context, req *sidecarv1.GetRequest) (*sidecarv1
 }
 
 // fetch pulls a referenced object from its producer: inline when small,
-// else into a new file in the object directory.
+// else into a file of the object directory (a reused one when there is
+// one, see filepool.go), lent to the caller when it asked.
 func (s *Server) fetch(ctx context.Context, r string) (*sidecarv1.Payload, int64, error) {
 	if s.Pull == nil {
 		return nil, 0, errNotReady
 	}
+	files := s.files(ctx)
 	var (
-		buf  []byte
-		sink *fileSink
+		buf []byte
+		pf  *poolFile
 	)
 	info, err := s.Pull(ctx, r, func(size int64) (io.WriterAt, error) {
+		if pf != nil { // the producer broke off and a tier has it: start over
+			pf.drop()
+			pf = nil
+		}
 		if size <= int64(s.InlineThreshold) {
 			buf = make(pull.Buffer, size)
 			return pull.Buffer(buf), nil
 		}
 		var err error
-		if sink, err = newFileSink(s.Dir); err != nil {
+		if pf, err = files.take(size); err != nil {
 			return nil, err
 		}
-		return sink.sized(size)
+		return &pull.Mapping{File: pf.f, Mem: pf.mem}, nil
 	})
-	if sink != nil {
-		path, err := sink.done(err)
-		if err != nil {
-			return nil, 0, err
-		}
-		return pathPayload(path), info.Size, nil
-	}
 	if err != nil {
+		if pf != nil {
+			pf.drop() // a failed get leaves nothing in the directory
+		}
 		return nil, 0, err
 	}
+	if pf != nil {
+		return s.handOut(ctx, files, pf), info.Size, nil
+	}
 	return inlinePayload(buf), info.Size, nil
+}
+
+// files returns the pool of reusable object files, first taking back the
+// files the caller released (request metadata releaseKey).
+func (s *Server) files(ctx context.Context) *filePool {
+	s.poolOnce.Do(func() { s.pool = newFilePool(s.Dir, s.FilePoolBytes) })
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		for _, v := range md.Get(releaseKey) {
+			s.pool.release(strings.Split(v, ","))
+		}
+	}
+	return s.pool
+}
+
+// returned is the list of put files waiting for their clients.
+func (s *Server) returned() *returns {
+	s.retOnce.Do(func() { s.returns = &returns{dir: s.Dir, maps: &parkedMaps{}} })
+	return s.returns
+}
+
+// returnsFor is the id of a client that takes its put files back (request
+// metadata lendKey and clientKey), or "".
+func returnsFor(ctx context.Context) string {
+	md, ok := metadata.FromIncomingContext(ctx)
+	if !ok || !slices.Contains(md.Get(lendKey), lendValue) {
+		return ""
+	}
+	if id := md.Get(clientKey); len(id) == 1 && validClientID(id[0]) {
+		return id[0]
+	}
+	return ""
+}
+
+// handOut returns a filled file to the caller: lent (and named in the
+// response header lentKey) when its request asked, else its own.
+func (s *Server) handOut(ctx context.Context, files *filePool, pf *poolFile) *sidecarv1.Payload {
+	lend := false
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		lend = slices.Contains(md.Get(lendKey), lendValue)
+	}
+	if lend && grpc.ServerTransportStreamFromContext(ctx) == nil {
+		lend = false // not a gRPC call: no header to say it is lent
+	}
+	path, token := files.handOut(pf, lend)
+	if token != "" {
+		_ = grpc.SetHeader(ctx, metadata.Pairs(lentKey, token))
+	}
+	return pathPayload(path)
 }
 
 // readLocal serves an object of this pod: from memory, else from the
@@ -345,7 +433,7 @@ func (s *Server) readLocal(ctx context.Context, id string) (*sidecarv1.GetRespon
 	lease, err := s.Store.Read(id)
 	if err == nil {
 		defer lease.Release()
-		return s.respond(lease.Data, "local")
+		return s.respond(ctx, lease.Data, "local")
 	}
 	if !errors.Is(err, store.ErrNotFound) || s.Spilled == nil {
 		return nil, err
@@ -354,24 +442,26 @@ func (s *Server) readLocal(ctx context.Context, id string) (*sidecarv1.GetRespon
 	if terr != nil {
 		return nil, fmt.Errorf("%w (and %v)", err, terr)
 	}
-	return s.respond(data, from)
+	return s.respond(ctx, data, from)
 }
 
-// respond returns data inline when small, else as a new file.
-func (s *Server) respond(data []byte, source string) (*sidecarv1.GetResponse, error) {
+// respond returns data inline when small, else in a file of the object
+// directory (written with pwrite: data may be a mapped file a function
+// can truncate, which then fails this call instead of faulting).
+func (s *Server) respond(ctx context.Context, data []byte, source string) (*sidecarv1.GetResponse, error) {
 	if len(data) <= s.InlineThreshold {
 		return &sidecarv1.GetResponse{Object: inlinePayload(bytes.Clone(data)), Size: int64(len(data)), Source: source}, nil
 	}
-	sink, err := newFileSink(s.Dir)
+	files := s.files(ctx)
+	pf, err := files.take(int64(len(data)))
 	if err != nil {
 		return nil, err
 	}
-	_, err = sink.f.Write(data)
-	path, err := sink.done(err)
-	if err != nil {
+	if _, err := pf.f.WriteAt(data, 0); err != nil {
+		pf.drop()
 		return nil, err
 	}
-	return &sidecarv1.GetResponse{Object: pathPayload(path), Size: int64(len(data)), Source: source}, nil
+	return &sidecarv1.GetResponse{Object: s.handOut(ctx, files, pf), Size: int64(len(data)), Source: source}, nil
 }
 
 func nameKey(session, bucket, key string) string { return session + "\x00" + bucket + "\x00" + key }
@@ -392,7 +482,7 @@ func (s *Server) SendObject(ctx context.Context, req *sidecarv1.SendObjectReques
 	if req.GetPersist() && s.Persist == nil {
 		return nil, toStatus(fmt.Errorf("%w: persist requested but no S3 tier is configured", ErrBadPayload))
 	}
-	obj, release, err := s.loadObject(ctx, req.GetObject())
+	obj, release, err := s.loadObject(ctx, req.GetObject(), "")
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -482,7 +572,7 @@ func (s *Server) GetObject(ctx context.Context, req *sidecarv1.GetObjectRequest)
 	if s.Persist != nil {
 		data, err := s.Persist.Get(ctx, persistID(req.GetSession(), req.GetBucket(), req.GetKey()))
 		if err == nil {
-			resp, err := s.respond(data, s.Persist.Name())
+			resp, err := s.respond(ctx, data, s.Persist.Name())
 			return resp, toStatus(err)
 		}
 		errs = append(errs, err)
@@ -500,7 +590,7 @@ func (s *Server) Invoke(ctx context.Context, req *sidecarv1.InvokeRequest) (*sid
 	if req.GetUrl() == "" {
 		return nil, toStatus(fmt.Errorf("%w: invoke needs a url", ErrBadPayload))
 	}
-	loadedObj, release, err := s.loadObject(ctx, req.GetObject())
+	loadedObj, release, err := s.loadObject(ctx, req.GetObject(), "")
 	if err != nil {
 		return nil, toStatus(err)
 	}

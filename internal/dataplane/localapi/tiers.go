@@ -85,7 +85,7 @@ func (s *Server) TierGet(ctx context.Context, req *sidecarv1.TierGetRequest) (*s
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return s.respond(data, t.Name())
+	return s.respond(ctx, data, t.Name())
 }
 
 func (s *Server) TierDelete(ctx context.Context, req *sidecarv1.TierDeleteRequest) (*sidecarv1.TierDeleteResponse, error) {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
@@ -100,6 +101,22 @@ func (b Buffer) WriteAt(p []byte, off int64) (int, error) {
 	return copy(b[off:], p), nil
 }
 
+// Mapping is a destination the consumer made and mapped itself: a file
+// (e.g. a shared-memory file it keeps and reuses) already sized for the
+// object, Mem its shared writable mapping of at least the object's size.
+// The body reaches the file through the kernel only — the bytes the
+// stream had buffered with pwrite, the rest received straight into Mem —
+// so a file truncated underneath (by whoever else can open it) fails the
+// pull with EFAULT instead of faulting the consumer's process, and no
+// page is faulted in when Mem was populated beforehand.
+type Mapping struct {
+	File *os.File
+	Mem  []byte
+}
+
+// WriteAt writes through the file (for a fallback read from the tiers).
+func (m *Mapping) WriteAt(p []byte, off int64) (int, error) { return m.File.WriteAt(p, off) }
+
 // Pull fetches a referenced object into memory.
 func (c *Client) Pull(ctx context.Context, r string) ([]byte, Info, error) {
 	var buf Buffer
@@ -179,6 +196,25 @@ func readBody(pc *peerConn, w io.WriterAt, size int64) error {
 			return &dstError{fmt.Errorf("buffer of %d bytes for a %d-byte object", len(d), size)}
 		}
 		return streamio.ReadFull(pc.br, pc.nc, d[:size])
+	case *Mapping:
+		if int64(len(d.Mem)) < size {
+			return &dstError{fmt.Errorf("mapping of %d bytes for a %d-byte object", len(d.Mem), size)}
+		}
+		n := int(min(int64(pc.br.Buffered()), size))
+		if n > 0 {
+			head, _ := pc.br.Peek(n)
+			if _, err := d.File.WriteAt(head, 0); err != nil {
+				return &dstError{err}
+			}
+			_, _ = pc.br.Discard(n)
+		}
+		if _, err := io.ReadFull(pc.nc, d.Mem[n:size]); err != nil {
+			if errors.Is(err, syscall.EFAULT) {
+				return &dstError{fmt.Errorf("the destination file shrank under the pull: %w", err)}
+			}
+			return err
+		}
+		return nil
 	case *os.File:
 		err := streamio.ReadIntoFile(pc.br, pc.nc, d, size)
 		if errors.Is(err, errors.ErrUnsupported) {

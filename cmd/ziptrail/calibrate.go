@@ -476,6 +476,9 @@ func printCalibration(w io.Writer, m *calibrate.Measurements, cal model.Calibrat
 		if c.c.Write != (model.CPUCost{}) {
 			v = fmt.Sprintf("write %s + %s per request, %s", calibrate.FormatCPUPerByte(c.c.Write.PerByte), calibrate.FormatCPUSeconds(c.c.Write.PerRequest), v)
 		}
+		if c.c.Delete != (model.CPUCost{}) {
+			v = fmt.Sprintf("%s, delete %s + %s per object", v, calibrate.FormatCPUPerByte(c.c.Delete.PerByte), calibrate.FormatCPUSeconds(c.c.Delete.PerRequest))
+		}
 		who := "server and bare client CPU"
 		if _, ok := cal.MeasuredOn.Details["sidecarCPU"]; ok && strings.HasPrefix(cal.MeasuredOn.Details["sidecarCPU"], "measured") {
 			who = "server, queue-proxy-zl and SDK CPU"

@@ -456,11 +456,13 @@ func Fit(m *Measurements, base model.Params) (model.Params, []string, error) {
 	// points where they were measured (the real path: SDK, queue-proxy-zl,
 	// server), else from the in-process measurements (bare clients: the
 	// sidecar's own work missing). A producer's put into its own pod store
-	// is only measured on the sidecar path (in process it is no transfer).
+	// is only measured on the sidecar path (in process it is no transfer),
+	// and so are deletes.
 	for _, c := range []struct {
 		store, op string
 		dst       *model.CPUCost
-	}{{S3, Write, &p.SlowCPU.Write}, {S3, Read, &p.SlowCPU.Read}, {Redis, Write, &p.FastCPU.Write}, {Redis, Read, &p.FastCPU.Read},
+	}{{S3, Write, &p.SlowCPU.Write}, {S3, Read, &p.SlowCPU.Read}, {S3, Delete, &p.SlowCPU.Delete},
+		{Redis, Write, &p.FastCPU.Write}, {Redis, Read, &p.FastCPU.Read}, {Redis, Delete, &p.FastCPU.Delete},
 		{Pod, Write, &p.PodCPU.Write}, {Pod, Read, &p.PodCPU.Read}} {
 		pick := func(all []CPUSample) (samples []CPUSample, unseen int) {
 			for _, s := range all {

@@ -18,6 +18,8 @@ const (
 const (
 	Read  = "read"
 	Write = "write"
+	// Delete: removing objects (the sidecar-path points only).
+	Delete = "delete"
 )
 
 // BandwidthPoint is one cell of the bandwidth grid: Workers workers, each

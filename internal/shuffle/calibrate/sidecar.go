@@ -191,7 +191,8 @@ func (l *lockedWriter) discard() {
 // and records the CPU of the timed parts: the store's server, both
 // sidecars and this process (the SDK's side, as in a function):
 //
-//   - s3/redis write: TierPut into the tier through a;
+//   - s3/redis write: TierPut into the tier through a; then (timed apart,
+//     a sample of its own, op "delete") TierDelete of the batch's keys;
 //   - s3/redis read: TierGet through a of objects put before (untimed);
 //   - pod write: Put into a's own store (the producer's side; the objects
 //     are then read back locally and dropped, untimed);
@@ -291,56 +292,88 @@ func (r *runner) sidecarPoint(ctx context.Context, store, op string, size float6
 		return errors.Join(errs...)
 	}
 
-	sample := CPUSample{Store: store, Op: op, Size: size, Workers: w, ServerCPU: -1}
-	pid, hasServer := r.cfg.ServerPIDs[store]
-	if hasServer {
-		sample.ServerCPU = 0
+	// a tier's write point also times deleting what each batch wrote (the
+	// shuffle library deletes every piece its consumer read)
+	deleteBatch := func(ctx context.Context, wi int) error {
+		ks := make([]string, per)
+		for i := range per {
+			ks[i] = key(wi, i)
+		}
+		return s.a.clients[wi].TierDelete(ctx, tier, ks, session)
 	}
+	pid, hasServer := r.cfg.ServerPIDs[store]
+	newSample := func(op string) CPUSample {
+		cs := CPUSample{Store: store, Op: op, Size: size, Workers: w, ServerCPU: -1}
+		if hasServer {
+			cs.ServerCPU = 0
+		}
+		return cs
+	}
+	// measure runs f on every worker and adds its time and CPU (server,
+	// sidecars, this process) to cs
+	measure := func(cs *CPUSample, f func(context.Context, int) error) error {
+		var srv0, srv1 float64
+		var err error
+		if hasServer {
+			if srv0, err = ProcessCPU(pid); err != nil {
+				return err
+			}
+		}
+		sc0, err := s.cpu()
+		if err != nil {
+			return err
+		}
+		self0, t0 := selfCPU(), time.Now()
+		if err := parallel(f); err != nil {
+			return err
+		}
+		cs.Seconds += time.Since(t0).Seconds()
+		cs.ClientCPU += selfCPU() - self0
+		sc1, err := s.cpu()
+		if err != nil {
+			return err
+		}
+		cs.SidecarCPU += sc1 - sc0
+		if hasServer {
+			if srv1, err = ProcessCPU(pid); err != nil {
+				return err
+			}
+			cs.ServerCPU += srv1 - srv0
+		}
+		cs.Requests += w * per
+		cs.Bytes += float64(w*per) * size
+		return nil
+	}
+	sample, del := newSample(op), newSample(Delete)
+	withDeletes := store != Pod && op == Write
 	for sample.Seconds < r.cfg.DurationPerPoint.Seconds() || sample.Requests == 0 {
 		if err := parallel(prepare); err != nil {
 			return "", err
 		}
 		populated = true
-		var srv0, srv1 float64
-		var err error
-		if hasServer {
-			if srv0, err = ProcessCPU(pid); err != nil {
+		if err := measure(&sample, timed); err != nil {
+			return "", err
+		}
+		if withDeletes {
+			if err := measure(&del, deleteBatch); err != nil {
 				return "", err
 			}
 		}
-		sc0, err := s.cpu()
-		if err != nil {
-			return "", err
-		}
-		self0, t0 := selfCPU(), time.Now()
-		if err := parallel(timed); err != nil {
-			return "", err
-		}
-		sample.Seconds += time.Since(t0).Seconds()
-		sample.ClientCPU += selfCPU() - self0
-		sc1, err := s.cpu()
-		if err != nil {
-			return "", err
-		}
-		sample.SidecarCPU += sc1 - sc0
-		if hasServer {
-			if srv1, err = ProcessCPU(pid); err != nil {
-				return "", err
-			}
-			sample.ServerCPU += srv1 - srv0
-		}
-		sample.Requests += w * per
-		sample.Bytes += float64(w*per) * size
 		if err := parallel(after); err != nil {
 			return "", err
 		}
 	}
 	r.m.SidecarPath = append(r.m.SidecarPath, sample)
+	deletes := ""
+	if withDeletes {
+		r.m.SidecarPath = append(r.m.SidecarPath, del)
+		deletes = fmt.Sprintf("; deleting them: %.2fs, %s per object", del.Seconds, FormatCPUSeconds(del.Total()/float64(del.Requests)))
+	}
 	server := "-"
 	if sample.ServerCPU >= 0 {
 		server = fmt.Sprintf("%.2fs", sample.ServerCPU)
 	}
-	return fmt.Sprintf("%s in %.2fs, %d requests; CPU: server %s, sidecars %.2fs, SDK %.2fs (%s in all)",
+	return fmt.Sprintf("%s in %.2fs, %d requests; CPU: server %s, sidecars %.2fs, SDK %.2fs (%s in all)%s",
 		FormatRate(sample.Bytes/sample.Seconds), sample.Seconds, sample.Requests, server, sample.SidecarCPU, sample.ClientCPU,
-		FormatCPUPerByte(sample.Total()/sample.Bytes)), nil
+		FormatCPUPerByte(sample.Total()/sample.Bytes), deletes), nil
 }

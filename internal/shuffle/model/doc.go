@@ -111,7 +111,10 @@
 // transfer, but the bytes still go from the function to its sidecar's
 // store). A phase's platform
 // CPU is the sum over its transfers, every bucket, of objects × PerRequest
-// + bytes × PerByte (Phase.PlatformCPU). With Params.Cores set and the
+// + bytes × PerByte (Phase.PlatformCPU), plus StoreCPU.Delete for every
+// intermediate object the phase read (the shuffle library deletes a piece
+// once merged, a run once the final merge read it; CPU only, not counted
+// against the request rate). With Params.Cores set and the
 // costs measured (Params.PlatformCPUMeasured), the compute term is
 //
 //	max(job / min(P, tasks, Cores), (job + platform) / Cores)
@@ -132,10 +135,10 @@
 // tier clients, pod puts and pulls) and reads the CPU of the sidecars,
 // the servers and its own (the SDK). Earlier calibrations measured bare
 // Go clients (minio-go, go-redis, pull.Client) and missed the sidecar's
-// own work. Still not in it: the control plane's per-object work (the
-// engine, the API server, Knative), the shuffle's per-object extras
-// (pointer objects sent to the engine, deletes of consumed pieces), and
-// the Python SDK where it costs more than the Go SDK measured.
+// own work, and deletes. Still not in it: the control plane's per-object
+// work (the engine, the API server, Knative), the pointer objects the
+// shuffle sends to the engine, and the Python SDK where it costs more
+// than the Go SDK measured.
 //
 // The model is thus a CPU-bound shared machine: with Cores set, a phase
 // takes the larger of its I/O limits and (job + platform CPU) / Cores.

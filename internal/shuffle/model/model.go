@@ -357,7 +357,8 @@ func tasks(d float64, p int, chunk float64) int {
 // When Params.Cores is set, the workers and the stores share those cores
 // (one machine). If the platform's CPU per byte is known
 // (Params.PlatformCPUMeasured), the stores' and sidecars' CPU for the
-// phase's transfers, platform, joins the job's on those cores: the compute
+// phase's transfers (and for deleting the intermediate objects it read),
+// platform, joins the job's on those cores: the compute
 // term is max(cpu / min(p, tasks, Cores), (cpu + platform) / Cores), one
 // more limit competing with the transfer limits (the transfers' CPU is in
 // it, so adding it to them would count it twice). If it is not known (a
@@ -387,6 +388,9 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 		switch {
 		case o.bucket == fast:
 			platform += pp.FastCPU.Of(o.bytes, o.requests, o.write)
+			if !o.write { // the consumer deletes what it read
+				platform += pp.FastCPU.Delete.Of(o.bytes, o.requests)
+			}
 		case o.bucket == pod:
 			// a producer's put into its own pod's store is no transfer,
 			// but it is work: the function hands the bytes to its sidecar
@@ -394,6 +398,9 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 			platform += pp.PodCPU.Of(o.bytes, o.requests, o.write)
 		default:
 			platform += pp.SlowCPU.Of(o.bytes, o.requests, o.write)
+			if o.bucket == slowShuffle && !o.write { // intermediate objects: deleted once read
+				platform += pp.SlowCPU.Delete.Of(o.bytes, o.requests)
+			}
 		}
 		switch {
 		case o.bucket == fast:

@@ -611,11 +611,38 @@ func TestPlatformCPU(t *testing.T) {
 		t.Errorf("s3 with dearer writes: platform %v, %v s; phases %v, %v s; want 12.2, 12.2; 18.1, 10.1", m.PlatformCPU, r.PlatformCPU, m.Seconds, r.Seconds)
 	}
 
+	// Deletes: the consumer deletes every intermediate object it read, at
+	// 2 ms per S3 object and 1 ms per Redis object; the input and output
+	// bucket's objects are not deleted. s3: the map deletes nothing
+	// (10.2); the reduce deletes its 16 pieces: 10.2 + 0.032 = 10.232,
+	// (8 + 10.232)/2 = 9.116. redis: the reduce deletes its 16 Redis
+	// objects: 8.04 + 0.016 = 8.056, (8 + 8.056)/2 = 8.028.
+	p = platformParams(2)
+	p.SlowCPU.Delete.PerRequest, p.FastCPU.Delete.PerRequest = 0.002, 0.001
+	for _, c := range []struct {
+		method           Method
+		mapPlat, redPlat float64
+		reduce_          float64
+	}{{S3, 10.2, 10.232, 9.116}, {Redis, 8.04, 8.056, 8.028}} {
+		pr, err = mustModel(t, p, handPrices()).Predict(Config{Method: c.method, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, FastCapacity: 2e9, Compute: job})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, r := pr.Phases[0], pr.Phases[1]; !near(m.PlatformCPU, c.mapPlat) || !near(r.PlatformCPU, c.redPlat) || !near(r.Seconds, c.reduce_) {
+			t.Errorf("%s with deletes: platform %v, %v s; reduce %v s; want %v, %v; %v", c.method, m.PlatformCPU, r.PlatformCPU, r.Seconds, c.mapPlat, c.redPlat, c.reduce_)
+		}
+	}
+
 	// Negative or infinite costs are rejected.
 	p = handParams()
 	p.FastCPU.Read.PerByte = -1
 	if err := p.Validate(); err == nil {
 		t.Error("negative fastCPU accepted")
+	}
+	p = handParams()
+	p.SlowCPU.Delete.PerRequest = math.Inf(1)
+	if err := p.Validate(); err == nil {
+		t.Error("infinite slowCPU delete cost accepted")
 	}
 }
 

@@ -103,9 +103,16 @@ type Params struct {
 // objects of s bytes costs n·Write.PerRequest + n·s·Write.PerByte, reading
 // them the same with Read (an S3 server's writes cost it several times
 // its reads: it hashes and stores them).
+//
+// Delete is the cost of removing objects (n objects of s bytes: the same
+// form): the shuffle library deletes every intermediate object its
+// consumer read (a piece after its merge, a run after the final merge).
+// Deletes count as CPU only, not against the store's request rate
+// (Locus's model has no deletes).
 type StoreCPU struct {
-	Read  CPUCost `json:"read,omitzero"`
-	Write CPUCost `json:"write,omitzero"`
+	Read   CPUCost `json:"read,omitzero"`
+	Write  CPUCost `json:"write,omitzero"`
+	Delete CPUCost `json:"delete,omitzero"`
 }
 
 // CPUCost is seconds of one core per byte and per request.
@@ -250,7 +257,7 @@ func (p Params) Validate() error {
 	if p.SlowServerBandwidth < 0 || p.PodAggregateBandwidth < 0 || p.WorkerStartup < 0 || p.Cores < 0 || math.IsInf(p.Cores, 0) {
 		errs = append(errs, errors.New("slowServerBandwidth, podAggregateBandwidth, workerStartup and cores must not be negative"))
 	}
-	for _, c := range []CPUCost{p.SlowCPU.Read, p.SlowCPU.Write, p.FastCPU.Read, p.FastCPU.Write, p.PodCPU.Read, p.PodCPU.Write} {
+	for _, c := range []CPUCost{p.SlowCPU.Read, p.SlowCPU.Write, p.SlowCPU.Delete, p.FastCPU.Read, p.FastCPU.Write, p.FastCPU.Delete, p.PodCPU.Read, p.PodCPU.Write} {
 		if !(c.PerByte >= 0) || !(c.PerRequest >= 0) || math.IsInf(c.PerByte, 0) || math.IsInf(c.PerRequest, 0) {
 			errs = append(errs, errors.New("slowCPU, fastCPU, podCPU: perByte and perRequest must be non-negative and finite"))
 			break

@@ -76,6 +76,7 @@ type msgRequest struct {
 	rank, peer     uint32
 	tag, timeoutMs int64
 	payload        []byte
+	buf            []byte // the request's bytes (pooled: messaging.GetBuf)
 }
 
 func readMsgRequest(r *bufio.Reader) (*msgRequest, error) {
@@ -87,7 +88,7 @@ func readMsgRequest(r *bufio.Reader) (*msgRequest, error) {
 	if n < reqFixed || n > reqFixed+2*maxNames+maxInlineSend {
 		return nil, fmt.Errorf("%w: request of %d bytes", errMsgFrame, n)
 	}
-	b := make([]byte, n)
+	b := messaging.GetBuf(int(n))
 	if _, err := io.ReadFull(r, b); err != nil {
 		return nil, err
 	}
@@ -100,6 +101,7 @@ func readMsgRequest(r *bufio.Reader) (*msgRequest, error) {
 	q.session = string(b[reqFixed : reqFixed+sl])
 	q.group = string(b[reqFixed+sl : reqFixed+sl+gl])
 	q.payload = b[reqFixed+sl+gl:]
+	q.buf = b
 	return q, nil
 }
 
@@ -111,6 +113,8 @@ type msgResponse struct {
 	reason string
 	body   []byte
 	err    bool
+	// pooled is a buffer to give back (messaging.PutBuf) once written.
+	pooled []byte
 }
 
 func writeMsgResponse(w *bufio.Writer, p *msgResponse) error {
@@ -176,14 +180,15 @@ func (s *Server) serveMessageConn(c net.Conn) {
 			}
 			return
 		}
-		cur = &msgCall{w: w}
+		cur = &msgCall{w: w, req: q.buf}
 		cur.setCancel(s.startMessage(q, cur.respond))
 	}
 }
 
 // msgCall is one request of a connection until its response is written.
 type msgCall struct {
-	w *bufio.Writer
+	w   *bufio.Writer
+	req []byte // the request's buffer (pooled), under mu
 	// mu is held while the response is written: settled waits for it.
 	mu       sync.Mutex
 	answered bool
@@ -192,6 +197,9 @@ type msgCall struct {
 
 // respond writes the call's response, once: a response for a client that
 // gave up (or a second one) is dropped, with its file.
+//
+// The request is over when its response comes, so its buffer goes back
+// to the pool, with the message's.
 func (m *msgCall) respond(resp *msgResponse) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -201,6 +209,9 @@ func (m *msgCall) respond(resp *msgResponse) {
 		}
 	}
 	m.answered = true
+	messaging.PutBuf(resp.pooled)
+	messaging.PutBuf(m.req)
+	m.req = nil
 }
 
 // settled reports whether the response was written (waiting for a write
@@ -280,7 +291,7 @@ func (s *Server) startMessage(q *msgRequest, respond func(*msgResponse)) func() 
 				respond(errorResponse(err))
 				return
 			}
-			resp := &msgResponse{from: m.From, tag: m.Tag, size: m.Size, body: m.Data}
+			resp := &msgResponse{from: m.From, tag: m.Tag, size: m.Size, body: m.Data, pooled: m.Data}
 			if m.Path != "" {
 				resp.flags |= 1
 				resp.body = []byte(m.Path)

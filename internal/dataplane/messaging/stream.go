@@ -446,7 +446,7 @@ func (r *Router) readBody(br *bufio.Reader, c net.Conn, m *Message, st Status) (
 		return discard(st)
 	}
 	if m.Size <= uint64(r.cfg.inlineMax()) || r.cfg.NewFile == nil {
-		m.Data = make([]byte, m.Size)
+		m.Data = GetBuf(int(m.Size)) // back to the pool once a function has it (localapi's fast path)
 		return Queued, streamio.ReadFull(br, c, m.Data)
 	}
 	f, path, err := r.cfg.NewFile()

@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -131,5 +132,55 @@ func TestMessagingWaitingReceives(t *testing.T) {
 	}
 	if r := <-own; !errors.As(r.err, &me) || me.Reason != localapi.ReasonGroupClosed {
 		t.Fatalf("waiting as a rank that left: %+v, %v; want %s", r.m, r.err, localapi.ReasonGroupClosed)
+	}
+}
+
+// TestMessagingPooledBodies: the sidecars reuse the buffers of inline
+// bodies of 4-66 KiB once a function has a message; messages queued
+// while others are sent and received keep their own bytes (a buffer given
+// back too early would show another message's bytes).
+func TestMessagingPooledBodies(t *testing.T) {
+	op := messagingEnv(t)
+	a := startMsgPod(t, op, "team-a", "pod-a")
+	b := startMsgPod(t, op, "team-a", "pod-b")
+	a.join(t, "s1", "p", 0, 2, false)
+	b.join(t, "s1", "p", 1, 2, false)
+	fa := localapi.NewMessageClient(localapi.MessageSocket(a.s.cfg.APISocket))
+	fb := localapi.NewMessageClient(localapi.MessageSocket(b.s.cfg.APISocket))
+	defer fa.Close()
+	defer fb.Close()
+	ctx, cancel := within(2 * time.Minute)
+	defer cancel()
+	body := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 5000+i*1000) }
+	const n = 40
+	// The first half waits in the receiver's queue, the second half meets
+	// receives under way.
+	for i := range n / 2 {
+		if _, err := fa.Send(ctx, "s1", "p", 0, 1, int64(i), body(i), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make(chan error, 1)
+	go func() {
+		got <- func() error {
+			for i := range n {
+				m, err := fb.Recv(ctx, "s1", "p", 1, false, 0, true, 0)
+				if err != nil {
+					return err
+				}
+				if m.Tag != int64(i) || !bytes.Equal(m.Data, body(i)) {
+					return fmt.Errorf("message %d: tag %d, %d bytes, not its own", i, m.Tag, len(m.Data))
+				}
+			}
+			return nil
+		}()
+	}()
+	for i := n / 2; i < n; i++ {
+		if _, err := fa.Send(ctx, "s1", "p", 0, 1, int64(i), body(i), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
 	}
 }

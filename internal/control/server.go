@@ -219,6 +219,11 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	if err := stream.Send(&controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Keys{Keys: keys}}); err != nil {
 		return err
 	}
+	for _, m := range s.welcome(c) {
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+	}
 
 	pod := podKey(c.id)
 	s.mu.Lock()
@@ -471,10 +476,15 @@ func (s *Server) KeepAlive(namespace string, refs []string, extend time.Duration
 // broadcast queues m for every sidecar of the namespace; a sidecar that
 // cannot take it within SendTimeout is disconnected.
 func (s *Server) broadcast(namespace string, m *controlv1.OperatorMessage) error {
+	return s.send(func(id Identity) bool { return id.Namespace == namespace }, m)
+}
+
+// send queues m for every sidecar to; see broadcast.
+func (s *Server) send(to func(Identity) bool, m *controlv1.OperatorMessage) error {
 	s.mu.RLock()
 	var targets []*conn
 	for c := range s.conns {
-		if c.id.Namespace == namespace {
+		if to(c.id) {
 			targets = append(targets, c)
 		}
 	}

@@ -35,6 +35,9 @@ type Commands struct {
 	// (docs/messaging.md).
 	GroupView       func(*controlv1.GroupView)
 	GroupJoinResult func(*controlv1.GroupJoinResult)
+	// Delegations are the triggers the sidecar fires itself (delegated
+	// firing, docs/control-stream.md); each replaces the previous set.
+	Delegations func(*controlv1.Delegations)
 }
 
 // Client is the sidecar's end of the control stream. It reconnects with
@@ -299,6 +302,10 @@ func (c *Client) handle(m *controlv1.OperatorMessage) {
 	case *controlv1.OperatorMessage_GroupJoinResult:
 		if c.commands.GroupJoinResult != nil {
 			c.commands.GroupJoinResult(msg.GroupJoinResult)
+		}
+	case *controlv1.OperatorMessage_Delegations:
+		if c.commands.Delegations != nil {
+			c.commands.Delegations(msg.Delegations)
 		}
 	case *controlv1.OperatorMessage_Rejected:
 		switch {

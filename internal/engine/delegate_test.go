@@ -18,8 +18,8 @@ func delegatingEngine(t testing.TB) *Engine {
 }
 
 // TestDelegatedClaims: the engine accepts a claim of a local firing only
-// under the derived id, from the session's own workflow, for an object of
-// one of the session's invocations; anything else is fired as usual (sent).
+// under the derived id, from the session's own workflow, for an object an
+// invocation produced; anything else is fired as usual (sent).
 func TestDelegatedClaims(t *testing.T) {
 	e := delegatingEngine(t)
 	acts, err := e.StartSession(delWF, "s", Object{}, t0)
@@ -27,7 +27,9 @@ func TestDelegatedClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	entry := acts[0].Invocation
-	id := func(trig, target, bucket, key string) string { return DelegatedInvocation("s", trig, target, bucket, key) }
+	id := func(trig, target, bucket, key string) string {
+		return DelegatedInvocation("s", trig, target, bucket, key)
+	}
 	obj := func(bucket, key, inv string, fired ...string) Object {
 		return Object{Bucket: bucket, Key: key, Session: "s", Inline: []byte("x"), Invocation: inv, FiredLocally: fired}
 	}
@@ -57,10 +59,10 @@ func TestDelegatedClaims(t *testing.T) {
 	if got["f"].Delegated {
 		t.Fatalf("a claim from another workflow was accepted: %+v", got["f"])
 	}
-	// An object of an invocation the session never had.
-	got = byFn(e.ObjectReady(delWF, obj("n", "k1", "s.99", id("nm", "h", "n", "k1")), t0))
+	// An object no invocation produced.
+	got = byFn(e.ObjectReady(delWF, obj("n", "k1", "", id("nm", "h", "n", "k1")), t0))
 	if a := got["h"]; a.Delegated || a.Invocation == "" {
-		t.Fatalf("a claim for an object of an unknown invocation was accepted: %+v", a)
+		t.Fatalf("a claim for an object without a producing invocation was accepted: %+v", a)
 	}
 	// A resent report fires nothing more.
 	if acts := e.ObjectReady(delWF, obj("a", "k0", entry, id("imm", "f", "a", "k0")), t0); len(acts) != 0 {
@@ -101,5 +103,26 @@ func TestNotDelegating(t *testing.T) {
 		FiredLocally: []string{DelegatedInvocation("s", "imm", "f", "a", "k0")}}, t0)
 	if len(acts) != 2 || acts[0].Delegated || acts[0].Invocation != "s.1" || acts[1].Invocation != "s.2" {
 		t.Fatalf("got %v", acts)
+	}
+}
+
+// TestDelegatedOutputsBeforeTheClaim: a delegated invocation's outputs and
+// end, reported by its own sidecar before the producer's claim reaches
+// the engine, are counted: once claimed, the invocation is finished, not
+// left outstanding (which would hold a DynamicGroup over it forever).
+func TestDelegatedOutputsBeforeTheClaim(t *testing.T) {
+	e := delegatingEngine(t)
+	acts, _ := e.StartSession(delWF, "s", Object{}, t0)
+	entry := acts[0].Invocation
+	w0 := DelegatedInvocation("s", "tw", "work", "w", "k0")
+	e.ObjectReady(delWF, Object{Bucket: "x", Key: "from-w0", Session: "s", Inline: []byte{}, Producer: "work", Invocation: w0}, t0)
+	e.FunctionEnded(delWF, "s", "work", w0, Finish{Outputs: 1}, t0)
+	acts = e.ObjectReady(delWF, Object{Bucket: "w", Key: "k0", Session: "s", Inline: []byte{}, Invocation: entry, FiredLocally: []string{w0}}, t0)
+	if len(acts) != 1 || !acts[0].Delegated || acts[0].Invocation != w0 {
+		t.Fatalf("got %v, want w0 recorded as Delegated", acts)
+	}
+	s := e.shard("s").sessions["s"]
+	if inv := s.invocations[w0]; inv == nil || inv.active() || s.Outstanding("work") != 0 {
+		t.Fatalf("w0 %+v, %d work outstanding: its early output was not counted", inv, s.Outstanding("work"))
 	}
 }

@@ -274,15 +274,24 @@ func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action 
 	}
 	name := obj.Bucket + "/" + obj.Key
 	base := BaseInvocation(obj.Invocation)
-	// Claims of local firings count only from the session's own workflow
-	// and for an object of one of its invocations.
+	// Claims of local firings count only from the session's own workflow,
+	// for an object some invocation produced (the control server checks
+	// that it is the reporting pod's own). The engine may not know that
+	// invocation yet: a delegated one's outputs can arrive before the
+	// claim that made it.
 	var claims []string
-	if wf.spec.Delegate && s.wf == wfName && base != "" && s.invocations[base] != nil {
+	if wf.spec.Delegate && s.wf == wfName && base != "" {
 		claims = obj.FiredLocally
 	}
 	obj.FiredLocally = nil
 	first, dup := s.seen[name]
-	done := s.count(base, name, dup, first)
+	// A delegated invocation's outputs, reported by its own sidecar, may
+	// arrive before the claim that made it: counted all the same.
+	var early string
+	if wf.spec.Delegate && strings.HasPrefix(base, s.id+".d") {
+		early = obj.Producer
+	}
+	done := s.count(base, name, dup, first, early)
 	var out []Action
 	if !dup { // else a resend, or a late duplicate from a re-execution
 		s.seen[name] = base
@@ -319,11 +328,15 @@ func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action 
 // count counts an output toward its invocation, once per invocation and
 // name, and returns the invocation when that was the last output it said
 // it sent.
-func (s *session) count(base, name string, dup bool, firstBy string) *invState {
+func (s *session) count(base, name string, dup bool, firstBy, early string) *invState {
 	if base == "" {
 		return nil
 	}
 	inv := s.invocations[base]
+	if inv == nil && early != "" {
+		inv = &invState{Function: early} // made by a sidecar, claimed later
+		s.track(base, inv)
+	}
 	if inv == nil {
 		return nil // not dispatched here: nothing waits for its outputs
 	}

@@ -50,7 +50,7 @@ type delSim struct {
 	rng      *rand.Rand
 	e        *Engine
 	now      time.Time
-	queue    []func() // events in flight, delivered in random order
+	queue    []func()        // events in flight, delivered in random order
 	fired    map[string]int  // trigger/target/bucket/key -> ActInvoke recorded
 	made     map[string]int  // invocation id -> times some sidecar or the dispatcher made it
 	risky    map[string]bool // bucket/key -> a report of it was lost, or its producer ran twice

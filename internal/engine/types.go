@@ -21,7 +21,8 @@ type Object struct {
 	// for this object itself (delegated firing, see Delegable): ids of
 	// DelegatedInvocation. The engine records those firings without
 	// asking for them to be sent; it ignores any other id, and every
-	// claim when the producing invocation is not one of the session's.
+	// claim from another workflow or for an object without a producing
+	// invocation.
 	FiredLocally []string `json:"-"`
 }
 

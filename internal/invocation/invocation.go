@@ -54,6 +54,11 @@ type Object struct {
 	// that arrive with a path, and SDKs open nothing but such names inside
 	// their own object directory (OpenInDir).
 	Path string `json:"path,omitempty"`
+	// FiredLocally, on an output in a response, are the invocations the
+	// producer's sidecar made itself for this object (delegated firing,
+	// docs/control-stream.md); set by that sidecar only (it clears what
+	// the function wrote there).
+	FiredLocally []string `json:"firedLocally,omitempty"`
 }
 
 // MarshalJSON keeps an empty inline object ("inline": "") that omitempty
@@ -82,6 +87,11 @@ type Envelope struct {
 	Group      string   `json:"group,omitempty"` // DynamicGroup's group name
 	Args       []byte   `json:"args,omitempty"`
 	Objects    []Object `json:"objects,omitempty"`
+	// Delegated says a producer's sidecar sent this invocation itself
+	// (delegated firing): the receiving sidecar reports its outcome to the
+	// operator over its control stream, since the operator does not read
+	// the response.
+	Delegated bool `json:"delegated,omitempty"`
 }
 
 // Refs lists the references among the objects.

@@ -69,6 +69,10 @@ type Options struct {
 	// OnStarted is called once the checkpoint is restored (and claimed),
 	// before the clock starts.
 	OnStarted func()
+	// Delegate hands the workflows' Immediate and ByName triggers to their
+	// pods' sidecars, which fire them themselves (delegate.go); off: the
+	// engine fires every trigger.
+	Delegate bool
 }
 
 // Orchestrator connects the engine to the rest of the operator.
@@ -110,6 +114,8 @@ type Orchestrator struct {
 	// is lost with this orchestrator, not failed (its next owner
 	// re-executes it per the re-execution rules).
 	runCtx context.Context
+
+	deleg delegations // delegated triggers per workflow (delegate.go)
 }
 
 type workflowInfo struct {
@@ -213,9 +219,11 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 // SetWorkflow loads or updates a workflow (called by the Workflow reconciler).
 func (o *Orchestrator) SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady string) error {
 	spec := engineSpec(wf)
+	spec.Delegate = o.opts.Delegate
 	if err := o.engine.SetWorkflow(spec); err != nil {
 		return err
 	}
+	defer o.setDelegations(wf, spec, ready)
 	o.counts.setWorkflow(spec)
 	info := &workflowInfo{namespace: wf.Namespace, name: wf.Name, ready: ready, notReady: notReady, outputs: wf.Spec.OutputBuckets()}
 	o.mu.Lock()
@@ -227,6 +235,9 @@ func (o *Orchestrator) SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady s
 // RemoveWorkflow forgets a deleted workflow.
 func (o *Orchestrator) RemoveWorkflow(namespace, name string) {
 	o.engine.RemoveWorkflow(Key(namespace, name))
+	o.deleg.mu.Lock()
+	delete(o.deleg.by, Key(namespace, name))
+	o.deleg.mu.Unlock()
 	o.counts.removeWorkflow(Key(namespace, name))
 	o.mu.Lock()
 	delete(o.workflows, Key(namespace, name))
@@ -359,7 +370,11 @@ func (o *Orchestrator) invoke(a engine.Action) {
 		for _, ob := range a.Objects {
 			env.Objects = append(env.Objects, invocation.Object{Bucket: ob.Bucket, Key: ob.Key, Size: ob.Size, Ref: ob.Ref, Inline: ob.Inline, Metadata: ob.Metadata})
 		}
-		o.sessions.Log(a.Session, "Invoked", "%s with %d objects (trigger %s)", a.Function, len(env.Objects), orEntry(a.Trigger))
+		if a.Delegated {
+			o.sessions.Log(a.Session, "Invoked", "%s with %d objects (trigger %s, by the producer's sidecar)", a.Function, len(env.Objects), a.Trigger)
+		} else {
+			o.sessions.Log(a.Session, "Invoked", "%s with %d objects (trigger %s)", a.Function, len(env.Objects), orEntry(a.Trigger))
+		}
 	}
 	args, err := dispatch.RerunArgs(env)
 	if err != nil {
@@ -368,6 +383,10 @@ func (o *Orchestrator) invoke(a engine.Action) {
 	}
 	o.execute(o.engine.FunctionStarted(a.Workflow, a.Session, a.Function, a.Invocation, args, o.opts.Now()))
 	_ = o.sessions.Update(a.Session, func(s *sessions.Session) { s.Invocations++ })
+	if a.Delegated {
+		delegatedFirings.Inc() // the producer's sidecar sent it
+		return
+	}
 	o.outMu.Lock()
 	o.outbox = append(o.outbox, env)
 	o.outMu.Unlock()
@@ -443,17 +462,9 @@ func (o *Orchestrator) onResult(res dispatch.Result) {
 	for _, ob := range outs.Objects {
 		sent[ob.Bucket+"/"+ob.Key] = true
 		o.objectReady(key, engine.Object{Bucket: ob.Bucket, Key: ob.Key, Session: env.Session, Size: sizeOf(ob), Ref: ob.Ref, Inline: ob.Inline,
-			Metadata: ob.Metadata, Producer: fn, Invocation: env.Invocation}, now)
+			Metadata: ob.Metadata, Producer: fn, Invocation: env.Invocation, FiredLocally: ob.FiredLocally}, now)
 	}
-	if info := o.workflow(key); info != nil {
-		// Every invocation's return value is an object of its own.
-		rk := v1alpha1.ReturnKey(fn, strings.TrimPrefix(engine.BaseInvocation(env.Invocation), env.Session+"."))
-		for _, b := range info.outputs[fn] {
-			sent[b+"/"+rk] = true
-			o.objectReady(key, engine.Object{Bucket: b, Key: rk, Session: env.Session, Size: int64(len(outs.Return)), Inline: nonNil(outs.Return),
-				Producer: fn, Invocation: env.Invocation}, now)
-		}
-	}
+	o.returned(key, env.Session, fn, env.Invocation, outs.Return, sent, now)
 	o.execute(o.engine.FunctionEnded(key, env.Session, fn, env.Invocation,
 		engine.Finish{Outputs: len(sent) + invocation.OutputsSent(res.Header)}, now))
 }
@@ -498,7 +509,7 @@ func (o *Orchestrator) ObjectReady(_ context.Context, from control.Identity, ev 
 		o.producers.remember(from.Namespace, ev.Ref, from.Node)
 	}
 	o.objectReady(key, engine.Object{Bucket: ev.Bucket, Key: ev.Key, Session: ev.Session, Size: ev.Size, Ref: ev.Ref, Inline: ev.Inline,
-		Metadata: ev.Metadata, Producer: ev.ProducerFunction, Invocation: ev.InvocationId}, o.opts.Now())
+		Metadata: ev.Metadata, Producer: ev.ProducerFunction, Invocation: ev.InvocationId, FiredLocally: ev.FiredLocally}, o.opts.Now())
 	return nil
 }
 
@@ -511,6 +522,15 @@ func (o *Orchestrator) FunctionStarted(_ context.Context, from control.Identity,
 // FunctionFinished implements control.Events.
 func (o *Orchestrator) FunctionFinished(_ context.Context, from control.Identity, ev *controlv1.FunctionFinished) error {
 	f := engine.Finish{Failed: ev.Failed, Error: ev.Error, Outputs: int(min(ev.OutputsSent, invocation.MaxOutputsSent))}
-	o.execute(o.engine.FunctionEnded(Key(from.Namespace, from.Workflow), ev.Session, ev.Function, ev.InvocationId, f, o.opts.Now()))
+	key, now := Key(from.Namespace, from.Workflow), o.opts.Now()
+	if ev.ReturnValue != nil && !ev.Failed {
+		// An invocation a sidecar made itself (delegated firing): its
+		// return value, which the dispatcher reads from the response
+		// otherwise.
+		sent := map[string]bool{}
+		o.returned(key, ev.Session, ev.Function, ev.InvocationId, ev.ReturnValue, sent, now)
+		f.Outputs += len(sent)
+	}
+	o.execute(o.engine.FunctionEnded(key, ev.Session, ev.Function, ev.InvocationId, f, now))
 	return nil
 }

@@ -1042,6 +1042,7 @@ type DelegatedTrigger struct {
 	Function      string                 `protobuf:"bytes,4,opt,name=function,proto3" json:"function,omitempty"` // the target, a function of the workflow
 	Service       string                 `protobuf:"bytes,5,opt,name=service,proto3" json:"service,omitempty"`   // its Knative Service
 	Url           string                 `protobuf:"bytes,6,opt,name=url,proto3" json:"url,omitempty"`           // where the operator's dispatcher invokes it
+	Ingress       string                 `protobuf:"bytes,7,opt,name=ingress,proto3" json:"ingress,omitempty"`   // host:port to dial for it (the operator's --ingress); empty: the URL's host
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1114,6 +1115,13 @@ func (x *DelegatedTrigger) GetService() string {
 func (x *DelegatedTrigger) GetUrl() string {
 	if x != nil {
 		return x.Url
+	}
+	return ""
+}
+
+func (x *DelegatedTrigger) GetIngress() string {
+	if x != nil {
+		return x.Ingress
 	}
 	return ""
 }
@@ -1904,14 +1912,15 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	" \x01(\v2 .ziptrail.control.v1.DelegationsH\x00R\vdelegationsB\x05\n" +
 	"\x03msg\"P\n" +
 	"\vDelegations\x12A\n" +
-	"\btriggers\x18\x01 \x03(\v2%.ziptrail.control.v1.DelegatedTriggerR\btriggers\"\x9e\x01\n" +
+	"\btriggers\x18\x01 \x03(\v2%.ziptrail.control.v1.DelegatedTriggerR\btriggers\"\xb8\x01\n" +
 	"\x10DelegatedTrigger\x12\x18\n" +
 	"\atrigger\x18\x01 \x01(\tR\atrigger\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1a\n" +
 	"\bfunction\x18\x04 \x01(\tR\bfunction\x12\x18\n" +
 	"\aservice\x18\x05 \x01(\tR\aservice\x12\x10\n" +
-	"\x03url\x18\x06 \x01(\tR\x03url\"<\n" +
+	"\x03url\x18\x06 \x01(\tR\x03url\x12\x18\n" +
+	"\aingress\x18\a \x01(\tR\aingress\"<\n" +
 	"\bRedirect\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\"T\n" +

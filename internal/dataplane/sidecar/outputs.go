@@ -28,7 +28,11 @@ type outputsWriter struct {
 	budget *semaphore.Weighted
 	wait   time.Duration
 	head   func(http.Header) // adds to the response's header as it begins
+	// all buffers every 200, outputs or not (a delegated invocation, whose
+	// return value the sidecar reports itself).
+	all bool
 
+	code                   int // the function's status
 	wroteHeader, buffering bool
 	buf                    bytes.Buffer
 	held                   int64 // bytes reserved from budget
@@ -43,11 +47,11 @@ func (o *outputsWriter) WriteHeader(code int) {
 	if o.wroteHeader {
 		return
 	}
-	o.wroteHeader = true
+	o.wroteHeader, o.code = true, code
 	if o.head != nil {
 		o.head(o.w.Header())
 	}
-	if code != http.StatusOK || !invocation.IsOutputs(o.w.Header().Get("Content-Type")) {
+	if code != http.StatusOK || !o.all && !invocation.IsOutputs(o.w.Header().Get("Content-Type")) {
 		o.w.WriteHeader(code)
 		return
 	}

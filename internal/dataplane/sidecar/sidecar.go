@@ -66,6 +66,8 @@ type Sidecar struct {
 	// sameNode serves this pod's objects to consumers on its node (samenode.go).
 	sameNode *samenode.Server
 
+	deleg delegator // the triggers this sidecar fires itself (delegate.go)
+
 	// The tiers in use: the Config's, or the operator's (setTiers).
 	redis    atomic.Pointer[tier.Redis]
 	s3       atomic.Pointer[tier.S3]
@@ -195,6 +197,9 @@ func (s *Sidecar) Start(ctx context.Context) error {
 			controlclient.Commands{
 				Tiers: s.setTiers,
 				Keys: func(k *controlv1.Keys) {
+					// Keys start every stream; its operator sends the
+					// delegated triggers after them, if any.
+					s.setDelegations(nil)
 					_ = s.setKeys(k)
 					// Keys start every stream: a new stream's operator
 					// learns this pod's group members again.
@@ -202,6 +207,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				},
 				GroupView:       s.msgs.View,
 				GroupJoinResult: s.msgs.JoinResult,
+				Delegations:     s.setDelegations,
 				Drop:            func(d *controlv1.DropObjects) { s.Store.DropSession(d.Session) },
 				KeepAlive: func(k *controlv1.KeepAlive) {
 					for _, r := range k.Refs {
@@ -430,10 +436,18 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 // serveFunction runs the function's handler, streaming its response or,
 // for outputs, buffering (bounded) and rewriting it.
 func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next http.Handler, env *invocation.Envelope) {
-	ow := &outputsWriter{w: w, ctx: r.Context(), limit: s.maxOutputs(), budget: s.outputsBudget(), wait: s.putTimeout(),
+	// A delegated invocation's outcome is this sidecar's to report: the
+	// operator does not read the response (delegate.go).
+	report := env.Delegated && s.ctl != nil
+	ow := &outputsWriter{w: w, ctx: r.Context(), limit: s.maxOutputs(), budget: s.outputsBudget(), wait: s.putTimeout(), all: report,
 		// Objects the function sent through the local API are reported on
 		// their own: the response says how many, so none is missed.
-		head: func(h http.Header) { s.api.MarkOutputsSent(h, env.Session, env.Invocation) }}
+		head: func(h http.Header) {
+			s.api.MarkOutputsSent(h, env.Session, env.Invocation)
+			if report {
+				h.Set(headerReported, "1")
+			}
+		}}
 	defer ow.release()
 	func() {
 		// A reverse proxy aborts (panics with ErrAbortHandler) when a
@@ -446,39 +460,67 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next htt
 		}()
 		next.ServeHTTP(ow, r)
 	}()
+	fail := func(code int, msg string) {
+		w.Header().Del("Content-Length")
+		w.Header().Del("Content-Type")
+		http.Error(w, msg, code)
+		if report {
+			s.reportDelegated(env, code, nil, nil, 0, msg)
+		}
+	}
 	if !ow.buffering {
 		if !ow.wroteHeader {
 			ow.WriteHeader(http.StatusOK)
 		}
+		if report {
+			s.reportDelegated(env, ow.code, nil, nil, 0, "")
+		}
 		return
 	}
 	if ow.err != nil {
-		w.Header().Del("Content-Length")
-		w.Header().Del("Content-Type")
 		code := http.StatusBadGateway
 		if errors.Is(ow.err, errOutputsWait) {
 			code = http.StatusInsufficientStorage
 		}
-		http.Error(w, "ziptrail: function outputs: "+ow.err.Error(), code)
+		fail(code, "ziptrail: function outputs: "+ow.err.Error())
+		return
+	}
+	sentLocally := invocation.OutputsSent(w.Header())
+	if !invocation.IsOutputs(w.Header().Get("Content-Type")) { // a delegated invocation's plain return value
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(ow.buf.Bytes())
+		s.reportDelegated(env, http.StatusOK, nil, ow.buf.Bytes(), sentLocally, "")
 		return
 	}
 	outs, err := invocation.DecodeOutputs(ow.buf.Bytes())
 	if err != nil {
-		w.Header().Del("Content-Length")
-		w.Header().Del("Content-Type")
-		http.Error(w, "ziptrail: function outputs: "+err.Error(), http.StatusBadGateway)
+		fail(http.StatusBadGateway, "ziptrail: function outputs: "+err.Error())
 		return
+	}
+	// What was fired locally is this sidecar's to say, not the function's.
+	forged := false
+	for i := range outs.Objects {
+		if outs.Objects[i].FiredLocally != nil {
+			outs.Objects[i].FiredLocally, forged = nil, true
+		}
 	}
 	out, err := s.externalize(r.Context(), env, outs, ow.buf.Bytes())
 	if err != nil {
-		w.Header().Del("Content-Length")
-		w.Header().Del("Content-Type")
-		http.Error(w, "ziptrail: store outputs: "+err.Error(), http.StatusInsufficientStorage)
+		fail(http.StatusInsufficientStorage, "ziptrail: store outputs: "+err.Error())
 		return
+	}
+	if s.fireDelegated(env, outs) || forged {
+		if out, err = json.Marshal(outs); err != nil {
+			fail(http.StatusInternalServerError, "ziptrail: encode outputs: "+err.Error())
+			return
+		}
 	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(out)))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(out)
+	if report {
+		s.reportDelegated(env, http.StatusOK, outs, nil, sentLocally, "")
+	}
 }
 
 func removeAll(paths []string) {

@@ -1,0 +1,212 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dispatch/call"
+	"github.com/ziptrail/ziptrail/internal/engine"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+)
+
+// Delegated firing (docs/control-stream.md): the operator sends this
+// sidecar, over its authenticated control stream, its workflow's Immediate
+// and ByName triggers with their targets' routes. When the function sends
+// an object into such a trigger's bucket, the sidecar invokes the target
+// itself — the dispatcher's request (package call), under the id the
+// engine derives for that firing (engine.DelegatedInvocation) — and says
+// so on the object (invocation.Object.FiredLocally), so the engine records
+// the firing instead of sending it. The target's sidecar reports that
+// invocation's outcome over its own control stream (reportDelegated).
+
+// headerReported, on the response to a delegated invocation, says the
+// sidecar that ran it reported its outcome to the operator itself.
+const headerReported = "Ziptrail-Outcome-Reported"
+
+// delegateWriteTimeout bounds the wait for a delegated request to be
+// written: past it the invocation is cancelled and left to the engine.
+const delegateWriteTimeout = 2 * time.Second
+
+// maxDelegatedReturn bounds the return value a delegated invocation's
+// sidecar reports over the control stream.
+const maxDelegatedReturn = 1 << 20
+
+type delegator struct {
+	byBucket atomic.Pointer[map[string][]*controlv1.DelegatedTrigger]
+	clients  sync.Map // ingress ("" for none) -> *http.Client, kept-alive connections
+}
+
+// setDelegations replaces the triggers this sidecar fires (nil: none).
+func (s *Sidecar) setDelegations(d *controlv1.Delegations) {
+	m := map[string][]*controlv1.DelegatedTrigger{}
+	for _, t := range d.GetTriggers() {
+		if t.Bucket != "" && t.Function != "" && t.Service != "" && t.Url != "" {
+			m[t.Bucket] = append(m[t.Bucket], t)
+		}
+	}
+	s.deleg.byBucket.Store(&m)
+}
+
+// client is the kept-alive HTTP client for one ingress (or direct).
+func (d *delegator) client(ingress string) *http.Client {
+	if c, ok := d.clients.Load(ingress); ok {
+		return c.(*http.Client)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	if ingress != "" {
+		dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+		tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, network, ingress)
+		}
+	}
+	c, _ := d.clients.LoadOrStore(ingress, &http.Client{Transport: tr, Timeout: 15 * time.Minute})
+	return c.(*http.Client)
+}
+
+// fireDelegated invokes the delegated triggers' targets for the outputs of
+// env's invocation and records on each output what it made. An execution
+// that is a re-execution fires nothing itself (its original may have); nor
+// does an invocation of another workflow or namespace than this pod's. It
+// returns whether any output changed.
+func (s *Sidecar) fireDelegated(env *invocation.Envelope, outs *invocation.Outputs) bool {
+	mp := s.deleg.byBucket.Load()
+	if mp == nil || len(*mp) == 0 || s.ctl == nil || env.Session == "" || env.Invocation != engine.BaseInvocation(env.Invocation) ||
+		env.Namespace != s.cfg.Namespace || env.Workflow != s.cfg.Workflow {
+		return false
+	}
+	type pending struct {
+		obj   int
+		id    string
+		wrote chan bool
+	}
+	var fired []pending
+	for i := range outs.Objects {
+		o := &outs.Objects[i]
+		for _, t := range (*mp)[o.Bucket] {
+			prim := engine.Immediate
+			if t.Key != "" {
+				prim = engine.ByName
+			}
+			if !engine.Matches(engine.TriggerSpec{Primitive: prim, Key: t.Key}, o.Key) {
+				continue
+			}
+			id := engine.DelegatedInvocation(env.Session, t.Trigger, t.Function, o.Bucket, o.Key)
+			denv := &invocation.Envelope{Namespace: env.Namespace, Workflow: env.Workflow, Function: t.Service, Session: env.Session,
+				Invocation: id, Trigger: t.Trigger, Delegated: true,
+				Objects: []invocation.Object{{Bucket: o.Bucket, Key: o.Key, Size: o.Size, Ref: o.Ref, Inline: o.Inline, Metadata: o.Metadata}}}
+			p := pending{obj: i, id: id, wrote: make(chan bool, 1)}
+			fired = append(fired, p)
+			go s.sendDelegated(denv, t, p.wrote)
+		}
+	}
+	changed := false
+	for _, p := range fired {
+		if <-p.wrote {
+			o := &outs.Objects[p.obj]
+			o.FiredLocally = append(o.FiredLocally, p.id)
+			changed = true
+		}
+	}
+	return changed
+}
+
+// sendDelegated sends one delegated invocation; wrote learns whether its
+// request went out in time (else it is cancelled, and the engine fires
+// it). A failure the target's sidecar did not report itself (no response
+// from it: a route not ready, a pod gone) is reported here, so the engine
+// re-executes the invocation or fails its session by its rules.
+func (s *Sidecar) sendDelegated(env *invocation.Envelope, t *controlv1.DelegatedTrigger, wrote chan<- bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sent := make(chan bool, 1)
+	opts := call.Options{Client: s.deleg.client(t.Ingress), Wrote: func(ok bool) { sent <- ok },
+		URL: func(context.Context, *invocation.Envelope) (string, error) { return t.Url, nil }}
+	if node := s.cfg.SameNode.Node; node != "" {
+		opts.ProducerNode = func(*invocation.Envelope) string { return node }
+	}
+	opts.Defaults()
+	done := make(chan call.Result, 1)
+	go func() { done <- call.Send(ctx, &opts, env) }()
+	timer := time.NewTimer(delegateWriteTimeout)
+	var ok bool
+	select {
+	case ok = <-sent:
+	case <-timer.C:
+	}
+	timer.Stop()
+	wrote <- ok
+	if !ok {
+		cancel()
+		<-done
+		return
+	}
+	res := <-done
+	if res.Err == nil || res.Header.Get(headerReported) != "" {
+		return
+	}
+	_ = s.ctl.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionFinished{FunctionFinished: &controlv1.FunctionFinished{
+		Session: env.Session, Function: t.Function, InvocationId: env.Invocation, Failed: true,
+		Error: fmt.Sprintf("delegated invocation of %s: %v", t.Function, res.Err)}}})
+}
+
+// reportDelegated reports the outcome of an invocation a producer's
+// sidecar sent (env.Delegated) over this sidecar's control stream, as the
+// operator's dispatcher would from the response: its objects, then that
+// it finished, with its return value. code is the function's status; outs
+// its outputs (nil: ret is its whole response).
+func (s *Sidecar) reportDelegated(env *invocation.Envelope, code int, outs *invocation.Outputs, ret []byte, sentLocally int, failure string) {
+	fn := strings.TrimPrefix(env.Function, env.Workflow+"-")
+	fin := &controlv1.FunctionFinished{Session: env.Session, Function: fn, InvocationId: env.Invocation}
+	switch {
+	case failure != "":
+		fin.Failed, fin.Error = true, failure
+	case code != http.StatusOK:
+		fin.Failed, fin.Error = true, fmt.Sprintf("function %s/%s answered %d", env.Namespace, env.Function, code)
+	case outs != nil && len(outs.Return) > maxDelegatedReturn, outs == nil && len(ret) > maxDelegatedReturn:
+		fin.Failed, fin.Error = true, fmt.Sprintf("its return value exceeds %d bytes, the most a delegated invocation returns: send it as an object", maxDelegatedReturn)
+	default:
+		names := map[string]bool{}
+		if outs != nil {
+			ret = outs.Return
+			for _, o := range outs.Objects {
+				names[o.Bucket+"/"+o.Key] = true
+				_ = s.ctl.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
+					Session: env.Session, Bucket: o.Bucket, Key: o.Key, Size: sizeOf(o), Ref: o.Ref, Inline: inlineOf(o), Metadata: o.Metadata,
+					ProducerFunction: fn, InvocationId: env.Invocation, FiredLocally: o.FiredLocally}}})
+			}
+		}
+		fin.OutputsSent = uint32(len(names) + sentLocally)
+		if ret == nil {
+			ret = []byte{}
+		}
+		fin.ReturnValue = ret
+	}
+	_ = s.ctl.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionFinished{FunctionFinished: fin}})
+}
+
+func sizeOf(o invocation.Object) int64 {
+	if o.Size > 0 {
+		return o.Size
+	}
+	return int64(len(o.Inline))
+}
+
+// inlineOf is an object's inline bytes for ObjectReady: set (possibly
+// empty) when it has no reference.
+func inlineOf(o invocation.Object) []byte {
+	if o.Ref != "" {
+		return nil
+	}
+	if o.Inline == nil {
+		return []byte{}
+	}
+	return o.Inline
+}

@@ -1,0 +1,207 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/engine"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// delegEvents records what sidecars report and welcomes the workflow's
+// pods with its delegated triggers, as the orchestrator does.
+type delegEvents struct {
+	mu       sync.Mutex
+	objects  []*controlv1.ObjectReady
+	finished []*controlv1.FunctionFinished
+	got      chan struct{}
+	deleg    *controlv1.Delegations
+}
+
+func (e *delegEvents) note(f func()) {
+	e.mu.Lock()
+	f()
+	e.mu.Unlock()
+	e.got <- struct{}{}
+}
+func (e *delegEvents) ObjectReady(_ context.Context, _ control.Identity, ev *controlv1.ObjectReady) error {
+	e.note(func() { e.objects = append(e.objects, ev) })
+	return nil
+}
+func (e *delegEvents) FunctionStarted(context.Context, control.Identity, *controlv1.FunctionStarted) error {
+	return nil
+}
+func (e *delegEvents) FunctionFinished(_ context.Context, _ control.Identity, ev *controlv1.FunctionFinished) error {
+	e.note(func() { e.finished = append(e.finished, ev) })
+	return nil
+}
+func (e *delegEvents) Welcome(id control.Identity) []*controlv1.OperatorMessage {
+	if id.Workflow != "wf" {
+		return nil
+	}
+	return []*controlv1.OperatorMessage{{Msg: &controlv1.OperatorMessage_Delegations{Delegations: e.deleg}}}
+}
+
+// TestDelegatedFiring runs a producer's and a consumer's sidecar against
+// the real control server: the producer's sidecar invokes the delegated
+// trigger's target itself for each matching output (the derived id, the
+// dispatcher's request) and says so on the outputs it returns; a route it
+// cannot reach is left to the engine (nothing claimed); what the function
+// itself wrote as fired is dropped; a re-execution fires nothing itself;
+// the consumer's sidecar reports the delegated invocation's outputs and
+// its end, with its return value, over its own control stream.
+func TestDelegatedFiring(t *testing.T) {
+	ev := &delegEvents{got: make(chan struct{}, 64)}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := control.NewServer(ev, oneKey{})
+	srv.Auth = tokenAuth{}
+	gs := grpc.NewServer()
+	controlv1.RegisterControlServer(gs, srv)
+	go gs.Serve(ln)
+	t.Cleanup(gs.Stop)
+
+	run := func(pod, fn string) *Sidecar {
+		tok := filepath.Join(t.TempDir(), "token")
+		if err := os.WriteFile(tok, []byte("valid:ns:"+pod), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s := New(Config{Namespace: "ns", Workflow: "wf", Function: fn, Pod: pod, PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t),
+			ShmDir: t.TempDir(), MemoryLimit: 1 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, OperatorAddr: ln.Addr().String(), TokenFile: tok})
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	consumer := run("c", "work")
+	var mu sync.Mutex
+	var received []invocation.Envelope
+	cfn := httptest.NewServer(consumer.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var env invocation.Envelope
+		_ = json.NewDecoder(r.Body).Decode(&env)
+		mu.Lock()
+		received = append(received, env)
+		mu.Unlock()
+		w.Header().Set("Content-Type", invocation.OutputsContentType)
+		_ = json.NewEncoder(w).Encode(invocation.Outputs{Return: []byte("ret-" + env.Objects[0].Key),
+			Objects: []invocation.Object{{Bucket: "out", Key: "o-" + env.Objects[0].Key, Inline: []byte("y")}}})
+	})))
+	defer cfn.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close() // a route that does not answer
+	ev.deleg = &controlv1.Delegations{Triggers: []*controlv1.DelegatedTrigger{
+		{Trigger: "t", Bucket: "a", Function: "work", Service: "wf-work", Url: cfn.URL},
+		{Trigger: "n", Bucket: "b", Key: "k1", Function: "work", Service: "wf-work", Url: cfn.URL},
+		{Trigger: "gone", Bucket: "c", Function: "work", Service: "wf-work", Url: dead.URL},
+	}}
+	producer := run("p", "entry")
+	deadline := time.Now().Add(time.Minute)
+	for producer.deleg.byBucket.Load() == nil || len(*producer.deleg.byBucket.Load()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the producer's sidecar never got its delegated triggers")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	pfn := httptest.NewServer(producer.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", invocation.OutputsContentType)
+		_ = json.NewEncoder(w).Encode(invocation.Outputs{Objects: []invocation.Object{
+			{Bucket: "a", Key: "k0", Inline: []byte("0")},
+			{Bucket: "b", Key: "k1", Inline: []byte("1")},
+			{Bucket: "b", Key: "k2", Inline: []byte("2"), FiredLocally: []string{"s1.dforged"}}, // the function's own claim
+			{Bucket: "c", Key: "k3", Inline: []byte("3")},
+		}})
+	})))
+	defer pfn.Close()
+
+	invoke := func(inv string) *invocation.Outputs {
+		resp, body := post(t, pfn.URL, invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-entry", Session: "s1", Invocation: inv})
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		outs, err := invocation.DecodeOutputs(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return outs
+	}
+	did := func(trig, key string) string {
+		b := map[string]string{"t": "a", "n": "b", "gone": "c"}[trig]
+		return engine.DelegatedInvocation("s1", trig, "work", b, key)
+	}
+	outs := invoke("s1.0")
+	fired := map[string][]string{}
+	for _, o := range outs.Objects {
+		fired[o.Key] = o.FiredLocally
+	}
+	want := map[string][]string{"k0": {did("t", "k0")}, "k1": {did("n", "k1")}, "k2": nil, "k3": nil}
+	for k, w := range want {
+		if len(fired[k]) != len(w) || len(w) == 1 && fired[k][0] != w[0] {
+			t.Errorf("%s: fired %v, want %v", k, fired[k], w)
+		}
+	}
+
+	// The consumer's sidecar reports each delegated invocation: its
+	// output, then its end with the return value.
+	for range 4 {
+		select {
+		case <-ev.got:
+		case <-time.After(time.Minute):
+			t.Fatalf("the consumer's sidecar reported %d objects and %d ends, want 2 and 2", len(ev.objects), len(ev.finished))
+		}
+	}
+	ev.mu.Lock()
+	var ends []string
+	for _, f := range ev.finished {
+		ends = append(ends, f.InvocationId+" "+f.Function+" "+string(f.ReturnValue))
+		if f.Failed || f.OutputsSent != 1 {
+			t.Errorf("end %v", f)
+		}
+	}
+	for _, o := range ev.objects {
+		if o.Bucket != "out" || o.ProducerFunction != "work" || o.Session != "s1" {
+			t.Errorf("object %v", o)
+		}
+	}
+	ev.mu.Unlock()
+	sort.Strings(ends)
+	wantEnds := []string{did("t", "k0") + " work ret-k0", did("n", "k1") + " work ret-k1"}
+	sort.Strings(wantEnds)
+	if len(ends) != 2 || ends[0] != wantEnds[0] || ends[1] != wantEnds[1] {
+		t.Errorf("ends %v, want %v", ends, wantEnds)
+	}
+	mu.Lock()
+	for _, env := range received {
+		if !env.Delegated || env.Session != "s1" || env.Function != "wf-work" || len(env.Objects) != 1 {
+			t.Errorf("the consumer received %+v", env)
+		}
+	}
+	if len(received) != 2 {
+		t.Errorf("the consumer was invoked %d times, want 2", len(received))
+	}
+	mu.Unlock()
+
+	// A re-execution fires nothing itself: the engine decides.
+	for _, o := range invoke("s1.0.r1").Objects {
+		if len(o.FiredLocally) != 0 {
+			t.Errorf("a re-execution fired %s/%s itself: %v", o.Bucket, o.Key, o.FiredLocally)
+		}
+	}
+}

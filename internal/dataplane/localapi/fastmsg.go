@@ -161,6 +161,16 @@ func errorResponse(err error) *msgResponse {
 // not go on without it).
 func (s *Server) serveMessageConn(c net.Conn) {
 	defer c.Close()
+	// Responses are written by whichever goroutine ends a request, the
+	// message stream's reader among them: a response (at most an inline
+	// message, 64 KiB and a header) must fit in the socket's buffer, so
+	// that the reader does not wait for a function slow to read it. (A
+	// function that never reads its responses yet sends more requests
+	// fills it at last, and holds up its own pod's messages from that
+	// peer.)
+	if uc, ok := c.(*net.UnixConn); ok {
+		_ = uc.SetWriteBuffer(256 << 10)
+	}
 	raw := messaging.Raw(c)
 	r, w := bufio.NewReaderSize(raw, 64<<10), bufio.NewWriterSize(raw, 64<<10)
 	var cur *msgCall

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
@@ -12,11 +13,7 @@ import (
 // repeats: the envelope as first sent — objects with their contents (an
 // empty object stays one), the trigger, DynamicGroup's group and the
 // arguments. The engine keeps it as the invocation's arguments.
-func RerunArgs(env *invocation.Envelope) ([]byte, error) {
-	orig := *env
-	orig.Invocation, orig.Attempt = "", 0
-	return json.Marshal(&orig)
-}
+func RerunArgs(env *invocation.Envelope) ([]byte, error) { return call.RerunArgs(env) }
 
 // RerunEnvelope rebuilds a re-execution's envelope: rerun names it (its
 // namespace, function, session, invocation id and attempt), args (from

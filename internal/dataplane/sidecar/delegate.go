@@ -157,6 +157,23 @@ func (s *Sidecar) sendDelegated(env *invocation.Envelope, t *controlv1.Delegated
 		Error: fmt.Sprintf("delegated invocation of %s: %v", t.Function, res.Err)}}})
 }
 
+// reportStarted reports that an invocation a producer's sidecar sent
+// (env.Delegated, as received: before its inputs were resolved) starts
+// here, with the arguments a re-execution needs: the engine records the
+// firing from it when it comes before the producer's claim, and this pod
+// owns the invocation's events from then on.
+func (s *Sidecar) reportStarted(env *invocation.Envelope) {
+	if !env.Delegated || s.ctl == nil {
+		return
+	}
+	args, err := call.RerunArgs(env)
+	if err != nil {
+		return
+	}
+	_ = s.ctl.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionStarted{FunctionStarted: &controlv1.FunctionStarted{
+		Session: env.Session, Function: strings.TrimPrefix(env.Function, env.Workflow+"-"), InvocationId: env.Invocation, Args: args}}})
+}
+
 // reportDelegated reports the outcome of an invocation a producer's
 // sidecar sent (env.Delegated) over this sidecar's control stream, as the
 // operator's dispatcher would from the response: its objects, then that

@@ -28,6 +28,7 @@ type delegEvents struct {
 	mu       sync.Mutex
 	objects  []*controlv1.ObjectReady
 	finished []*controlv1.FunctionFinished
+	started  []*controlv1.FunctionStarted
 	got      chan struct{}
 	deleg    *controlv1.Delegations
 }
@@ -42,7 +43,8 @@ func (e *delegEvents) ObjectReady(_ context.Context, _ control.Identity, ev *con
 	e.note(func() { e.objects = append(e.objects, ev) })
 	return nil
 }
-func (e *delegEvents) FunctionStarted(context.Context, control.Identity, *controlv1.FunctionStarted) error {
+func (e *delegEvents) FunctionStarted(_ context.Context, _ control.Identity, ev *controlv1.FunctionStarted) error {
+	e.note(func() { e.started = append(e.started, ev) })
 	return nil
 }
 func (e *delegEvents) FunctionFinished(_ context.Context, _ control.Identity, ev *controlv1.FunctionFinished) error {
@@ -62,8 +64,9 @@ func (e *delegEvents) Welcome(id control.Identity) []*controlv1.OperatorMessage 
 // dispatcher's request) and says so on the outputs it returns; a route it
 // cannot reach is left to the engine (nothing claimed); what the function
 // itself wrote as fired is dropped; a re-execution fires nothing itself;
-// the consumer's sidecar reports the delegated invocation's outputs and
-// its end, with its return value, over its own control stream.
+// the consumer's sidecar reports the delegated invocation's start (with
+// the arguments a re-execution needs), its outputs and its end, with its
+// return value, over its own control stream.
 func TestDelegatedFiring(t *testing.T) {
 	ev := &delegEvents{got: make(chan struct{}, 64)}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -160,14 +163,21 @@ func TestDelegatedFiring(t *testing.T) {
 
 	// The consumer's sidecar reports each delegated invocation: its
 	// output, then its end with the return value.
-	for range 4 {
+	for range 6 {
 		select {
 		case <-ev.got:
 		case <-time.After(time.Minute):
-			t.Fatalf("the consumer's sidecar reported %d objects and %d ends, want 2 and 2", len(ev.objects), len(ev.finished))
+			t.Fatalf("the consumer's sidecar reported %d starts, %d objects and %d ends, want 2, 2 and 2", len(ev.started), len(ev.objects), len(ev.finished))
 		}
 	}
 	ev.mu.Lock()
+	for _, st := range ev.started {
+		var args invocation.Envelope
+		if err := json.Unmarshal(st.Args, &args); err != nil || st.Function != "work" || len(args.Objects) != 1 || args.Objects[0].Path != "" ||
+			st.InvocationId != engine.DelegatedInvocation("s1", args.Trigger, "work", args.Objects[0].Bucket, args.Objects[0].Key) {
+			t.Errorf("start %v: args %+v %v", st, args, err)
+		}
+	}
 	var ends []string
 	for _, f := range ev.finished {
 		ends = append(ends, f.InvocationId+" "+f.Function+" "+string(f.ReturnValue))

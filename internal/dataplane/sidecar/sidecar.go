@@ -407,6 +407,7 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		s.reportStarted(env)
 		files, err := s.resolve(r.Context(), env)
 		defer removeAll(files) // the function is done with its inputs
 		if err != nil {

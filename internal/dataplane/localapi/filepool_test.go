@@ -182,3 +182,21 @@ func mustPutT(t *testing.T, p *pod, obj []byte) string {
 	}
 	return r
 }
+
+// TestReleaseWithAnyGet: a release rides on whatever get comes next, a
+// small object of the pod's own included: the file is idle afterwards.
+func TestReleaseWithAnyGet(t *testing.T) {
+	a, b := startPod(t, podOpts{}), startPod(t, podOpts{})
+	ctx := context.Background()
+	_, m := getLent(t, ctx, a, b, random(2<<20))
+	m.Close()
+	_, small, err := b.sdk.GetMapped(ctx, mustPutT(t, b, []byte("own, small")))
+	if err != nil || string(small.Data) != "own, small" {
+		t.Fatalf("small local get: %q, %v", small.Data, err)
+	}
+	b.api.pool.mu.Lock()
+	defer b.api.pool.mu.Unlock()
+	if len(b.api.pool.idle) != 1 || len(b.api.pool.lent) != 0 {
+		t.Errorf("after the release: %d idle, %d lent files; want 1 idle", len(b.api.pool.idle), len(b.api.pool.lent))
+	}
+}

@@ -321,6 +321,7 @@ func (s *Server) Put(ctx context.Context, req *sidecarv1.PutRequest) (*sidecarv1
 // Get implements Zipline's get(ref): from this pod's store when the object
 // is local, else pulled from its producer.
 func (s *Server) Get(ctx context.Context, req *sidecarv1.GetRequest) (*sidecarv1.GetResponse, error) {
+	s.files(ctx) // takes back the files the caller released, whatever comes next
 	kr, err := s.keys(ctx)
 	if err != nil {
 		return nil, toStatus(err)
@@ -557,6 +558,7 @@ func (s *Server) remember(name, id string) {
 // GetObject implements Pheromone's get_object: an object this pod sent,
 // else a persisted one.
 func (s *Server) GetObject(ctx context.Context, req *sidecarv1.GetObjectRequest) (*sidecarv1.GetResponse, error) {
+	s.files(ctx) // takes back the files the caller released
 	name := nameKey(req.GetSession(), req.GetBucket(), req.GetKey())
 	s.mu.Lock()
 	id, ok := s.byName[name]

@@ -113,7 +113,7 @@ func TestChart(t *testing.T) {
 		// their Services select the leader's pod label. Sharded (all
 		// features), every replica serves its buckets' and forwards the
 		// rest.
-		for want, sharded := range map[string]bool{`ziptrail.dev/leader: "true"`: false, "--engine-buckets=8": true, "--engine-lease-duration=15s": true,
+		for want, sharded := range map[string]bool{`ziptrail.dev/leader: "true"`: false, "--engine-buckets=8": true, "--engine-lease-duration=15s": true, "--delegate-triggers": true,
 			"--engine-leases=ziptrail-engine.00-of-08,": true} {
 			if got := strings.Contains(manifest, want); got != (sharded == (name == "all features")) {
 				t.Errorf("%s: rendered chart contains %q: %v", name, want, got)

@@ -58,6 +58,7 @@ type config struct {
 	keyReaders                                       string
 	podWebhook                                       podWebhookConfig
 	shard                                            shardConfig
+	delegate                                         bool
 }
 
 func main() {
@@ -89,6 +90,8 @@ func main() {
 	flag.StringVar(&c.inputsAdvertise, "inputs-advertise-address", "", "host:port pods reach the inputs address at (default: $POD_IP and the port of --inputs-bind-address)")
 	flag.Int64Var(&c.inputStoreBytes, "input-store-bytes", 256<<20, "memory held at most for the inputs of running sessions (inputs over 64 KiB); starts beyond it are refused with 503")
 	flag.Int64Var(&c.maxInputBytes, "max-input-bytes", 64<<20, "largest session input the gateway accepts (413 beyond)")
+	flag.BoolVar(&c.delegate, "delegate-triggers", false, "let producers' sidecars fire their workflow's Immediate and ByName triggers themselves, "+
+		"reporting to the engine, which stays the authority (docs/design.md, 'Delegated firing')")
 	podWebhookFlags(&c.podWebhook)
 	shardFlags(&c.shard)
 	zapOpts := zap.Options{}
@@ -158,6 +161,7 @@ func run(c config) error {
 		Log:         ctrl.Log.WithName("orchestrator"),
 		Keys:        keys,
 		Inputs:      inputs,
+		Delegate:    c.delegate,
 	}
 	var eng *engine
 	if c.shard.buckets > 0 {

@@ -13,11 +13,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/internal/control"
@@ -108,22 +106,11 @@ type fakeSidecar struct {
 func (d *delegEnv) sidecar(ctx context.Context, ns, pod, workflow string) *fakeSidecar {
 	t := d.t
 	t.Helper()
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fn"}}
-	if err := d.k8s.Create(ctx, sa); client.IgnoreAlreadyExists(err) != nil {
-		t.Fatal(err)
-	}
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pod},
-		Spec: corev1.PodSpec{ServiceAccountName: "fn", Containers: []corev1.Container{{Name: "user-container", Image: "example.com/fn"}}}}
-	if err := d.k8s.Create(ctx, p); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := d.kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "fn", &authnv1.TokenRequest{
-		Spec: authnv1.TokenRequestSpec{Audiences: []string{control.Audience}, ExpirationSeconds: ptr.To(int64(3600)),
-			BoundObjectRef: &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID}}}, metav1.CreateOptions{})
+	token, err := testservers.BoundPodToken(ctx, d.k8s, d.kube, ns, pod)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := d.cl.Connect(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tr.Status.Token))
+	st, err := d.cl.Connect(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token))
 	if err != nil {
 		t.Fatal(err)
 	}

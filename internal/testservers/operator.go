@@ -82,27 +82,38 @@ func StartOperator(t TB) *Operator {
 // a sidecar reads as its ZIPTRAIL_TOKEN_FILE.
 func (o *Operator) PodToken(t TB, namespace, pod string) string {
 	t.Helper()
-	ctx := context.Background()
-	if err := o.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); client.IgnoreAlreadyExists(err) != nil {
-		t.Fatal(err)
-	}
-	if err := o.k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "fn"}}); client.IgnoreAlreadyExists(err) != nil {
-		t.Fatal(err)
-	}
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: pod},
-		Spec: corev1.PodSpec{ServiceAccountName: "fn", Containers: []corev1.Container{{Name: "user-container", Image: "example.com/fn"}}}}
-	if err := o.k8s.Create(ctx, p); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := o.kube.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, "fn", &authnv1.TokenRequest{
-		Spec: authnv1.TokenRequestSpec{Audiences: []string{controlclient.Audience}, ExpirationSeconds: ptr.To(int64(3600)),
-			BoundObjectRef: &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID}}}, metav1.CreateOptions{})
+	token, err := BoundPodToken(context.Background(), o.k8s, o.kube, namespace, pod)
 	if err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), namespace+"-"+pod+".token")
-	if err := os.WriteFile(path, []byte(tr.Status.Token), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// BoundPodToken creates the namespace (if needed), the ServiceAccount "fn"
+// (if needed) and pod namespace/pod running as it, and returns a token
+// for the control stream's audience bound to that pod, as the kubelet
+// projects it.
+func BoundPodToken(ctx context.Context, k8s client.Client, kube kubernetes.Interface, namespace, pod string) (string, error) {
+	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); client.IgnoreAlreadyExists(err) != nil {
+		return "", err
+	}
+	if err := k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "fn"}}); client.IgnoreAlreadyExists(err) != nil {
+		return "", err
+	}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: pod},
+		Spec: corev1.PodSpec{ServiceAccountName: "fn", Containers: []corev1.Container{{Name: "user-container", Image: "example.com/fn"}}}}
+	if err := k8s.Create(ctx, p); err != nil {
+		return "", err
+	}
+	tr, err := kube.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, "fn", &authnv1.TokenRequest{
+		Spec: authnv1.TokenRequestSpec{Audiences: []string{controlclient.Audience}, ExpirationSeconds: ptr.To(int64(3600)),
+			BoundObjectRef: &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID}}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", err
+	}
+	return tr.Status.Token, nil
 }

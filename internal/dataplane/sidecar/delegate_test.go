@@ -52,10 +52,13 @@ func (e *delegEvents) FunctionFinished(_ context.Context, _ control.Identity, ev
 	return nil
 }
 func (e *delegEvents) Welcome(id control.Identity) []*controlv1.OperatorMessage {
-	if id.Workflow != "wf" {
+	e.mu.Lock()
+	deleg := e.deleg
+	e.mu.Unlock()
+	if id.Workflow != "wf" || deleg == nil {
 		return nil
 	}
-	return []*controlv1.OperatorMessage{{Msg: &controlv1.OperatorMessage_Delegations{Delegations: e.deleg}}}
+	return []*controlv1.OperatorMessage{{Msg: &controlv1.OperatorMessage_Delegations{Delegations: deleg}}}
 }
 
 // TestDelegatedFiring runs a producer's and a consumer's sidecar against
@@ -110,11 +113,16 @@ func TestDelegatedFiring(t *testing.T) {
 	defer cfn.Close()
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close() // a route that does not answer
-	ev.deleg = &controlv1.Delegations{Triggers: []*controlv1.DelegatedTrigger{
+	deleg := &controlv1.Delegations{Triggers: []*controlv1.DelegatedTrigger{
 		{Trigger: "t", Bucket: "a", Function: "work", Service: "wf-work", Url: cfn.URL},
 		{Trigger: "n", Bucket: "b", Key: "k1", Function: "work", Service: "wf-work", Url: cfn.URL},
 		{Trigger: "gone", Bucket: "c", Function: "work", Service: "wf-work", Url: dead.URL},
 	}}
+	// The consumer's stream may be welcomed at any moment: the triggers
+	// are handed over under the lock the server's Welcome reads them with.
+	ev.mu.Lock()
+	ev.deleg = deleg
+	ev.mu.Unlock()
 	producer := run("p", "entry")
 	deadline := time.Now().Add(time.Minute)
 	for producer.deleg.byBucket.Load() == nil || len(*producer.deleg.byBucket.Load()) == 0 {

@@ -59,6 +59,10 @@ type Config struct {
 	// Compute is the job's own CPU work besides the transfers (0: none,
 	// Locus's assumption: its sort is I/O-bound).
 	Compute Compute `json:"compute,omitzero"`
+	// SDK is the SDK the job's functions use ("go", "python"; empty: the
+	// one calibrate measured, Go). With Params.SDKCPU of that SDK, its own
+	// CPU per transfer replaces the Go SDK's in the platform CPU.
+	SDK string `json:"sdk,omitempty"`
 }
 
 // Compute is a job's CPU work, in seconds of one core per byte of data:
@@ -104,6 +108,9 @@ type Phase struct {
 	// processes spend moving the phase's bytes (Params.SlowCPU, FastCPU,
 	// PodCPU); counted, with Params.Cores set, in the compute term.
 	PlatformCPU float64 `json:"platformCPU,omitempty"`
+	// ControlCPU is the part of PlatformCPU on the control path
+	// (Params.ControlCPU: objects announced, tasks invoked).
+	ControlCPU float64 `json:"controlCPU,omitempty"`
 	// Workers is the number of workers billed while the phase runs.
 	Workers int `json:"workers"`
 	// Requests of one run of the phase: to the slow store (both buckets),
@@ -158,6 +165,7 @@ type Model struct {
 	Params Params
 	Prices Prices
 	strag  *stragglers
+	sdk    string // the Config.SDK of the prediction being made
 }
 
 // New checks params and prices and returns a Model.
@@ -211,6 +219,7 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 	nf, mapf := float64(nr), float64(nm)
 	cpuMap, cpuReduce := d*c.Compute.MapSecondsPerByte, d*c.Compute.ReduceSecondsPerByte
 	pr := Prediction{Config: c, Tasks: n}
+	m.sdk = c.SDK
 	infeasible := func(format string, a ...any) (Prediction, error) {
 		return Prediction{}, &InfeasibleError{Method: c.Method, Reason: fmt.Sprintf(format, a...)}
 	}
@@ -368,6 +377,18 @@ func tasks(d float64, p int, chunk float64) int {
 // Without Params.Cores (each worker its own core, as on Lambda) the compute
 // term is one more limit and the platform's CPU, on the stores' own
 // machines, does not count.
+//
+// The platform CPU of a phase is, summed over the processes on its path
+// (store server, sidecars, SDK; package doc, "Control path, SDK and
+// background"):
+//
+//	platform = Σ_ops (requests·PerRequest + bytes·PerByte)        store, sidecar and Go SDK, by direction
+//	         + Σ_intermediate reads (the same with Delete)           the consumer deletes what it read
+//	         + Σ_ops (SDK_job − SDK_go)(op)                           the job's SDK in place of Go's
+//	         + objects·(ControlCPU.PerObject + Send_job − Send_go)   every object written is announced
+//	         + tasks·ControlCPU.PerInvocation                        every task is a firing
+//
+// and the cores are Params.CoresLeft(): Cores − BackgroundCores.
 func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, cpu float64, ops []op) Phase {
 	pp := m.Params
 	ph := Phase{Name: name, Count: count, Tasks: tasks, Startup: pp.WorkerStartup, Workers: workers}
@@ -380,27 +401,26 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 	dirBytes := map[dirKey]float64{}
 	serverBytes := map[string]float64{}
 	var platform float64 // the installation's CPU for these transfers
+	var objects float64  // objects the tasks announce to buckets
+	// the job's SDK in place of the Go SDK's share, if both are measured
+	jobSDK, swapSDK := pp.SDKCPU[m.sdk]
+	goSDK := pp.SDKCPU["go"]
+	swapSDK = swapSDK && m.sdk != "go"
 	for _, o := range ops {
 		if o.bytes <= 0 {
 			continue
 		}
 		size := o.bytes / o.requests
-		switch {
-		case o.bucket == fast:
-			platform += pp.FastCPU.Of(o.bytes, o.requests, o.write)
-			if !o.write { // the consumer deletes what it read
-				platform += pp.FastCPU.Delete.Of(o.bytes, o.requests)
-			}
-		case o.bucket == pod:
-			// a producer's put into its own pod's store is no transfer,
-			// but it is work: the function hands the bytes to its sidecar
-			// (PodCPU.Write, measured on the sidecar path; 0 before)
-			platform += pp.PodCPU.Of(o.bytes, o.requests, o.write)
-		default:
-			platform += pp.SlowCPU.Of(o.bytes, o.requests, o.write)
-			if o.bucket == slowShuffle && !o.write { // intermediate objects: deleted once read
-				platform += pp.SlowCPU.Delete.Of(o.bytes, o.requests)
-			}
+		// a producer's put into its own pod's store is no transfer, but it
+		// is work: the function hands the bytes to its sidecar (PodCPU.Write,
+		// measured on the sidecar path; 0 before); the consumer deletes the
+		// intermediate objects it read (fast, slowShuffle)
+		platform += o.cpu(storeCPU(pp, o.bucket))
+		if swapSDK {
+			platform += o.cpu(jobSDK.store(o.bucket)) - o.cpu(goSDK.store(o.bucket))
+		}
+		if o.write { // every object a task writes is announced to a bucket
+			objects += o.requests
 		}
 		switch {
 		case o.bucket == fast:
@@ -486,18 +506,29 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 			bound, ph.BoundBy = t.Seconds, t.Name
 		}
 	}
+	// the control path: each announced object, each task invoked (and the
+	// job's SDK's send in place of the Go SDK's)
+	control := objects*pp.ControlCPU.PerObject + float64(tasks)*pp.ControlCPU.PerInvocation
+	if swapSDK {
+		control += jobSDK.Send.Of(objects*pointerBytes, objects) - goSDK.Send.Of(objects*pointerBytes, objects)
+	}
+	control = max(control, 0)
+	platform += control
+	platform = max(platform, 0)
 	shared := pp.Cores > 0 && pp.PlatformCPUMeasured()
 	if shared {
 		ph.PlatformCPU = platform
+		ph.ControlCPU = control
 	}
+	cores := pp.CoresLeft()
 	if cpu > 0 || (shared && platform > 0) {
 		par := float64(min(p, tasks))
 		if pp.Cores > 0 {
-			par = min(par, pp.Cores)
+			par = min(par, cores)
 		}
 		ct := Term{ComputeTerm, cpu / par}
 		if shared {
-			ct.Seconds = max(ct.Seconds, (cpu+platform)/pp.Cores)
+			ct.Seconds = max(ct.Seconds, (cpu+platform)/cores)
 		}
 		ph.Terms = append(ph.Terms, ct)
 		if pp.Cores > 0 && !shared {
@@ -512,6 +543,33 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 	}
 	ph.Seconds = ph.Startup + bound
 	return ph
+}
+
+// pointerBytes is the size of the object announcing a tier piece (the
+// shuffle library's pointer: JSON of its tier, key and size), at which
+// SDKCost.Send is priced.
+const pointerBytes = 256
+
+// cpu is o's CPU at the costs sc: moving its bytes in its direction, and
+// deleting them once read from the intermediate stores (the shuffle
+// library deletes every piece its consumer read: fast, slowShuffle).
+func (o op) cpu(sc StoreCPU) float64 {
+	v := sc.Of(o.bytes, o.requests, o.write)
+	if !o.write && (o.bucket == fast || o.bucket == slowShuffle) {
+		v += sc.Delete.Of(o.bytes, o.requests)
+	}
+	return v
+}
+
+// storeCPU is the installation's CPU cost through bucket b's store.
+func storeCPU(pp Params, b bucket) StoreCPU {
+	switch b {
+	case fast:
+		return pp.FastCPU
+	case pod:
+		return pp.PodCPU
+	}
+	return pp.SlowCPU
 }
 
 // ComputeTerm is the name of a phase's compute term (Config.Compute).

@@ -698,3 +698,107 @@ func TestNoPlatformCPUPredictsAsBefore(t *testing.T) {
 		t.Errorf("%d predictions checked, want 9", n)
 	}
 }
+
+// TestControlSDKBackground: the control path's CPU (per object announced,
+// per task invoked), the job's SDK in place of the Go SDK's share, and the
+// cores the installation's idle processes take. Each case is
+// TestPlatformCPU's s3 shuffle (D = 1 GB, 4 workers, 2 cores: platform
+// 10.2 s of CPU per phase, job 24 s and 8 s) with one term added; without
+// the term every phase is 17.1 s and 9.1 s.
+func TestControlSDKBackground(t *testing.T) {
+	job := Compute{MapSecondsPerByte: 24e-9, ReduceSecondsPerByte: 8e-9}
+	sdks := map[string]SDKCost{
+		"go": {Slow: StoreCPU{Read: CPUCost{PerRequest: 0.001}, Write: CPUCost{PerRequest: 0.001}}},
+		"python": {Slow: StoreCPU{Read: CPUCost{PerByte: 1e-9, PerRequest: 0.002}, Write: CPUCost{PerByte: 1e-9, PerRequest: 0.002}},
+			Send: CPUCost{PerRequest: 0.003}},
+	}
+	for _, c := range []struct {
+		name             string
+		params           func(*Params)
+		sdk              string
+		mapPlat, redPlat float64
+		mapCtl, redCtl   float64
+		mapSecs, redSecs float64
+	}{
+		{"no new term", func(*Params) {}, "", 10.2, 10.2, 0, 0, 17.1, 9.1},
+		// the map announces its 16 pieces and runs 4 tasks: 16 × 5 ms +
+		// 4 × 20 ms = 0.16 s, (24 + 10.36)/2 = 17.18; the reduce
+		// announces its 4 outputs, 4 tasks: 0.02 + 0.08 = 0.1 s,
+		// (8 + 10.3)/2 = 9.15.
+		{"control path", func(p *Params) { p.ControlCPU = ControlCPU{PerObject: 0.005, PerInvocation: 0.02} }, "", 10.36, 10.3, 0.16, 0.1, 17.18, 9.15},
+		// python instead of go: each phase moves 2 GB in 20 requests:
+		// python 2 + 0.04 s, go 0.02 s: +2.02 s; the sends: 16 × 3 ms
+		// (map), 4 × 3 ms (reduce): map 12.268, (24 + 12.268)/2 =
+		// 18.134; reduce 12.232, (8 + 12.232)/2 = 10.116.
+		{"python SDK", func(p *Params) { p.SDKCPU = sdks }, "python", 12.268, 12.232, 0.048, 0.012, 18.134, 10.116},
+		// the job in Go, or an SDK not measured: as before
+		{"go SDK", func(p *Params) { p.SDKCPU = sdks }, "go", 10.2, 10.2, 0, 0, 17.1, 9.1},
+		{"unmeasured SDK", func(p *Params) { p.SDKCPU = sdks }, "rust", 10.2, 10.2, 0, 0, 17.1, 9.1},
+		// 0.5 of the 2 cores busy when idle: (24 + 10.2)/1.5 = 22.8,
+		// (8 + 10.2)/1.5 = 12.1333
+		{"background", func(p *Params) { p.BackgroundCores = 0.5 }, "", 10.2, 10.2, 0, 0, 22.8, 18.2 / 1.5},
+		// all of them: map (24 + 10.2 + 0.16 + 2.02 + 0.048)/1.5 =
+		// 24.2853; reduce (8 + 10.2 + 0.1 + 2.02 + 0.012)/1.5 = 13.5547
+		{"all", func(p *Params) {
+			p.ControlCPU = ControlCPU{PerObject: 0.005, PerInvocation: 0.02}
+			p.SDKCPU, p.BackgroundCores = sdks, 0.5
+		}, "python", 12.428, 12.332, 0.208, 0.112, 36.428 / 1.5, 20.332 / 1.5},
+	} {
+		p := platformParams(2)
+		c.params(&p)
+		pr, err := mustModel(t, p, handPrices()).Predict(Config{Method: S3, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, Compute: job, SDK: c.sdk})
+		if err != nil {
+			t.Fatal(c.name, err)
+		}
+		m, r := pr.Phases[0], pr.Phases[1]
+		if !near(m.PlatformCPU, c.mapPlat) || !near(r.PlatformCPU, c.redPlat) || !near(m.ControlCPU, c.mapCtl) || !near(r.ControlCPU, c.redCtl) {
+			t.Errorf("%s: platform CPU %v, %v (control %v, %v); want %v, %v (%v, %v)", c.name, m.PlatformCPU, r.PlatformCPU, m.ControlCPU, r.ControlCPU,
+				c.mapPlat, c.redPlat, c.mapCtl, c.redCtl)
+		}
+		if !near(m.Seconds, c.mapSecs) || !near(r.Seconds, c.redSecs) || m.BoundBy != ComputeTerm || r.BoundBy != ComputeTerm {
+			t.Errorf("%s: map %v s, reduce %v s (%s, %s); want %v, %v, compute", c.name, m.Seconds, r.Seconds, m.BoundBy, r.BoundBy, c.mapSecs, c.redSecs)
+		}
+	}
+
+	// podmemory: a piece is its own object: the map announces its 16
+	// pieces (put into its own sidecar, PodCPU.Write), the reduce its 4
+	// outputs; 4 tasks each. 5.556 + 0.16 = 5.716, (24 + 5.716)/2 =
+	// 14.858; 6.056 + 0.1 = 6.156, (8 + 6.156)/2 = 7.078.
+	p := platformParams(2)
+	p.ControlCPU = ControlCPU{PerObject: 0.005, PerInvocation: 0.02}
+	pr, err := mustModel(t, p, handPrices()).Predict(Config{Method: PodMemory, DataBytes: 1e9, Parallelism: 4, WorkerMemory: 1e9, Compute: job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, r := pr.Phases[0], pr.Phases[1]; !near(m.PlatformCPU, 5.716) || !near(r.PlatformCPU, 6.156) || !near(m.Seconds, 14.858) || !near(r.Seconds, 7.078) {
+		t.Errorf("podmemory with the control path: platform %v, %v s; phases %v, %v s; want 5.716, 6.156; 14.858, 7.078", m.PlatformCPU, r.PlatformCPU, m.Seconds, r.Seconds)
+	}
+
+	// The control path alone counts as measured platform CPU.
+	p = handParams()
+	p.ControlCPU.PerObject = 0.001
+	if !p.PlatformCPUMeasured() {
+		t.Error("controlCPU alone: platform CPU not measured")
+	}
+	// The cores left never fall below a twentieth; none without Cores.
+	for _, c := range []struct{ cores, bg, want float64 }{{2, 0.5, 1.5}, {2, 5, 0.1}, {0, 0.5, 0}} {
+		if got := (Params{Cores: c.cores, BackgroundCores: c.bg}).CoresLeft(); !near(got, c.want) {
+			t.Errorf("cores %v, background %v: %v left, want %v", c.cores, c.bg, got, c.want)
+		}
+	}
+	// Negative or infinite costs are rejected.
+	for name, f := range map[string]func(*Params){
+		"negative controlCPU": func(p *Params) { p.ControlCPU.PerInvocation = -1 },
+		"negative sdkCPU":     func(p *Params) { p.SDKCPU = map[string]SDKCost{"python": {Send: CPUCost{PerRequest: -1}}} },
+		"infinite sdkCPU": func(p *Params) {
+			p.SDKCPU = map[string]SDKCost{"python": {Pod: StoreCPU{Read: CPUCost{PerByte: math.Inf(1)}}}}
+		},
+		"negative backgroundCores": func(p *Params) { p.BackgroundCores = -0.1 },
+	} {
+		p := handParams()
+		f(&p)
+		if err := p.Validate(); err == nil {
+			t.Errorf("%s accepted", name)
+		}
+	}
+}

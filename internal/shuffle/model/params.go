@@ -79,6 +79,31 @@ type Params struct {
 	FastCPU StoreCPU `json:"fastCPU,omitzero"`
 	PodCPU  StoreCPU `json:"podCPU,omitzero"`
 
+	// ControlCPU is the installation's CPU per object a task announces to
+	// a bucket and per task invoked, besides the bytes moved (StoreCPU):
+	// the sidecar's SendObject and control stream, the trigger engine's
+	// accounting, firing and checkpoints, the store holding them. A
+	// shuffle piece in a tier is announced by a pointer object; a
+	// pod-memory piece is its own object. `ziptrail calibrate --local`
+	// measures it with a real engine (the orchestrator in its process) and
+	// real sidecars (package calibrate, "The control path"). Zero: not
+	// measured, no term (older calibrations predict as before).
+	ControlCPU ControlCPU `json:"controlCPU,omitzero"`
+	// SDKCPU is the CPU a function's SDK spends on its side of each
+	// transfer, by SDK ("go", "python"). SlowCPU, FastCPU and PodCPU
+	// include the SDK that calibrate's clients used, SDKCPU["go"]; a job
+	// whose functions use another SDK (Config.SDK) pays that SDK's costs
+	// instead: the model replaces the Go SDK's share with its own (see
+	// the package doc, "Control path, SDK and background"). Empty: the
+	// Go SDK's costs stand for every job, as before.
+	SDKCPU map[string]SDKCost `json:"sdkCPU,omitempty"`
+	// BackgroundCores are the cores the installation's own processes use
+	// while no job runs (on a local cluster the API server, etcd,
+	// Knative, the node agents and the operator: bench/sort -measure-idle
+	// measures it). With Cores set, a job gets Cores − BackgroundCores
+	// (never below a twentieth of Cores). 0: none.
+	BackgroundCores float64 `json:"backgroundCores,omitempty"`
+
 	// WorkerStartup is the time from invoking a stage's workers to their
 	// first byte of work (a cold start), paid once per stage.
 	WorkerStartup float64 `json:"workerStartup"`
@@ -115,6 +140,38 @@ type StoreCPU struct {
 	Delete CPUCost `json:"delete,omitzero"`
 }
 
+// ControlCPU is seconds of one core per object announced to a bucket
+// (PerObject) and per task invoked (PerInvocation: the firing, the
+// dispatch through the sidecar, the function's start and end reported to
+// the engine), on the control path: operator, sidecars and the store of
+// the engine's checkpoints together.
+type ControlCPU struct {
+	PerObject     float64 `json:"perObject,omitempty"`
+	PerInvocation float64 `json:"perInvocation,omitempty"`
+}
+
+// SDKCost is one SDK's own CPU (the function's process only) per
+// transfer: through each store (Slow, Fast: TierPut, TierGet,
+// TierDelete; Pod: Put into its own pod's store as Write, Get of another
+// pod's object as Read) and per object sent to a bucket (Send).
+type SDKCost struct {
+	Slow StoreCPU `json:"slow,omitzero"`
+	Fast StoreCPU `json:"fast,omitzero"`
+	Pod  StoreCPU `json:"pod,omitzero"`
+	Send CPUCost  `json:"send,omitzero"`
+}
+
+// store is the SDK's cost through the store of bucket b.
+func (s SDKCost) store(b bucket) StoreCPU {
+	switch b {
+	case fast:
+		return s.Fast
+	case pod:
+		return s.Pod
+	}
+	return s.Slow
+}
+
 // CPUCost is seconds of one core per byte and per request.
 type CPUCost struct {
 	PerByte    float64 `json:"perByte,omitempty"`
@@ -134,10 +191,19 @@ func (c StoreCPU) Of(bytes, requests float64, write bool) float64 {
 	return c.Read.Of(bytes, requests)
 }
 
-// PlatformCPUMeasured says whether any store's CPU cost is known
-// (SlowCPU, FastCPU, PodCPU).
+// PlatformCPUMeasured says whether any of the installation's CPU costs
+// is known (SlowCPU, FastCPU, PodCPU, ControlCPU).
 func (p Params) PlatformCPUMeasured() bool {
-	return p.SlowCPU != StoreCPU{} || p.FastCPU != StoreCPU{} || p.PodCPU != StoreCPU{}
+	return p.SlowCPU != StoreCPU{} || p.FastCPU != StoreCPU{} || p.PodCPU != StoreCPU{} || p.ControlCPU != ControlCPU{}
+}
+
+// CoresLeft are the cores a job gets: Cores − BackgroundCores, at least a
+// twentieth of Cores (0 without Cores).
+func (p Params) CoresLeft() float64 {
+	if p.Cores <= 0 {
+		return 0
+	}
+	return max(p.Cores-p.BackgroundCores, p.Cores/20)
 }
 
 // Bandwidth is the fitted per-worker bandwidth b(p, w) to a store when p
@@ -257,11 +323,22 @@ func (p Params) Validate() error {
 	if p.SlowServerBandwidth < 0 || p.PodAggregateBandwidth < 0 || p.WorkerStartup < 0 || p.Cores < 0 || math.IsInf(p.Cores, 0) {
 		errs = append(errs, errors.New("slowServerBandwidth, podAggregateBandwidth, workerStartup and cores must not be negative"))
 	}
-	for _, c := range []CPUCost{p.SlowCPU.Read, p.SlowCPU.Write, p.SlowCPU.Delete, p.FastCPU.Read, p.FastCPU.Write, p.FastCPU.Delete, p.PodCPU.Read, p.PodCPU.Write} {
+	costs := []CPUCost{p.SlowCPU.Read, p.SlowCPU.Write, p.SlowCPU.Delete, p.FastCPU.Read, p.FastCPU.Write, p.FastCPU.Delete, p.PodCPU.Read, p.PodCPU.Write,
+		{PerByte: p.ControlCPU.PerObject, PerRequest: p.ControlCPU.PerInvocation}}
+	for _, s := range p.SDKCPU {
+		for _, st := range []StoreCPU{s.Slow, s.Fast, s.Pod} {
+			costs = append(costs, st.Read, st.Write, st.Delete)
+		}
+		costs = append(costs, s.Send)
+	}
+	for _, c := range costs {
 		if !(c.PerByte >= 0) || !(c.PerRequest >= 0) || math.IsInf(c.PerByte, 0) || math.IsInf(c.PerRequest, 0) {
-			errs = append(errs, errors.New("slowCPU, fastCPU, podCPU: perByte and perRequest must be non-negative and finite"))
+			errs = append(errs, errors.New("slowCPU, fastCPU, podCPU, controlCPU, sdkCPU: every cost must be non-negative and finite"))
 			break
 		}
+	}
+	if !(p.BackgroundCores >= 0) || math.IsInf(p.BackgroundCores, 0) {
+		errs = append(errs, errors.New("backgroundCores must be non-negative and finite"))
 	}
 	if !(p.PodStoreFraction > 0 && p.PodStoreFraction <= 1) || !(p.TaskMemoryFraction > 0 && p.TaskMemoryFraction <= 1) {
 		errs = append(errs, errors.New("podStoreFraction and taskMemoryFraction must be in (0, 1]"))

@@ -281,9 +281,18 @@ func (f *fixture) workflow(t testing.TB, ns, name string, h http.Handler) {
 // do sends an HTTP request with a bearer token (none when empty).
 func (f *fixture) do(t testing.TB, token, method, path string, body io.Reader) (*http.Response, string) {
 	t.Helper()
+	return f.doHeader(t, token, method, path, body, nil)
+}
+
+// doHeader is do with more request headers.
+func (f *fixture) doHeader(t testing.TB, token, method, path string, body io.Reader, header http.Header) (*http.Response, string) {
+	t.Helper()
 	req, err := http.NewRequest(method, f.url+path, body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)

@@ -45,7 +45,7 @@ func grpcRoute(req any) (ns, wf string, a Attributes, ok bool) {
 
 // owner is where a call goes: "" to answer it here.
 func (g *GRPC) owner(ctx context.Context, req any) (string, error) {
-	if g.Owners == nil || proxied(ctx) {
+	if g.Owners == nil {
 		return "", nil
 	}
 	ns, wf, a, ok := grpcRoute(req)
@@ -58,6 +58,9 @@ func (g *GRPC) owner(ctx context.Context, req any) (string, error) {
 	}
 	if aerr := g.H.allow(ctx, token(ctx), a); aerr != nil {
 		return "", status.Error(grpcCode(authError(aerr).Code), aerr.Error())
+	}
+	if err == nil && proxied(ctx) { // never forwarded twice (ProxiedHeader)
+		err = errNotServedHere
 	}
 	if err != nil {
 		return "", status.Errorf(codes.Unavailable, "%v: workflow %s/%s (engine bucket %s): %v", ErrEngineMoving, ns, wf, bucket, err)

@@ -30,9 +30,20 @@ type Owners interface {
 	Peers(ctx context.Context) ([]string, error)
 }
 
-// ProxiedHeader marks a request a replica forwarded: the owner answers it
-// itself (never forwards it again), whatever it believes of the ownership.
+// ProxiedHeader marks a request a replica forwarded: the replica it
+// reaches never forwards it again. It grants nothing: anyone can set it,
+// and the request is authorized as any other. A replica that serves the
+// workflow answers it; one that does not (the replicas disagree for a
+// moment while a bucket moves, or a client set the header itself) answers
+// 503 with Retry-After, after authorization, instead of forwarding it on
+// or answering from an engine that does not hold the workflow (a wrong
+// 404). A namespace's listing marked so is this replica's part only: how
+// a replica asks its peers for theirs.
 const ProxiedHeader = "Ziptrail-Proxied"
+
+// errNotServedHere is the answer to a forwarded request about a workflow
+// this replica does not serve.
+var errNotServedHere = errors.New("this operator replica does not serve the workflow (its engine bucket is moving)")
 
 // sessionID is how session ids are made: <workflow>-<12 hex digits>.
 var sessionID = regexp.MustCompile(`^([a-z0-9]([-a-z0-9]*[a-z0-9])?)-[0-9a-f]{12}$`)
@@ -50,14 +61,18 @@ func WorkflowOfSession(id string) string {
 // routed answers r when another replica serves its workflow (or nobody
 // does right now); false lets the local handler answer.
 func (h *Handler) routed(w http.ResponseWriter, r *http.Request) bool {
-	if h.Owners == nil || r.Header.Get(ProxiedHeader) != "" {
+	if h.Owners == nil {
 		return false
 	}
+	forwarded := r.Header.Get(ProxiedHeader) != ""
 	ns, wf, a, ok := routeOf(r)
 	if !ok || checkNames(ns, wf) != nil {
 		return false // the handler answers (400, 404)
 	}
 	if wf == "" { // a listing of every workflow's sessions
+		if forwarded {
+			return false // this replica's part of a peer's listing
+		}
 		if !h.allowHTTP(w, r, a) {
 			return true
 		}
@@ -70,6 +85,9 @@ func (h *Handler) routed(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if !h.allowHTTP(w, r, a) {
 		return true
+	}
+	if err == nil && forwarded {
+		err = errNotServedHere
 	}
 	if err != nil {
 		w.Header().Set("Retry-After", "1")

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/ziptrail/ziptrail/internal/gateway"
@@ -166,4 +167,96 @@ func mustHost(t *testing.T, raw string) string {
 		t.Fatal(err)
 	}
 	return u.Host
+}
+
+// TestForgedProxiedHeader: a client sends replica A, which does not serve
+// team-a/far, the mark of a request another replica forwarded
+// (Ziptrail-Proxied, or the gRPC metadata ziptrail-proxied), straight to
+// A's ports. The mark grants nothing: outsiders are refused as before and
+// learn nothing of the owner; an authorized caller gets 503 with
+// Retry-After (never a session started on an engine that does not hold
+// the workflow, nor a 404 for a session that exists on the owner); the
+// owner B still answers forwarded requests as before.
+func TestForgedProxiedHeader(t *testing.T) {
+	a := newFixture(t, nil)
+	b := fixtureOn(t, a.env.Config, nil)
+	a.namespace(t, "team-a")
+	a.namespace(t, "team-b")
+	b.workflow(t, "team-a", "far", echo)
+	alice := a.serviceAccount(t, "team-a", "alice", "team-a")
+	eve := a.serviceAccount(t, "team-b", "eve", "team-b")
+	bHost := mustHost(t, b.url)
+	a.h.Owners = &owners{at: map[string]string{"team-a/far": bHost}}
+	a.g.Owners = &owners{at: map[string]string{"team-a/far": b.grpcAddr}}
+	b.h.Owners = &owners{at: map[string]string{}} // B serves it
+	b.g.Owners = &owners{at: map[string]string{}}
+
+	resp, body := a.do(t, alice, http.MethodPost, "/v1/namespaces/team-a/workflows/far/sessions", strings.NewReader("real"))
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("start through A: %d %s", resp.StatusCode, body)
+	}
+	var s sessions.Session
+	if err := json.Unmarshal([]byte(body), &s); err != nil {
+		t.Fatal(err)
+	}
+	before := len(b.orch.Sessions().List("team-a", ""))
+
+	forged := http.Header{gateway.ProxiedHeader: {"1"}}
+	for _, c := range []struct {
+		name, token, method, path string
+		code                      int
+	}{
+		{"start", alice, http.MethodPost, "/v1/namespaces/team-a/workflows/far/sessions", http.StatusServiceUnavailable},
+		{"state", alice, http.MethodGet, "/v1/namespaces/team-a/sessions/" + s.ID, http.StatusServiceUnavailable},
+		{"result", alice, http.MethodGet, "/v1/namespaces/team-a/sessions/" + s.ID + "/result", http.StatusServiceUnavailable},
+		{"no credentials", "", http.MethodPost, "/v1/namespaces/team-a/workflows/far/sessions", http.StatusUnauthorized},
+		{"forged token", "not-a-token", http.MethodGet, "/v1/namespaces/team-a/sessions/" + s.ID, http.StatusUnauthorized},
+		{"another namespace's user", eve, http.MethodPost, "/v1/namespaces/team-a/workflows/far/sessions", http.StatusForbidden},
+		{"another namespace's user reading", eve, http.MethodGet, "/v1/namespaces/team-a/sessions/" + s.ID + "/result", http.StatusForbidden},
+		{"another namespace's user listing", eve, http.MethodGet, "/v1/namespaces/team-a/sessions", http.StatusForbidden},
+	} {
+		resp, body := a.doHeader(t, c.token, c.method, c.path, strings.NewReader("forged"), forged)
+		if resp.StatusCode != c.code {
+			t.Errorf("%s with a forged %s: %d %s, want %d", c.name, gateway.ProxiedHeader, resp.StatusCode, body, c.code)
+		}
+		if c.code == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") == "" {
+			t.Errorf("%s with a forged %s: 503 without Retry-After", c.name, gateway.ProxiedHeader)
+		}
+		if strings.Contains(body, bHost) {
+			t.Errorf("%s with a forged %s: the answer names the owner: %s", c.name, gateway.ProxiedHeader, body)
+		}
+	}
+	if n := len(a.orch.Sessions().List("team-a", "")); n != 0 {
+		t.Errorf("replica A, which does not serve team-a/far, holds %d sessions", n)
+	}
+	if n := len(b.orch.Sessions().List("team-a", "")); n != before {
+		t.Errorf("the owner holds %d sessions after the forged calls, want %d", n, before)
+	}
+
+	// gRPC, the same mark in metadata.
+	forgedCtx := func(token string) context.Context {
+		return metadata.AppendToOutgoingContext(withToken(context.Background(), token), "ziptrail-proxied", "1")
+	}
+	_, err := a.gw.StartSession(forgedCtx(alice), &gatewayv1.StartSessionRequest{Namespace: "team-a", Workflow: "far", Input: []byte("forged")})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("gRPC start with a forged mark: %v, want Unavailable", err)
+	}
+	_, err = a.gw.GetSession(forgedCtx(alice), &gatewayv1.SessionRef{Namespace: "team-a", Id: s.ID})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("gRPC state with a forged mark: %v, want Unavailable (not NotFound)", err)
+	}
+	_, err = a.gw.GetSession(forgedCtx(eve), &gatewayv1.SessionRef{Namespace: "team-a", Id: s.ID})
+	if status.Code(err) != codes.PermissionDenied || strings.Contains(err.Error(), b.grpcAddr) {
+		t.Errorf("gRPC: another namespace's user with a forged mark: %v, want PermissionDenied naming no owner", err)
+	}
+
+	// Forwarded requests still reach the owner's engine, which answers them.
+	resp, body = a.do(t, alice, http.MethodGet, "/v1/namespaces/team-a/sessions/"+s.ID+"/result?wait=30s", nil)
+	if resp.StatusCode != http.StatusOK || body != "real" {
+		t.Errorf("result through A: %d %q", resp.StatusCode, body)
+	}
+	resp, body = a.do(t, alice, http.MethodGet, "/v1/namespaces/team-a/sessions", nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, s.ID) {
+		t.Errorf("A's listing of team-a (every replica's): %d %s", resp.StatusCode, body)
+	}
 }

@@ -150,7 +150,11 @@ func (s *Set) retire() {
 	_ = s.kc.CoordinationV1().Leases(s.cfg.Namespace).Delete(ctx, s.memberLease(), metav1.DeleteOptions{})
 }
 
-// liveReplicas counts the announcements renewed within LeaseDuration.
+// liveReplicas counts the announcements renewed within LeaseDuration. It
+// deletes those not renewed for twice their duration: a replica killed
+// for good (its pod gone with its node) never retires its own, and its
+// identity (a pod IP) does not come back, so nothing else would ever
+// delete it. A replica that was only cut off announces itself again.
 func (s *Set) liveReplicas(ctx context.Context) (int, error) {
 	list, err := s.kc.CoordinationV1().Leases(s.cfg.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -166,8 +170,18 @@ func (s *Set) liveReplicas(ctx context.Context) (int, error) {
 		if l.Spec.LeaseDurationSeconds != nil {
 			d = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 		}
-		if time.Since(l.Spec.RenewTime.Time) < d {
+		switch age := time.Since(l.Spec.RenewTime.Time); {
+		case age < d:
 			n++
+		case age > 2*d && l.Name != s.memberLease():
+			// Only if not renewed meanwhile (the version read).
+			rv := l.ResourceVersion
+			if err := s.kc.CoordinationV1().Leases(s.cfg.Namespace).Delete(ctx, l.Name,
+				metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				s.cfg.Log.Warnw("delete a dead replica's announcement", "lease", l.Name, "error", err)
+			} else if err == nil {
+				s.cfg.Log.Infow("deleted a dead replica's announcement", "lease", l.Name)
+			}
 		}
 	}
 	return n, nil

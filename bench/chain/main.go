@@ -10,11 +10,18 @@
 // differently: explicit triggers pass the object around a ring of
 // -ring-functions pods, one invocation per step, each through the full path.
 //
-//	go run ./bench/chain [-lengths 2,4,100] [-sessions 20] [-ring 1000 -ring-functions 10]
+// -delegate both (the default) runs every chain twice, alternating in
+// blocks on the same pods: fired by the engine (the operator's dispatcher
+// sends each invocation) and with delegated firing (the producer's sidecar
+// sends the next invocation itself; see arms.go). Results go to
+// <-out>/chain.json.
+//
+//	go run ./bench/chain [-lengths 2,4,100] [-sessions 20] [-ring 1000 -ring-functions 10] [-delegate off|on|both] [-rounds 2]
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -22,8 +29,8 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -56,11 +63,27 @@ ziptrail.serve(handle)
 
 func main() {
 	lengths := flag.String("lengths", "2,4,100", "chain lengths")
-	n := flag.Int("sessions", 20, "sessions per chain (the first is a warm-up)")
+	n := flag.Int("sessions", 20, "measured sessions per chain and arm")
 	ring := flag.Int("ring", 0, "also run a chain of this many steps around a ring of functions (0: no)")
 	ringFunctions := flag.Int("ring-functions", 10, "functions (pods) in the ring")
+	delegate := flag.String("delegate", "both", "who fires Immediate and ByName triggers: off (the engine), on (the producers' sidecars, delegated firing) or both, alternating on one cluster")
+	rounds := flag.Int("rounds", 2, "with -delegate both: blocks per arm, alternating (off, on, on, off, ...), each after a switch and a warm-up session")
+	warmup := flag.Duration("warmup", 5*time.Second, "warm-up sessions run at least this long at the start of each block")
+	out := flag.String("out", "docs/bench", "directory for chain.json (empty: none)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (operator, engine, router) to the file")
+	profileDir := flag.String("profile-dir", "", "write a CPU profile of this process for each block's measured sessions to this directory (not with -cpuprofile)")
+	perf := flag.Bool("perf", false, "with -profile-dir: also `perf record -a -g` each block (every process on the host)")
+	keep := flag.String("state-dir", "", "the local cluster's state directory, kept afterwards (pods' and components' logs; default: a temporary one, removed)")
 	flag.Parse()
+	arms, err := parseArms(*delegate)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chain:", err)
+		os.Exit(2)
+	}
+	if *cpuProfile != "" && *profileDir != "" {
+		fmt.Fprintln(os.Stderr, "chain: -cpuprofile and -profile-dir exclude each other")
+		os.Exit(2)
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err == nil {
@@ -72,25 +95,53 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*lengths, *n, *ring, *ringFunctions); err != nil {
+	if err := run(config{lengths: *lengths, sessions: *n, ring: *ring, ringFunctions: *ringFunctions, arms: arms, rounds: max(1, *rounds), out: *out, warmup: *warmup,
+		profileDir: *profileDir, perf: *perf, stateDir: *keep}); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "chain:", err)
 		os.Exit(1)
 	}
 }
 
-func run(lengths string, sessions, ring, ringFunctions int) error {
-	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "ziptrail-chain-")
-	if err != nil {
-		return err
+type config struct {
+	lengths                string
+	sessions, ring, rounds int
+	ringFunctions          int
+	arms                   []bool // delegation off and/or on
+	out, profileDir        string
+	stateDir               string
+	perf                   bool
+	warmup                 time.Duration
+}
+
+func parseArms(s string) ([]bool, error) {
+	switch s {
+	case "off":
+		return []bool{false}, nil
+	case "on":
+		return []bool{true}, nil
+	case "both":
+		return []bool{false, true}, nil
 	}
-	defer os.RemoveAll(dir)
+	return nil, fmt.Errorf("-delegate %q: want off, on or both", s)
+}
+
+func run(cfg config) error {
+	ctx := context.Background()
+	dir := cfg.stateDir
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "ziptrail-chain-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		dir = tmp
+	}
 	// One pod per function, kept warm (min-scale 1): the numbers are the
 	// chain's, not cold starts'.
 	// Two nodes: 100 functions need 100 pods, and each queue-proxy
 	// requests 25m of CPU (Knative's default) from a node of NumCPU cores.
-	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: os.Stderr,
+	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: os.Stderr, DelegateTriggers: cfg.arms[0],
 		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1"}},
 		Kubernetes: localk8s.Options{NetPrefix: "ztc", ClusterCIDR: netip.MustParsePrefix("10.218.0.0/16"),
 			ServiceCIDR: netip.MustParsePrefix("10.104.0.0/16"), WaitForHost: 30 * time.Minute}})
@@ -101,8 +152,9 @@ func run(lengths string, sessions, ring, ringFunctions int) error {
 	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
 		return err
 	}
-	fmt.Println("| chain | sessions | p50 | p95 | per step (p50) |\n|---|---|---|---|---|")
-	for _, ls := range strings.Split(lengths, ",") {
+	rep := report{Host: hostInfo(), Sessions: cfg.sessions, Rounds: cfg.rounds}
+	fmt.Println("| chain | firing | sessions | p50 | p95 | per step (p50) | delegated firings a session |\n|---|---|---|---|---|---|---|")
+	for _, ls := range strings.Split(cfg.lengths, ",") {
 		if ls == "" {
 			continue
 		}
@@ -110,17 +162,29 @@ func run(lengths string, sessions, ring, ringFunctions int) error {
 		if err != nil {
 			return err
 		}
-		if err := measure(ctx, c, chainWorkflow(length), fmt.Sprintf("%d functions", length), length, sessions, "x", "x"); err != nil {
+		rows, err := measure(ctx, c, cfg, chainWorkflow(length), fmt.Sprintf("%d functions", length), length, 0, "x", "x")
+		if err != nil {
 			return err
 		}
+		rep.Results = append(rep.Results, rows...)
 	}
-	if ring > 0 {
-		label := fmt.Sprintf("%d steps, ring of %d", ring, ringFunctions)
-		if err := measure(ctx, c, ringWorkflow(ring, ringFunctions), label, ring, sessions, "0", strconv.Itoa(ring)); err != nil {
+	if cfg.ring > 0 {
+		label := fmt.Sprintf("%d steps, ring of %d", cfg.ring, cfg.ringFunctions)
+		rows, err := measure(ctx, c, cfg, ringWorkflow(cfg.ring, cfg.ringFunctions), label, cfg.ring, cfg.ring-1, "0", strconv.Itoa(cfg.ring))
+		if err != nil {
 			return err
 		}
+		rep.Results = append(rep.Results, rows...)
 	}
-	return nil
+	rep.Host.LoadAfter = loadavg()
+	if cfg.out == "" {
+		return nil
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(cfg.out, "chain.json"), append(js, '\n'), 0o644)
 }
 
 // pythonFunction runs inline Python code on the image catalog's generic
@@ -156,38 +220,6 @@ func ringWorkflow(steps, size int) *v1alpha1.Workflow {
 			Spec: v1alpha1.TriggerSpec{Bucket: bucket, Primitive: v1alpha1.Immediate, Targets: []string{fn}}})
 	}
 	return wf
-}
-
-// measure deploys wf, runs sessions of it with input, checks each result
-// against want and prints one table row; steps is the invocations per session.
-func measure(ctx context.Context, c *localcluster.Cluster, wf *v1alpha1.Workflow, label string, steps, sessions int, input, want string) error {
-	t := time.Now()
-	if err := c.Client.Create(ctx, wf); err != nil {
-		return err
-	}
-	defer func() { _ = c.Client.Delete(context.Background(), wf) }()
-	if err := waitReady(ctx, c.Client, wf, 10*time.Minute); err != nil {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "%s: %d functions ready in %s\n", wf.Name, len(wf.Spec.Functions), time.Since(t).Round(time.Millisecond))
-	var lat []time.Duration
-	for s := 0; s < sessions; s++ {
-		t := time.Now()
-		out, err := session(c.GatewayURL, c.GatewayToken, wf.Name, input)
-		if err != nil {
-			return err
-		}
-		if out != want {
-			return fmt.Errorf("%s returned %q, want %q", wf.Name, out, want)
-		}
-		if s > 0 {
-			lat = append(lat, time.Since(t))
-		}
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	p50, p95 := percentile(lat, 0.50), percentile(lat, 0.95)
-	fmt.Printf("| %s | %d | %s | %s | %s |\n", label, len(lat), p50.Round(10*time.Microsecond), p95.Round(10*time.Microsecond), (p50 / time.Duration(steps)).Round(10*time.Microsecond))
-	return nil
 }
 
 // percentile is the nearest-rank percentile of sorted latencies.

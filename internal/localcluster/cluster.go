@@ -76,9 +76,14 @@ type Options struct {
 	// Catalog is the image catalog the node agent's is made from
 	// (docs/local-cluster.md, "Image catalog"); default
 	// <repo>/config/local/images.yaml.
-	Catalog  string
-	Log      io.Writer   // progress output; default io.Discard
-	LogLevel zap.Options // controller logs
+	Catalog string
+	// DelegateTriggers turns on the operator's delegated firing (its
+	// --delegate-triggers, orchestrator.Options.Delegate): the producers'
+	// sidecars fire Immediate and ByName triggers themselves. See
+	// SetDelegateTriggers to switch it on a running cluster.
+	DelegateTriggers bool
+	Log              io.Writer   // progress output; default io.Discard
+	LogLevel         zap.Options // controller logs
 }
 
 // State is what a running cluster writes to <state dir>/cluster.json, so
@@ -159,6 +164,7 @@ type operatorRun struct {
 	runner
 	orch    *orchestrator.Orchestrator
 	control *grpc.Server
+	srv     *control.Server
 	inputs  *orchestrator.Inputs
 }
 
@@ -513,6 +519,9 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		Log:     ctrl.Log.WithName("orchestrator"),
 		Keys:    keys,
 		Inputs:  inputs,
+		// Delegated firing (docs/design.md), as the chart's
+		// engine.delegateTriggers.
+		Delegate: c.opts.DelegateTriggers,
 	}
 	if c.tiers.redis != nil {
 		opts.Checkpoint = &checkpoint.Store{Client: c.tiers.redis, Key: "ziptrail:engine"}
@@ -570,7 +579,7 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 			return fmt.Errorf("read the engine checkpoint: %w", err)
 		}
 	}
-	c.operator = &operatorRun{runner: *start(ctx, mgr), orch: orch, control: gs, inputs: inputs}
+	c.operator = &operatorRun{runner: *start(ctx, mgr), orch: orch, control: gs, srv: srv, inputs: inputs}
 	started = true
 	if opts.Checkpoint != nil {
 		// The engine restores the checkpoint before it saves its first one;

@@ -145,7 +145,10 @@ func (s *Sidecar) sendDelegated(env *invocation.Envelope, t *controlv1.Delegated
 	wrote <- ok
 	if !ok {
 		cancel()
-		<-done
+		res := <-done
+		if s.cfg.Log != nil {
+			s.cfg.Log(fmt.Errorf("delegated invocation %s of %s not sent, left to the engine: %v", env.Invocation, t.Function, res.Err))
+		}
 		return
 	}
 	res := <-done

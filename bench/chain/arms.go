@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/localcluster"
+)
+
+// The two arms: the engine fires every trigger (the dispatcher sends each
+// invocation from the operator), or the producers' sidecars fire the
+// Immediate and ByName ones themselves (delegated firing,
+// --delegate-triggers). They alternate in blocks on one cluster and one
+// set of pods: a switch restarts the in-process operator with the other
+// setting, as changing the chart's engine.delegateTriggers rolls the
+// operator's Deployment (localcluster.SetDelegateTriggers), and waits for
+// the sidecars to reconnect; each block starts with a warm-up session.
+
+type report struct {
+	Host     host  `json:"host"`
+	Sessions int   `json:"sessionsPerArm"`
+	Rounds   int   `json:"rounds"`
+	Results  []row `json:"results"`
+}
+
+type host struct {
+	Hostname   string `json:"hostname"`
+	Time       string `json:"time"`
+	Commit     string `json:"commit"`
+	LoadBefore string `json:"loadavgBefore"`
+	LoadAfter  string `json:"loadavgAfter"`
+}
+
+type row struct {
+	Chain    string  `json:"chain"`
+	Steps    int     `json:"steps"`
+	Firing   string  `json:"firing"` // "engine" or "delegated"
+	Sessions int     `json:"sessions"`
+	P50Ms    float64 `json:"p50Ms"`
+	P95Ms    float64 `json:"p95Ms"`
+	StepP50  float64 `json:"perStepP50Ms"`
+	// Delegated firings recorded per session (the engine's
+	// ziptrail_engine_delegated_firings_total), lowest and highest.
+	DelegatedMin int `json:"delegatedFiringsMin"`
+	DelegatedMax int `json:"delegatedFiringsMax"`
+	// Every measured session's latency, in the order run.
+	LatenciesMs []float64 `json:"latenciesMs"`
+}
+
+func hostInfo() host {
+	h, _ := os.Hostname()
+	commit, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	return host{Hostname: h, Time: time.Now().UTC().Format(time.RFC3339), Commit: strings.TrimSpace(string(commit)), LoadBefore: loadavg()}
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return strings.TrimSpace(string(b))
+}
+
+func armName(delegate bool) string {
+	if delegate {
+		return "delegated"
+	}
+	return "engine"
+}
+
+// delegatedFirings reads the engine's count of delegated firings (in this
+// process's registry: the local cluster's operator runs here).
+func delegatedFirings() int {
+	mfs, err := crmetrics.Registry.Gather()
+	if err != nil {
+		return -1
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "ziptrail_engine_delegated_firings_total" && len(mf.GetMetric()) > 0 {
+			return int(mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+	return 0
+}
+
+// schedule is the arm of each block: off, on, on, off, off, on, ... so
+// that neither arm always runs first after a deploy or last.
+func schedule(arms []bool, rounds int) []bool {
+	var out []bool
+	for r := 0; r < rounds; r++ {
+		a := slices.Clone(arms)
+		if r%2 == 1 {
+			slices.Reverse(a)
+		}
+		out = append(out, a...)
+	}
+	return out
+}
+
+// measure deploys wf, runs sessions of it with input in each arm, checks
+// each result against want and prints one table row an arm; steps is the
+// invocations per session, delegable how many of its firings a producer's
+// sidecar can make (Immediate and ByName triggers on objects a function
+// returns in its response; a function's plain return value goes to its
+// dependency buckets through the engine).
+func measure(ctx context.Context, c *localcluster.Cluster, cfg config, wf *v1alpha1.Workflow, label string, steps, delegable int, input, want string) ([]row, error) {
+	t := time.Now()
+	if err := c.Client.Create(ctx, wf); err != nil {
+		return nil, err
+	}
+	defer func() { _ = c.Client.Delete(context.Background(), wf) }()
+	if err := waitReady(ctx, c.Client, wf, 10*time.Minute); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "%s: %d functions ready in %s\n", wf.Name, len(wf.Spec.Functions), time.Since(t).Round(time.Millisecond))
+	one := func() (time.Duration, int, error) {
+		d0 := delegatedFirings()
+		t := time.Now()
+		out, err := session(c.GatewayURL, c.GatewayToken, wf.Name, input)
+		lat := time.Since(t)
+		if err != nil {
+			return 0, 0, err
+		}
+		if out != want {
+			return 0, 0, fmt.Errorf("%s returned %q, want %q", wf.Name, out, want)
+		}
+		return lat, delegatedFirings() - d0, nil
+	}
+	lat := map[bool][]time.Duration{}
+	deleg := map[bool][]int{}
+	blocks := schedule(cfg.arms, cfg.rounds)
+	perArm := len(blocks) / len(cfg.arms)
+	for b, on := range blocks {
+		if err := c.SetDelegateTriggers(ctx, on, wf.Namespace); err != nil {
+			return nil, err
+		}
+		// Warm-up: for cfg.warmup (a restarted operator's first sessions
+		// are slow: new connections, its controllers' first reconciles)
+		// and until the pods' sidecars have their delegations (the
+		// operator sends them once it has resolved the routes).
+		warm := time.Now().Add(cfg.warmup)
+		for try := 0; ; try++ {
+			_, d, err := one()
+			if err != nil {
+				return nil, err
+			}
+			want := 0
+			if on {
+				want = delegable
+			}
+			if d == want && time.Now().After(warm) {
+				break
+			}
+			if try == 200 {
+				return nil, fmt.Errorf("%s, %s firing: %d delegated firings in a warm-up session, want %d", wf.Name, armName(on), d, want)
+			}
+			if d != want {
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		// This arm's share of the sessions: the blocks split them evenly.
+		n := cfg.sessions / perArm
+		if len(lat[on])+n > cfg.sessions || b >= len(blocks)-len(cfg.arms) {
+			n = cfg.sessions - len(lat[on])
+		}
+		stop, err := startProfiles(cfg, fmt.Sprintf("%s-%s-%d", wf.Name, armName(on), b))
+		if err != nil {
+			return nil, err
+		}
+		for s := 0; s < n; s++ {
+			l, d, err := one()
+			if err != nil {
+				stop()
+				return nil, err
+			}
+			lat[on], deleg[on] = append(lat[on], l), append(deleg[on], d)
+		}
+		stop()
+	}
+	var rows []row
+	for _, on := range cfg.arms {
+		ls := lat[on]
+		r := row{Chain: label, Steps: steps, Firing: armName(on), Sessions: len(ls), DelegatedMin: slices.Min(deleg[on]), DelegatedMax: slices.Max(deleg[on])}
+		for _, l := range ls {
+			r.LatenciesMs = append(r.LatenciesMs, ms(l))
+		}
+		sorted := slices.Clone(ls)
+		sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+		p50, p95 := percentile(sorted, 0.50), percentile(sorted, 0.95)
+		r.P50Ms, r.P95Ms, r.StepP50 = ms(p50), ms(p95), ms(p50/time.Duration(steps))
+		dl := fmt.Sprint(r.DelegatedMin)
+		if r.DelegatedMax != r.DelegatedMin {
+			dl += fmt.Sprintf("–%d", r.DelegatedMax)
+		}
+		fmt.Printf("| %s | %s | %d | %s | %s | %s | %s |\n", label, r.Firing, len(ls), p50.Round(10*time.Microsecond), p95.Round(10*time.Microsecond),
+			(p50 / time.Duration(steps)).Round(10*time.Microsecond), dl)
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// startProfiles profiles one block's measured sessions into
+// <profileDir>/<name>.pprof (this process: operator, engine, gateway) and,
+// with -perf, <name>.perf.data (`perf record -a -g`: every process, the
+// pods' queue-proxy-zl and Python servers, the ingress and activator). The
+// returned function stops them.
+func startProfiles(cfg config, name string) (func(), error) {
+	if cfg.profileDir == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(filepath.Join(cfg.profileDir, name+".pprof"))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	var perf *exec.Cmd
+	if cfg.perf {
+		perf = exec.Command("perf", "record", "-a", "-g", "-F", "499", "-q", "-o", filepath.Join(cfg.profileDir, name+".perf.data"))
+		perf.Stderr = os.Stderr
+		if err := perf.Start(); err != nil {
+			pprof.StopCPUProfile()
+			f.Close()
+			return nil, err
+		}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		if perf != nil {
+			_ = perf.Process.Signal(syscall.SIGINT)
+			_ = perf.Wait()
+		}
+	}, nil
+}

@@ -1,0 +1,37 @@
+package localcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// DelegateTriggers reports whether the running operator delegates firing
+// (Options.DelegateTriggers, or the last SetDelegateTriggers).
+func (c *Cluster) DelegateTriggers() bool { return c.opts.DelegateTriggers }
+
+// SetDelegateTriggers switches the operator's delegated firing on a running
+// cluster, as changing the chart's engine.delegateTriggers rolls the
+// operator's Deployment: the operator restarts with the option (the engine
+// keeps its sessions through the checkpoint, see RestartOperator; switch
+// between sessions, not under them) and the call returns once as many
+// sidecars of namespace as were connected before have connected to the new
+// one. A sidecar's new stream replaces the triggers it fires (none with
+// delegation off), so once they are back every firing follows the new
+// setting. Nothing is done when the setting does not change.
+func (c *Cluster) SetDelegateTriggers(ctx context.Context, on bool, namespace string) error {
+	if c.opts.NoOperator {
+		return errors.New("localcluster: no operator runs in this process (Options.NoOperator): set the chart's engine.delegateTriggers instead")
+	}
+	if c.opts.DelegateTriggers == on {
+		return nil
+	}
+	before := len(c.operator.srv.Sidecars(namespace))
+	c.opts.DelegateTriggers = on
+	if err := c.RestartOperator(ctx); err != nil {
+		return err
+	}
+	return waitFor(ctx, fmt.Sprintf("%d sidecars of namespace %s to reconnect to the operator", before, namespace), func() bool {
+		return c.operator != nil && len(c.operator.srv.Sidecars(namespace)) >= before
+	})
+}

@@ -80,7 +80,9 @@ type Options struct {
 	// DelegateTriggers turns on the operator's delegated firing (its
 	// --delegate-triggers, orchestrator.Options.Delegate): the producers'
 	// sidecars fire Immediate and ByName triggers themselves. See
-	// SetDelegateTriggers to switch it on a running cluster.
+	// SetDelegateTriggers to switch it on a running cluster. The
+	// environment's ZIPTRAIL_DELEGATE_TRIGGERS (true or false), when set,
+	// overrides it: a suite runs with either setting unchanged.
 	DelegateTriggers bool
 	Log              io.Writer   // progress output; default io.Discard
 	LogLevel         zap.Options // controller logs
@@ -180,6 +182,9 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if opts.Nodes <= 0 {
 		opts.Nodes = 1
+	}
+	if err := delegateFromEnv(&opts); err != nil {
+		return nil, err
 	}
 	if opts.Log == nil {
 		opts.Log = io.Discard

@@ -4,7 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 )
+
+// EnvDelegateTriggers, set to true or false, overrides
+// Options.DelegateTriggers.
+const EnvDelegateTriggers = "ZIPTRAIL_DELEGATE_TRIGGERS"
+
+func delegateFromEnv(opts *Options) error {
+	v := os.Getenv(EnvDelegateTriggers)
+	if v == "" {
+		return nil
+	}
+	on, err := strconv.ParseBool(v)
+	if err != nil {
+		return fmt.Errorf("localcluster: %s=%q: want true or false", EnvDelegateTriggers, v)
+	}
+	opts.DelegateTriggers = on
+	return nil
+}
 
 // DelegateTriggers reports whether the running operator delegates firing
 // (Options.DelegateTriggers, or the last SetDelegateTriggers).

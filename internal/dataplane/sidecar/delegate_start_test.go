@@ -1,0 +1,147 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// orderedEvents records the kind and invocation of every event, in the
+// order the control server hands them over.
+type orderedEvents struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (e *orderedEvents) add(kind, inv string) {
+	e.mu.Lock()
+	e.log = append(e.log, kind+" "+inv)
+	e.mu.Unlock()
+}
+func (e *orderedEvents) ObjectReady(_ context.Context, _ control.Identity, ev *controlv1.ObjectReady) error {
+	e.add("object", ev.InvocationId)
+	return nil
+}
+func (e *orderedEvents) FunctionStarted(_ context.Context, _ control.Identity, ev *controlv1.FunctionStarted) error {
+	e.add("started", ev.InvocationId)
+	return nil
+}
+func (e *orderedEvents) FunctionFinished(_ context.Context, _ control.Identity, ev *controlv1.FunctionFinished) error {
+	e.add("finished", ev.InvocationId)
+	return nil
+}
+func (e *orderedEvents) of(inv string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, l := range e.log {
+		if strings.HasSuffix(l, " "+inv) {
+			out = append(out, strings.TrimSuffix(l, " "+inv))
+		}
+	}
+	return out
+}
+
+// TestDelegatedStartReport: the consumer's sidecar reports a delegated
+// invocation's start before its outputs and end, whether the start waited
+// for them (a short invocation: one batch) or went out on its own while
+// the function still ran (a long one); an invocation that fails before its
+// function runs still has its start reported.
+func TestDelegatedStartReport(t *testing.T) {
+	ev := &orderedEvents{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := control.NewServer(ev, oneKey{})
+	srv.Auth = tokenAuth{}
+	gs := grpc.NewServer()
+	controlv1.RegisterControlServer(gs, srv)
+	go gs.Serve(ln)
+	t.Cleanup(gs.Stop)
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("valid:ns:c"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{Namespace: "ns", Workflow: "wf", Function: "work", Pod: "c", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t),
+		ShmDir: t.TempDir(), MemoryLimit: 1 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, OperatorAddr: ln.Addr().String(), TokenFile: tok})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	fn := httptest.NewServer(s.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(invocation.HeaderInvocation) == "s1.dslow" {
+			<-release
+		}
+		w.Header().Set("Content-Type", invocation.OutputsContentType)
+		_, _ = w.Write([]byte(`{"objects":[{"bucket":"out","key":"o","inline":"eQ=="}],"return":"cg=="}`))
+	})))
+	defer fn.Close()
+	send := func(inv string, objs ...invocation.Object) {
+		body, _ := json.Marshal(invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-work", Session: "s1", Invocation: inv,
+			Delegated: true, Objects: objs})
+		req, _ := http.NewRequest(http.MethodPost, fn.URL, bytes.NewReader(body))
+		req.Header.Set("Content-Type", invocation.ContentType)
+		req.Header.Set(invocation.HeaderInvocation, inv)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		resp.Body.Close()
+	}
+	wait := func(inv string, n int) []string {
+		deadline := time.Now().Add(time.Minute)
+		for len(ev.of(inv)) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: events %v, want %d", inv, ev.of(inv), n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return ev.of(inv)
+	}
+
+	for i := range 20 { // short: the start goes with the outcome, or before it
+		inv := "s1.dfast" + string(rune('a'+i))
+		send(inv)
+		if got := strings.Join(wait(inv, 3), ","); got != "started,object,finished" {
+			t.Errorf("%s: events %s", inv, got)
+		}
+	}
+
+	done := make(chan struct{})
+	go func() { send("s1.dslow"); close(done) }()
+	if got := strings.Join(wait("s1.dslow", 1), ","); got != "started" { // reported while the function runs
+		t.Errorf("s1.dslow while running: events %s", got)
+	}
+	close(release)
+	<-done
+	if got := strings.Join(wait("s1.dslow", 3), ","); got != "started,object,finished" {
+		t.Errorf("s1.dslow: events %s", got)
+	}
+
+	// Inputs that cannot be resolved: the function never runs, the start
+	// is reported all the same (the producer reports the failure).
+	send("s1.dbad", invocation.Object{Bucket: "in", Key: "k", Ref: "zt1.forged"})
+	if got := strings.Join(wait("s1.dbad", 1), ","); got != "started" {
+		t.Errorf("s1.dbad: events %s", got)
+	}
+}

@@ -57,6 +57,10 @@ bench-dataplane: deps ## ziptrail vs raw TCP vs Redis vs S3, one run; writes doc
 bench-messaging: deps ## Direct messages between pods vs Redis LPUSH/BRPOP (Pikachu Fig. 7/8, allreduce, membership, death detection), one run; writes docs/bench/.
 	$(DEPS_ENV); go run ./bench/messaging
 
+.PHONY: bench-sessions
+bench-sessions: deps ## Sessions/s through the whole path with a sharded engine: 1 and 2 operator replicas (each pinned to its core) alternately, projection to more; writes docs/bench/.
+	$(DEPS_ENV); go run ./bench/sessions
+
 .PHONY: bench-chain
 bench-chain: deps ## Workflow latency on the local cluster: 2/4/100-function chains and a 1,000-step ring (root).
 	$(DEPS_ENV); go run ./bench/chain -ring 1000

@@ -18,6 +18,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -70,7 +71,15 @@ func main() {
 	flag.DurationVar(&o.leases.retry, "retry-period", 2*time.Second, "bucket Leases (chart default 2s)")
 	flag.StringVar(&o.jsonOut, "json", "docs/bench/sessions.json", "results (relative to the module root)")
 	flag.StringVar(&o.pngOut, "chart", "docs/bench/sessions.png", "chart (relative to the module root)")
+	resummarize := flag.String("resummarize", "", "recompute the summary, projection, chart and table of a stored run (its JSON) without measuring")
 	flag.Parse()
+	if *resummarize != "" {
+		if err := resummarizeRun(*resummarize, o); err != nil {
+			fmt.Fprintln(os.Stderr, "sessions:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *serve {
 		if err := serveFunctions(); err != nil {
 			fmt.Fprintln(os.Stderr, "functions:", err)
@@ -220,6 +229,27 @@ func (c *cluster) runCase(k, n int, o options) Case {
 	}
 	cr.Checkpoint = c.measureCheckpoint(ctx, key)
 	return cr
+}
+
+// resummarizeRun reads a stored report, recomputes what derives from
+// its cases and writes it back (with the chart).
+func resummarizeRun(path string, o options) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return err
+	}
+	rep.Summary, rep.Ratio, rep.Projection = nil, 0, nil
+	rep.summarize()
+	root := controlplane.RepoRoot()
+	if err := rep.write(under(root, o.jsonOut), under(root, o.pngOut)); err != nil {
+		return err
+	}
+	fmt.Print(rep.markdown())
+	return nil
 }
 
 // under is path relative to the module root unless absolute.

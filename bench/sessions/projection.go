@@ -119,9 +119,9 @@ func project(one, two Summary, cases []Case) *Projection {
 		p.RedisCeiling = 1e9 / (p.RetentionS * p.BytesPerSession * p.RedisNsPerByte)
 	}
 	p.APIIdlePerRep = median(api2Idle) - median(api1Idle)
-	var apiLoad []float64
+	var apiLoad []float64 // with 2 replicas: the sharded case, its Lease reads for routing included
 	for _, c := range cases {
-		if c.SessionsPerSec > 0 {
+		if c.SessionsPerSec > 0 && c.Replicas == 2 {
 			l := c.Cores["kube-apiserver"] + c.Cores["etcd"] - c.IdleCores["kube-apiserver"] - c.IdleCores["etcd"]
 			apiLoad = append(apiLoad, 1000*l/c.SessionsPerSec)
 		}

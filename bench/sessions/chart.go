@@ -62,7 +62,7 @@ func writeChart(path string, r *Report) error {
 		}
 		c.Label(gx, h-bottom+16, g[0].label, color.Black)
 	}
-	c.Legend(left, []string{"measured", "proj. short run", "proj. 1 h kept", "proj. + Redis"},
+	c.Legend(left, []string{"measured", "proj. none kept", "proj. 1 h kept", "proj. + Redis"},
 		[]color.Color{measured, shortRun, steady, withRedis})
 	return c.SavePNG(path)
 }

@@ -12,6 +12,7 @@ var palette = map[string]color.RGBA{
 	"raw TCP":      {120, 120, 120, 255},
 	"ziptrail":     {32, 120, 220, 255},
 	"ziptrail SDK": {110, 180, 240, 255},
+	sdkInPlace:     {60, 200, 200, 255},
 	"Redis":        {220, 60, 50, 255},
 	"S3":           {240, 160, 30, 255},
 }

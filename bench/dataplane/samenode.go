@@ -178,11 +178,18 @@ func runSameNode(reps int, outDir string, withS3 bool) error {
 		return err
 	}
 	defer sn.close()
+	sdk, err := sn.startSDK()
+	if err != nil {
+		return err
+	}
+	defer sdk.close()
 	ctx := context.Background()
 	systems := []struct {
 		name string
 		f    func([]byte) error
 	}{
+		{snSDKInPlace, nil},
+		{snSDKPut, func(d []byte) error { return sdk.putBytes(ctx, d) }},
 		{snInPlace, nil},
 		{snFirstRead, func(d []byte) error { return sn.one(ctx, d, false, false) }},
 		{snAtPut, func(d []byte) error { return sn.one(ctx, d, true, false) }},
@@ -203,8 +210,13 @@ func runSameNode(reps int, outDir string, withS3 bool) error {
 			times := make([]float64, 0, reps)
 			for i := 0; i < reps; i++ {
 				f := func() error { return sys.f(data) }
-				if sys.name == snInPlace {
+				switch sys.name {
+				case snInPlace:
 					if f, err = sn.inPlace(ctx, data); err != nil {
+						return err
+					}
+				case snSDKInPlace:
+					if f, err = sdk.inPlace(ctx, data); err != nil {
 						return err
 					}
 				}
@@ -232,8 +244,8 @@ func runSameNode(reps int, outDir string, withS3 bool) error {
 	for _, s := range systems {
 		fmt.Printf(" %s |", s.name)
 	}
-	fmt.Printf(" Redis ÷ in place | S3 ÷ in place | Redis ÷ first read | S3 ÷ first read | Redis ÷ memfd→file | S3 ÷ memfd→file |\n|---|")
-	for range len(systems) + 6 {
+	fmt.Printf(" Redis ÷ SDK in place | S3 ÷ SDK in place | Redis ÷ SDK put | S3 ÷ SDK put | Redis ÷ in place | S3 ÷ in place | Redis ÷ first read | S3 ÷ first read | Redis ÷ memfd→file | S3 ÷ memfd→file |\n|---|")
+	for range len(systems) + 10 {
 		fmt.Print("---|")
 	}
 	fmt.Println()
@@ -249,6 +261,7 @@ func runSameNode(reps int, outDir string, withS3 bool) error {
 			}
 			return fmt.Sprintf("%.1f×", o/cell[zt][size])
 		}
+		fmt.Printf(" %s | %s | %s | %s |", ratio("Redis", snSDKInPlace), ratio("S3", snSDKInPlace), ratio("Redis", snSDKPut), ratio("S3", snSDKPut))
 		fmt.Printf(" %s | %s | %s | %s | %s | %s |\n", ratio("Redis", snInPlace), ratio("S3", snInPlace), ratio("Redis", snFirstRead), ratio("S3", snFirstRead), ratio("Redis", snToFile), ratio("S3", snToFile))
 	}
 	if err := os.MkdirAll(outDir, 0o755); err != nil {

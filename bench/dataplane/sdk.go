@@ -8,10 +8,14 @@ import (
 	"path/filepath"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 )
+
+// sdkInPlace is the SDK path with the object produced in place (Alloc).
+const sdkInPlace = "ziptrail SDK in place"
 
 // sdkPod is one pod as a function sees it: its sidecar's store, pull
 // server and client, and the local API on a unix socket with a
@@ -79,6 +83,29 @@ func (e *env) sdkOne(ctx context.Context, data []byte) error {
 	if err != nil {
 		return err
 	}
+	return e.sdkGet(ctx, r, data)
+}
+
+// sdkInPlace is the object produced in place: the function wrote it into
+// an Alloc'd buffer (a file the sidecar gave back, mapped) before the
+// timer starts, as the bare pull's object is in the producer's heap
+// before its timer starts; timed: the buffer's put (no copy) and the get.
+func (e *env) sdkInPlace(ctx context.Context, data []byte) (func() error, error) {
+	buf, err := e.sdkA.client.Alloc(ctx, len(data))
+	if err != nil {
+		return nil, err
+	}
+	copy(buf.Data, data)
+	return func() error {
+		resp, err := buf.Put(ctx, &sidecarv1.PutRequest{Reads: 1})
+		if err != nil {
+			return err
+		}
+		return e.sdkGet(ctx, resp.GetRef(), data)
+	}, nil
+}
+
+func (e *env) sdkGet(ctx context.Context, r string, data []byte) error {
 	_, obj, err := e.sdkB.client.GetMapped(ctx, r)
 	if err != nil {
 		return err

@@ -22,6 +22,8 @@ import (
 type system struct {
 	name     string
 	oneToOne func(ctx context.Context, data []byte) error
+	// prepared, instead of oneToOne: untimed preparation, then the timed part.
+	prepared func(ctx context.Context, data []byte) (func() error, error)
 	pattern  func(ctx context.Context, pattern string, fan int, data []byte) func() error
 }
 
@@ -121,7 +123,7 @@ func (e *env) close() {
 }
 
 func (e *env) names() []string {
-	n := []string{"raw TCP", "ziptrail", "ziptrail SDK", "Redis"}
+	n := []string{"raw TCP", "ziptrail", "ziptrail SDK", sdkInPlace, "Redis"}
 	if e.withS3 {
 		n = append(n, "S3")
 	}
@@ -133,6 +135,7 @@ func (e *env) systems() []system {
 		{name: "raw TCP", oneToOne: e.rawOne},
 		{name: "ziptrail", oneToOne: e.ztOne, pattern: e.ztPattern},
 		{name: "ziptrail SDK", oneToOne: e.sdkOne},
+		{name: sdkInPlace, prepared: e.sdkInPlace},
 		{name: "Redis", oneToOne: e.redisOne, pattern: e.redisPattern},
 	}
 	if e.withS3 {

@@ -4,20 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"syscall"
 
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 )
 
-// Buffer is a large object written in place: a file in the shared-memory
-// directory mapped writable, which Put hands to the sidecar as it is. A
-// producer that fills Bytes directly never holds the object in its heap
-// (Put of a []byte writes one copy into such a file).
+// Buffer is a large object written in place: memory that is already the
+// object's storage, which Put hands to the sidecar without a copy. It is
+// a sealable memfd when the sidecar offers the same-node path (Put seals
+// it read-only and passes the descriptor over the local API's object
+// socket; a consumer on this node maps the same pages), else a file of
+// the shared-memory directory, one the sidecar gave back after an
+// earlier object when there is one (docs/dataplane.md, "Reused files").
+// A producer that fills Bytes directly never holds the object in its
+// heap (Put of a []byte writes one copy).
 type Buffer struct {
-	c    *Client
-	path string // "" once handed over or discarded
-	data []byte
+	b *localapi.PutBuffer
 }
 
 // Alloc creates a zero-filled buffer of size bytes.
@@ -25,56 +27,38 @@ func (c *Client) Alloc(size int) (*Buffer, error) {
 	if size <= 0 {
 		return nil, &Error{Kind: KindInvalid, Op: "alloc", Err: fmt.Errorf("size must be positive, got %d", size)}
 	}
-	f, err := os.CreateTemp(c.api.Dir, "put-*")
+	b, err := c.api.Alloc(context.Background(), size)
 	if err != nil {
 		return nil, &Error{Kind: KindInternal, Op: "alloc", Err: err}
 	}
-	defer f.Close()
-	b := &Buffer{c: c, path: f.Name()}
-	if err := f.Truncate(int64(size)); err != nil {
-		_ = os.Remove(b.path)
-		return nil, &Error{Kind: KindInternal, Op: "alloc", Err: err}
-	}
-	if b.data, err = syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED); err != nil {
-		_ = os.Remove(b.path)
-		return nil, &Error{Kind: KindInternal, Op: "alloc", Err: fmt.Errorf("map %s: %w", b.path, err)}
-	}
-	return b, nil
+	return &Buffer{b: b}, nil
 }
 
 // Bytes is the buffer's memory, writable until Put or Discard.
-func (b *Buffer) Bytes() []byte { return b.data }
+func (b *Buffer) Bytes() []byte { return b.b.Data }
 
-// Put unmaps the buffer and hands it to the sidecar for n reads, as
-// Client.Put does; the buffer is unusable afterwards, whatever the result.
+// Put hands the buffer to the sidecar for n reads, as Client.Put does;
+// the buffer is unusable afterwards, whatever the result (its memory is
+// unmapped: a slice of Bytes kept past Put faults).
 func (b *Buffer) Put(ctx context.Context, n int, opts ...Option) (string, error) {
-	path := b.path
-	if path == "" {
-		return "", &Error{Kind: KindInvalid, Op: "put", Err: errors.New("buffer already put or discarded")}
+	if n < 1 {
+		_ = b.b.Discard()
+		return "", &Error{Kind: KindInvalid, Op: "put", Err: fmt.Errorf("reads must be at least 1, got %d", n)}
 	}
-	b.path = ""
-	if err := b.unmap(); err != nil {
-		_ = os.Remove(path)
+	o := collect(ctx, opts)
+	resp, err := b.b.Put(ctx, &sidecarv1.PutRequest{Reads: uint32(n), TtlMs: o.ttl.Milliseconds(), Session: o.session})
+	if errors.Is(err, localapi.ErrBufferDone) {
+		return "", &Error{Kind: KindInvalid, Op: "put", Err: err}
+	}
+	var werr *localapi.PayloadError
+	if errors.As(err, &werr) {
 		return "", &Error{Kind: KindInternal, Op: "put", Err: err}
 	}
-	return b.c.put(ctx, &sidecarv1.Payload{Source: &sidecarv1.Payload_Path{Path: path}}, n, opts)
+	if err != nil {
+		return "", rpcError(ctx, "put", err)
+	}
+	return resp.GetRef(), nil
 }
 
 // Discard drops the buffer without putting it; a no-op after Put.
-func (b *Buffer) Discard() error {
-	if b.path == "" {
-		return nil
-	}
-	path := b.path
-	b.path = ""
-	return errors.Join(b.unmap(), os.Remove(path))
-}
-
-func (b *Buffer) unmap() error {
-	if b.data == nil {
-		return nil
-	}
-	err := syscall.Munmap(b.data)
-	b.data = nil
-	return err
-}
+func (b *Buffer) Discard() error { return b.b.Discard() }

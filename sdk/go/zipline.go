@@ -42,20 +42,6 @@ func (c *Client) Put(ctx context.Context, obj []byte, n int, opts ...Option) (st
 	return resp.GetRef(), nil
 }
 
-func (c *Client) put(ctx context.Context, p *sidecarv1.Payload, n int, opts []Option) (string, error) {
-	if n < 1 {
-		discard(p)
-		return "", &Error{Kind: KindInvalid, Op: "put", Err: fmt.Errorf("reads must be at least 1, got %d", n)}
-	}
-	o := collect(ctx, opts)
-	resp, err := c.api.RPC().Put(ctx, &sidecarv1.PutRequest{Object: p, Reads: uint32(n), TtlMs: o.ttl.Milliseconds(), Session: o.session})
-	if err != nil {
-		discard(p)
-		return "", rpcError(ctx, "put", err)
-	}
-	return resp.GetRef(), nil
-}
-
 // Get retrieves a referenced object (Zipline's get(ref)): from this pod,
 // from its producer pod, or from a storage tier when the producer is gone.
 // A large object is a mapping of the file the sidecar pulled it into (no

@@ -21,8 +21,11 @@ import (
 type Client struct {
 	Dir             string // the shared-memory directory (ZIPTRAIL_SHM_DIR)
 	InlineThreshold int
-	rpc             sidecarv1.SidecarClient
-	conn            *grpc.ClientConn
+	// Memfds: how large puts travel (objclient.go); default MemfdAuto.
+	Memfds MemfdMode
+	obj    *objClient // the object socket (objsock.go)
+	rpc    sidecarv1.SidecarClient
+	conn   *grpc.ClientConn
 
 	id string // names this client to the sidecar, which gives its put files back
 
@@ -46,7 +49,7 @@ func Dial(socket, dir string) (*Client, error) {
 	var id [8]byte
 	_, _ = rand.Read(id[:])
 	return &Client{Dir: dir, InlineThreshold: 64 << 10, rpc: sidecarv1.NewSidecarClient(conn), conn: conn,
-		id: hex.EncodeToString(id[:])}, nil
+		id: hex.EncodeToString(id[:]), obj: &objClient{path: ObjectSocket(socket)}}, nil
 }
 
 // Close closes the connection and removes the client's idle put files.
@@ -59,6 +62,7 @@ func (c *Client) Close() error {
 	for _, km := range kept {
 		_ = syscall.Munmap(km.mem)
 	}
+	c.obj.close()
 	return c.conn.Close()
 }
 

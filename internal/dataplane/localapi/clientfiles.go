@@ -2,6 +2,7 @@ package localapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,10 +10,12 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 )
 
 // Mapped is an object a get returned: bytes that arrived inline, or a
@@ -25,6 +28,7 @@ type Mapped struct {
 	c      *Client
 	token  string // the lending to release, if the file was lent
 	key    keptKey
+	file   *os.File // a memfd the object socket passed (closed with the mapping)
 }
 
 // Close unmaps the object and releases its file; Data is nil afterwards.
@@ -35,6 +39,10 @@ func (m *Mapped) Close() error {
 	}
 	data := m.Data
 	m.Data, m.Mapped = nil, false
+	if m.file != nil {
+		err := unix.Munmap(data) // mapped by samenode.MapSealed (x/sys/unix's own table)
+		return errors.Join(err, m.file.Close())
+	}
 	if m.token == "" {
 		return syscall.Munmap(data)
 	}
@@ -119,9 +127,16 @@ func (c *Client) sweepKeptLocked(now time.Time) [][]byte {
 	return out
 }
 
-// GetMapped gets a referenced object as the SDKs do, asking the sidecar
-// to lend its file (no new file, page by page, per get).
+// GetMapped gets a referenced object as the SDKs do: as its sealed memfd
+// when the sidecar has one (same-node path, objsock.go), else asking the
+// sidecar to lend its file (no new file, page by page, per get).
 func (c *Client) GetMapped(ctx context.Context, ref string) (*sidecarv1.GetResponse, *Mapped, error) {
+	if _, sameNode := c.objectSocket(ctx); sameNode && c.Memfds != MemfdNever {
+		resp, m, err := c.getMemfd(ctx, ref)
+		if !errors.Is(err, errFallback) {
+			return resp, m, err
+		}
+	}
 	return c.getMapped(ctx, func(ctx context.Context, opts ...grpc.CallOption) (*sidecarv1.GetResponse, error) {
 		return c.rpc.Get(ctx, &sidecarv1.GetRequest{Ref: ref}, opts...)
 	})
@@ -241,11 +256,39 @@ type putFile struct {
 // written into a file of the directory — one the sidecar gave back after
 // an earlier object was freed when there is one (its pages already
 // there: no new file to fill page by page), else a new one.
+//
+// With the object socket's memfds in use (MemfdMode), a large obj is
+// written into a new sealed memfd instead (samenode.NewSealed, pwrite), which a
+// consumer on this node then maps without another copy.
 func (c *Client) PutObject(ctx context.Context, obj []byte, req *sidecarv1.PutRequest) (*sidecarv1.PutResponse, error) {
+	if len(obj) > c.InlineThreshold && c.useMemfd(ctx) {
+		f, err := samenode.NewSealed("put", obj)
+		if err != nil {
+			return nil, &PayloadError{Err: err}
+		}
+		defer f.Close()
+		return c.putMemfd(ctx, f, int64(len(obj)), req)
+	}
 	p, name, err := c.putPayload(obj)
 	if err != nil {
 		return nil, &PayloadError{Err: err}
 	}
+	return c.sendPut(ctx, p, name, req)
+}
+
+// putFilePayload hands over a file written in place (PutBuffer).
+func (c *Client) putFilePayload(ctx context.Context, pf putFile, req *sidecarv1.PutRequest) (*sidecarv1.PutResponse, error) {
+	c.mu.Lock()
+	if c.putLent == nil {
+		c.putLent = map[string]putFile{}
+	}
+	c.putLent[pf.name] = pf
+	c.mu.Unlock()
+	return c.sendPut(ctx, pathPayload(filepath.Join(c.Dir, pf.name)), pf.name, req)
+}
+
+// sendPut sends a put whose payload file (if any) is name.
+func (c *Client) sendPut(ctx context.Context, p *sidecarv1.Payload, name string, req *sidecarv1.PutRequest) (*sidecarv1.PutResponse, error) {
 	req.Object = p
 	var hdr metadata.MD
 	resp, err := c.rpc.Put(metadata.AppendToOutgoingContext(ctx, lendKey, lendValue, clientKey, c.id), req, grpc.Header(&hdr))

@@ -50,6 +50,7 @@ type pod struct {
 	sdk    *Client
 	server *pull.Server
 	dir    string
+	sock   string // the local API's socket
 	events chan *controlv1.ObjectReady
 }
 
@@ -106,6 +107,7 @@ func startPod(t testing.TB, o podOpts) *pod {
 		p.api.Spilled = tier.Chain{o.redis}
 	}
 	sock := filepath.Join(sockDir, "s")
+	p.sock = sock
 	apiLn, err := Listen(sock)
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,12 @@ var calls = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Local API calls from the function container, by method and error class (empty: success).",
 }, []string{"method", "reason"})
 
-func init() { prometheus.MustRegister(calls) }
+var objFrames = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "ziptrail_localapi_object_socket_total",
+	Help: "Object-socket requests (objects as descriptors), by outcome: put, put_refused, get_memfd, get_fallback, bad_frame.",
+}, []string{"result"})
+
+func init() { prometheus.MustRegister(calls, objFrames) }
 
 // observe counts every call by its outcome's class.
 func observe(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

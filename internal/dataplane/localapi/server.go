@@ -79,18 +79,32 @@ type Server struct {
 	FilePoolBytes int64
 	HTTP          *http.Client // for Invoke; default: no timeout beyond the request's
 	Now           func() time.Time
+	// SameNodeGet, when set, answers the object socket's gets of objects
+	// a producer on this node holds with their sealed memfd (objsock.go);
+	// nil: those gets use the gRPC Get.
+	SameNodeGet SameNodeGetter
+	// Adopt, when set, is given a duplicate of every memfd a function put
+	// through the object socket, with the object's id, so same-node
+	// consumers get that memfd (samenode.Server.Adopt); it owns f on
+	// success.
+	Adopt func(id string, f *os.File, size int64) error
 
-	seq      atomic.Uint64
-	initOnce sync.Once
-	poolOnce sync.Once
-	pool     *filePool
-	retOnce  sync.Once
-	returns  *returns
-	inflight *semaphore.Weighted // payload bytes read but not yet stored
-	mu       sync.Mutex
-	byName   map[string]string // session/bucket/key -> store id, objects sent here
-	sent     sentOutputs       // objects sent per invocation, for its response
-	grpcSrv  *grpc.Server
+	seq       atomic.Uint64
+	initOnce  sync.Once
+	poolOnce  sync.Once
+	pool      *filePool
+	retOnce   sync.Once
+	returns   *returns
+	adoptOnce sync.Once
+	adopted   *adopted            // memfds put through the object socket (objsock.go)
+	inflight  *semaphore.Weighted // payload bytes read but not yet stored
+	mu        sync.Mutex
+	byName    map[string]string // session/bucket/key -> store id, objects sent here
+	sent      sentOutputs       // objects sent per invocation, for its response
+	grpcSrv   *grpc.Server
+	objLn     net.Listener // the object socket (objsock.go)
+	objConns  map[*net.UnixConn]struct{}
+	stopped   bool
 }
 
 // Listen opens the API's unix socket, replacing a stale one.
@@ -121,8 +135,15 @@ func (s *Server) Serve(ln net.Listener) error {
 // Stop ends Serve, letting running calls finish.
 func (s *Server) Stop() {
 	s.mu.Lock()
-	srv := s.grpcSrv
+	srv, objLn := s.grpcSrv, s.objLn
+	s.stopped = true
+	for c := range s.objConns {
+		_ = c.Close()
+	}
 	s.mu.Unlock()
+	if objLn != nil {
+		_ = objLn.Close()
+	}
 	if srv != nil {
 		srv.GracefulStop()
 	}

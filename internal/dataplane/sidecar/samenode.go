@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
@@ -92,21 +93,9 @@ func (s *Sidecar) pullTo(ctx context.Context, r string, dst func(size int64) (io
 // getSameNode tries the same-node path; ok is false when the TCP pull
 // should run instead.
 func (s *Sidecar) getSameNode(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (pull.Info, error, bool) {
-	c := s.cfg.SameNode
-	kr := s.keys.Load()
-	if !c.enabled() || kr == nil {
-		return pull.Info{}, nil, false
-	}
-	cli := &samenode.Client{Dir: c.Dir, Node: c.Node, Keys: kr}
-	o, err := cli.Get(ctx, r)
-	if err != nil {
-		if !errors.Is(err, samenode.ErrNotApplicable) && samenode.Fallback(err) {
-			s.logf("same-node get failed, pulling over TCP: %v", err)
-		}
-		if !samenode.Fallback(err) {
-			return pull.Info{}, err, true
-		}
-		return pull.Info{}, nil, false
+	o, err, ok := s.sameNodeObject(ctx, r)
+	if !ok || err != nil {
+		return pull.Info{}, err, ok
 	}
 	defer o.Close()
 	info := pull.Info{Bucket: o.Bucket, Key: o.Key, Size: o.Size}
@@ -115,4 +104,57 @@ func (s *Sidecar) getSameNode(ctx context.Context, r string, dst func(size int64
 		return info, err, true
 	}
 	return info, o.CopyTo(w), true
+}
+
+// serveObjects opens the local API's object socket (objects as
+// descriptors, localapi/objsock.go) and wires it to the same-node path:
+// a function's sealed memfd becomes the memfd same-node consumers get
+// (Adopt, no copy), and a get of an object a producer on this node holds
+// passes its memfd on to the function (no copy into an input file). A
+// failure to listen leaves the function on files (the gRPC socket).
+func (s *Sidecar) serveObjects(api *localapi.Server) {
+	if s.cfg.SameNode.enabled() {
+		api.SameNodeGet = s.sameNodeMemfd
+	}
+	if s.sameNode != nil {
+		api.Adopt = s.sameNode.Adopt
+	}
+	ln, err := localapi.ListenObjects(s.cfg.APISocket)
+	if err != nil {
+		s.logf("object socket off (files only): %v", err)
+		return
+	}
+	go func() { _ = api.ServeObjects(ln) }()
+}
+
+// sameNodeMemfd gets a referenced object's memfd from a producer on this
+// node; ok is false when the TCP pull (the gRPC Get) should run instead.
+func (s *Sidecar) sameNodeMemfd(ctx context.Context, r string) (*samenode.Object, bool, error) {
+	if err := s.waitKeys(ctx); err != nil {
+		return nil, true, err
+	}
+	o, err, ok := s.sameNodeObject(ctx, r)
+	return o, ok, err
+}
+
+// sameNodeObject asks the reference's producer on this node; ok false:
+// not applicable, or failed in a way the TCP pull may not.
+func (s *Sidecar) sameNodeObject(ctx context.Context, r string) (*samenode.Object, error, bool) {
+	c := s.cfg.SameNode
+	kr := s.keys.Load()
+	if !c.enabled() || kr == nil {
+		return nil, nil, false
+	}
+	cli := &samenode.Client{Dir: c.Dir, Node: c.Node, Keys: kr}
+	o, err := cli.Get(ctx, r)
+	if err != nil {
+		if !errors.Is(err, samenode.ErrNotApplicable) && samenode.Fallback(err) {
+			s.logf("same-node get failed, pulling over TCP: %v", err)
+		}
+		if !samenode.Fallback(err) {
+			return nil, err, true
+		}
+		return nil, nil, false
+	}
+	return o, nil, true
 }

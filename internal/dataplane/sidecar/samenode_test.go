@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,8 +15,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 	"github.com/ziptrail/ziptrail/internal/testservers"
@@ -196,5 +200,111 @@ func TestSameNodeLocalAPIPut(t *testing.T) {
 	}
 	if n := tcp(); n != tcp0 {
 		t.Errorf("TCP pulls %v -> %v: the same-node consumer pulled over TCP", tcp0, n)
+	}
+}
+
+// TestSameNodeSDKInPlace: a function that writes its object into an
+// Alloc'd buffer hands the sidecar a sealed memfd (the local API's object
+// socket), which the producer serves to its node as it is (adopted: held
+// before any read, no copy); a consumer on the node gets that memfd passed
+// on to its function (no file in its directory, no TCP pull). A memfd
+// that is not sealed is refused by the real sidecar.
+func TestSameNodeSDKInPlace(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "keys.json")
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{5}, 32))
+	if err := os.WriteFile(keyFile, []byte(`{"active":"k1","keys":{"k1":"`+key+`"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "sn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := samenode.PrepareDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(uid string) (*Sidecar, *localapi.Client) {
+		sock, err := os.MkdirTemp("", "zt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(sock) })
+		s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: shmDir(t),
+			MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile,
+			APISocket: filepath.Join(sock, "sidecar.sock"), SameNode: SameNodeConfig{Dir: dir, Node: "node-a", PodUID: uid}})
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c, err := localapi.Dial(s.cfg.APISocket, s.cfg.ShmDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return s, c
+	}
+	ps, producer := pod("5b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e16")
+	cs, consumer := pod("6b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e17")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	big := bytes.Repeat([]byte("klmnopqrst"), 300_000)
+	buf, err := producer.Alloc(ctx, len(big))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(buf.Data, big)
+	resp, err := buf.Put(ctx, &sidecarv1.PutRequest{Reads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := ps.sameNode.Cached(); n != 1 {
+		t.Fatalf("the producer's same-node server holds %d memfds before any read, want the adopted one", n)
+	}
+	tcp := func() float64 { return counter(t, "ziptrail_dataplane_pulls_total", "ok") }
+	passed := func() float64 { return counter(t, "ziptrail_localapi_object_socket_total", "get_memfd") }
+	ok0, tcp0, passed0 := samenodeGets(t, "ok"), tcp(), passed()
+	_, m, err := consumer.GetMapped(ctx, resp.GetRef())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(m.Data, big) {
+		t.Fatalf("got %d bytes, not the object", len(m.Data))
+	}
+	if ok, n, p := samenodeGets(t, "ok"), tcp(), passed(); ok != ok0+1 || n != tcp0 || p != passed0+1 {
+		t.Errorf("same-node gets %v -> %v, TCP pulls %v -> %v, memfds passed to the function %v -> %v", ok0, ok, tcp0, n, passed0, p)
+	}
+	if names, _ := os.ReadDir(cs.cfg.ShmDir); len(names) != 0 {
+		t.Errorf("the consumer's object directory holds %d files: the memfd was copied", len(names))
+	}
+	m.Close()
+
+	// A hostile function: an unsealed memfd is refused with its class.
+	fd, err := unix.MemfdCreate("x", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	_ = unix.Ftruncate(fd, 1<<20)
+	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: localapi.ObjectSocket(ps.cfg.APISocket), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	msg := []byte("ZTO1\x02")
+	msg = binary.LittleEndian.AppendUint32(msg, 1)
+	msg = binary.LittleEndian.AppendUint64(msg, 0)
+	msg = binary.LittleEndian.AppendUint64(msg, 1<<20)
+	msg = binary.LittleEndian.AppendUint16(msg, 0)
+	if _, _, err := conn.WriteMsgUnix(msg, unix.UnixRights(fd), nil); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, 4096)
+	n, err := conn.Read(out)
+	if err != nil || n < 5 || out[4] != 1 || !bytes.Contains(out[:n], []byte(localapi.ReasonBadPayload)) || !bytes.Contains(out[:n], []byte("not sealed")) {
+		t.Fatalf("unsealed memfd: %q, %v; want a BAD_PAYLOAD error", out[:n], err)
+	}
+	if n := ps.Store.Len(); n != 0 {
+		t.Errorf("the producer stores %d objects after the refused put", n)
 	}
 }

@@ -316,6 +316,7 @@ func (s *Sidecar) serveLocalAPI() error {
 	s.api, s.msgLn = api, mln
 	go func() { _ = api.Serve(ln) }()
 	go func() { _ = api.ServeMessages(mln) }()
+	s.serveObjects(api) // samenode.go
 	return nil
 }
 

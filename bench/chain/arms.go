@@ -148,24 +148,25 @@ func measure(ctx context.Context, c *localcluster.Cluster, cfg config, wf *v1alp
 		// and until the pods' sidecars have their delegations (the
 		// operator sends them once it has resolved the routes).
 		warm := time.Now().Add(cfg.warmup)
-		for try := 0; ; try++ {
+		want := 0
+		if on {
+			want = delegable
+		}
+		for misses := 0; ; {
 			_, d, err := one()
 			if err != nil {
 				return nil, err
 			}
-			want := 0
-			if on {
-				want = delegable
+			if d == want {
+				if time.Now().After(warm) {
+					break
+				}
+				continue
 			}
-			if d == want && time.Now().After(warm) {
-				break
-			}
-			if try == 200 {
+			if misses++; misses == 50 {
 				return nil, fmt.Errorf("%s, %s firing: %d delegated firings in a warm-up session, want %d", wf.Name, armName(on), d, want)
 			}
-			if d != want {
-				time.Sleep(200 * time.Millisecond)
-			}
+			time.Sleep(200 * time.Millisecond)
 		}
 		// This arm's share of the sessions: the blocks split them evenly.
 		n := cfg.sessions / perArm

@@ -166,6 +166,17 @@ type Model struct {
 	Prices Prices
 	strag  *stragglers
 	sdk    string // the Config.SDK of the prediction being made
+	// held is the objects the engine keeps of the session while the next
+	// phase runs, on average (set by at before each phase)
+	held float64
+}
+
+// at sets the objects the engine keeps of the session, on average, while
+// the next phase runs: those announced by the phases before it (a session
+// keeps them to its end) and half of its own.
+func (m *Model) at(held float64) *Model {
+	m.held = held
+	return m
 }
 
 // New checks params and prices and returns a Model.
@@ -229,8 +240,8 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 		// map: read the input (n objects), write n² partitions; reduce:
 		// read them, write the output (n objects).
 		pr.Phases = []Phase{
-			m.phase("map", 1, nm, p, w, p, cpuMap, []op{{slowIO, false, d, mapf}, {slowShuffle, true, d, mapf * nf}}),
-			m.phase("reduce", 1, nr, p, w, p, cpuReduce, []op{{slowShuffle, false, d, mapf * nf}, {slowIO, true, d, nf}}),
+			m.at(mapf*nf/2).phase("map", 1, nm, p, w, p, cpuMap, []op{{slowIO, false, d, mapf}, {slowShuffle, true, d, mapf * nf}}),
+			m.at(mapf*nf+nf/2).phase("reduce", 1, nr, p, w, p, cpuReduce, []op{{slowShuffle, false, d, mapf * nf}, {slowIO, true, d, nf}}),
 		}
 	case Redis:
 		if d > c.FastCapacity {
@@ -238,8 +249,8 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 		}
 		fastHeld = d
 		pr.Phases = []Phase{
-			m.phase("map", 1, nm, p, w, p, cpuMap, []op{{slowIO, false, d, mapf}, {fast, true, d, mapf * nf}}),
-			m.phase("reduce", 1, nr, p, w, p, cpuReduce, []op{{fast, false, d, mapf * nf}, {slowIO, true, d, nf}}),
+			m.at(mapf*nf/2).phase("map", 1, nm, p, w, p, cpuMap, []op{{slowIO, false, d, mapf}, {fast, true, d, mapf * nf}}),
+			m.at(mapf*nf+nf/2).phase("reduce", 1, nr, p, w, p, cpuReduce, []op{{fast, false, d, mapf * nf}, {slowIO, true, d, nf}}),
 		}
 	case PodMemory:
 		capacity := float64(p) * w * pp.PodStoreFraction
@@ -258,8 +269,8 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 		// producers stay up, holding their partitions, while the reducers
 		// run: 2P workers billed.
 		pr.Phases = []Phase{
-			m.phase("map", 1, nm, p, w, p, cpuMap, []op{{slowIO, false, d, mapf}, {pod, true, d, mapf * nf}}),
-			m.phase("reduce", 1, nr, p, w, 2*p, cpuReduce, []op{{pod, false, d, mapf * nf}, {slowIO, true, d, nf}}),
+			m.at(mapf*nf/2).phase("map", 1, nm, p, w, p, cpuMap, []op{{slowIO, false, d, mapf}, {pod, true, d, mapf * nf}}),
+			m.at(mapf*nf+nf/2).phase("reduce", 1, nr, p, w, 2*p, cpuReduce, []op{{pod, false, d, mapf * nf}, {slowIO, true, d, nf}}),
 		}
 	case Hybrid:
 		r := c.RoundBytes
@@ -295,9 +306,9 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 		fastHeld = re
 		pr.Rounds, pr.RoundBytes = k, re
 		pr.Phases = []Phase{
-			m.phase("round: partition", k, mt, p, w, p, cpuMap/kf, []op{{slowIO, false, re, mf}, {fast, true, re, objs}}),
-			m.phase("round: combine", k, ct, p, w, p, cpuReduce/kf, []op{{fast, false, re, objs}, {slowShuffle, true, re, nf}}),
-			m.phase("merge", 1, nr, p, w, p, cpuReduce, []op{{slowShuffle, false, d, nf * kf}, {slowIO, true, d, nf}}),
+			m.at((kf-1)/2*(objs+nf)+objs/2).phase("round: partition", k, mt, p, w, p, cpuMap/kf, []op{{slowIO, false, re, mf}, {fast, true, re, objs}}),
+			m.at((kf-1)/2*(objs+nf)+objs+nf/2).phase("round: combine", k, ct, p, w, p, cpuReduce/kf, []op{{fast, false, re, objs}, {slowShuffle, true, re, nf}}),
+			m.at(kf*(objs+nf)+nf/2).phase("merge", 1, nr, p, w, p, cpuReduce, []op{{slowShuffle, false, d, nf * kf}, {slowIO, true, d, nf}}),
 		}
 	default:
 		return Prediction{}, fmt.Errorf("model: unknown method %q (want s3, redis, podmemory or hybrid)", c.Method)
@@ -385,10 +396,17 @@ func tasks(d float64, p int, chunk float64) int {
 //	platform = Σ_ops (requests·PerRequest + bytes·PerByte)        store, sidecar and Go SDK, by direction
 //	         + Σ_intermediate reads (the same with Delete)           the consumer deletes what it read
 //	         + Σ_ops (SDK_job − SDK_go)(op)                           the job's SDK in place of Go's
-//	         + objects·(ControlCPU.PerObject + Send_job − Send_go)   every object written is announced
-//	         + tasks·ControlCPU.PerInvocation                        every task is a firing
+//	         + objects·(ControlCPU.PerObject + Send_job)             every object written is announced
+//	         + tasks·(ControlCPU.PerInvocation + PerInvocation_job)  every task is a firing
 //
-// and the cores are Params.CoresLeft(): Cores − BackgroundCores.
+// and the cores are Params.CoresLeft(): Cores − BackgroundCores. The
+// engine keeps every object of a session to its end and checkpoints its
+// state every second: ControlCPU.PerObjectSecond·H cores all along, H the
+// objects it keeps while the phase runs (m.held: the earlier phases' and
+// half of this one's). So the phase's CPU-bound time t solves
+// t·cores = job + platform + t·PerObjectSecond·H:
+//
+//	t = (job + platform) / (cores − PerObjectSecond·H)
 func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, cpu float64, ops []op) Phase {
 	pp := m.Params
 	ph := Phase{Name: name, Count: count, Tasks: tasks, Startup: pp.WorkerStartup, Workers: workers}
@@ -405,7 +423,7 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 	// the job's SDK in place of the Go SDK's share, if both are measured
 	jobSDK, swapSDK := pp.SDKCPU[m.sdk]
 	goSDK := pp.SDKCPU["go"]
-	swapSDK = swapSDK && m.sdk != "go"
+	swapSDK = swapSDK && m.sdk != "go" && m.sdk != ""
 	for _, o := range ops {
 		if o.bytes <= 0 {
 			continue
@@ -509,10 +527,15 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 	// the control path: each announced object, each task invoked (and the
 	// job's SDK's send in place of the Go SDK's)
 	control := objects*pp.ControlCPU.PerObject + float64(tasks)*pp.ControlCPU.PerInvocation
-	if swapSDK {
-		control += jobSDK.Send.Of(objects*pointerBytes, objects) - goSDK.Send.Of(objects*pointerBytes, objects)
+	// the function's SDK sending them and serving the invocations (in no
+	// other cost): the job's SDK's, else Go's
+	lang := m.sdk
+	if lang == "" {
+		lang = "go"
 	}
-	control = max(control, 0)
+	if s, ok := pp.SDKCPU[lang]; ok {
+		control += s.Send.Of(objects*pointerBytes, objects) + float64(tasks)*s.PerInvocation
+	}
 	platform += control
 	platform = max(platform, 0)
 	shared := pp.Cores > 0 && pp.PlatformCPUMeasured()
@@ -528,7 +551,14 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 		}
 		ct := Term{ComputeTerm, cpu / par}
 		if shared {
-			ct.Seconds = max(ct.Seconds, (cpu+platform)/cores)
+			// the engine's upkeep of the objects it keeps (checkpoints)
+			// takes hold cores all along: the phase's CPU t·hold + cpu +
+			// platform over the cores is t, so t = (cpu + platform) /
+			// (cores − hold), at least a twentieth of the cores left
+			hold := pp.ControlCPU.PerObjectSecond * m.held
+			ct.Seconds = max(ct.Seconds, (cpu+platform)/max(cores-hold, cores/20))
+			ph.ControlCPU += hold * ct.Seconds
+			ph.PlatformCPU += hold * ct.Seconds
 		}
 		ph.Terms = append(ph.Terms, ct)
 		if pp.Cores > 0 && !shared {

@@ -700,7 +700,8 @@ func TestNoPlatformCPUPredictsAsBefore(t *testing.T) {
 }
 
 // TestControlSDKBackground: the control path's CPU (per object announced,
-// per task invoked), the job's SDK in place of the Go SDK's share, and the
+// per task invoked, per object kept per second), the job's SDK in place of
+// the Go SDK's share, and the
 // cores the installation's idle processes take. Each case is
 // TestPlatformCPU's s3 shuffle (D = 1 GB, 4 workers, 2 cores: platform
 // 10.2 s of CPU per phase, job 24 s and 8 s) with one term added; without
@@ -710,7 +711,7 @@ func TestControlSDKBackground(t *testing.T) {
 	sdks := map[string]SDKCost{
 		"go": {Slow: StoreCPU{Read: CPUCost{PerRequest: 0.001}, Write: CPUCost{PerRequest: 0.001}}},
 		"python": {Slow: StoreCPU{Read: CPUCost{PerByte: 1e-9, PerRequest: 0.002}, Write: CPUCost{PerByte: 1e-9, PerRequest: 0.002}},
-			Send: CPUCost{PerRequest: 0.003}},
+			Send: CPUCost{PerRequest: 0.003}, PerInvocation: 0.01},
 	}
 	for _, c := range []struct {
 		name             string
@@ -728,21 +729,27 @@ func TestControlSDKBackground(t *testing.T) {
 		{"control path", func(p *Params) { p.ControlCPU = ControlCPU{PerObject: 0.005, PerInvocation: 0.02} }, "", 10.36, 10.3, 0.16, 0.1, 17.18, 9.15},
 		// python instead of go: each phase moves 2 GB in 20 requests:
 		// python 2 + 0.04 s, go 0.02 s: +2.02 s; the sends: 16 × 3 ms
-		// (map), 4 × 3 ms (reduce): map 12.268, (24 + 12.268)/2 =
-		// 18.134; reduce 12.232, (8 + 12.232)/2 = 10.116.
-		{"python SDK", func(p *Params) { p.SDKCPU = sdks }, "python", 12.268, 12.232, 0.048, 0.012, 18.134, 10.116},
+		// (map), 4 × 3 ms (reduce), and 4 invocations × 10 ms each: map
+		// 12.308, (24 + 12.308)/2 = 18.154; reduce 12.272, (8 +
+		// 12.272)/2 = 10.136.
+		{"python SDK", func(p *Params) { p.SDKCPU = sdks }, "python", 12.308, 12.272, 0.088, 0.052, 18.154, 10.136},
 		// the job in Go, or an SDK not measured: as before
 		{"go SDK", func(p *Params) { p.SDKCPU = sdks }, "go", 10.2, 10.2, 0, 0, 17.1, 9.1},
 		{"unmeasured SDK", func(p *Params) { p.SDKCPU = sdks }, "rust", 10.2, 10.2, 0, 0, 17.1, 9.1},
+		// the engine keeps the session's objects: 0.0625 core per object
+		// kept; the map keeps 16/2 = 8 on average (0.5 core): t = 34.2 /
+		// 1.5 = 22.8 s, its upkeep 0.5 × 22.8 = 11.4 CPU-s; the reduce
+		// 16 + 4/2 = 18 (1.125 cores): 18.2 / 0.875 = 20.8 s, 23.4 CPU-s.
+		{"objects kept", func(p *Params) { p.ControlCPU = ControlCPU{PerObjectSecond: 0.0625} }, "", 21.6, 33.6, 11.4, 23.4, 22.8, 20.8},
 		// 0.5 of the 2 cores busy when idle: (24 + 10.2)/1.5 = 22.8,
 		// (8 + 10.2)/1.5 = 12.1333
 		{"background", func(p *Params) { p.BackgroundCores = 0.5 }, "", 10.2, 10.2, 0, 0, 22.8, 18.2 / 1.5},
-		// all of them: map (24 + 10.2 + 0.16 + 2.02 + 0.048)/1.5 =
-		// 24.2853; reduce (8 + 10.2 + 0.1 + 2.02 + 0.012)/1.5 = 13.5547
+		// all of them: map (24 + 10.2 + 0.16 + 2.02 + 0.088)/1.5;
+		// reduce (8 + 10.2 + 0.1 + 2.02 + 0.052)/1.5
 		{"all", func(p *Params) {
 			p.ControlCPU = ControlCPU{PerObject: 0.005, PerInvocation: 0.02}
 			p.SDKCPU, p.BackgroundCores = sdks, 0.5
-		}, "python", 12.428, 12.332, 0.208, 0.112, 36.428 / 1.5, 20.332 / 1.5},
+		}, "python", 12.468, 12.372, 0.248, 0.152, 36.468 / 1.5, 20.372 / 1.5},
 	} {
 		p := platformParams(2)
 		c.params(&p)

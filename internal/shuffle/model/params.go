@@ -145,20 +145,32 @@ type StoreCPU struct {
 // dispatch through the sidecar, the function's start and end reported to
 // the engine), on the control path: operator, sidecars and the store of
 // the engine's checkpoints together.
+//
+// PerObjectSecond is seconds of one core per second per object the
+// engine keeps of a running session (it keeps them to the session's end
+// and checkpoints its whole state every second: the upkeep grows with the
+// objects, not with their events).
 type ControlCPU struct {
-	PerObject     float64 `json:"perObject,omitempty"`
-	PerInvocation float64 `json:"perInvocation,omitempty"`
+	PerObject       float64 `json:"perObject,omitempty"`
+	PerInvocation   float64 `json:"perInvocation,omitempty"`
+	PerObjectSecond float64 `json:"perObjectSecond,omitempty"`
 }
 
 // SDKCost is one SDK's own CPU (the function's process only) per
 // transfer: through each store (Slow, Fast: TierPut, TierGet,
 // TierDelete; Pod: Put into its own pod's store as Write, Get of another
-// pod's object as Read) and per object sent to a bucket (Send).
+// pod's object as Read), per object sent to a bucket (Send) and per
+// invocation served (PerInvocation: the function server's decoding and
+// answering). Slow, Fast and Pod of "go" are the share of the store
+// costs (Params.SlowCPU, …) that calibrate's Go clients took; Send and
+// PerInvocation are in no other cost (ControlCPU is measured with the
+// functions' processes apart).
 type SDKCost struct {
-	Slow StoreCPU `json:"slow,omitzero"`
-	Fast StoreCPU `json:"fast,omitzero"`
-	Pod  StoreCPU `json:"pod,omitzero"`
-	Send CPUCost  `json:"send,omitzero"`
+	Slow          StoreCPU `json:"slow,omitzero"`
+	Fast          StoreCPU `json:"fast,omitzero"`
+	Pod           StoreCPU `json:"pod,omitzero"`
+	Send          CPUCost  `json:"send,omitzero"`
+	PerInvocation float64  `json:"perInvocation,omitempty"`
 }
 
 // store is the SDK's cost through the store of bucket b.
@@ -324,12 +336,12 @@ func (p Params) Validate() error {
 		errs = append(errs, errors.New("slowServerBandwidth, podAggregateBandwidth, workerStartup and cores must not be negative"))
 	}
 	costs := []CPUCost{p.SlowCPU.Read, p.SlowCPU.Write, p.SlowCPU.Delete, p.FastCPU.Read, p.FastCPU.Write, p.FastCPU.Delete, p.PodCPU.Read, p.PodCPU.Write,
-		{PerByte: p.ControlCPU.PerObject, PerRequest: p.ControlCPU.PerInvocation}}
+		{PerByte: p.ControlCPU.PerObject, PerRequest: p.ControlCPU.PerInvocation}, {PerByte: p.ControlCPU.PerObjectSecond}}
 	for _, s := range p.SDKCPU {
 		for _, st := range []StoreCPU{s.Slow, s.Fast, s.Pod} {
 			costs = append(costs, st.Read, st.Write, st.Delete)
 		}
-		costs = append(costs, s.Send)
+		costs = append(costs, s.Send, CPUCost{PerRequest: s.PerInvocation})
 	}
 	for _, c := range costs {
 		if !(c.PerByte >= 0) || !(c.PerRequest >= 0) || math.IsInf(c.PerByte, 0) || math.IsInf(c.PerRequest, 0) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -85,7 +86,8 @@ func shardedEngine(cfg *rest.Config, mgr manager.Manager, sc shardConfig, leaseN
 		return nil, err
 	}
 	set, err := sharding.New(kc, sharding.Config{Buckets: sc.buckets, Identity: sc.identity, Namespace: leaseNS,
-		LeaseDuration: sc.lease, RenewDeadline: sc.renew, RetryPeriod: sc.retry, Log: zl.Sugar().Named("buckets")})
+		LeaseDuration: sc.lease, RenewDeadline: sc.renew, RetryPeriod: sc.retry, Log: zl.Sugar().Named("buckets"),
+		Owner: podOwner(kc, leaseNS, zl.Sugar())})
 	if err != nil {
 		return nil, err
 	}
@@ -160,3 +162,21 @@ type everyReplica func(ctx context.Context) error
 
 func (f everyReplica) Start(ctx context.Context) error { return f(ctx) }
 func (everyReplica) NeedLeaderElection() bool          { return false }
+
+// podOwner is this replica's Pod ($POD_NAME in the Leases' namespace), as
+// the owner of its announcement Lease, which the garbage collector then
+// deletes with the pod; nil outside a pod or when the pod cannot be read.
+func podOwner(kc kubernetes.Interface, namespace string, log *zap.SugaredLogger) *metav1.OwnerReference {
+	name := os.Getenv("POD_NAME")
+	if name == "" || os.Getenv("POD_NAMESPACE") != namespace {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pod, err := kc.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		log.Warnw("read this replica's pod: its announcement Lease will not be deleted with it", "pod", name, "error", err)
+		return nil
+	}
+	return &metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}
+}

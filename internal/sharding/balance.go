@@ -130,13 +130,20 @@ func (s *Set) announce(ctx context.Context) error {
 	}
 	id := s.cfg.Identity
 	l, err := leases.Get(ctx, s.memberLease(), metav1.GetOptions{})
+	var owners []metav1.OwnerReference
+	if s.cfg.Owner != nil {
+		owners = []metav1.OwnerReference{*s.cfg.Owner}
+	}
 	if apierrors.IsNotFound(err) {
-		_, err = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: s.memberLease(), Namespace: s.cfg.Namespace},
+		_, err = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: s.memberLease(), Namespace: s.cfg.Namespace, OwnerReferences: owners},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &id, LeaseDurationSeconds: &secs, RenewTime: &now}}, metav1.CreateOptions{})
 		return err
 	}
 	if err != nil {
 		return err
+	}
+	if owners != nil {
+		l.OwnerReferences = owners // e.g. a new pod with the same IP
 	}
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &id, &secs, &now
 	_, err = leases.Update(ctx, l, metav1.UpdateOptions{})

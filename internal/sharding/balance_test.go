@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ziptrail/ziptrail/internal/controlplane"
@@ -65,5 +66,49 @@ func TestDeadReplicasAnnouncementIsDeleted(t *testing.T) {
 		if got := err == nil; got != want || (err != nil && !apierrors.IsNotFound(err)) {
 			t.Errorf("Lease %s exists %v (%v), want %v", name, got, err, want)
 		}
+	}
+}
+
+// TestAnnouncementIsOwnedByThePod: a replica's announcement Lease names its
+// Pod as owner, so the garbage collector deletes it with the pod even when
+// the replica could not retire it (`helm uninstall` deletes the operator's
+// RBAC while its pods are still stopping: the chart's e2e found all three
+// announcements left behind); a Lease left by an earlier pod with the same
+// IP is taken over with its owner.
+func TestAnnouncementIsOwnedByThePod(t *testing.T) {
+	env, err := controlplane.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	kc, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const ns = "ziptrail-system"
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	owned := func(pod string, uid types.UID) []metav1.OwnerReference {
+		s, err := New(kc, Config{Buckets: 2, Identity: "10.0.0.1", Namespace: ns,
+			Owner: &metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod, UID: uid}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.announce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		l, err := kc.CoordinationV1().Leases(ns).Get(ctx, s.memberLease(), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.OwnerReferences
+	}
+	if refs := owned("op-a", "uid-a"); len(refs) != 1 || refs[0].Kind != "Pod" || refs[0].Name != "op-a" || refs[0].UID != "uid-a" {
+		t.Errorf("announcement's owners %+v, want pod op-a", refs)
+	}
+	if refs := owned("op-b", "uid-b"); len(refs) != 1 || refs[0].Name != "op-b" || refs[0].UID != "uid-b" {
+		t.Errorf("announcement renewed by a new pod with the same IP: owners %+v, want pod op-b", refs)
 	}
 }

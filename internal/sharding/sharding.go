@@ -50,6 +50,11 @@ type Config struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Log receives the elector's messages (default: none).
 	Log *zap.SugaredLogger
+	// Owner, when set, owns this replica's announcement Lease (its Pod):
+	// the garbage collector deletes the announcement with the pod, also
+	// when the replica cannot (`helm uninstall` deletes the operator's
+	// RBAC while its pods are still stopping).
+	Owner *metav1.OwnerReference
 }
 
 // Set is the buckets of one installation, seen from one replica.

@@ -177,6 +177,7 @@ func (s *Server) serveObjConn(c *net.UnixConn) {
 			out  []byte
 			fd   = -1
 			keep = true
+			sent *os.File // a get's memfd, closed once sent
 		)
 		switch op, req := buf[4], buf[5:n]; op {
 		case objHello:
@@ -192,11 +193,11 @@ func (s *Server) serveObjConn(c *net.UnixConn) {
 		case objGet:
 			keep = len(fds) == 0
 			closeFDs(fds)
-			var f *os.File
-			out, f = s.objGet(req)
-			if f != nil {
-				defer f.Close()
-				fd = int(f.Fd())
+			if keep {
+				out, sent = s.objGet(req)
+			}
+			if sent != nil {
+				fd = int(sent.Fd())
 			}
 		default:
 			keep = false
@@ -206,7 +207,11 @@ func (s *Server) serveObjConn(c *net.UnixConn) {
 		if !keep {
 			out = errReply(fmt.Errorf("%w: descriptors are only accepted with a put", ErrBadPayload))
 		}
-		if err := objReply(c, out, fd); err != nil || !keep {
+		err = objReply(c, out, fd)
+		if sent != nil {
+			_ = sent.Close()
+		}
+		if err != nil || !keep {
 			return
 		}
 	}

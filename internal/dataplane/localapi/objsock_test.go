@@ -138,6 +138,46 @@ func TestObjectSocketSameNode(t *testing.T) {
 	}
 }
 
+// TestObjectSocketGetsLeaveNoDescriptor: many same-node gets on the
+// client's pooled connection leave the consumer's sidecar holding no
+// descriptor of the memfds it passed on (nor the producer's, once the
+// objects are freed).
+func TestObjectSocketGetsLeaveNoDescriptor(t *testing.T) {
+	a, c, sn := sameNodePods(t)
+	ctx := context.Background()
+	want := random(64<<10 + 1)
+	round := func() {
+		resp, err := a.sdk.PutObject(ctx, want, &sidecarv1.PutRequest{Reads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, m, err := c.sdk.GetMapped(ctx, resp.GetRef())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.file == nil || !bytes.Equal(m.Data, want) {
+			t.Fatalf("get: memfd %v", m.file != nil)
+		}
+		m.Close()
+	}
+	round() // connections and pools made
+	waitFreed(t, a.api.Store)
+	sn.Sweep()
+	base := openFDs(t)
+	for range 20 {
+		round()
+	}
+	waitFreed(t, a.api.Store)
+	sn.Sweep()
+	deadline := time.Now().Add(10 * time.Second)
+	for openFDs(t) > base {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d descriptors open after 20 gets, %d before", openFDs(t), base)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestObjectSocketFallback: without a memfd for the object (a file put,
 // or the same-node path off) a get goes through the gRPC Get, and a
 // memfd put is served to other pods over TCP from its mapping.

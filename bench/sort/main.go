@@ -74,7 +74,11 @@ type options struct {
 	rayPython    string
 	timeout      time.Duration
 	warmup       int64
+	idle         time.Duration
 }
+
+// sortSDK is the SDK of examples/sort's functions (Config.SDK).
+const sortSDK = "python"
 
 func main() {
 	var o options
@@ -93,7 +97,16 @@ func main() {
 	platformCPU := flag.String("platform-cpu", "", "-replot: re-predict with the platform's CPU per store (slowCPU, fastCPU, podCPU) of this calibration (`ziptrail calibrate --local` output)")
 	coresFrom := flag.String("cores-left", "", "-replot: re-predict each run with the cores the machine had left for it (its cores minus the other work's, from bench/sort/cpushare.py --json output, e.g. docs/bench/sort-cpu.json) instead of all of them")
 	warmup := flag.String("warmup", "256MiB", "first sort this much through s3 and hybrid, not counted, so that the functions' pods are up (0: no warm-up)")
+	backgroundFrom := flag.String("background", "", "-replot: re-predict with the local cluster's idle CPU of this file (-measure-idle's sort-idle.json) as the cores it takes (Params.BackgroundCores)")
+	measureIdle := flag.Duration("measure-idle", 0, "only bring the local cluster up with the sort's workflow and its warm pods, measure its CPU while nothing runs for this long, write sort-idle.json into -out, take it down")
+	flag.DurationVar(&o.idle, "idle", time.Minute, "before the runs (after the warm-up), measure the cluster's idle CPU for this long (the model's backgroundCores; 0: not measured)")
 	flag.Parse()
+	if *measureIdle > 0 {
+		if err := idleOnly(o, *measureIdle); err != nil {
+			fail(err)
+		}
+		return
+	}
 	if *replot != "" {
 		b, err := os.ReadFile(*replot)
 		if err != nil {
@@ -105,7 +118,7 @@ func main() {
 		}
 		calGiven := false
 		flag.Visit(func(f *flag.Flag) { calGiven = calGiven || f.Name == "calibration" })
-		if calGiven || *platformCPU != "" || *coresFrom != "" {
+		if calGiven || *platformCPU != "" || *coresFrom != "" || *backgroundFrom != "" {
 			// Re-predict the recorded runs: the storage parameters of
 			// -calibration (default: the one the run used), the platform's
 			// CPU of -platform-cpu. The measured times are not touched, and
@@ -136,13 +149,24 @@ func main() {
 					fail(err)
 				}
 			}
-			if err := repredict(rep, cal, plat, coresLeft); err != nil {
+			var background *IdleMeasure
+			if *backgroundFrom != "" {
+				im, err := loadIdle(*backgroundFrom)
+				if err != nil {
+					fail(err)
+				}
+				background = &im
+			}
+			if err := repredict(rep, cal, plat, coresLeft, background); err != nil {
 				fail(err)
 			}
 			fmt.Printf("re-predicted with the storage parameters of %s", calFile)
 			if plat != nil {
-				fmt.Printf(" and the platform CPU of %s (slow %+v, fast %+v, pod %+v; s per byte and per request)", *platformCPU,
-					plat.Params.SlowCPU, plat.Params.FastCPU, plat.Params.PodCPU)
+				fmt.Printf(" and the platform CPU of %s (slow %+v, fast %+v, pod %+v; s per byte and per request; control path %+v; SDKs %+v; the runs as %s jobs)", *platformCPU,
+					plat.Params.SlowCPU, plat.Params.FastCPU, plat.Params.PodCPU, plat.Params.ControlCPU, plat.Params.SDKCPU, sortSDK)
+			}
+			if background != nil {
+				fmt.Printf(", the cluster's idle CPU of %s (%s)", *backgroundFrom, background)
 			}
 			if coresLeft != nil {
 				fmt.Printf(", each run with the cores left to it by the machine's other work (%s)", *coresFrom)
@@ -332,24 +356,9 @@ func run(o options) error {
 	}
 
 	// The workflow, as examples/sort ships it.
-	data, err := os.ReadFile(filepath.Join(examples, "workflow.yaml"))
+	wf, maxRounds, podMemPerPod, err := loadWorkflow(examples)
 	if err != nil {
 		return err
-	}
-	wf := &v1alpha1.Workflow{}
-	if err := yaml.UnmarshalStrict(data, wf); err != nil {
-		return err
-	}
-	wf.Namespace = "bench"
-	maxRounds := 0
-	var podMemPerPod int64
-	for _, b := range wf.Spec.Buckets {
-		if strings.HasPrefix(b.Name, "shuffle-r") {
-			maxRounds++
-			if b.Spec.MemoryLimitPerPod != nil {
-				podMemPerPod = b.Spec.MemoryLimitPerPod.Value()
-			}
-		}
 	}
 	rep.Setup = map[string]any{
 		"workers": workers, "taskBytes": o.taskBytes, "partitionBytes": partitionBytes, "seed": o.seed,
@@ -358,55 +367,11 @@ func run(o options) error {
 		"nodes": 2,
 	}
 
-	dir, err := os.MkdirTemp("", "ziptrail-sortbench-")
+	c, rdb, down, err := upCluster(wf)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	logf("bringing up the local cluster (waits for the host's cluster claim)")
-	t := time.Now()
-	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: io.Discard,
-		// Pods scaled up stay 15 minutes: Knative scaling a function down
-		// in the middle of a sort sent a map invocation to a pod whose
-		// queue-proxy-zl was draining ("cannot reach the sidecar"; the
-		// workflow re-runs such a task after 5 minutes, a benchmark cannot).
-		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1", "scale-down-delay": "15m"}},
-		Kubernetes: localk8s.Options{NetPrefix: "zts", ClusterCIDR: netip.MustParsePrefix("10.219.0.0/16"),
-			ServiceCIDR: netip.MustParsePrefix("10.105.0.0/16"), WaitForHost: 60 * time.Minute}})
-	if err != nil {
-		return err
-	}
-	defer c.Down(context.Background())
-	// An interrupt takes the cluster down (the host has one cluster slot).
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		s := <-sig
-		logf("%s: taking the cluster down", s)
-		if pg := rayPgid.Load(); pg > 0 {
-			_ = syscall.Kill(-int(pg), syscall.SIGKILL)
-		}
-		c.Down(context.Background())
-		os.Exit(1)
-	}()
-	logf("cluster up in %s", time.Since(t).Round(time.Second))
-	if c.RedisAddr == "" {
-		return errors.New("the local cluster has no Redis (redis-server not installed)")
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: c.RedisAddr})
-	defer rdb.Close()
-	defer rdb.ConfigSet(context.Background(), "maxmemory", "0")
-	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
-		return err
-	}
-	if err := c.Client.Create(ctx, wf); err != nil {
-		return err
-	}
-	if err := waitReady(ctx, c.Client, wf, 15*time.Minute); err != nil {
-		return err
-	}
-	logf("workflow sort ready (%d functions)", len(wf.Spec.Functions))
-
+	defer down()
 	if o.warmup > 0 {
 		for _, method := range []string{"s3", "hybrid"} {
 			params := map[string]any{"method": method, "bytes": o.warmup, "seed": o.seed + 1, "partitions": int(max(4, o.warmup/partitionBytes)),
@@ -421,6 +386,23 @@ func run(o options) error {
 			logf("warm-up %s via %s (not counted): %s", human(o.warmup), method, time.Since(t).Round(time.Millisecond))
 		}
 		rep.Setup["warmup"] = o.warmup
+	}
+	if o.idle > 0 {
+		// the cluster's idle CPU, its pods warm: cores the sorts do not get
+		im, err := measureIdle(o.idle, "bench/sort: the local cluster after the warm-up, no session")
+		if err != nil {
+			return err
+		}
+		logf("the cluster's idle CPU: %s", im)
+		rep.Setup["idle"] = im
+		cal.Params.BackgroundCores = im.BackgroundCores
+		cal.Notes = append(cal.Notes, fmt.Sprintf("bench/sort: backgroundCores %.3f, the cluster's idle CPU measured before the runs (%s)", im.BackgroundCores, im))
+		if err := cal.Save(filepath.Join(o.out, "sort-calibration-used.json")); err != nil {
+			return err
+		}
+		if m, err = model.New(cal.Params, model.DefaultPrices()); err != nil {
+			return err
+		}
 	}
 
 	write := func() {
@@ -451,7 +433,7 @@ func run(o options) error {
 			r.MapTasks = mapTasks(records, taskRecords, rounds)
 			cfg := model.Config{Method: model.Method(method), DataBytes: float64(r.Bytes), Parallelism: workers,
 				WorkerMemory: float64(podMemPerPod) / cal.Params.PodStoreFraction, FastCapacity: float64(fastCap),
-				MapTasks: r.MapTasks, Partitions: parts, Compute: compute}
+				MapTasks: r.MapTasks, Partitions: parts, Compute: compute, SDK: sortSDK}
 			if method == "hybrid" {
 				cfg.RoundBytes = float64(roundCap)
 			}
@@ -601,4 +583,123 @@ func mapTasks(records, per int64, rounds int) int {
 		n += int(max(1, (b-a+per-1)/per))
 	}
 	return n
+}
+
+// upCluster brings the local cluster up (waiting for the host's cluster
+// claim) with wf deployed and ready; down takes it down (also on an
+// interrupt).
+func upCluster(wf *v1alpha1.Workflow) (c *localcluster.Cluster, rdb *redis.Client, down func(), err error) {
+	ctx := context.Background()
+	var cleanups []func()
+	down = func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			down()
+		}
+	}()
+	dir, err := os.MkdirTemp("", "ziptrail-sortbench-")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cleanups = append(cleanups, func() { os.RemoveAll(dir) })
+	logf("bringing up the local cluster (waits for the host's cluster claim)")
+	t := time.Now()
+	c, err = localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: io.Discard,
+		// Pods scaled up stay 15 minutes: Knative scaling a function down
+		// in the middle of a sort sent a map invocation to a pod whose
+		// queue-proxy-zl was draining ("cannot reach the sidecar"; the
+		// workflow re-runs such a task after 5 minutes, a benchmark cannot).
+		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1", "scale-down-delay": "15m"}},
+		Kubernetes: localk8s.Options{NetPrefix: "zts", ClusterCIDR: netip.MustParsePrefix("10.219.0.0/16"),
+			ServiceCIDR: netip.MustParsePrefix("10.105.0.0/16"), WaitForHost: 60 * time.Minute}})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cleanups = append(cleanups, func() { c.Down(context.Background()) })
+	// An interrupt takes the cluster down (the host has one cluster slot).
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sig
+		logf("%s: taking the cluster down", s)
+		if pg := rayPgid.Load(); pg > 0 {
+			_ = syscall.Kill(-int(pg), syscall.SIGKILL)
+		}
+		c.Down(context.Background())
+		os.Exit(1)
+	}()
+	logf("cluster up in %s", time.Since(t).Round(time.Second))
+	if c.RedisAddr == "" {
+		return nil, nil, nil, errors.New("the local cluster has no Redis (redis-server not installed)")
+	}
+	rdb = redis.NewClient(&redis.Options{Addr: c.RedisAddr})
+	cleanups = append(cleanups, func() { rdb.Close() }, func() { rdb.ConfigSet(context.Background(), "maxmemory", "0") })
+	if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := c.Client.Create(ctx, wf); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := waitReady(ctx, c.Client, wf, 15*time.Minute); err != nil {
+		return nil, nil, nil, err
+	}
+	logf("workflow sort ready (%d functions)", len(wf.Spec.Functions))
+	return c, rdb, down, nil
+}
+
+// idleOnly is -measure-idle: the cluster up with the sort's workflow and
+// its warm pods (min-scale 1), its idle CPU measured for d after a
+// minute's settling, written to -out/sort-idle.json.
+func idleOnly(o options, d time.Duration) error {
+	wf, _, _, err := loadWorkflow(filepath.Join(controlplane.RepoRoot(), "examples", "sort"))
+	if err != nil {
+		return err
+	}
+	_, _, down, err := upCluster(wf)
+	if err != nil {
+		return err
+	}
+	defer down()
+	logf("settling for a minute (the pods' start-up), then measuring the cluster's idle CPU for %s", d)
+	time.Sleep(time.Minute)
+	m, err := measureIdle(d, "bench/sort -measure-idle: the local cluster (2 nodes) with examples/sort's workflow and one warm pod per function, no session")
+	if err != nil {
+		return err
+	}
+	logf("idle: %s", m)
+	b, _ := json.MarshalIndent(m, "", "  ")
+	path := filepath.Join(o.out, "sort-idle.json")
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	logf("wrote %s", path)
+	return nil
+}
+
+// loadWorkflow reads examples/sort's workflow (namespace bench) and what
+// the bench needs from it: the rounds it declares and its shuffle
+// buckets' memoryLimitPerPod.
+func loadWorkflow(examples string) (wf *v1alpha1.Workflow, maxRounds int, podMemPerPod int64, err error) {
+	data, err := os.ReadFile(filepath.Join(examples, "workflow.yaml"))
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	wf = &v1alpha1.Workflow{}
+	if err := yaml.UnmarshalStrict(data, wf); err != nil {
+		return nil, 0, 0, err
+	}
+	wf.Namespace = "bench"
+	for _, b := range wf.Spec.Buckets {
+		if strings.HasPrefix(b.Name, "shuffle-r") {
+			maxRounds++
+			if b.Spec.MemoryLimitPerPod != nil {
+				podMemPerPod = b.Spec.MemoryLimitPerPod.Value()
+			}
+		}
+	}
+	return wf, maxRounds, podMemPerPod, nil
 }

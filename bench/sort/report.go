@@ -113,7 +113,13 @@ func printTable(w io.Writer, rep *Report) {
 // for the sort while it ran (its cores minus what other work on the
 // machine used then, measured; see coresLeftFrom). 0 or nil: the
 // calibration's cores (else the machine's).
-func repredict(rep *Report, cal model.Calibration, platform *model.Calibration, coresLeft func(Run) float64) error {
+//
+// With platform, the runs are predicted as what they are, Python jobs
+// (Config.SDK "python": the Python SDK's costs where the calibration has
+// them), with the control path's costs (per object announced, per task
+// invoked) when it has them. background, when not nil, is the cluster's
+// idle CPU (-measure-idle): Params.BackgroundCores.
+func repredict(rep *Report, cal model.Calibration, platform *model.Calibration, coresLeft func(Run) float64, background *IdleMeasure) error {
 	p := cal.Params
 	if p.Cores == 0 {
 		if c, ok := rep.Machine["cores"].(float64); ok {
@@ -121,10 +127,12 @@ func repredict(rep *Report, cal model.Calibration, platform *model.Calibration, 
 		}
 	}
 	if platform != nil {
-		p.SlowCPU, p.FastCPU, p.PodCPU = platform.Params.SlowCPU, platform.Params.FastCPU, platform.Params.PodCPU
+		p = withPlatform(p, platform.Params)
 	}
-	io := p
-	io.SlowCPU, io.FastCPU, io.PodCPU = model.StoreCPU{}, model.StoreCPU{}, model.StoreCPU{}
+	if background != nil {
+		p.BackgroundCores = background.BackgroundCores
+	}
+	io := withPlatform(p, model.Params{})
 	mio, err := model.New(io, model.DefaultPrices())
 	if err != nil {
 		return err
@@ -145,6 +153,9 @@ func repredict(rep *Report, cal model.Calibration, platform *model.Calibration, 
 			return err
 		}
 		cfg := r.Prediction.Config
+		if platform != nil {
+			cfg.SDK = sortSDK
+		}
 		pred, err := m.Predict(cfg)
 		if err != nil {
 			return fmt.Errorf("%s via %s: %w", human(r.Bytes), r.Method, err)
@@ -169,17 +180,18 @@ func repredict(rep *Report, cal model.Calibration, platform *model.Calibration, 
 // sort's, Config.Compute) and the platform's (stores and sidecars), in
 // CPU-seconds over all phases.
 func printCPU(w io.Writer, rep *Report) {
-	fmt.Fprintln(w, "\n| size | method | job CPU (predicted) | platform CPU (predicted) | phases bound by compute |")
-	fmt.Fprintln(w, "|---|---|---|---|---|")
+	fmt.Fprintln(w, "\n| size | method | job CPU (predicted) | platform CPU (predicted) | of it, control path | phases bound by compute |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
 	for _, r := range rep.Runs {
 		if r.System != "ziptrail" || r.Prediction == nil {
 			continue
 		}
 		c := r.Prediction.Config
-		var plat float64
+		var plat, ctl float64
 		bound := 0
 		for _, ph := range r.Prediction.Phases {
 			plat += float64(ph.Count) * ph.PlatformCPU
+			ctl += float64(ph.Count) * ph.ControlCPU
 			if ph.BoundBy == model.ComputeTerm {
 				bound++
 			}
@@ -188,7 +200,7 @@ func printCPU(w io.Writer, rep *Report) {
 		if c.Method == model.Hybrid {
 			job += c.DataBytes * c.Compute.ReduceSecondsPerByte // combine and merge
 		}
-		fmt.Fprintf(w, "| %s | %s | %.0f s | %.0f s | %d of %d |\n", human(r.Bytes), r.Method, job, plat, bound, len(r.Prediction.Phases))
+		fmt.Fprintf(w, "| %s | %s | %.0f s | %.0f s | %.0f s | %d of %d |\n", human(r.Bytes), r.Method, job, plat, ctl, bound, len(r.Prediction.Phases))
 	}
 }
 

@@ -55,6 +55,7 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	podFrac := fs.Float64("pod-store-fraction", defaults.PodStoreFraction, "fraction of a producer pod's memory its object store may hold (configuration, not measured)")
 	startup := fs.Duration("worker-startup", time.Duration(defaults.WorkerStartup*float64(time.Second)), "a stage's cold start (not measured here; bench/coldstart measures it on the local cluster)")
 	qpBinary := fs.String("queue-proxy-zl", "", "--local: the sidecar binary of the sidecar-path CPU points (default: queue-proxy-zl on $PATH, next to this executable, or built from ./cmd/queue-proxy-zl in a ziptrail checkout); \"none\" leaves them out")
+	pyFlag := fs.String("python", "", "--local: a python with the ziptrail SDK (pip install ./sdk/python) for the Python SDK's transfer points and the control path (a real engine in this process, real sidecars, Python functions); default python3 on $PATH if it imports ziptrail; \"none\" leaves them out")
 	outFile := fs.String("o", "", "write the calibration to this file")
 	rawFile := fs.String("raw", "", "also write every measurement (the tables the fit read) to this JSON file")
 	cmFlag := fs.String("configmap", "", "write the calibration to this ConfigMap, NAMESPACE/NAME (NAME default "+model.ConfigMapName+"), on the cluster of the default kubeconfig (or --kubeconfig)")
@@ -149,6 +150,21 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if *qpBinary != "none" {
 			cfg.Sidecar = &calibrate.SidecarPath{Binary: bin}
 			details["sidecarCPU"] = "measured: objects through two queue-proxy-zl --standalone (" + bin + ") from SDK clients in this process; the platform's CPU per byte is fitted on these points (server + sidecars + SDK)"
+			switch py := *pyFlag; {
+			case py == "none":
+				details["controlCPU"] = "not measured (--python none)"
+			case py == "":
+				if p, err := exec.LookPath("python3"); err == nil && exec.CommandContext(ctx, p, "-c", "import ziptrail").Run() == nil {
+					cfg.Sidecar.Python = p
+				} else {
+					details["controlCPU"] = "not measured: no python3 on $PATH imports ziptrail (pip install ./sdk/python, or --python)"
+				}
+			default:
+				cfg.Sidecar.Python = py
+			}
+			if cfg.Sidecar.Python != "" {
+				details["controlCPU"] = "measured: sessions of a real engine (an orchestrator in this process, checkpoints in the Redis) with two queue-proxy-zl connected to it in front of Python functions (" + cfg.Sidecar.Python + "); and the Python SDK's transfers through the sidecars"
+			}
 		} else {
 			details["sidecarCPU"] = "not measured (--queue-proxy-zl none): the platform's CPU per byte is the bare clients' and the servers', without the sidecar's own work"
 		}
@@ -484,6 +500,26 @@ func printCalibration(w io.Writer, m *calibrate.Measurements, cal model.Calibrat
 			who = "server, queue-proxy-zl and SDK CPU"
 		}
 		fmt.Fprintf(tw, "%s\t%s (%s)\n", c.n, v, who)
+	}
+	if c := p.ControlCPU; c != (model.ControlCPU{}) {
+		fmt.Fprintf(tw, "controlCPU\t%s per object announced + %s per invocation (engine, sidecars, redis)\n", calibrate.FormatCPUSeconds(c.PerObject), calibrate.FormatCPUSeconds(c.PerInvocation))
+	}
+	for _, lang := range []string{"go", "python"} {
+		c, ok := p.SDKCPU[lang]
+		if !ok {
+			continue
+		}
+		v := fmt.Sprintf("s3 write %s + %s, read %s + %s; redis write %s + %s, read %s + %s; pod put %s + %s, pull %s + %s",
+			calibrate.FormatCPUPerByte(c.Slow.Write.PerByte), calibrate.FormatCPUSeconds(c.Slow.Write.PerRequest),
+			calibrate.FormatCPUPerByte(c.Slow.Read.PerByte), calibrate.FormatCPUSeconds(c.Slow.Read.PerRequest),
+			calibrate.FormatCPUPerByte(c.Fast.Write.PerByte), calibrate.FormatCPUSeconds(c.Fast.Write.PerRequest),
+			calibrate.FormatCPUPerByte(c.Fast.Read.PerByte), calibrate.FormatCPUSeconds(c.Fast.Read.PerRequest),
+			calibrate.FormatCPUPerByte(c.Pod.Write.PerByte), calibrate.FormatCPUSeconds(c.Pod.Write.PerRequest),
+			calibrate.FormatCPUPerByte(c.Pod.Read.PerByte), calibrate.FormatCPUSeconds(c.Pod.Read.PerRequest))
+		if c.Send != (model.CPUCost{}) || c.PerInvocation > 0 {
+			v += fmt.Sprintf("; %s per object sent, %s per invocation", calibrate.FormatCPUSeconds(c.Send.PerRequest), calibrate.FormatCPUSeconds(c.PerInvocation))
+		}
+		fmt.Fprintf(tw, "sdkCPU[%s]\t%s (its own process)\n", lang, v)
 	}
 	if p.Cores > 0 {
 		fmt.Fprintf(tw, "cores\t%g (this machine's: the workers and the stores share them)\n", p.Cores)

@@ -17,6 +17,7 @@
 //     Config.MaxObject), 1, 2, 4 and 8 workers at once for
 //     DurationPerPoint. Each worker's bytes over its own time is its
 //     bandwidth; all bytes over the wall time is the aggregate.
+//
 //   - Request rates (RatePoint): for S3 and Redis, writes and reads of
 //     10 KB, 100 KB, 1 MB, 10 MB and 100 MB objects (Locus Table 1) by 1,
 //     2, 4, … clients, doubled until two doublings in a row did not raise
@@ -24,8 +25,26 @@
 //     half of DurationPerPoint: the best rate is the store's limit
 //     as this machine's clients see it (a stepwise form of Locus's AIMD
 //     probing).
+//
 //   - Redis server bandwidth (ServerPoint): 16 clients on one shard, half
 //     writing and half reading 10 MB values.
+//
+//   - The sidecar path (Config.Sidecar): objects of 256 KB to 16 MB
+//     through two real queue-proxy-zl processes, from Go SDK clients in
+//     this process (sidecar.go) and, with SidecarPath.Python, from the
+//     Python SDK in a Python process (sdkdriver.py, sdkpython.go), with
+//     the CPU of the server, the sidecars and the SDK's process around
+//     every timed batch.
+//
+//   - The control path (SidecarPath.Python, control.go): a real engine (an
+//     orchestrator in this process, its control server on loopback,
+//     checkpoints to the Redis), two queue-proxy-zl connected to it, each
+//     in front of a Python function server (sdkfunc.py): sessions of M
+//     maps announcing K pointer-sized objects each (the shuffle library's
+//     metadata) into G DynamicGroup groups, one reducer per group, some
+//     held open for seconds after the reducers; the CPU of the engine,
+//     the sidecars, redis-server and the functions around each session,
+//     minus their idle CPU over the same time.
 //
 // Worker memory is not varied: the workers are goroutines of one process,
 // with no memory limit that could change their network share the way a
@@ -54,9 +73,11 @@
 //     exponent near 1; a K far below 1 makes it a power law,
 //     b ≈ PerWorker·(K/p)^β, and PerWorker alone is then no worker's
 //     bandwidth (Max caps b at the largest seen).
+//
 //   - Stragglers: every worker's bandwidth in the S3 read points of that
 //     size divided by the fit's prediction for its p (Locus §3.5's
 //     distribution, as relative samples).
+//
 //   - SlowRequests, FastRequests: FitRates. At each size the rate is the
 //     harmonic mean of the read and the write rate (a stream of half reads
 //     and half writes, since the model charges one rate for both); the
@@ -64,22 +85,38 @@
 //     on log rate (a larger object never sustains more requests than a
 //     smaller one; where two latency-bound sizes measure the other way
 //     round, they are pooled and a note says so).
+//
 //   - SlowServerBandwidth: the largest aggregate seen against S3 with
 //     objects of BulkSize (10 MB) or more, if the aggregate stopped growing
 //     at the largest size: doubling the workers to the most measured raised
 //     it by less than Saturation (25 %), or the most workers together got
 //     less than Efficiency (half) of the fewest workers' aggregate scaled
 //     linearly. Else 0 (unlimited, Locus's assumption for S3).
+//
 //   - FastServerBandwidth: the largest aggregate seen against the Redis
 //     shard with objects of BulkSize or more, in any measurement (the
 //     server point is there to reach it; smaller objects are the rate
 //     curve's business).
+//
 //   - PodPullBandwidth: the fewest pullers' (one) per-worker bandwidth at
 //     the largest size; PodAggregateBandwidth: as SlowServerBandwidth, for
 //     the pulls.
+//
 //   - PodStoreFraction, WorkerStartup, TaskMemoryFraction, SpeculateAfter,
 //     FastShards: not measured here; Fit keeps the base Params' values
 //     (`ziptrail calibrate` takes them from flags, documented there).
+//
+//   - SDKCPU (fitcontrol.go): per SDK, store and direction, the SDK's
+//     process's CPU alone, fitted like the platform's ("go": the share of
+//     SlowCPU, FastCPU and PodCPU its clients took; "python": the Python
+//     points); the Python SDK's Send and PerInvocation from the function
+//     servers' CPU of the control sessions (per object sent through the
+//     client, per invocation).
+//
+//   - ControlCPU: engine + sidecars + redis-server of the control
+//     sessions = PerObject·objects + PerInvocation·invocations +
+//     PerObjectSecond·object-seconds kept, least squares on the relative
+//     residual, each coefficient non-negative.
 //
 // Fit returns notes (each fitted formula and its RMS residual on log b)
 // that the calibration stores with the parameters.

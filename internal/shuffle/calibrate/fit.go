@@ -508,6 +508,13 @@ func Fit(m *Measurements, base model.Params) (model.Params, []string, error) {
 		note("%s %s CPU: %s + %s per request (%s); relative rms residual %.2f over %d measurements", c.store, c.op,
 			FormatCPUPerByte(f.CPU.PerByte), FormatCPUSeconds(f.CPU.PerRequest), who, f.RMS, f.Samples)
 	}
+	// the SDKs' own share, and the control path (fitcontrol.go)
+	if sdks := fitSDKs(m, note); len(sdks) > 0 {
+		p.SDKCPU = sdks
+	}
+	if c, ok := fitControl(m, note); ok {
+		p.ControlCPU = c
+	}
 	if err := p.Validate(); err != nil {
 		return model.Params{}, nil, fmt.Errorf("fitted params: %w", err)
 	}

@@ -104,6 +104,11 @@ func (c *Config) defaults() error {
 	if c.Progress == nil {
 		c.Progress = io.Discard
 	}
+	if c.Sidecar != nil && c.Sidecar.Python != "" {
+		if err := pythonWithSDK(c.Sidecar.Python); err != nil {
+			return fmt.Errorf("calibrate: %s cannot import the ziptrail SDK (pip install ./sdk/python): %w", c.Sidecar.Python, err)
+		}
+	}
 	if c.Sidecar != nil {
 		if c.Sidecar.Binary == "" {
 			return errors.New("calibrate: the sidecar path needs the queue-proxy-zl binary")
@@ -160,6 +165,11 @@ type runner struct {
 	// sidecar is the two queue-proxy-zl of the sidecar-path points (nil:
 	// not measured).
 	sidecar *sidecars
+	// python drives the Python SDK on them (nil: not measured).
+	python *pyProcess
+	// control is the control path's engine, sidecars and functions,
+	// started by the first control point.
+	control *controlEnv
 	seq     atomic.Int64 // makes every point's keys new (a pod store remembers freed ids)
 	mu      sync.Mutex
 	// written are keys still to remove, by target.
@@ -213,12 +223,22 @@ func Measure(ctx context.Context, cfg Config) (*Measurements, error) {
 		prefix:  "ziptrail-calibrate/" + time.Now().UTC().Format("20060102T150405") + "-" + hex.EncodeToString(id) + "/",
 		written: map[target]map[string]bool{}}
 	defer r.cleanup(ctx)
+	defer func() {
+		if r.control != nil {
+			r.control.close()
+		}
+	}()
 	if cfg.Sidecar != nil {
 		fmt.Fprintf(cfg.Progress, "starting two queue-proxy-zl (%s) with these tiers\n", cfg.Sidecar.Binary)
 		if r.sidecar, err = startSidecars(cfg); err != nil {
 			return nil, fmt.Errorf("sidecars: %w", err)
 		}
 		defer r.sidecar.close()
+		if cfg.Sidecar.Python != "" {
+			if r.python, err = r.sidecar.startPythonSDK(cfg.Sidecar.Python); err != nil {
+				return nil, fmt.Errorf("python SDK: %w", err)
+			}
+		}
 	}
 
 	steps := r.steps()
@@ -289,6 +309,20 @@ func (r *runner) steps() []step {
 						func(ctx context.Context) (string, error) { return r.sidecarPoint(ctx, store, op, size) }})
 				}
 			}
+		}
+	}
+	if r.python != nil {
+		for _, store := range []string{S3, Redis, Pod} {
+			for _, op := range []string{Write, Read} {
+				for _, size := range sidecarSizes(cfg.MaxObject) {
+					steps = append(steps, step{fmt.Sprintf("%s %s through the sidecar, Python SDK, %d thread(s) × %s", store, op, cfg.Sidecar.Workers, FormatSize(size)),
+						func(ctx context.Context) (string, error) { return r.pythonPoint(ctx, store, op, size) }})
+				}
+			}
+		}
+		for _, cp := range controlPoints(cfg.MaxObject < 100*model.MB) {
+			steps = append(steps, step{fmt.Sprintf("control path: %d maps × %d objects into %d groups (engine, sidecars, Python functions)", cp.Maps, cp.ObjectsPerMap, cp.Groups),
+				func(ctx context.Context) (string, error) { return r.controlPoint(ctx, cp) }})
 		}
 	}
 	return steps

@@ -101,6 +101,12 @@ type Measurements struct {
 	// of moving objects through real queue-proxy-zl processes, with
 	// SidecarCPU set.
 	SidecarPath []CPUSample `json:"sidecarPath,omitempty"`
+	// PythonSDK are the sidecar-path points with the Python SDK as the
+	// function (SidecarPath.Python): ClientCPU is the Python process's.
+	PythonSDK []CPUSample `json:"pythonSDK,omitempty"`
+	// Control are the control-path sessions (SidecarPath.Python): a real
+	// engine, real sidecars, Python functions.
+	Control []ControlSample `json:"control,omitempty"`
 }
 
 // bandwidth returns the points of one store and direction, by workers then

@@ -34,6 +34,11 @@ type SidecarPath struct {
 	// Workers is the number of the function's threads moving objects at
 	// once, each through its own local-API connection (default 2).
 	Workers int
+	// Python, when set, is a python with the ziptrail SDK installed
+	// (`pip install ./sdk/python`): the same points are then measured with
+	// the Python SDK as the function (sdkpython.go), and the control path
+	// with a real engine and Python functions (control.go).
+	Python string
 }
 
 // sidecarSizes are the object sizes of the sidecar-path points: a sort's
@@ -53,8 +58,9 @@ func sidecarSizes(maxObject float64) []float64 {
 // sidecarPod is one running queue-proxy-zl and an SDK client per worker on
 // its local API.
 type sidecarPod struct {
-	cmd     *exec.Cmd
-	clients []*ziptrail.Client
+	cmd         *exec.Cmd
+	socket, shm string // its local API and object directory
+	clients     []*ziptrail.Client
 }
 
 // sidecars is the two pods of the sidecar-path points: a (the worker's
@@ -87,47 +93,11 @@ func startSidecars(cfg Config) (s *sidecars, err error) {
 		if err := os.WriteFile(keys, []byte(`{"active":"k1","keys":{"k1":"`+base64.StdEncoding.EncodeToString(key)+`"}}`), 0o600); err != nil {
 			tb.Fatal(err)
 		}
-		tiers := []string{"ZIPTRAIL_REDIS_ADDR=" + cfg.Redis.Addr, "ZIPTRAIL_REDIS_PASSWORD=" + cfg.Redis.Password,
-			"ZIPTRAIL_S3_ENDPOINT=" + cfg.S3.Endpoint, "ZIPTRAIL_S3_ACCESS_KEY=" + cfg.S3.AccessKey, "ZIPTRAIL_S3_SECRET_KEY=" + cfg.S3.SecretKey,
-			"ZIPTRAIL_S3_BUCKET=" + cfg.S3.Bucket, fmt.Sprintf("ZIPTRAIL_S3_TLS=%t", cfg.S3.Secure)}
+		tiers := tierEnv(cfg)
 		start := func(name string) *sidecarPod {
-			shm := filepath.Join(dir, name)
-			sock := filepath.Join(dir, name+".sock")
-			p := &sidecarPod{cmd: exec.Command(cfg.Sidecar.Binary, "--standalone",
-				"--listen", fmt.Sprintf("127.0.0.1:%d", testservers.FreePort(tb)), "--upstream", "http://127.0.0.1:9")}
-			p.cmd.Env = append(append(os.Environ(), "SERVING_NAMESPACE=calibrate", "SERVING_POD="+name, "SERVING_POD_IP=127.0.0.1",
-				fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", testservers.FreePort(tb)), "ZIPTRAIL_METRICS_PORT=0",
-				"ZIPTRAIL_KEY_FILE="+keys, "ZIPTRAIL_SOCKET="+sock, "ZIPTRAIL_SHM_DIR="+shm), tiers...)
-			var log bytes.Buffer // its stderr, shown if it does not start
-			p.cmd.Stderr = &lockedWriter{w: &log}
-			if err := p.cmd.Start(); err != nil {
-				tb.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- p.cmd.Wait() }()
-			tb.Cleanup(func() {
-				_ = p.cmd.Process.Kill()
-				<-exited
-			})
-			// ready once its local API socket exists (bounded poll)
-			for deadline := time.Now().Add(30 * time.Second); ; {
-				if _, err := os.Stat(sock); err == nil {
-					break
-				}
-				select {
-				case err := <-exited:
-					exited <- err
-					tb.Fatalf("queue-proxy-zl exited at start: %v\n%s", err, p.cmd.Stderr.(*lockedWriter).String())
-				default:
-				}
-				if time.Now().After(deadline) {
-					tb.Fatalf("queue-proxy-zl did not open its local API within 30 s\n%s", p.cmd.Stderr.(*lockedWriter).String())
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-			p.cmd.Stderr.(*lockedWriter).discard()
+			p := runSidecar(tb, cfg.Sidecar.Binary, dir, name, keys, tiers, fmt.Sprintf("127.0.0.1:%d", testservers.FreePort(tb)), "http://127.0.0.1:9")
 			for range cfg.Sidecar.Workers {
-				c, err := ziptrail.NewClient(ziptrail.Config{Socket: sock, ShmDir: shm})
+				c, err := ziptrail.NewClient(ziptrail.Config{Socket: p.socket, ShmDir: p.shm})
 				if err != nil {
 					tb.Fatal(err)
 				}
@@ -142,6 +112,57 @@ func startSidecars(cfg Config) (s *sidecars, err error) {
 }
 
 func (s *sidecars) close() { s.tb.Close() }
+
+// tierEnv is a sidecar's environment for the run's Redis and S3 as its
+// tiers.
+func tierEnv(cfg Config) []string {
+	return []string{"ZIPTRAIL_REDIS_ADDR=" + cfg.Redis.Addr, "ZIPTRAIL_REDIS_PASSWORD=" + cfg.Redis.Password,
+		"ZIPTRAIL_S3_ENDPOINT=" + cfg.S3.Endpoint, "ZIPTRAIL_S3_ACCESS_KEY=" + cfg.S3.AccessKey, "ZIPTRAIL_S3_SECRET_KEY=" + cfg.S3.SecretKey,
+		"ZIPTRAIL_S3_BUCKET=" + cfg.S3.Bucket, fmt.Sprintf("ZIPTRAIL_S3_TLS=%t", cfg.S3.Secure)}
+}
+
+// runSidecar starts `binary --standalone` as pod name of namespace
+// "calibrate" (object directory and local API socket in dir, keyring
+// keys), with env added to its environment, invocations on listen
+// forwarded to upstream, and waits (bounded) for its local API. tb stops
+// it.
+func runSidecar(tb *testservers.ProcessTB, binary, dir, name, keys string, env []string, listen, upstream string) *sidecarPod {
+	shm := filepath.Join(dir, name)
+	sock := filepath.Join(dir, name+".sock")
+	p := &sidecarPod{cmd: exec.Command(binary, "--standalone", "--listen", listen, "--upstream", upstream), socket: sock, shm: shm}
+	p.cmd.Env = append(append(os.Environ(), "SERVING_NAMESPACE=calibrate", "SERVING_POD="+name, "SERVING_POD_IP=127.0.0.1",
+		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", testservers.FreePort(tb)), "ZIPTRAIL_METRICS_PORT=0",
+		"ZIPTRAIL_KEY_FILE="+keys, "ZIPTRAIL_SOCKET="+sock, "ZIPTRAIL_SHM_DIR="+shm), env...)
+	var log bytes.Buffer // its stderr, shown if it does not start
+	p.cmd.Stderr = &lockedWriter{w: &log}
+	if err := p.cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- p.cmd.Wait() }()
+	tb.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-exited
+	})
+	// ready once its local API socket exists (bounded poll)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			tb.Fatalf("queue-proxy-zl exited at start: %v\n%s", err, p.cmd.Stderr.(*lockedWriter).String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("queue-proxy-zl did not open its local API within 30 s\n%s", p.cmd.Stderr.(*lockedWriter).String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.cmd.Stderr.(*lockedWriter).discard()
+	return p
+}
 
 // cpu is the two sidecars' CPU seconds.
 func (s *sidecars) cpu() (float64, error) {

@@ -21,7 +21,10 @@ import (
 // the sidecars, their CPU is read, and the fit prices the platform's CPU
 // from these points — the pod-memory write (a producer's put into its
 // own sidecar) and the tiers' deletes included, which the in-process
-// measurements cannot see.
+// measurements cannot see. The same run measures the Python SDK's side
+// (a real Python process with the working tree's SDK) and the control
+// path (a real engine, the sidecars connected to it, Python functions):
+// checkPythonAndControl.
 func TestSidecarPathCPU(t *testing.T) {
 	bin := t.TempDir()
 	build := exec.Command("go", "build", "-o", bin, "./cmd/queue-proxy-zl")
@@ -40,6 +43,7 @@ func TestSidecarPathCPU(t *testing.T) {
 		}
 		pids[store] = pid
 	}
+	py := pythonSDK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var progress bytes.Buffer
@@ -50,7 +54,7 @@ func TestSidecarPathCPU(t *testing.T) {
 		DurationPerPoint: 200 * time.Millisecond,
 		MaxObject:        1 * model.MB,
 		Workers:          []int{1},
-		Sidecar:          &SidecarPath{Binary: filepath.Join(bin, "queue-proxy-zl")},
+		Sidecar:          &SidecarPath{Binary: filepath.Join(bin, "queue-proxy-zl"), Python: py},
 		Progress:         &progress,
 	})
 	if err != nil {
@@ -97,6 +101,7 @@ func TestSidecarPathCPU(t *testing.T) {
 		p.SlowCPU.Delete == (model.CPUCost{}) {
 		t.Errorf("platform CPU slow %+v fast %+v pod %+v", p.SlowCPU, p.FastCPU, p.PodCPU)
 	}
+	checkPythonAndControl(t, m, p, notes)
 	via := 0
 	for _, n := range notes {
 		if strings.Contains(n, "CPU:") && strings.Contains(n, "through queue-proxy-zl") ||

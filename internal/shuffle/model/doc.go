@@ -135,10 +135,44 @@
 // tier clients, pod puts and pulls) and reads the CPU of the sidecars,
 // the servers and its own (the SDK). Earlier calibrations measured bare
 // Go clients (minio-go, go-redis, pull.Client) and missed the sidecar's
-// own work, and deletes. Still not in it: the control plane's per-object
-// work (the engine, the API server, Knative), the pointer objects the
-// shuffle sends to the engine, and the Python SDK where it costs more
-// than the Go SDK measured.
+// own work, and deletes.
+//
+// # Control path, SDK and background
+//
+// Three more costs run on the same cores (Params.ControlCPU, SDKCPU,
+// BackgroundCores; all zero in older calibrations, which predict as
+// before). Per phase, the CPU demand is the sum over every process on the
+// path:
+//
+//	platform = Σ_ops StoreCPU(op) (+ Delete for intermediate reads)   server, sidecars, Go SDK
+//	         + Σ_ops (SDKCPU[job] − SDKCPU["go"])(op)                 the job's SDK in place of Go's
+//	         + objects · (ControlCPU.PerObject + SDKCPU[job].Send)     announcing every object written
+//	         + tasks · (ControlCPU.PerInvocation + SDKCPU[job].PerInvocation)
+//
+// where objects are the objects the phase's tasks write (a shuffle piece
+// is announced to its bucket by a pointer object when it sits in a tier,
+// by itself in pod memory; an output or a run by its pointer) and tasks
+// its invocations. The engine keeps every object of a session until the
+// session ends and checkpoints its state every second: PerObjectSecond·H
+// cores all along, H the objects kept while the phase runs (those of the
+// phases before it, half of its own). The cores a job gets are
+// CoresLeft() = Cores − BackgroundCores (the installation's processes when
+// nothing runs). So, CPU-bound, the phase's time t solves
+// t·cores = job + platform + t·PerObjectSecond·H:
+//
+//	t = (job + platform) / (CoresLeft − PerObjectSecond·H)
+//
+// and the phase takes max(I/O limits, max(job / min(P, tasks, cores), t)).
+// `ziptrail calibrate --local` measures ControlCPU with a real engine (an
+// orchestrator in its process, checkpointing to the Redis it started)
+// and two real queue-proxy-zl connected to its control server, in front
+// of Python functions that announce a shuffle's pointer objects; SDKCPU
+// from the SDK's own process on the sidecar-path points (Go: its
+// clients; Python: sdkdriver.py) and, for Send and PerInvocation, from the
+// Python function servers of those sessions. bench/sort -measure-idle
+// (and every bench/sort run, before its sorts) measures BackgroundCores
+// on the local cluster. Config.SDK names the job's SDK (bench/sort:
+// "python").
 //
 // The model is thus a CPU-bound shared machine: with Cores set, a phase
 // takes the larger of its I/O limits and (job + platform CPU) / Cores.
@@ -203,4 +237,8 @@
 //     calibrating process (the clients, and both ends of the pod pulls)
 //     around every timed measurement, fitted per store and direction as
 //     PerRequest·objects + PerByte·bytes; Cores: the machine's cores.
+//   - ControlCPU, SDKCPU (--local, with a python that imports the SDK):
+//     control-path sessions and the Python SDK's points (above).
+//   - BackgroundCores: not calibrate's; bench/sort measures it on the
+//     local cluster.
 package model

@@ -33,16 +33,25 @@ type Redis struct {
 // StartRedis runs redis-server without persistence in a temp dir.
 func StartRedis(t TB) *Redis {
 	t.Helper()
+	return StartRedisOn(t, "127.0.0.1")
+}
+
+// StartRedisOn runs redis-server like StartRedis, bound to host (e.g. the
+// local cluster's host address, which its pods reach), with protected mode
+// off so that clients other than loopback are served without a password.
+func StartRedisOn(t TB, host string) *Redis {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatal("redis-server not found: run hack/install-deps.sh")
 	}
-	port := FreePort(t)
-	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	port := freePortOn(t, host)
+	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", host, "--protected-mode", "no",
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r := &Redis{Addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}
+	r := &Redis{Addr: net.JoinHostPort(host, fmt.Sprint(port)), cmd: cmd}
 	r.Client = redis.NewClient(&redis.Options{Addr: r.Addr})
 	t.Cleanup(func() {
 		r.Client.Close()
@@ -56,7 +65,12 @@ func StartRedis(t TB) *Redis {
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort(t TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return freePortOn(t, "127.0.0.1")
+}
+
+func freePortOn(t TB, host string) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}

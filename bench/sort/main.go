@@ -11,8 +11,9 @@
 //	go run ./bench/sort [-sizes 1GiB,2GiB,4GiB] [-methods s3,redis,podmemory,hybrid]
 //	                    [-calibration docs/bench/sort-calibration.json] [-out docs/bench] [-no-ray]
 //	go run ./bench/sort -replot docs/bench/sort.json [-out DIR]        # redraw the chart, print the table
-//	go run ./bench/sort -replot docs/bench/sort.json [-calibration F] [-platform-cpu F]
+//	go run ./bench/sort -replot docs/bench/sort.json [-calibration F] [-platform-cpu F] [-cores-left F] [-background F]
 //	                                                   # re-predict the recorded runs, print the table
+//	go run ./bench/sort -measure-idle 60s [-out DIR]   # the local cluster's idle CPU only (sort-idle.json)
 //
 // docs/benchmarks.md ("Sort") explains the setup and the results. Needs root
 // (the local cluster) and the host's cluster claim (it waits for it).

@@ -4,13 +4,21 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
+	"time"
 
+	"github.com/ziptrail/ziptrail/internal/checkpoint"
 	"github.com/ziptrail/ziptrail/internal/engine"
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
-// state is what a checkpoint holds: the engine's sessions and the gateway's
-// view of them (with result bytes, which the API hides).
+// state is what the periodic checkpoint holds: the engine's sessions and
+// the gateway's view of the running ones (with result bytes, which the API
+// hides). Ended sessions are written once each, in their own records
+// (endedRecord), with their engine tombstones; the snapshot keeps only the
+// tombstones of sessions the registry does not hold as ended. A
+// checkpoint written before the records existed holds every session here:
+// restore reads both.
 type state struct {
 	Engine   *engine.Snapshot    `json:"engine"`
 	Sessions []sessions.Session  `json:"sessions"`
@@ -26,8 +34,84 @@ type resultIO struct {
 	Ref    string `json:"ref,omitempty"`
 }
 
-func (o *Orchestrator) save(ctx context.Context) error {
-	st := state{Engine: o.engine.Snapshot(), Sessions: o.sessions.Export(), Results: map[string]resultIO{}, Triggers: o.counts.export()}
+// endedRecord is an ended session's checkpoint.Record.
+type endedRecord struct {
+	Session sessions.Session `json:"session"`
+	Result  *resultIO        `json:"result,omitempty"`
+	// Tombstone is until when the engine remembers that the session
+	// ended (engine.Snapshot.Tombstones).
+	Tombstone *time.Time `json:"tombstone,omitempty"`
+}
+
+// checkpointState is what the saves keep between them (Run's goroutine
+// only, but ver).
+type checkpointState struct {
+	ver atomic.Uint64 // engine and trigger count changes (touch)
+	// The versions of the last save: equal ones have nothing to write.
+	saved        bool
+	savedVer     uint64
+	savedSession uint64
+	pending      map[string]sessions.Session // ended, record not written yet
+	gone         map[string]bool             // forgotten, record not deleted yet
+	written      int64                       // bytes written by the last save
+}
+
+// touch notes a change of the engine or the trigger counts, after it.
+func (o *Orchestrator) touch() { o.cp.ver.Add(1) }
+
+// save writes what changed since the last save: the snapshot of the
+// running sessions (engine, registry, counts) and the records of the
+// sessions that ended meanwhile, all fenced by the generation. With
+// nothing changed it writes nothing, unless force (a claim), and only
+// checks that no newer owner saved.
+func (o *Orchestrator) save(ctx context.Context, force bool) error {
+	cp := &o.cp
+	if cp.pending == nil {
+		cp.pending, cp.gone = map[string]sessions.Session{}, map[string]bool{}
+	}
+	ver, sver := cp.ver.Load(), o.sessions.Version()
+	ended, gone := o.sessions.TakeEnded()
+	for _, s := range ended {
+		cp.pending[s.ID] = s
+	}
+	for _, id := range gone {
+		delete(cp.pending, id)
+		cp.gone[id] = true
+	}
+	if !force && cp.saved && ver == cp.savedVer && sver == cp.savedSession && len(cp.pending) == 0 && len(cp.gone) == 0 {
+		cp.written = 0
+		return o.opts.Checkpoint.Check(ctx, o.gen+1)
+	}
+	snap := o.engine.Snapshot()
+	var w checkpoint.Write
+	wall, now := time.Now(), o.opts.Now()
+	written := int64(0)
+	for id, s := range cp.pending {
+		rec := endedRecord{Session: s}
+		if s.Result != nil {
+			rec.Result = &resultIO{Inline: s.Result.Inline, Ref: s.Result.Ref}
+		}
+		keep := o.sessions.Retention
+		if s.Ended != nil {
+			keep = s.Ended.Add(o.sessions.Retention).Sub(now)
+		}
+		if t, ok := snap.Tombstones[id]; ok {
+			rec.Tombstone = &t
+			keep = max(keep, t.Sub(now))
+		}
+		data, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		// Redis expires records by the wall clock.
+		w.Put = append(w.Put, checkpoint.Record{ID: id, Data: data, Expire: wall.Add(keep)})
+		written += int64(len(data))
+	}
+	for id := range cp.gone {
+		w.Delete = append(w.Delete, id)
+	}
+	o.sessions.DropEnded(snap.Tombstones) // in their records
+	st := state{Engine: snap, Sessions: o.sessions.Running(), Results: map[string]resultIO{}, Triggers: o.counts.export()}
 	for _, s := range st.Sessions {
 		if s.Result != nil {
 			st.Results[s.ID] = resultIO{Inline: s.Result.Inline, Ref: s.Result.Ref}
@@ -37,11 +121,19 @@ func (o *Orchestrator) save(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	w.Snapshot = data
+	// The generation moves on even if the write fails: it may have been
+	// applied (a lost reply), and a retry at the same one would be refused.
 	o.gen++
-	if err := o.opts.Checkpoint.Save(ctx, o.gen, data); err != nil {
+	if err := o.opts.Checkpoint.Write(ctx, o.gen, w, wall); err != nil {
 		return err
 	}
+	clear(cp.pending)
+	clear(cp.gone)
+	cp.saved, cp.savedVer, cp.savedSession = true, ver, sver
+	cp.written = written + int64(len(data))
 	checkpointBytes.Set(float64(len(data)))
+	checkpointWritten.Add(float64(cp.written))
 	return nil
 }
 
@@ -64,17 +156,74 @@ func (o *Orchestrator) restore(ctx context.Context) error {
 	if st.Engine == nil {
 		return fmt.Errorf("orchestrator: checkpoint without engine state")
 	}
+	recs, err := o.opts.Checkpoint.LoadEnded(ctx, time.Now())
+	if err != nil {
+		return err
+	}
+	ended := make(map[string]endedRecord, len(recs))
+	for _, r := range recs {
+		var rec endedRecord
+		if err := json.Unmarshal(r.Data, &rec); err != nil || rec.Session.ID != r.ID {
+			o.opts.Log.Error(err, "skipping a corrupt ended-session record", "session", r.ID)
+			continue
+		}
+		ended[r.ID] = rec
+	}
+	list := o.mergeEnded(&st, ended)
 	if err := o.engine.Restore(st.Engine); err != nil {
 		return err
 	}
-	for i := range st.Sessions {
-		if r, ok := st.Results[st.Sessions[i].ID]; ok && st.Sessions[i].Result != nil {
-			st.Sessions[i].Result.Inline, st.Sessions[i].Result.Ref = r.Inline, r.Ref
-		}
-	}
-	o.sessions.Import(st.Sessions)
+	o.sessions.Import(list)
 	o.counts.restore(st.Triggers)
 	o.gen = max(gen, o.opts.Generation<<32)
-	o.opts.Log.Info("restored checkpoint", "generation", gen, "sessions", len(st.Engine.Sessions))
+	o.cp.saved = false
+	o.opts.Log.Info("restored checkpoint", "generation", gen, "sessions", len(st.Engine.Sessions), "ended", len(ended))
 	return nil
+}
+
+// mergeEnded combines a snapshot with the ended sessions' records into the
+// registry's sessions. A record is final: a session the snapshot still has
+// running ended after it was taken (the writer stopped between a record
+// and its snapshot). Ended sessions in the snapshot itself (a checkpoint
+// written before the records) get their records at the next save.
+func (o *Orchestrator) mergeEnded(st *state, ended map[string]endedRecord) []sessions.Session {
+	if o.cp.pending == nil {
+		o.cp.pending, o.cp.gone = map[string]sessions.Session{}, map[string]bool{}
+	}
+	if len(ended) > 0 {
+		kept := st.Engine.Sessions[:0]
+		for _, ss := range st.Engine.Sessions {
+			if _, ok := ended[ss.ID]; !ok {
+				kept = append(kept, ss)
+			}
+		}
+		st.Engine.Sessions = kept
+		if st.Engine.Tombstones == nil {
+			st.Engine.Tombstones = map[string]time.Time{}
+		}
+	}
+	list := make([]sessions.Session, 0, len(st.Sessions)+len(ended))
+	for _, s := range st.Sessions {
+		if _, ok := ended[s.ID]; ok {
+			continue
+		}
+		if r, ok := st.Results[s.ID]; ok && s.Result != nil {
+			s.Result.Inline, s.Result.Ref = r.Inline, r.Ref
+		}
+		if s.State.Ended() {
+			o.cp.pending[s.ID] = s
+		}
+		list = append(list, s)
+	}
+	for id, rec := range ended {
+		s := rec.Session
+		if rec.Result != nil && s.Result != nil {
+			s.Result.Inline, s.Result.Ref = rec.Result.Inline, rec.Result.Ref
+		}
+		if rec.Tombstone != nil {
+			st.Engine.Tombstones[id] = *rec.Tombstone
+		}
+		list = append(list, s)
+	}
+	return list
 }

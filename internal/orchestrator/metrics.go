@@ -24,10 +24,14 @@ var (
 	})
 	checkpointBytes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ziptrail_engine_checkpoint_bytes",
-		Help: "Size of the last engine checkpoint.",
+		Help: "Size of the last engine checkpoint's snapshot (running sessions; ended ones are written once each, see ziptrail_engine_checkpoint_written_bytes_total).",
+	})
+	checkpointWritten = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_engine_checkpoint_written_bytes_total",
+		Help: "Bytes the engine's checkpoints wrote to Redis: snapshots and ended sessions' records.",
 	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(sessionsEnded, objectsReady, reexecutions, speculativeCopies, checkpointBytes)
+	metrics.Registry.MustRegister(sessionsEnded, objectsReady, reexecutions, speculativeCopies, checkpointBytes, checkpointWritten)
 }

@@ -116,6 +116,8 @@ type Orchestrator struct {
 	runCtx context.Context
 
 	deleg delegations // delegated triggers per workflow (delegate.go)
+
+	cp checkpointState // what the incremental saves keep (checkpoint.go)
 }
 
 type workflowInfo struct {
@@ -147,6 +149,7 @@ func New(opts Options) (*Orchestrator, error) {
 		held: map[string]*heldResult{}, heldRefs: map[string]string{}, producers: newProducerNodes(DefaultProducerNodes),
 		counts: newTriggerCounts()}
 	o.sessions.Now = opts.Now
+	o.sessions.Checkpointed = opts.Checkpoint != nil
 	d, err := dispatch.New(dispatch.Options{Resolver: opts.Resolver, Ingress: opts.Ingress, Concurrency: opts.Concurrency,
 		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult, ProducerNode: o.producerNode})
 	if err != nil {
@@ -174,7 +177,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		return err
 	}
 	if o.opts.Claim && o.opts.Checkpoint != nil {
-		if err := o.save(ctx); err != nil {
+		if err := o.save(ctx, true); err != nil {
 			return fmt.Errorf("orchestrator: claim the checkpoint: %w", err)
 		}
 	}
@@ -196,14 +199,18 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 			o.keys.close()
 			if o.opts.Checkpoint != nil {
 				// A last save so a clean handover loses nothing.
-				_ = o.save(context.WithoutCancel(ctx))
+				_ = o.save(context.WithoutCancel(ctx), false)
 			}
 			return nil
 		case <-tick.C:
-			o.execute(o.engine.Tick(o.opts.Now()))
+			// A tick that decides nothing changes nothing a save needs
+			// (its next owner's ticks do the same).
+			if acts := o.engine.Tick(o.opts.Now()); len(acts) > 0 {
+				o.execute(acts)
+			}
 		case <-save.C:
 			if o.opts.Checkpoint != nil {
-				if err := o.save(ctx); errors.Is(err, checkpoint.ErrStale) {
+				if err := o.save(ctx, false); errors.Is(err, checkpoint.ErrStale) {
 					return err // another operator leads now: stop driving the engine
 				} else if err != nil {
 					o.opts.Log.Error(err, "checkpoint")
@@ -224,6 +231,7 @@ func (o *Orchestrator) SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady s
 		return err
 	}
 	defer o.setDelegations(wf, spec, ready)
+	defer o.touch()
 	o.counts.setWorkflow(spec)
 	info := &workflowInfo{namespace: wf.Namespace, name: wf.Name, ready: ready, notReady: notReady, outputs: wf.Spec.OutputBuckets()}
 	o.mu.Lock()
@@ -239,6 +247,7 @@ func (o *Orchestrator) RemoveWorkflow(namespace, name string) {
 	delete(o.deleg.by, Key(namespace, name))
 	o.deleg.mu.Unlock()
 	o.counts.removeWorkflow(Key(namespace, name))
+	o.touch()
 	o.mu.Lock()
 	delete(o.workflows, Key(namespace, name))
 	o.mu.Unlock()
@@ -307,8 +316,11 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	return id, nil
 }
 
-// execute carries out engine actions.
+// execute carries out engine actions. Every change of the engine's
+// sessions is followed by one (its actions may be none), which notes the
+// change for the next checkpoint.
 func (o *Orchestrator) execute(acts []engine.Action) {
+	defer o.touch()
 	for _, a := range acts {
 		switch a.Kind {
 		case engine.ActInvoke, engine.ActRerun:

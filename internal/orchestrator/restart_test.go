@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"sort"
 	"strings"
@@ -100,10 +101,19 @@ func TestOperatorRestartMidSession(t *testing.T) {
 	}
 	<-cStarted
 	// a and b are done (3 fan-out objects + 2 parts); wait for a checkpoint
-	// taken after that, then stop.
+	// taken after that (saves write only what changed), then stop.
 	waitFor(t, "a and b", func() bool { s, _ := first.Sessions().Get(id); return s.Objects >= 5 })
-	_, genNow, _, _ := store.Load(context.Background())
-	waitFor(t, "a later checkpoint", func() bool { _, g, _, _ := store.Load(context.Background()); return g > genNow+1 })
+	waitFor(t, "a checkpoint with a and b", func() bool {
+		data, _, _, _ := store.Load(context.Background())
+		var st state
+		_ = json.Unmarshal(data, &st)
+		for _, s := range st.Sessions {
+			if s.ID == id && s.Objects >= 5 {
+				return true
+			}
+		}
+		return false
+	})
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)

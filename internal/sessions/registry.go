@@ -70,9 +70,15 @@ type Registry struct {
 	// Retention is how long ended sessions stay queryable.
 	Retention time.Duration
 	Now       func() time.Time
+	// Checkpointed keeps, for TakeEnded, the sessions that ended or
+	// changed after ending and the ids Prune forgot (checkpoint.go).
+	Checkpointed bool
 
 	mu       sync.Mutex
 	sessions map[string]*entry
+	version  uint64              // see Version
+	dirty    map[string]struct{} // ended sessions changed since TakeEnded
+	gone     []string            // forgotten since TakeEnded
 }
 
 type entry struct {
@@ -97,6 +103,7 @@ func (r *Registry) Start(id, namespace, workflow string) error {
 		s:       Session{ID: id, Namespace: namespace, Workflow: workflow, State: Running, Started: now, Events: []Event{{Time: now, Kind: "Started", Message: "session started"}}},
 		changed: make(chan struct{}),
 	}
+	r.version++
 	return nil
 }
 
@@ -120,6 +127,13 @@ func (r *Registry) Update(id string, fn func(*Session)) error {
 	}
 	close(e.changed)
 	e.changed = make(chan struct{})
+	r.version++
+	if r.Checkpointed && e.s.State.Ended() {
+		if r.dirty == nil {
+			r.dirty = map[string]struct{}{}
+		}
+		r.dirty[id] = struct{}{}
+	}
 	return nil
 }
 
@@ -251,8 +265,15 @@ func (r *Registry) Prune() int {
 	for id, e := range r.sessions {
 		if e.s.Ended != nil && e.s.Ended.Before(cutoff) {
 			delete(r.sessions, id)
+			delete(r.dirty, id)
+			if r.Checkpointed {
+				r.gone = append(r.gone, id)
+			}
 			n++
 		}
+	}
+	if n > 0 {
+		r.version++
 	}
 	return n
 }
@@ -285,6 +306,9 @@ func (r *Registry) Import(list []Session) {
 		close(e.changed)
 	}
 	r.sessions = map[string]*entry{}
+	r.version++
+	clear(r.dirty)
+	r.gone = nil
 	for _, s := range list {
 		r.sessions[s.ID] = &entry{s: clone(s), changed: make(chan struct{})}
 	}

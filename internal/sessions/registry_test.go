@@ -99,3 +99,58 @@ func TestLastFailed(t *testing.T) {
 		t.Error("a failure leaked into another namespace")
 	}
 }
+
+// What a checkpoint writes (TakeEnded): sessions that ended or changed
+// after ending, once each, and the ids Prune forgot; Version moves with
+// every change.
+func TestTakeEnded(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := NewRegistry()
+	r.Now = func() time.Time { return now }
+	r.Checkpointed = true
+	v := r.Version()
+	_ = r.Start("a", "ns", "wf")
+	_ = r.Start("b", "ns", "wf")
+	if r.Version() == v {
+		t.Error("Start did not move the version")
+	}
+	if ended, gone := r.TakeEnded(); len(ended)+len(gone) != 0 {
+		t.Errorf("nothing ended yet: %v %v", ended, gone)
+	}
+	_ = r.Finish("a", Completed, &Result{Inline: []byte("x")}, "")
+	ended, _ := r.TakeEnded()
+	if len(ended) != 1 || ended[0].ID != "a" || string(ended[0].Result.Inline) != "x" {
+		t.Errorf("ended %+v", ended)
+	}
+	if ended, _ := r.TakeEnded(); len(ended) != 0 {
+		t.Errorf("taken twice: %+v", ended)
+	}
+	r.Log("a", "Late", "an event after the end")
+	if ended, _ := r.TakeEnded(); len(ended) != 1 || ended[0].Events[len(ended[0].Events)-1].Kind != "Late" {
+		t.Errorf("a change after the end: %+v", ended)
+	}
+	if run := r.Running(); len(run) != 1 || run[0].ID != "b" {
+		t.Errorf("running %+v", run)
+	}
+	m := map[string]time.Time{"a": now, "b": now, "c": now}
+	r.DropEnded(m)
+	if _, ok := m["a"]; ok || len(m) != 2 {
+		t.Errorf("DropEnded left %v, want b and c", m)
+	}
+	now = now.Add(2 * time.Hour)
+	v = r.Version()
+	r.Prune()
+	if _, gone := r.TakeEnded(); len(gone) != 1 || gone[0] != "a" || r.Version() == v {
+		t.Errorf("pruned: %v (version %d -> %d)", gone, v, r.Version())
+	}
+
+	// Without Checkpointed nothing accumulates.
+	q := NewRegistry()
+	_ = q.Start("a", "ns", "wf")
+	_ = q.Finish("a", Failed, nil, "x")
+	q.Retention = 0
+	q.Prune()
+	if ended, gone := q.TakeEnded(); len(ended)+len(gone) != 0 {
+		t.Errorf("kept without Checkpointed: %v %v", ended, gone)
+	}
+}

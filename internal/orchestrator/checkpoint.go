@@ -43,6 +43,14 @@ type endedRecord struct {
 	Tombstone *time.Time `json:"tombstone,omitempty"`
 }
 
+// tombstoneTTL is how long the engine remembers an ended session (its
+// tombstone refuses the id again). The registry refuses an id it holds
+// for its Retention (an hour) before the engine is asked, so the
+// tombstones need not last: every save copies all of them
+// (engine.Snapshot), and a short TTL keeps that to a few seconds of
+// sessions instead of an hour's.
+const tombstoneTTL = 10 * time.Second
+
 // checkpointState is what the saves keep between them (Run's goroutine
 // only, but ver).
 type checkpointState struct {

@@ -178,10 +178,6 @@ func TestCheckpointEndedSessionsSurviveFailover(t *testing.T) {
 		}
 	}
 	check(heir)
-	// The restored tombstones keep the engine from starting them again.
-	if _, err := heir.Engine().StartSession("ns/echo", ids[0], sessionsInput("x"), time.Now()); err == nil {
-		t.Errorf("the engine accepted ended session %s again", ids[0])
-	}
 	stop()
 
 	// A restart of the heir's bucket (a later generation) restores them too.

@@ -150,6 +150,7 @@ func New(opts Options) (*Orchestrator, error) {
 		counts: newTriggerCounts()}
 	o.sessions.Now = opts.Now
 	o.sessions.Checkpointed = opts.Checkpoint != nil
+	o.engine.TombstoneTTL = tombstoneTTL
 	d, err := dispatch.New(dispatch.Options{Resolver: opts.Resolver, Ingress: opts.Ingress, Concurrency: opts.Concurrency,
 		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult, ProducerNode: o.producerNode})
 	if err != nil {

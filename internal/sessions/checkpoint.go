@@ -14,15 +14,14 @@ func (r *Registry) Version() uint64 {
 	return r.version
 }
 
-// Running returns the running sessions.
+// Running returns the running sessions (whatever the number of ended ones
+// kept).
 func (r *Registry) Running() []Session {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []Session
-	for _, e := range r.sessions {
-		if !e.s.State.Ended() {
-			out = append(out, clone(e.s))
-		}
+	out := make([]Session, 0, len(r.running))
+	for _, e := range r.running {
+		out = append(out, clone(e.s))
 	}
 	return out
 }

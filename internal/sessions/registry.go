@@ -76,6 +76,7 @@ type Registry struct {
 
 	mu       sync.Mutex
 	sessions map[string]*entry
+	running  map[string]*entry   // the sessions not ended (Running)
 	version  uint64              // see Version
 	dirty    map[string]struct{} // ended sessions changed since TakeEnded
 	gone     []string            // forgotten since TakeEnded
@@ -88,7 +89,7 @@ type entry struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{MaxEvents: 256, Retention: time.Hour, Now: time.Now, sessions: map[string]*entry{}}
+	return &Registry{MaxEvents: 256, Retention: time.Hour, Now: time.Now, sessions: map[string]*entry{}, running: map[string]*entry{}}
 }
 
 // Start records a new running session.
@@ -99,10 +100,12 @@ func (r *Registry) Start(id, namespace, workflow string) error {
 		return fmt.Errorf("session %s already exists", id)
 	}
 	now := r.Now()
-	r.sessions[id] = &entry{
+	e := &entry{
 		s:       Session{ID: id, Namespace: namespace, Workflow: workflow, State: Running, Started: now, Events: []Event{{Time: now, Kind: "Started", Message: "session started"}}},
 		changed: make(chan struct{}),
 	}
+	r.sessions[id] = e
+	r.running[id] = e
 	r.version++
 	return nil
 }
@@ -128,6 +131,9 @@ func (r *Registry) Update(id string, fn func(*Session)) error {
 	close(e.changed)
 	e.changed = make(chan struct{})
 	r.version++
+	if e.s.State.Ended() {
+		delete(r.running, id)
+	}
 	if r.Checkpointed && e.s.State.Ended() {
 		if r.dirty == nil {
 			r.dirty = map[string]struct{}{}
@@ -305,11 +311,15 @@ func (r *Registry) Import(list []Session) {
 	for _, e := range r.sessions {
 		close(e.changed)
 	}
-	r.sessions = map[string]*entry{}
+	r.sessions, r.running = map[string]*entry{}, map[string]*entry{}
 	r.version++
 	clear(r.dirty)
 	r.gone = nil
 	for _, s := range list {
-		r.sessions[s.ID] = &entry{s: clone(s), changed: make(chan struct{})}
+		e := &entry{s: clone(s), changed: make(chan struct{})}
+		r.sessions[s.ID] = e
+		if !s.State.Ended() {
+			r.running[s.ID] = e
+		}
 	}
 }

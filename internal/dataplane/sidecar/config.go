@@ -53,6 +53,10 @@ type Config struct {
 	// invocation.MaxEnvelopeBytes. All such responses being read share
 	// the larger of MemoryLimit and MaxOutputsBytes.
 	MaxOutputsBytes int64
+	// RevisionTimeout bounds a delegated invocation, which does not end
+	// when its caller (the producer's sidecar) goes away: Knative's
+	// REVISION_TIMEOUT_SECONDS; default 300 s, Knative's default.
+	RevisionTimeout time.Duration
 }
 
 // FromEnv builds a Config from Knative's and ziptrail's environment.
@@ -65,7 +69,8 @@ func FromEnv() Config {
 		ObjectTTL:    time.Duration(envInt("ZIPTRAIL_OBJECT_TTL_SECONDS", 600)) * time.Second,
 		OperatorAddr: os.Getenv("ZIPTRAIL_OPERATOR_ADDR"), KeyFile: os.Getenv("ZIPTRAIL_KEY_FILE"), TokenFile: controlclient.TokenFileFromEnv(),
 		APISocket: os.Getenv("ZIPTRAIL_SOCKET"), MetricsPort: envInt("ZIPTRAIL_METRICS_PORT", 9193),
-		SameNode: sameNodeFromEnv(),
+		SameNode:        sameNodeFromEnv(),
+		RevisionTimeout: time.Duration(envInt("REVISION_TIMEOUT_SECONDS", 300)) * time.Second,
 	}
 	if c.Function == "" {
 		c.Function = os.Getenv("SERVING_SERVICE")

@@ -409,7 +409,9 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		s.reportStarted(env)
-		files, err := s.resolve(r.Context(), env)
+		ctx, cancel := s.invocationContext(r, env)
+		defer cancel()
+		files, err := s.resolve(ctx, env)
 		defer removeAll(files) // the function is done with its inputs
 		if err != nil {
 			// 424: the invocation cannot run without its inputs; the
@@ -425,14 +427,31 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			http.Error(w, "ziptrail: encode the envelope: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
-		r2 := r.Clone(r.Context())
+		r2 := r.Clone(ctx)
 		r2.Body = io.NopCloser(bytes.NewReader(body))
 		r2.ContentLength = int64(len(body))
 		r2.Header.Set("Content-Length", strconv.Itoa(len(body)))
 		s.serveFunction(w, r2, next, env)
 		// The invocation's group memberships end with it.
-		s.msgs.InvocationEnded(env.Invocation, r.Context().Err() != nil)
+		s.msgs.InvocationEnded(env.Invocation, ctx.Err() != nil)
 	})
+}
+
+// invocationContext is the context an invocation runs in: its request's.
+// A delegated invocation's (its outcome is this sidecar's to report) does
+// not end when its caller, the producer's sidecar, goes away — the
+// producer's pod may be terminated once its outputs are safe — but at
+// the revision's timeout: cancelling it would lose the outputs of a
+// firing the engine counts as done.
+func (s *Sidecar) invocationContext(r *http.Request, env *invocation.Envelope) (context.Context, context.CancelFunc) {
+	if !env.Delegated || s.ctl == nil {
+		return r.Context(), func() {}
+	}
+	timeout := s.cfg.RevisionTimeout
+	if timeout <= 0 {
+		timeout = 300 * time.Second
+	}
+	return context.WithTimeout(context.WithoutCancel(r.Context()), timeout)
 }
 
 // serveFunction runs the function's handler, streaming its response or,

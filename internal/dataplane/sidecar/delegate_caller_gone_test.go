@@ -1,0 +1,161 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// endEvents are orderedEvents that also note failed ends.
+type endEvents struct {
+	orderedEvents
+	failed atomic.Int32
+}
+
+func (e *endEvents) FunctionFinished(ctx context.Context, id control.Identity, ev *controlv1.FunctionFinished) error {
+	if ev.Failed {
+		e.failed.Add(1)
+	}
+	return e.orderedEvents.FunctionFinished(ctx, id, ev)
+}
+
+// TestDelegatedInvocationOutlivesItsCaller: the producer's sidecar that
+// sent a delegated invocation goes away (its pod is terminated once its
+// outputs are safe) while the consumer's function runs. The function is
+// behind a reverse proxy, as the user container is behind queue-proxy: it
+// is not cancelled, and the consumer's sidecar reports its start, its
+// output and a successful end — the engine counts the firing as done, so
+// cancelling it would lose the outputs. A plain (engine-dispatched)
+// invocation still ends with its caller.
+func TestDelegatedInvocationOutlivesItsCaller(t *testing.T) {
+	ev := &endEvents{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := control.NewServer(ev, oneKey{})
+	srv.Auth = tokenAuth{}
+	gs := grpc.NewServer()
+	controlv1.RegisterControlServer(gs, srv)
+	go gs.Serve(ln)
+	t.Cleanup(gs.Stop)
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("valid:ns:c"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{Namespace: "ns", Workflow: "wf", Function: "work", Pod: "c", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t),
+		ShmDir: t.TempDir(), MemoryLimit: 1 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, OperatorAddr: ln.Addr().String(), TokenFile: tok})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	running := make(chan string, 4)
+	release := make(chan struct{})
+	var cancelled sync.Map // invocations whose function saw its request cancelled
+	stop := make(chan struct{}) // the test ends: nothing waits on
+	user := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // as a function reads its envelope
+		inv := r.Header.Get(invocation.HeaderInvocation)
+		running <- inv
+		wait := release
+		if inv != "s1.dgone" {
+			wait = nil // a plain invocation runs until its caller goes
+		}
+		select {
+		case <-wait:
+		case <-r.Context().Done():
+			cancelled.Store(inv, true)
+			return
+		case <-stop:
+			return
+		}
+		w.Header().Set("Content-Type", invocation.OutputsContentType)
+		_, _ = w.Write([]byte(`{"objects":[{"bucket":"out","key":"o","inline":"eQ=="}],"return":"cg=="}`))
+	}))
+	defer user.Close()
+	defer close(stop)
+	target, _ := url.Parse(user.URL)
+	fn := httptest.NewServer(s.Wrap(httputil.NewSingleHostReverseProxy(target)))
+	defer fn.Close()
+
+	// The caller sends the invocation and goes away while it runs.
+	call := func(inv string, delegated bool) {
+		body, _ := json.Marshal(invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-work", Session: "s1", Invocation: inv,
+			Delegated: delegated, Objects: []invocation.Object{{Bucket: "in", Key: "k", Inline: []byte("x")}}})
+		cctx, ccancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(cctx, http.MethodPost, fn.URL, bytes.NewReader(body))
+		req.Header.Set("Content-Type", invocation.ContentType)
+		req.Header.Set(invocation.HeaderInvocation, inv)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		select {
+		case got := <-running:
+			if got != inv {
+				t.Fatalf("the function runs %q, want %q", got, inv)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s never reached the function", inv)
+		}
+		ccancel()
+		<-done
+	}
+	waitFor := func(inv string, want []string) {
+		deadline := time.Now().Add(time.Minute)
+		for !slices.Equal(ev.of(inv), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: events %v, want %v", inv, ev.of(inv), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+
+	// The delegated invocation's caller goes away; then a plain one's,
+	// whose function is cancelled (the engine re-executes it by its
+	// rules): by then the first cancellation has gone the same way.
+	call("s1.dgone", true)
+	call("s1.plain", false)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, ok := cancelled.Load("s1.plain"); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a plain invocation's function was not cancelled when its caller went away")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, ok := cancelled.Load("s1.dgone"); ok {
+		t.Fatal("the delegated invocation's function was cancelled with its caller")
+	}
+	close(release)
+	waitFor("s1.dgone", []string{"started", "object", "finished"})
+	if n := ev.failed.Load(); n != 0 {
+		t.Errorf("the delegated invocation was reported failed (%d)", n)
+	}
+}

@@ -72,7 +72,7 @@ func TestDelegatedInvocationOutlivesItsCaller(t *testing.T) {
 	}
 	running := make(chan string, 4)
 	release := make(chan struct{})
-	var cancelled sync.Map // invocations whose function saw its request cancelled
+	var cancelled sync.Map      // invocations whose function saw its request cancelled
 	stop := make(chan struct{}) // the test ends: nothing waits on
 	user := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body) // as a function reads its envelope

@@ -32,6 +32,8 @@ type ckptRig struct {
 	fns     *testservers.Functions
 	wf      *v1alpha1.Workflow
 	release chan struct{}
+	// interval is the orchestrators' CheckpointInterval (default 20 ms).
+	interval time.Duration
 }
 
 func newCkptRig(t *testing.T) *ckptRig {
@@ -56,7 +58,11 @@ func newCkptRig(t *testing.T) *ckptRig {
 
 // start runs an orchestrator claiming the checkpoint at Lease generation gen.
 func (r *ckptRig) start(gen int64) (*Orchestrator, chan error, context.CancelFunc) {
-	o, err := New(Options{Resolver: r.fns, Checkpoint: r.store, CheckpointInterval: 20 * time.Millisecond, Log: logr.Discard(),
+	interval := r.interval
+	if interval == 0 {
+		interval = 20 * time.Millisecond
+	}
+	o, err := New(Options{Resolver: r.fns, Checkpoint: r.store, CheckpointInterval: interval, Log: logr.Discard(),
 		Generation: gen, Claim: true})
 	if err != nil {
 		r.t.Fatal(err)

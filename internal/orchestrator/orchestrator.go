@@ -118,6 +118,12 @@ type Orchestrator struct {
 	deleg delegations // delegated triggers per workflow (delegate.go)
 
 	cp checkpointState // what the incremental saves keep (checkpoint.go)
+	// saveNow asks Run's loop for a save now (a started session waits
+	// for it: durable.go); serving is closed while Run serves.
+	saveNow             chan chan error
+	serving, stopped    chan struct{}
+	serveOnce, stopOnce sync.Once
+	lastSave            error // Run's last save, read once stopped is closed
 }
 
 type workflowInfo struct {
@@ -147,7 +153,7 @@ func New(opts Options) (*Orchestrator, error) {
 	o := &Orchestrator{opts: opts, engine: engine.New(0), sessions: sessions.NewRegistry(), workflows: map[string]*workflowInfo{}, outSig: make(chan struct{}, 1),
 		changes: make(chan event.TypedGenericEvent[*v1alpha1.Workflow], 1024), keys: &keyrings{src: opts.Keys},
 		held: map[string]*heldResult{}, heldRefs: map[string]string{}, producers: newProducerNodes(DefaultProducerNodes),
-		counts: newTriggerCounts()}
+		counts: newTriggerCounts(), saveNow: make(chan chan error, 1024), serving: make(chan struct{}), stopped: make(chan struct{})}
 	o.sessions.Now = opts.Now
 	o.sessions.Checkpointed = opts.Checkpoint != nil
 	o.engine.TombstoneTTL = tombstoneTTL
@@ -185,6 +191,8 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	if o.opts.OnStarted != nil {
 		o.opts.OnStarted()
 	}
+	o.serveOnce.Do(func() { close(o.serving) })
+	defer o.stopOnce.Do(func() { close(o.stopped) })
 	o.dispatcher.Start(ctx)
 	go o.feed(ctx)
 	tick := time.NewTicker(o.opts.TickInterval)
@@ -200,7 +208,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 			o.keys.close()
 			if o.opts.Checkpoint != nil {
 				// A last save so a clean handover loses nothing.
-				_ = o.save(context.WithoutCancel(ctx), false)
+				o.lastSave = o.save(context.WithoutCancel(ctx), false)
 			}
 			return nil
 		case <-tick.C:
@@ -209,9 +217,15 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 			if acts := o.engine.Tick(o.opts.Now()); len(acts) > 0 {
 				o.execute(acts)
 			}
+		case req := <-o.saveNow:
+			if err := o.saveFor(ctx, req); errors.Is(err, checkpoint.ErrStale) {
+				o.lastSave = err
+				return err
+			}
 		case <-save.C:
 			if o.opts.Checkpoint != nil {
 				if err := o.save(ctx, false); errors.Is(err, checkpoint.ErrStale) {
+					o.lastSave = err
 					return err // another operator leads now: stop driving the engine
 				} else if err != nil {
 					o.opts.Log.Error(err, "checkpoint")
@@ -314,6 +328,9 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	}
 	o.changed(key)
 	o.execute(acts)
+	if err := o.durable(ctx); err != nil {
+		return "", err
+	}
 	return id, nil
 }
 

@@ -73,16 +73,18 @@ func (s *Set) balance(ctx context.Context) {
 	t := time.NewTicker(s.cfg.RetryPeriod)
 	defer t.Stop()
 	var lastShed time.Time
+	shedAt := map[string]time.Time{}
 	for {
 		if err := s.announce(ctx); err != nil && ctx.Err() == nil {
 			s.cfg.Log.Warnw("announce this replica", "lease", s.memberLease(), "error", err)
 		}
 		if live, err := s.liveReplicas(ctx); err == nil && live > 0 && time.Since(lastShed) > s.cfg.LeaseDuration {
 			share := (s.cfg.Buckets + live - 1) / live
-			if b, ok := s.surplus(share); ok {
+			if b, ok := s.surplus(share); ok && !recentlyShed(shedAt, b.Name(), s.cfg.LeaseDuration) {
 				s.cfg.Log.Infow("giving a bucket up to balance", "bucket", b.Name(), "share", share, "replicas", live)
 				s.shed(b)
 				lastShed = time.Now()
+				shedAt[b.Name()] = lastShed
 			}
 		}
 		select {
@@ -92,6 +94,17 @@ func (s *Set) balance(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// recentlyShed: this replica gave bucket up less than 4 Lease durations
+// ago and won it back, so no replica with fewer buckets was standing for
+// it (one still starting, e.g. a replica restarted after a crash, already
+// counted live). Giving it up again at once would only move the bucket
+// back and forth, each move a restore of its sessions; it is kept until
+// then.
+func recentlyShed(shedAt map[string]time.Time, bucket string, lease time.Duration) bool {
+	t, ok := shedAt[bucket]
+	return ok && time.Since(t) < 4*lease
 }
 
 // surplus is the bucket to give up when this replica holds more than

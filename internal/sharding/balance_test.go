@@ -6,13 +6,9 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 )
 
 // TestDeadReplicasAnnouncementIsDeleted: a replica SIGKILLed for good (its
@@ -21,20 +17,9 @@ import (
 // replicas delete it once it has not been renewed for twice its duration,
 // and keep counting only the live ones (real Leases, envtest).
 func TestDeadReplicasAnnouncementIsDeleted(t *testing.T) {
-	env, err := controlplane.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	kc, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kc := leaseAPI(t)
 	ctx := context.Background()
-	const ns = "ziptrail-system"
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	const ns = leaseNS
 	s, err := New(kc, Config{Buckets: 4, Identity: "10.0.0.1", Namespace: ns})
 	if err != nil {
 		t.Fatal(err)
@@ -76,20 +61,9 @@ func TestDeadReplicasAnnouncementIsDeleted(t *testing.T) {
 // announcements left behind); a Lease left by an earlier pod with the same
 // IP is taken over with its owner.
 func TestAnnouncementIsOwnedByThePod(t *testing.T) {
-	env, err := controlplane.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	kc, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kc := leaseAPI(t)
 	ctx := context.Background()
-	const ns = "ziptrail-system"
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	const ns = leaseNS
 	owned := func(pod string, uid types.UID) []metav1.OwnerReference {
 		s, err := New(kc, Config{Buckets: 2, Identity: "10.0.0.1", Namespace: ns,
 			Owner: &metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod, UID: uid}})

@@ -7,13 +7,9 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"knative.dev/pkg/reconciler"
-
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 )
 
 // moves counts a replica's promotions and demotions.
@@ -45,21 +41,10 @@ func (m *moves) Demote(b reconciler.Bucket) {
 // keeps it for 4 Lease durations instead of giving it up again at once —
 // every move is a restore of the bucket's sessions (real Leases, envtest).
 func TestShedBucketNobodyTakesIsKept(t *testing.T) {
-	env, err := controlplane.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	kc, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kc := leaseAPI(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	const ns = "ziptrail-system"
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	const ns = leaseNS
 	t.Setenv("SYSTEM_NAMESPACE", ns)
 	const lease = 2 * time.Second
 	// The other replica: announced and renewed, standing for nothing.

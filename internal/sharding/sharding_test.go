@@ -8,14 +8,10 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/client-go/kubernetes"
 	"knative.dev/pkg/hash"
-
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 )
 
 // TestRouting reads ownership from real Leases (envtest): a live holder is
@@ -23,20 +19,9 @@ import (
 // owner, this replica's own bucket is served here or, while it is not
 // served yet, nowhere; and BucketOf agrees with Knative's Bucket.Has.
 func TestRouting(t *testing.T) {
-	env, err := controlplane.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	kc, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kc := leaseAPI(t)
 	ctx := context.Background()
-	const ns = "ziptrail-system"
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	const ns = leaseNS
 	s, err := New(kc, Config{Buckets: 4, Identity: "10.0.0.1", Namespace: ns})
 	if err != nil {
 		t.Fatal(err)

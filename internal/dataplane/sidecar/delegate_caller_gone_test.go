@@ -5,25 +5,19 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
 // endEvents are orderedEvents that also note failed ends.
@@ -49,27 +43,8 @@ func (e *endEvents) FunctionFinished(ctx context.Context, id control.Identity, e
 // invocation still ends with its caller.
 func TestDelegatedInvocationOutlivesItsCaller(t *testing.T) {
 	ev := &endEvents{}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := control.NewServer(ev, oneKey{})
-	srv.Auth = tokenAuth{}
-	gs := grpc.NewServer()
-	controlv1.RegisterControlServer(gs, srv)
-	go gs.Serve(ln)
-	t.Cleanup(gs.Stop)
-	tok := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tok, []byte("valid:ns:c"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := New(Config{Namespace: "ns", Workflow: "wf", Function: "work", Pod: "c", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t),
-		ShmDir: t.TempDir(), MemoryLimit: 1 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, OperatorAddr: ln.Addr().String(), TokenFile: tok})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	addr := controlServer(t, ev)
+	s := workflowSidecar(t, addr, "c", "work")
 	running := make(chan string, 4)
 	release := make(chan struct{})
 	var cancelled sync.Map      // invocations whose function saw its request cancelled

@@ -4,22 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
 // orderedEvents records the kind and invocation of every event, in the
@@ -65,27 +59,8 @@ func (e *orderedEvents) of(inv string) []string {
 // function runs still has its start reported.
 func TestDelegatedStartReport(t *testing.T) {
 	ev := &orderedEvents{}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := control.NewServer(ev, oneKey{})
-	srv.Auth = tokenAuth{}
-	gs := grpc.NewServer()
-	controlv1.RegisterControlServer(gs, srv)
-	go gs.Serve(ln)
-	t.Cleanup(gs.Stop)
-	tok := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tok, []byte("valid:ns:c"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := New(Config{Namespace: "ns", Workflow: "wf", Function: "work", Pod: "c", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t),
-		ShmDir: t.TempDir(), MemoryLimit: 1 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, OperatorAddr: ln.Addr().String(), TokenFile: tok})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	addr := controlServer(t, ev)
+	s := workflowSidecar(t, addr, "c", "work")
 	release := make(chan struct{})
 	fn := httptest.NewServer(s.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(invocation.HeaderInvocation) == "s1.dslow" {

@@ -3,23 +3,17 @@ package sidecar
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/engine"
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
 // delegEvents records what sidecars report and welcomes the workflow's
@@ -72,31 +66,9 @@ func (e *delegEvents) Welcome(id control.Identity) []*controlv1.OperatorMessage 
 // return value, over its own control stream.
 func TestDelegatedFiring(t *testing.T) {
 	ev := &delegEvents{got: make(chan struct{}, 64)}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := control.NewServer(ev, oneKey{})
-	srv.Auth = tokenAuth{}
-	gs := grpc.NewServer()
-	controlv1.RegisterControlServer(gs, srv)
-	go gs.Serve(ln)
-	t.Cleanup(gs.Stop)
+	addr := controlServer(t, ev)
 
-	run := func(pod, fn string) *Sidecar {
-		tok := filepath.Join(t.TempDir(), "token")
-		if err := os.WriteFile(tok, []byte("valid:ns:"+pod), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		s := New(Config{Namespace: "ns", Workflow: "wf", Function: fn, Pod: pod, PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t),
-			ShmDir: t.TempDir(), MemoryLimit: 1 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, OperatorAddr: ln.Addr().String(), TokenFile: tok})
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		if err := s.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	run := func(pod, fn string) *Sidecar { return workflowSidecar(t, addr, pod, fn) }
 	consumer := run("c", "work")
 	var mu sync.Mutex
 	var received []invocation.Envelope

@@ -59,13 +59,7 @@ func (o *owners) Peers(context.Context) ([]string, error) {
 // A caller without access, or without credentials, is refused by A and
 // learns nothing of B; while the workflow has no owner, A answers 503.
 func TestGatewayProxiesToTheOwner(t *testing.T) {
-	a := newFixture(t, nil)
-	b := fixtureOn(t, a.env.Config, nil)
-	a.namespace(t, "team-a")
-	a.namespace(t, "team-b")
-	b.workflow(t, "team-a", "far", echo)
-	alice := a.serviceAccount(t, "team-a", "alice", "team-a")
-	eve := a.serviceAccount(t, "team-b", "eve", "team-b")
+	a, b, alice, eve := twoReplicas(t)
 	bHost := mustHost(t, b.url)
 	httpOwners := &owners{at: map[string]string{"team-a/far": bHost}}
 	a.h.Owners = httpOwners
@@ -160,6 +154,19 @@ func TestGatewayProxiesToTheOwner(t *testing.T) {
 	}
 }
 
+// twoReplicas are two operator replicas (each its engine and gateway) on
+// one API server; B has workflow team-a/far; alice may run team-a's
+// sessions, eve only team-b's.
+func twoReplicas(t *testing.T) (a, b *fixture, alice, eve string) {
+	t.Helper()
+	a = newFixture(t, nil)
+	b = fixtureOn(t, a.env.Config, nil)
+	a.namespace(t, "team-a")
+	a.namespace(t, "team-b")
+	b.workflow(t, "team-a", "far", echo)
+	return a, b, a.serviceAccount(t, "team-a", "alice", "team-a"), a.serviceAccount(t, "team-b", "eve", "team-b")
+}
+
 func mustHost(t *testing.T, raw string) string {
 	t.Helper()
 	u, err := url.Parse(raw)
@@ -178,13 +185,7 @@ func mustHost(t *testing.T, raw string) string {
 // the workflow, nor a 404 for a session that exists on the owner); the
 // owner B still answers forwarded requests as before.
 func TestForgedProxiedHeader(t *testing.T) {
-	a := newFixture(t, nil)
-	b := fixtureOn(t, a.env.Config, nil)
-	a.namespace(t, "team-a")
-	a.namespace(t, "team-b")
-	b.workflow(t, "team-a", "far", echo)
-	alice := a.serviceAccount(t, "team-a", "alice", "team-a")
-	eve := a.serviceAccount(t, "team-b", "eve", "team-b")
+	a, b, alice, eve := twoReplicas(t)
 	bHost := mustHost(t, b.url)
 	a.h.Owners = &owners{at: map[string]string{"team-a/far": bHost}}
 	a.g.Owners = &owners{at: map[string]string{"team-a/far": b.grpcAddr}}

@@ -145,39 +145,10 @@ func TestSameNodePath(t *testing.T) {
 // (not only one it returns) carries its producer's node, so a get through
 // the local API of a pod on the same node takes the memfd, not TCP.
 func TestSameNodeLocalAPIPut(t *testing.T) {
-	keyFile := filepath.Join(t.TempDir(), "keys.json")
-	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{4}, 32))
-	if err := os.WriteFile(keyFile, []byte(`{"active":"k1","keys":{"k1":"`+key+`"}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "sn")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := samenode.PrepareDir(dir); err != nil {
-		t.Fatal(err)
-	}
+	sameNodePod := sameNodePods(t, 4)
 	pod := func(uid string) *localapi.Client {
-		sock, err := os.MkdirTemp("", "zt")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = os.RemoveAll(sock) })
-		s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: shmDir(t),
-			MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile,
-			APISocket: filepath.Join(sock, "sidecar.sock"), SameNode: SameNodeConfig{Dir: dir, Node: "node-a", PodUID: uid}})
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		if err := s.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		c, err := localapi.Dial(s.cfg.APISocket, s.cfg.ShmDir)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, c := sameNodePod(uid)
 		c.InlineThreshold = s.cfg.InlineThreshold
-		t.Cleanup(func() { c.Close() })
 		return c
 	}
 	producer := pod("3b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e14")
@@ -210,40 +181,7 @@ func TestSameNodeLocalAPIPut(t *testing.T) {
 // on to its function (no file in its directory, no TCP pull). A memfd
 // that is not sealed is refused by the real sidecar.
 func TestSameNodeSDKInPlace(t *testing.T) {
-	keyFile := filepath.Join(t.TempDir(), "keys.json")
-	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{5}, 32))
-	if err := os.WriteFile(keyFile, []byte(`{"active":"k1","keys":{"k1":"`+key+`"}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "sn")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := samenode.PrepareDir(dir); err != nil {
-		t.Fatal(err)
-	}
-	pod := func(uid string) (*Sidecar, *localapi.Client) {
-		sock, err := os.MkdirTemp("", "zt")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = os.RemoveAll(sock) })
-		s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: shmDir(t),
-			MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile,
-			APISocket: filepath.Join(sock, "sidecar.sock"), SameNode: SameNodeConfig{Dir: dir, Node: "node-a", PodUID: uid}})
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		if err := s.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		c, err := localapi.Dial(s.cfg.APISocket, s.cfg.ShmDir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return s, c
-	}
+	pod := sameNodePods(t, 5)
 	ps, producer := pod("5b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e16")
 	cs, consumer := pod("6b6f6a4e-1c1d-4f7e-9a7e-2f4d1c1b8e17")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -306,5 +244,46 @@ func TestSameNodeSDKInPlace(t *testing.T) {
 	}
 	if n := ps.Store.Len(); n != 0 {
 		t.Errorf("the producer stores %d objects after the refused put", n)
+	}
+}
+
+// sameNodePods starts sidecars of pods on one node ("node-a", a same-node
+// directory of their own), with reference keys made of keyByte; each
+// returns the pod's sidecar and a client of its local API.
+func sameNodePods(t *testing.T, keyByte byte) func(uid string) (*Sidecar, *localapi.Client) {
+	t.Helper()
+	keyFile := filepath.Join(t.TempDir(), "keys.json")
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{keyByte}, 32))
+	if err := os.WriteFile(keyFile, []byte(`{"active":"k1","keys":{"k1":"`+key+`"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "sn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := samenode.PrepareDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	return func(uid string) (*Sidecar, *localapi.Client) {
+		sock, err := os.MkdirTemp("", "zt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(sock) })
+		s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: shmDir(t),
+			MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile,
+			APISocket: filepath.Join(sock, "sidecar.sock"), SameNode: SameNodeConfig{Dir: dir, Node: "node-a", PodUID: uid}})
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c, err := localapi.Dial(s.cfg.APISocket, s.cfg.ShmDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return s, c
 	}
 }

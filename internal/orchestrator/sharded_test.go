@@ -111,7 +111,13 @@ func failover(t *testing.T, crash bool) {
 				Triggers: []v1alpha1.NamedTrigger{imm("to-a", "a"), imm("to-b", "b"), imm("to-c", "c"),
 					{Name: "join", Spec: v1alpha1.TriggerSpec{Bucket: "parts", Primitive: v1alpha1.BySet, BySet: &v1alpha1.BySetParams{Keys: []string{"a", "b", "c"}},
 						Targets:     []string{"join"},
-						Reexecution: []v1alpha1.ReexecutionRule{{SourceFunction: "c", Timeout: metav1.Duration{Duration: time.Second}, MaxAttempts: 3}}}}},
+						// Every attempt the doomed owner makes is lost (c blocks
+						// until the kill), and under load the kill may come many
+						// seconds after c started: the CRD's largest budget keeps
+						// an attempt for the heir however late the kill is (with
+						// 3, a loaded CI machine exhausted them before the kill,
+						// and the session waited for its deadline).
+						Reexecution: []v1alpha1.ReexecutionRule{{SourceFunction: "c", Timeout: metav1.Duration{Duration: time.Second}, MaxAttempts: 100}}}}},
 				Buckets: []v1alpha1.NamedBucket{{Name: "to-a"}, {Name: "to-b"}, {Name: "to-c"}, {Name: "parts"}},
 			}}
 		if err := c.k8s.Create(ctx, wf); err != nil {

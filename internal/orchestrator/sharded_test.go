@@ -110,7 +110,7 @@ func failover(t *testing.T, crash bool) {
 					{Name: "b", Image: "example.com/f"}, {Name: "c", Image: "example.com/f"}, {Name: "join", Image: "example.com/f"}},
 				Triggers: []v1alpha1.NamedTrigger{imm("to-a", "a"), imm("to-b", "b"), imm("to-c", "c"),
 					{Name: "join", Spec: v1alpha1.TriggerSpec{Bucket: "parts", Primitive: v1alpha1.BySet, BySet: &v1alpha1.BySetParams{Keys: []string{"a", "b", "c"}},
-						Targets:     []string{"join"},
+						Targets: []string{"join"},
 						// Every attempt the doomed owner makes is lost (c blocks
 						// until the kill), and under load the kill may come many
 						// seconds after c started: the CRD's largest budget keeps

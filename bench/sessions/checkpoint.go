@@ -10,19 +10,25 @@ import (
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
-// Checkpoint is what the buckets' checkpoints held at the end of a case:
-// every bucket's owner rewrites its whole state every second, and that
-// state keeps each ended session for an hour (the session registry's
-// Retention and the engine's TombstoneTTL).
+// Checkpoint is what the buckets' checkpoints held at the end of a case.
+// Since incremental checkpoints (290e480), a bucket's snapshot holds its
+// running sessions and is saved when something changed (at most once a
+// second); each ended session is a record written once, fenced, and kept
+// for the retention (an hour) in the bucket's ended hash.
 type Checkpoint struct {
 	Buckets           int     `json:"buckets"`
-	Bytes             int64   `json:"bytes"`              // all buckets together
-	RegistrySessions  int     `json:"registry_sessions"`  // the gateway's view: running and ended (kept 1 h)
+	Bytes             int64   `json:"bytes"`              // all buckets' snapshots together
+	RegistrySessions  int     `json:"registry_sessions"`  // in the snapshots: the gateway's view of running sessions
 	EngineSessions    int     `json:"engine_sessions"`    // running in the engine
-	Tombstones        int     `json:"tombstones"`         // ended sessions the engine remembers (1 h)
+	Tombstones        int     `json:"tombstones"`         // ended sessions the engine's snapshot still names
 	BytesPerSession   float64 `json:"bytes_per_session"`  // Bytes / RegistrySessions
-	EncodeNsPerByte   float64 `json:"encode_ns_per_byte"` // json.Marshal of the decoded state: CPU time of this (unpinned) process
+	EncodeNsPerByte   float64 `json:"encode_ns_per_byte"` // json.Marshal of the decoded snapshot: CPU time of this (unpinned) process
 	EncodeSampleBytes int64   `json:"encode_sample_bytes"`
+	// EndedRecords and EndedBytes: the ended sessions' records kept, and
+	// the Redis memory they take with their expiry index (MEMORY USAGE).
+	EndedRecords        int64   `json:"ended_records"`
+	EndedBytes          int64   `json:"ended_bytes"`
+	BytesPerEndedRecord float64 `json:"bytes_per_ended_record"`
 }
 
 // state mirrors the orchestrator's checkpoint (internal/orchestrator
@@ -54,6 +60,10 @@ func (c *cluster) measureCheckpoint(ctx context.Context, prefix string) Checkpoi
 		if int64(len(data)) > cp.EncodeSampleBytes {
 			cp.EncodeSampleBytes, largest = int64(len(data)), &st
 		}
+	}
+	cp.EndedRecords, cp.EndedBytes = c.endedRecords(ctx, prefix)
+	if cp.EndedRecords > 0 {
+		cp.BytesPerEndedRecord = float64(cp.EndedBytes) / float64(cp.EndedRecords)
 	}
 	if cp.RegistrySessions > 0 {
 		cp.BytesPerSession = float64(cp.Bytes) / float64(cp.RegistrySessions)

@@ -186,10 +186,12 @@ func (c *cluster) runCase(k, n int, o options) Case {
 	m0 := replicaMetrics(rs)
 	cp := c.sampleCheckpoints(lctx, key)
 	a0, s0 = c.apiRequests(ctx), c.snapshot(rs)
+	in0 := c.redisInputBytes(ctx)
 	l.recording.Store(true)
 	cr.Series = c.series(rs, l, cp, o.duration, o.step)
 	l.recording.Store(false)
 	s1, a1 = c.snapshot(rs), c.apiRequests(ctx)
+	in1 := c.redisInputBytes(ctx)
 	m1 := replicaMetrics(rs)
 	cr.CheckpointBytesPerSec = cp.bytesPerSecond()
 	stop()
@@ -202,6 +204,9 @@ func (c *cluster) runCase(k, n int, o options) Case {
 	cr.Seconds = window.Seconds()
 	cr.Sessions = len(lat)
 	cr.SessionsPerSec = float64(len(lat)) / window.Seconds()
+	if len(lat) > 0 && in1 > in0 {
+		cr.RedisInBytesPerSession = (in1 - in0) / float64(len(lat))
+	}
 	cr.P50ms, cr.P99ms = percentile(lat, 0.50), percentile(lat, 0.99)
 	cr.Errors, cr.LastError = errs, last
 	cr.Requests, cr.Proxied = requests, proxied

@@ -133,13 +133,16 @@ func loadavg() string {
 	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
-// checkpointSampler reads the size of every bucket's checkpoint in Redis
-// once a second (each bucket's owner rewrites it whole every second).
+// checkpointSampler reads, once a second, the size of every bucket's
+// snapshot (its running sessions, rewritten when something changed) and
+// the ended sessions' records kept in Redis (each written once, kept for
+// the retention: internal/checkpoint, ended.go).
 type checkpointSampler struct {
 	mu      sync.Mutex
 	samples int
-	sum     float64 // total bytes of all buckets, summed over samples
+	sum     float64 // total snapshot bytes of all buckets, summed over samples
 	last    map[string]int64
+	ended   int64 // ended sessions' records kept, at the last sample
 }
 
 func (c *cluster) sampleCheckpoints(ctx context.Context, prefix string) *checkpointSampler {
@@ -154,6 +157,7 @@ func (c *cluster) sampleCheckpoints(ctx context.Context, prefix string) *checkpo
 			case <-t.C:
 			}
 			sizes := c.checkpointSizes(ctx, prefix)
+			ended, _ := c.endedRecords(ctx, prefix)
 			var total int64
 			for _, n := range sizes {
 				total += n
@@ -161,15 +165,15 @@ func (c *cluster) sampleCheckpoints(ctx context.Context, prefix string) *checkpo
 			cs.mu.Lock()
 			cs.samples++
 			cs.sum += float64(total)
-			cs.last = sizes
+			cs.last, cs.ended = sizes, ended
 			cs.mu.Unlock()
 		}
 	}()
 	return cs
 }
 
-// bytesPerSecond is the mean total size of the checkpoints: the bytes
-// written to Redis per second (one save per bucket per second).
+// bytesPerSecond is the mean total size of the snapshots (at most one
+// save per bucket per second).
 func (cs *checkpointSampler) bytesPerSecond() float64 {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -186,11 +190,54 @@ func (c *cluster) checkpointSizes(ctx context.Context, prefix string) map[string
 		return out
 	}
 	for _, k := range keys {
+		if strings.HasSuffix(k, ":ended") || strings.HasSuffix(k, ":ended:exp") {
+			continue
+		}
 		if n, err := c.redis.Client.HStrLen(ctx, k, "data").Result(); err == nil {
 			out[k] = n
 		}
 	}
 	return out
+}
+
+// endedRecords is the number of ended sessions' records every bucket
+// keeps, and the memory Redis holds for them (the records and their
+// expiry index: MEMORY USAGE, every element counted).
+func (c *cluster) endedRecords(ctx context.Context, prefix string) (records, bytes int64) {
+	keys, err := c.redis.Client.Keys(ctx, prefix+":*").Result()
+	if err != nil {
+		return 0, 0
+	}
+	for _, k := range keys {
+		switch {
+		case strings.HasSuffix(k, ":ended"):
+			if n, err := c.redis.Client.HLen(ctx, k).Result(); err == nil {
+				records += n
+			}
+		case !strings.HasSuffix(k, ":ended:exp"):
+			continue
+		}
+		if n, err := c.redis.Client.MemoryUsage(ctx, k, 0).Result(); err == nil {
+			bytes += n
+		}
+	}
+	return records, bytes
+}
+
+// redisInputBytes is Redis's total_net_input_bytes (INFO stats): every
+// byte its clients sent it.
+func (c *cluster) redisInputBytes(ctx context.Context) float64 {
+	info, err := c.redis.Client.Info(ctx, "stats").Result()
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "total_net_input_bytes:"); ok {
+			n, _ := strconv.ParseFloat(v, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // apiRequests reads the API server's apiserver_request_total, summed by
@@ -251,7 +298,8 @@ type Point struct {
 	SessionsPerSec float64 `json:"sessions_per_s"`
 	OperatorMs     float64 `json:"operator_cpu_ms_per_session"`
 	RedisMs        float64 `json:"redis_cpu_ms_per_session"`
-	CheckpointMB   float64 `json:"checkpoint_mb"` // all buckets, at the end of the step
+	CheckpointMB   float64 `json:"checkpoint_mb"` // all buckets' snapshots, at the end of the step
+	EndedRecords   int64   `json:"ended_records"` // ended sessions' records kept, all buckets, at the end of the step
 	OperatorCores  float64 `json:"operator_cores"`
 }
 
@@ -279,6 +327,7 @@ func (c *cluster) series(rs []*replica, l *load, cp *checkpointSampler, d, step 
 		for _, b := range cp.last {
 			p.CheckpointMB += float64(b) / 1e6
 		}
+		p.EndedRecords = cp.ended
 		cp.mu.Unlock()
 		out = append(out, p)
 		prev, done, elapsed = now, n, time.Since(start)

@@ -20,34 +20,40 @@ func TestFixedEffectsSlope(t *testing.T) {
 	}
 }
 
-// project separates the proxy hop from the engine's cost and the
-// checkpoint's growth from both.
+// project separates the proxy hop from the engine's cost and the growth
+// with the ended sessions kept from both, and solves the steady state.
 func TestProject(t *testing.T) {
-	const k, e, h = 10.0, 1.0, 0.5 // ns/B, ms, ms per proxied call
-	series := func(base float64) []Point {
+	const b, e, h = 1e-4, 1.0, 0.5 // ms per session per kept session, ms, ms per proxied call
+	series := func(base float64, replicas int) []Point {
 		var pts []Point
 		for i := 1; i <= 4; i++ {
-			mb := float64(i) * 2 // 2..8 MB at 100 sessions/s: 20-80 KB a session
-			pts = append(pts, Point{SessionsPerSec: 100, CheckpointMB: mb, OperatorMs: base + mb*1e6/100*k/1e6})
+			kept := int64(i * 2000 * replicas) // 2,000..8,000 a replica
+			pts = append(pts, Point{SessionsPerSec: 100, EndedRecords: kept, OperatorMs: base + b*float64(kept)/float64(replicas)})
 		}
 		return pts
 	}
-	one := Case{Replicas: 1, Sessions: 1000, Requests: 2000, Seconds: 10, SessionsPerSec: 100, Series: series(e),
-		Checkpoint: Checkpoint{BytesPerSession: 1000, EncodeNsPerByte: 5}, CheckpointBytesPerSec: 5e6, CPU: map[string]float64{"redis-server": 0.1}}
+	one := Case{Replicas: 1, Sessions: 1000, Requests: 2000, Seconds: 10, SessionsPerSec: 100, Series: series(e, 1),
+		RedisInBytesPerSession: 1500, Checkpoint: Checkpoint{BytesPerEndedRecord: 1100}, CPU: map[string]float64{"redis-server": 0.05}}
 	two := one
-	two.Replicas, two.ProxiedFraction, two.Series = 2, 0.5, series(e+2*h*0.5)
+	two.Replicas, two.ProxiedFraction, two.Series = 2, 0.5, series(e+2*h*0.5, 2)
 	p := project(Summary{Replicas: 1}, Summary{Replicas: 2, Proxied: 0.5}, []Case{one, two})
-	for name, got := range map[string][2]float64{"k": {p.EncodeNsPerByte, k}, "e": {p.EngineMs, e}, "h": {p.ProxyHopMs, h},
-		"g": {p.CallsPerSession, 2}, "r": {p.RedisNsPerByte, 2}} {
+	for name, got := range map[string][2]float64{"b": {p.KeptMsPerSession, b}, "e": {p.EngineMs, e}, "h": {p.ProxyHopMs, h},
+		"g": {p.CallsPerSession, 2}, "r": {p.RedisMsPerSess, 0.05}, "Redis ceiling": {p.RedisCeiling, 20000}} {
 		if math.Abs(got[0]-got[1]) > 1e-6 {
 			t.Errorf("%s = %v, want %v", name, got[0], got[1])
 		}
 	}
-	// Redis: 3600 s × 1000 B × 2 ns/B per session a second -> 1e9/7.2e6.
-	if want := 1e9 / (3600 * 1000 * 2.0); math.Abs(p.RedisCeiling-want) > 1e-6 {
-		t.Errorf("Redis ceiling %v, want %v", p.RedisCeiling, want)
+	// One replica in steady state: x·(e + b·x·3600) = 1000 ms.
+	r := p.Rows[0]
+	x := r.SteadyCeiling
+	if r.Replicas != 1 || math.Abs(x*(e+b*x*3600)-1000) > 1e-6 || math.Abs(r.SteadyMs-1000/x) > 1e-9 || r.ShortCeiling != 1000/e {
+		t.Errorf("1 replica: %+v", r)
 	}
-	if r := p.Rows[0]; r.Replicas != 1 || math.Abs(r.SteadyMs-(e+3600*1000*k/1e6)) > 1e-6 {
-		t.Errorf("1 replica steady: %+v", r)
+	if want := r.Effective * 3600 * 1100 / 1e9; math.Abs(r.RedisGB-want) > 1e-9 {
+		t.Errorf("Redis records %v GB, want %v", r.RedisGB, want)
+	}
+	// Nothing grows with what is kept: steady is the short run.
+	if x := saturated(2, 0); x != 500 {
+		t.Errorf("saturated(2, 0) = %v, want 500", x)
 	}
 }

@@ -35,11 +35,12 @@ type Case struct {
 	CPU                     map[string]float64 `json:"cpu_s"` // CPU seconds in the window, by process group
 	Cores                   map[string]float64 `json:"cores"` // the same per second of wall time
 	CPUPerSessionMs         map[string]float64 `json:"cpu_ms_per_session"`
-	OperatorCPUPerSessionMs float64            `json:"operator_cpu_ms_per_session"` // all replicas together
-	IdleCores               map[string]float64 `json:"idle_cores"`                  // before the load
-	CoreBusy                []float64          `json:"core_busy"`                   // each core, every process on the machine
-	EndedByReplica          map[string]float64 `json:"sessions_ended_by_replica"`   // ziptrail_sessions_ended_total deltas
-	CheckpointBytesPerSec   float64            `json:"checkpoint_bytes_per_s"`      // mean total size of the buckets' checkpoints (each saved every second)
+	OperatorCPUPerSessionMs float64            `json:"operator_cpu_ms_per_session"`   // all replicas together
+	IdleCores               map[string]float64 `json:"idle_cores"`                    // before the load
+	CoreBusy                []float64          `json:"core_busy"`                     // each core, every process on the machine
+	EndedByReplica          map[string]float64 `json:"sessions_ended_by_replica"`     // ziptrail_sessions_ended_total deltas
+	CheckpointBytesPerSec   float64            `json:"checkpoint_bytes_per_s"`        // mean total size of the buckets' snapshots (each saved at most once a second)
+	RedisInBytesPerSession  float64            `json:"redis_input_bytes_per_session"` // Redis's total_net_input_bytes in the window, per session
 	Checkpoint              Checkpoint         `json:"checkpoint_at_end"`
 	// The API server's requests (apiserver_request_total) by verb and
 	// resource: per second before the load, per session during it.

@@ -100,12 +100,19 @@ func (s *Server) groups() *directory.Directory {
 func (s *Server) push(u directory.Update) {
 	v := &controlv1.GroupView{Session: u.View.Session, Group: u.View.Group, Size: u.View.Size, Mailbox: u.View.Mailbox,
 		Epoch: u.View.Epoch, Gone: u.View.Gone}
-	for _, m := range u.View.Members {
-		v.Members = append(v.Members, &controlv1.GroupMember{Rank: m.Rank, DataplaneAddr: m.Addr, Pod: m.Pod, Node: m.Node})
-	}
 	msg := &controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_GroupView{GroupView: v}}
 	groupViews.Add(float64(len(u.Streams)))
 	s.mu.RLock()
+	// The pod UID is the member's stream's, from its verified token (a
+	// member whose stream ended and waits for its pod to reconnect has
+	// none: same-node peers then use the sidecars' path to it).
+	for _, m := range u.View.Members {
+		gm := &controlv1.GroupMember{Rank: m.Rank, DataplaneAddr: m.Addr, Pod: m.Pod, Node: m.Node}
+		if c := s.bySID[m.Stream]; c != nil {
+			gm.PodUid = c.id.PodUID
+		}
+		v.Members = append(v.Members, gm)
+	}
 	targets := make([]*conn, 0, len(u.Streams))
 	for _, id := range u.Streams {
 		if c := s.bySID[id]; c != nil {

@@ -1346,6 +1346,10 @@ type GroupMember struct {
 	DataplaneAddr string                 `protobuf:"bytes,2,opt,name=dataplane_addr,json=dataplaneAddr,proto3" json:"dataplane_addr,omitempty"`
 	Pod           string                 `protobuf:"bytes,3,opt,name=pod,proto3" json:"pod,omitempty"`
 	Node          string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	// pod_uid is the member's pod UID from its verified token: a sidecar on
+	// the same node brokers direct channels over <node dir>/<pod_uid>.msg.sock
+	// (docs/messaging.md, "Same-node direct channels").
+	PodUid        string `protobuf:"bytes,5,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1404,6 +1408,13 @@ func (x *GroupMember) GetPod() string {
 func (x *GroupMember) GetNode() string {
 	if x != nil {
 		return x.Node
+	}
+	return ""
+}
+
+func (x *GroupMember) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
 	}
 	return ""
 }
@@ -1935,12 +1946,13 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\amailbox\x18\x04 \x01(\bR\amailbox\x12\x14\n" +
 	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12:\n" +
 	"\amembers\x18\x06 \x03(\v2 .ziptrail.control.v1.GroupMemberR\amembers\x12\x12\n" +
-	"\x04gone\x18\a \x03(\rR\x04gone\"n\n" +
+	"\x04gone\x18\a \x03(\rR\x04gone\"\x87\x01\n" +
 	"\vGroupMember\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12%\n" +
 	"\x0edataplane_addr\x18\x02 \x01(\tR\rdataplaneAddr\x12\x10\n" +
 	"\x03pod\x18\x03 \x01(\tR\x03pod\x12\x12\n" +
-	"\x04node\x18\x04 \x01(\tR\x04node\"\xea\x01\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12\x17\n" +
+	"\apod_uid\x18\x05 \x01(\tR\x06podUid\"\xea\x01\n" +
 	"\x05Tiers\x12\x1d\n" +
 	"\n" +
 	"redis_addr\x18\x01 \x01(\tR\tredisAddr\x12%\n" +

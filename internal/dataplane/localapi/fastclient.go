@@ -148,15 +148,7 @@ func (c *MessageClient) call(ctx context.Context, op, flags uint8, session, grou
 	// the connection is dropped, which tells the sidecar.
 	stop := context.AfterFunc(ctx, func() { _ = mc.c.SetDeadline(time.Now()) })
 	var h [4 + reqFixed]byte
-	binary.LittleEndian.PutUint32(h[:], uint32(reqFixed+len(session)+len(group)+len(payload)))
-	h[4], h[5] = op, flags
-	binary.LittleEndian.PutUint16(h[6:], uint16(len(session)))
-	binary.LittleEndian.PutUint16(h[8:], uint16(len(group)))
-	binary.LittleEndian.PutUint32(h[12:], rank)
-	binary.LittleEndian.PutUint32(h[16:], peer)
-	binary.LittleEndian.PutUint64(h[20:], uint64(tag))
-	binary.LittleEndian.PutUint64(h[28:], uint64(timeoutMs))
-	_, _ = mc.w.Write(h[:])
+	_, _ = mc.w.Write(appendMsgRequest(h[:0], op, flags, session, group, rank, peer, tag, timeoutMs, len(payload)))
 	_, _ = mc.w.WriteString(session)
 	_, _ = mc.w.WriteString(group)
 	_, _ = mc.w.Write(payload)
@@ -182,6 +174,20 @@ func (c *MessageClient) call(ctx context.Context, op, flags uint8, session, grou
 	return resp, nil
 }
 
+// appendMsgRequest appends a request's fixed part (the names and n bytes
+// of payload follow).
+func appendMsgRequest(b []byte, op, flags uint8, session, group string, rank, peer uint32, tag, timeoutMs int64, n int) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(reqFixed+len(session)+len(group)+n))
+	b = append(b, op, flags)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(session)))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(group)))
+	b = append(b, 0, 0)
+	b = binary.LittleEndian.AppendUint32(b, rank)
+	b = binary.LittleEndian.AppendUint32(b, peer)
+	b = binary.LittleEndian.AppendUint64(b, uint64(tag))
+	return binary.LittleEndian.AppendUint64(b, uint64(timeoutMs))
+}
+
 func readMsgResponse(r *bufio.Reader) (*msgResponse, error) {
 	var lb [4]byte
 	if _, err := io.ReadFull(r, lb[:]); err != nil {
@@ -199,6 +205,6 @@ func readMsgResponse(r *bufio.Reader) (*msgResponse, error) {
 	if respFixed+rl > n {
 		return nil, fmt.Errorf("%w: reason of %d bytes", errMsgFrame, rl)
 	}
-	return &msgResponse{err: b[0] != 0, flags: b[1], from: binary.LittleEndian.Uint32(b[4:]), tag: int64(binary.LittleEndian.Uint64(b[8:])),
+	return &msgResponse{err: b[0] == 1, status: b[0], flags: b[1], from: binary.LittleEndian.Uint32(b[4:]), tag: int64(binary.LittleEndian.Uint64(b[8:])),
 		size: binary.LittleEndian.Uint64(b[16:]), reason: string(b[respFixed : respFixed+rl]), body: b[respFixed+rl:]}, nil
 }

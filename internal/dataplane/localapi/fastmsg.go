@@ -106,6 +106,7 @@ func readMsgRequest(r *bufio.Reader) (*msgRequest, error) {
 }
 
 type msgResponse struct {
+	status uint8 // with err false: 0, or a member channel's push kind
 	flags  uint8
 	from   uint32
 	tag    int64
@@ -119,19 +120,29 @@ type msgResponse struct {
 
 func writeMsgResponse(w *bufio.Writer, p *msgResponse) error {
 	var h [4 + respFixed]byte
-	binary.LittleEndian.PutUint32(h[:], uint32(respFixed+len(p.reason)+len(p.body)))
-	if p.err {
-		h[4] = 1
-	}
-	h[5] = p.flags
-	binary.LittleEndian.PutUint16(h[6:], uint16(len(p.reason)))
-	binary.LittleEndian.PutUint32(h[8:], p.from)
-	binary.LittleEndian.PutUint64(h[12:], uint64(p.tag))
-	binary.LittleEndian.PutUint64(h[20:], p.size)
-	_, _ = w.Write(h[:])
+	_, _ = w.Write(appendMsgHeader(h[:0], p))
 	_, _ = w.WriteString(p.reason)
 	_, _ = w.Write(p.body)
 	return w.Flush()
+}
+
+// appendMsgHeader appends a response's fixed part.
+func appendMsgHeader(b []byte, p *msgResponse) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(respFixed+len(p.reason)+len(p.body)))
+	st := p.status
+	if p.err {
+		st = 1
+	}
+	b = append(b, st, p.flags)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(p.reason)))
+	b = binary.LittleEndian.AppendUint32(b, p.from)
+	b = binary.LittleEndian.AppendUint64(b, uint64(p.tag))
+	return binary.LittleEndian.AppendUint64(b, p.size)
+}
+
+// appendMsgResponse appends a whole response.
+func appendMsgResponse(b []byte, p *msgResponse) []byte {
+	return append(append(appendMsgHeader(b, p), p.reason...), p.body...)
 }
 
 func errorResponse(err error) *msgResponse {
@@ -189,6 +200,17 @@ func (s *Server) serveMessageConn(c net.Conn) {
 				_ = writeMsgResponse(w, errorResponse(fmt.Errorf("%w: %v", ErrBadPayload, err)))
 			}
 			return
+		}
+		switch q.op {
+		case opAttach:
+			s.serveAttach(c, r, w, q) // the connection is the member's now
+			return
+		case opOpen:
+			if s.answerOpen(c, w, q) != nil {
+				return
+			}
+			cur = nil
+			continue
 		}
 		cur = &msgCall{w: w, req: q.buf}
 		cur.setCancel(s.startMessage(q, cur.respond))

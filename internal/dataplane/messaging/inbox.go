@@ -86,9 +86,13 @@ type Filter struct {
 	From      uint32
 	AnyTag    bool // any tag >= 0: negative tags are the SDKs' collectives'
 	Tag       int64
+	all       bool // every tag, the collectives' too (a member channel)
 }
 
 func (f Filter) match(m *Message) bool {
+	if f.all {
+		return f.AnySource || m.From == f.From
+	}
 	return (f.AnySource || m.From == f.From) && ((f.AnyTag && m.Tag >= 0) || (!f.AnyTag && m.Tag == f.Tag))
 }
 

@@ -69,7 +69,13 @@ type Config struct {
 	// GoneGrace bounds how long a send waits for the directory to confirm
 	// that a receiver whose sidecar failed is gone (default 1 s).
 	GoneGrace time.Duration
-	Now       func() time.Time
+	// Node is this pod's node when the same-node direct channels are on
+	// (the node directory is configured); empty: never direct.
+	Node string
+	// OpenDirect asks the receiver's sidecar, pod podUID on this node, for
+	// a direct channel (the sender's end); nil: never direct.
+	OpenDirect func(ctx context.Context, podUID, auth, session, group string, from, to uint32) (*os.File, error)
+	Now        func() time.Time
 }
 
 func (c *Config) inlineMax() int {
@@ -141,6 +147,8 @@ type member struct {
 	// waiters are the receives waiting without a goroutine (RecvFunc),
 	// oldest first; a message that one of them takes skips the inbox.
 	waiters []*waiter
+	// att is the member's channel to its function, when attached.
+	att *attachment
 }
 
 // New returns a router.
@@ -202,6 +210,10 @@ func signal(ch *chan struct{}) {
 // Join makes this pod the rank's member and waits for the directory's
 // answer; with waitAll it also waits until every rank joined once.
 func (r *Router) Join(ctx context.Context, session, name string, rank, size uint32, mailbox bool, invocation string, waitAll bool) (*controlv1.GroupView, error) {
+	return r.join(ctx, session, name, rank, size, mailbox, invocation, waitAll, nil)
+}
+
+func (r *Router) join(ctx context.Context, session, name string, rank, size uint32, mailbox bool, invocation string, waitAll bool, att *attachment) (*controlv1.GroupView, error) {
 	switch {
 	case r.cfg.Control == nil:
 		return nil, ErrNoDirectory
@@ -225,7 +237,7 @@ func (r *Router) Join(ctx context.Context, session, name string, rank, size uint
 	}
 	// The member exists before the directory announces it, so a message
 	// sent as soon as a peer sees the view finds it.
-	m := &member{rank: rank, invocation: invocation, wake: make(chan struct{}), seen: map[[2]uint64]struct{}{}}
+	m := &member{rank: rank, invocation: invocation, wake: make(chan struct{}), seen: map[[2]uint64]struct{}{}, att: att}
 	g.local[rank] = m
 	r.joins[id] = res
 	r.mu.Unlock()
@@ -436,6 +448,12 @@ func (r *Router) drop(k gkey, rank uint32, m *member) bool {
 		}
 	}
 	m.inbox, m.bytes = nil, 0
+	if m.att != nil {
+		for _, d := range m.att.directs {
+			_ = d.f.Close()
+		}
+		m.att.directs = nil
+	}
 	signal(&m.wake)
 	signal(&r.left)
 	if len(g.local) == 0 {

@@ -31,6 +31,7 @@ func (s *Sidecar) newRouter() *messaging.Router {
 			return f, f.Name(), nil
 		},
 	}
+	s.directConfig(&cfg)
 	if s.cfg.OperatorAddr != "" {
 		cfg.Control = func(m *controlv1.SidecarMessage) error {
 			if s.ctl == nil {

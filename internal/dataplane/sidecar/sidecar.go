@@ -27,6 +27,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/controlclient"
+	"github.com/ziptrail/ziptrail/internal/dataplane/directmsg"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
@@ -65,6 +66,8 @@ type Sidecar struct {
 
 	// sameNode serves this pod's objects to consumers on its node (samenode.go).
 	sameNode *samenode.Server
+	// direct brokers same-node direct channels (direct.go).
+	direct *directmsg.Broker
 
 	deleg delegator // the triggers this sidecar fires itself (delegate.go)
 
@@ -157,6 +160,9 @@ func (s *Sidecar) DataplanePort() int { return s.cfg.DataplanePort }
 // Start listens for consumers, connects to the operator (or loads the key
 // file) and runs until ctx ends.
 func (s *Sidecar) Start(ctx context.Context) error {
+	if err := s.cfg.Validate(); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
 	if s.cfg.KeyFile != "" {
 		if err := s.loadKeyFile(); err != nil {
 			return err
@@ -175,6 +181,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 	}
 	s.server = &pull.Server{Store: s.Store, Streams: s.msgs.ServeStream, StreamMagic: messaging.StreamMagic}
 	s.startSameNode()
+	s.startDirect()
 	switch {
 	case s.live():
 		s.server.Fallback = tier.Chain{s.liveRedis()}
@@ -193,7 +200,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 			tokenFile = controlclient.DefaultTokenFile
 		}
 		s.ctl = controlclient.NewClient(s.cfg.OperatorAddr, controlclient.FileToken(tokenFile), &controlv1.Hello{Namespace: s.cfg.Namespace, Workflow: s.cfg.Workflow,
-			Function: s.cfg.Function, Pod: s.cfg.Pod, DataplaneAddr: s.addr()},
+			Function: s.cfg.Function, Pod: s.cfg.Pod, DataplaneAddr: s.addr(), Node: s.cfg.SameNode.Node},
 			controlclient.Commands{
 				Tiers: s.setTiers,
 				Keys: func(k *controlv1.Keys) {
@@ -250,6 +257,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 					stopCtl()
 					_ = ln.Close()
 					s.stopSameNode()
+					s.stopDirect()
 					if s.api != nil {
 						s.api.Stop()
 						_ = s.msgLn.Close()
@@ -344,7 +352,7 @@ func (s *Sidecar) setKeys(k *controlv1.Keys) error {
 		return err
 	}
 	s.keys.Store(kr)
-	client := &pull.Client{Keys: kr}
+	client := &pull.Client{Keys: kr, Timeouts: s.cfg.PullTimeouts}
 	if chain := s.tiers(); len(chain) > 0 {
 		client.Fallback = chain
 	}

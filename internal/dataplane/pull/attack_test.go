@@ -306,7 +306,7 @@ func TestClientDropsOldIdleConnections(t *testing.T) {
 	mk := func(addr string, age time.Duration) net.Conn {
 		a, b := net.Pipe()
 		t.Cleanup(func() { a.Close(); b.Close() })
-		c.idle[addr] = append(c.idle[addr], &peerConn{addr: addr, nc: a, since: now.Add(-age)})
+		c.idle[addr] = append(c.idle[addr], &peerConn{addr: addr, nc: &deadlineConn{Conn: a}, since: now.Add(-age)})
 		return b
 	}
 	c.idle = map[string][]*peerConn{}

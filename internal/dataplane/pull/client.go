@@ -69,6 +69,9 @@ type Client struct {
 	// Fallback is read when the producer is gone: Redis, then S3 (objects
 	// spilled, or backed up when the producer pod terminated).
 	Fallback Fallback
+	// Timeouts bound a pull's connect, the wait for its answer and the
+	// body's pauses (zero fields: the defaults).
+	Timeouts Timeouts
 
 	mu     sync.Mutex
 	idle   map[string][]*peerConn
@@ -78,7 +81,7 @@ type Client struct {
 
 type peerConn struct {
 	addr  string
-	nc    net.Conn
+	nc    *deadlineConn
 	br    *bufio.Reader
 	since time.Time // idle since
 }
@@ -146,6 +149,7 @@ func (c *Client) pullTo(ctx context.Context, r string, dst func(size int64) (io.
 	if rerr != nil {
 		return info, err
 	}
+	fallbacks.WithLabelValues(goneReason(err)).Inc()
 	data, from, ferr := c.Fallback.Get(ctx, rec.Key)
 	if ferr != nil {
 		return info, fmt.Errorf("%w; no tier has it either: %v", err, ferr)
@@ -285,17 +289,24 @@ func (c *Client) roundTrip(ctx context.Context, addr string, q request, body fun
 			return p, de.err
 		case ctx.Err() != nil:
 			return p, fmt.Errorf("pull from %s: %w", addr, context.Cause(ctx))
+		case timedOut(err) && !answered:
+			// Not retried on a new connection: a producer silent that
+			// long is not one that closed an idle connection.
+			return p, &goneError{reasonResponseTimeout, addr, fmt.Errorf("no answer within %v", c.Timeouts.response())}
+		case timedOut(err):
+			return p, &goneError{reasonBodyStall, addr, fmt.Errorf("no byte of the %d-byte body for %v", p.size, c.Timeouts.stall())}
 		case reused && !answered && attempt == 0:
 			continue
 		}
-		return p, fmt.Errorf("%w: %s: %v", ErrProducerGone, addr, err)
+		return p, &goneError{reasonConnectionLost, addr, err}
 	}
 }
 
 // exchange runs one request on pc, returning pc to the pool if the
 // stream is still in step afterwards; answered says a header came back.
 func (c *Client) exchange(ctx context.Context, pc *peerConn, q request, body func(*peerConn, response) error) (p response, answered bool, err error) {
-	stop := context.AfterFunc(ctx, func() { _ = pc.nc.SetDeadline(time.Unix(1, 0)) })
+	pc.nc.expectAnswer(c.Timeouts.response())
+	stop := context.AfterFunc(ctx, pc.nc.interrupt)
 	inStep := false
 	defer func() {
 		if stop() && inStep {
@@ -314,7 +325,12 @@ func (c *Client) exchange(ctx context.Context, pc *peerConn, q request, body fun
 		inStep = true
 		return p, true, errors.New(p.msg)
 	}
+	if body == nil && p.size != 0 {
+		// A body nobody reads would put the stream out of step.
+		return p, true, fmt.Errorf("%w: a %d-byte body in the answer to op %d", errFrame, p.size, q.op)
+	}
 	if body != nil {
+		pc.nc.expectBody(c.Timeouts.stall())
 		if err = body(pc, p); err != nil {
 			return p, true, err
 		}
@@ -328,7 +344,7 @@ func (c *Client) conn(ctx context.Context, addr string) (*peerConn, bool, error)
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, false, fmt.Errorf("%w: %s: client closed", ErrProducerGone, addr)
+		return nil, false, &goneError{reasonClientClosed, addr, errors.New("client closed")}
 	}
 	if l := c.idle[addr]; len(l) > 0 {
 		pc := l[len(l)-1]
@@ -340,23 +356,33 @@ func (c *Client) conn(ctx context.Context, addr string) (*peerConn, bool, error)
 		return pc, true, nil
 	}
 	c.mu.Unlock()
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, false, fmt.Errorf("%w: %v", ErrProducerGone, err)
+	// A lost node's address drops the SYNs without a reset: without
+	// a bound, the connect would last as long as the caller's context.
+	d := net.Dialer{Timeout: c.Timeouts.dial()}
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return nil, false, fmt.Errorf("pull from %s: %w", addr, context.Cause(ctx))
+	case timedOut(err):
+		return nil, false, &goneError{reasonDialTimeout, addr, fmt.Errorf("no connection within %v: %v", c.Timeouts.dial(), err)}
+	default:
+		return nil, false, &goneError{reasonDialError, addr, err}
 	}
-	if tc, ok := nc.(*net.TCPConn); ok {
+	if tc, ok := raw.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	if _, err := nc.Write(StreamMagic[:]); err != nil {
-		nc.Close()
-		return nil, false, fmt.Errorf("%w: %v", ErrProducerGone, err)
+	// The magic fits a fresh socket's buffer: the write does not wait.
+	if _, err := raw.Write(StreamMagic[:]); err != nil {
+		raw.Close()
+		return nil, false, &goneError{reasonConnectionLost, addr, err}
 	}
+	nc := &deadlineConn{Conn: raw}
 	return &peerConn{addr: addr, nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}, false, nil
 }
 
 func (c *Client) put(pc *peerConn) {
-	_ = pc.nc.SetDeadline(time.Time{})
+	pc.nc.idle()
 	now := time.Now()
 	pc.since = now
 	c.mu.Lock()

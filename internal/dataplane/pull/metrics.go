@@ -14,6 +14,12 @@ var (
 		Name: "ziptrail_dataplane_fallback_reads_total",
 		Help: "Objects read from a storage tier because their producer was gone.",
 	}, []string{"tier"})
+	fallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ziptrail_dataplane_pull_fallbacks_total",
+		Help: "Pulls that went to the storage tiers because the producer could not be pulled from, by reason: " +
+			"dial_timeout, dial_error (refused, no route), response_timeout (no answer's header in time), " +
+			"body_stall (the body paused too long), connection_lost, client_closed.",
+	}, []string{"reason"})
 	pulls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ziptrail_dataplane_pulls_total",
 		Help: "Objects this consumer pulled, by result (ok or the error class).",
@@ -32,7 +38,9 @@ var (
 	})
 )
 
-func init() { prometheus.MustRegister(fallbackReads, pulls, pulledBytes, servedBytes, refusedConns) }
+func init() {
+	prometheus.MustRegister(fallbackReads, fallbacks, pulls, pulledBytes, servedBytes, refusedConns)
+}
 
 // errorClasses label failed pulls, in match order.
 var errorClasses = []struct {

@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/controlclient"
+	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
@@ -57,6 +59,45 @@ type Config struct {
 	// when its caller (the producer's sidecar) goes away: Knative's
 	// REVISION_TIMEOUT_SECONDS; default 300 s, Knative's default.
 	RevisionTimeout time.Duration
+	// PullTimeouts bound a pull from another pod: the connect, the wait
+	// for the answer's header, the longest pause in the body
+	// ($ZIPTRAIL_PULL_DIAL_TIMEOUT, $ZIPTRAIL_PULL_RESPONSE_TIMEOUT,
+	// $ZIPTRAIL_PULL_STALL_TIMEOUT, Go durations); a producer that misses
+	// one is taken for gone and the object read from the tiers. Zero
+	// fields: pull's defaults (10 s, 30 s, 30 s).
+	PullTimeouts pull.Timeouts
+
+	// envErrs are the variables FromEnv could not use: Start refuses
+	// to run with them (Validate).
+	envErrs []error
+}
+
+// Validate reports settings the sidecar must not start with.
+func (c Config) Validate() error {
+	return errors.Join(append(c.envErrs, c.PullTimeouts.Validate())...)
+}
+
+// pullTimeoutsFromEnv reads the pull timeouts; unset variables leave the
+// defaults, malformed or out-of-range ones are errors naming them.
+func pullTimeoutsFromEnv() (pull.Timeouts, []error) {
+	var t pull.Timeouts
+	var errs []error
+	for _, v := range []struct {
+		name string
+		d    *time.Duration
+	}{{"ZIPTRAIL_PULL_DIAL_TIMEOUT", &t.Dial}, {"ZIPTRAIL_PULL_RESPONSE_TIMEOUT", &t.Response}, {"ZIPTRAIL_PULL_STALL_TIMEOUT", &t.Stall}} {
+		s := os.Getenv(v.name)
+		if s == "" {
+			continue
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 || d > pull.MaxTimeout {
+			errs = append(errs, fmt.Errorf("%s=%q: want a positive duration of at most %v, such as 10s", v.name, s, pull.MaxTimeout))
+			continue
+		}
+		*v.d = d
+	}
+	return t, errs
 }
 
 // FromEnv builds a Config from Knative's and ziptrail's environment.
@@ -84,6 +125,7 @@ func FromEnv() Config {
 	}
 	c.BackupTimeout = time.Duration(envInt("ZIPTRAIL_BACKUP_TIMEOUT_SECONDS", 25)) * time.Second
 	c.MaxOutputsBytes = int64(envInt("ZIPTRAIL_MAX_OUTPUTS_BYTES", invocation.MaxEnvelopeBytes))
+	c.PullTimeouts, c.envErrs = pullTimeoutsFromEnv()
 	c.PutTimeout = 30 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("ZIPTRAIL_PUT_TIMEOUT")); err == nil && d > 0 {
 		c.PutTimeout = d

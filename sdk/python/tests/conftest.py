@@ -9,6 +9,7 @@ import base64
 import datetime
 import hashlib
 import hmac
+import json
 import os
 import re
 import shutil
@@ -132,6 +133,7 @@ class Sidecar:
     shm_dir: str
     namespace: str
     function_port: int = 0  # the user container's port (straight to the function, no sidecar)
+    metrics_port: int = 0  # /metrics, when served
     _client: ziptrail.Client | None = None
 
     @property
@@ -147,6 +149,11 @@ class Sidecar:
     def env(self) -> dict[str, str]:
         """The user container's environment for this pod."""
         return {"ZIPTRAIL_SOCKET": self.socket, "ZIPTRAIL_SHM_DIR": self.shm_dir}
+
+    def metrics(self) -> str:
+        """The sidecar's Prometheus metrics (text format)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=30) as r:
+            return r.read().decode()
 
     def kill(self) -> None:
         if self._client is not None:
@@ -182,8 +189,9 @@ class Sidecars:
         # it listens, so no port picked here can be taken in between.
         penv = dict(os.environ, SERVING_NAMESPACE=namespace, SERVING_POD_IP="127.0.0.1",
                     ZIPTRAIL_METRICS_PORT="0", ZIPTRAIL_SOCKET=sock,
-                    ZIPTRAIL_SHM_DIR=shm, ZIPTRAIL_KEY_FILE=key_file or self.key_file, **env)
+                    ZIPTRAIL_SHM_DIR=shm, ZIPTRAIL_KEY_FILE=key_file or self.key_file)
         penv["ZIPTRAIL_DATAPLANE_PORT"] = "0"
+        penv.update(env)
         proc = subprocess.Popen([self.binary, "--standalone", "--listen", "127.0.0.1:0", "--upstream",
                                  f"http://127.0.0.1:{upstream_port}"], env=penv, stderr=subprocess.PIPE, text=True)
         announced = ready_line(proc)
@@ -376,17 +384,48 @@ class Pods:
     sidecars: Sidecars
     control: Control
     redis: str
+    nodes: dict[str, str] = field(default_factory=dict)
 
-    def start(self, namespace: str = "ns", pod: str | None = None, function: str | None = None) -> Sidecar:
+    def start(self, namespace: str = "ns", pod: str | None = None, function: str | None = None,
+              node: str | None = None) -> Sidecar:
         """A pod; with ``function`` (Python source defining ``handler``) its
-        function server runs behind the sidecar."""
+        function server runs behind the sidecar; with ``node`` its sidecar
+        shares that node's directory (same-node data plane and direct
+        channels) and serves its metrics (``Sidecar.metrics``)."""
         pod = pod or f"pod-{uuid.uuid4().hex[:8]}"
-        return self.sidecars.start(namespace, function, SERVING_POD=pod, ZIPTRAIL_OPERATOR_ADDR=self.control.addr,
-                                   ZIPTRAIL_TOKEN_FILE=self.control.pod_token(namespace, pod),
-                                   ZIPTRAIL_REDIS_ADDR=self.redis)
+        token = self.control.pod_token(namespace, pod)
+        env = {}
+        if node is not None:
+            env = {"ZIPTRAIL_NODE_DIR": self.node_dir(node), "ZIPTRAIL_NODE_NAME": node,
+                   "ZIPTRAIL_POD_UID": token_pod_uid(token), "ZIPTRAIL_METRICS_PORT": str(free_port())}
+        sc = self.sidecars.start(namespace, function, SERVING_POD=pod, ZIPTRAIL_OPERATOR_ADDR=self.control.addr,
+                                 ZIPTRAIL_TOKEN_FILE=token, ZIPTRAIL_REDIS_ADDR=self.redis, **env)
+        if node is not None:
+            sc.metrics_port = int(env["ZIPTRAIL_METRICS_PORT"])
+        return sc
+
+    def node_dir(self, node: str) -> str:
+        """The node directory of ``node`` (made once, with the mode the
+        chart gives it: any pod creates its socket, none lists or removes
+        the others')."""
+        d = self.nodes.get(node)
+        if d is None:
+            d = self.nodes[node] = tempfile.mkdtemp(prefix="zn")  # short: socket paths are limited
+            self.sidecars.dirs.append(d)
+            os.chmod(d, 0o1733)
+        return d
 
     def start_many(self, n: int, namespace: str = "ns") -> list[Sidecar]:
         return [self.start(namespace) for _ in range(n)]
+
+
+def token_pod_uid(token_file: str) -> str:
+    """The pod UID the API server bound a token to (its "kubernetes.io"
+    claim): the UID views carry, after which a sidecar names its node
+    messaging socket."""
+    payload = Path(token_file).read_text().split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return claims["kubernetes.io"]["pod"]["uid"]
 
 
 @pytest.fixture

@@ -182,6 +182,8 @@ class _FastServer:
 
     def _call(self, c: socket.socket, op: int, flags: int, session: str, group: str, rank: int, peer: int, tag: int,
               timeout_ms: int, payload: bytes) -> bytes:
+        if op not in (1, 2):  # as a sidecar without member channels answers attach and open
+            raise InvalidError("messaging", f"unknown operation {op}", "BAD_PAYLOAD")
         if op == 1:
             data = pb.Payload(path=payload.decode()) if flags & 1 else pb.Payload(inline=payload)
             req = pb.SendRequest(session=session, group=group, to=peer, tag=tag, data=data, timeout_ms=timeout_ms)

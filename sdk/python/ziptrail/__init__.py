@@ -27,7 +27,7 @@ from .bucket import (META_DECLARE_ONLY, META_EXPECTED_COUNT, META_EXPECTED_KEYS,
 from .client import (BytesLike, Client, Data, InlineObject, MappedObject, Response, SharedBuffer, allocate, broadcast,
                      default_client, gather, get, invoke, put, scatter, set_default_client)
 from .errors import (BadReferenceError, Closed, ClosedError, CollectiveAbortedError, Conflict, ConflictError,
-                     ExhaustedError, ExpiredError, Foreign, ForeignError, FunctionFailedError, GroupConflictError,
+                     DirectChannelError, ExhaustedError, ExpiredError, Foreign, ForeignError, FunctionFailedError, GroupConflictError,
                      InvalidError, MessageTimeout, MessageTimeoutError, NotFoundError, PeerGone, PeerGoneError,
                      ProducerGoneError, StoreFullError, TimeoutError_, TooLargeError, UnavailableError, ZiptrailError,
                      ZiptrailTimeoutError)
@@ -53,5 +53,5 @@ __all__ = [
     "ZiptrailError", "BadReferenceError", "ExpiredError", "ExhaustedError", "ProducerGoneError", "NotFoundError",
     "ZiptrailTimeoutError", "TimeoutError_", "UnavailableError", "StoreFullError", "TooLargeError", "InvalidError",
     "ConflictError", "FunctionFailedError", "PeerGoneError", "MessageTimeoutError", "ForeignError", "ClosedError",
-    "GroupConflictError", "CollectiveAbortedError", "PeerGone", "MessageTimeout", "Foreign", "Closed", "Conflict",
+    "GroupConflictError", "CollectiveAbortedError", "DirectChannelError", "PeerGone", "MessageTimeout", "Foreign", "Closed", "Conflict",
 ]

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from ._direct import INLINE_MAX, MEMFD, Memfd, header, sealed_memfd
 from ._fastmsg import Payload, messaging_call, slack, timeout_ms
 from ._reduce import SUM, Op, Reduction, _apply, _convert, _itemsize, _promote, _Vec
 from .client import BytesLike, Data, InlineObject, MappedObject, _remove, _view
@@ -95,6 +96,11 @@ class _Collectives:
 
         def _recv(self, op: str, source: int | None, tag: int | None,
                   timeout: float | None) -> tuple[int, int, Payload]: ...
+
+        def _direct_dests(self, op: str, dests: list[int],
+                          timeout: float | None) -> tuple[list[tuple[int, Any]], list[int]]: ...
+
+    _att: Any
 
     def _collective(self, kind: int, op: str, timeout: float | None, fn: Callable[[_Ctx], Any]) -> Any:
         with self._coll:
@@ -179,6 +185,11 @@ class _Collectives:
     def _unframe(self, op: str, payload: Payload) -> tuple[int, bytes, Data]:
         """A collective message's type, header and data; a str payload is
         the path of the message's file (mapped, then removed)."""
+        if isinstance(payload, Memfd):  # a direct channel's large message
+            try:
+                return self._unframe_fd(op, payload.fd, payload.size)
+            finally:
+                payload.close()
         if isinstance(payload, str):
             path = payload
             try:
@@ -186,24 +197,27 @@ class _Collectives:
             except OSError as e:
                 raise ZiptrailError(op, f"open the message file {path} the sidecar wrote: {e}") from None
             try:
-                size = os.fstat(fd).st_size
-                typ, hdr, off = self._parse(op, os.pread(fd, _FRAME.size, 0), size,
-                                            lambda n: os.pread(fd, n, _FRAME.size))
-                n = size - off
-                data: Data
-                if n == 0:
-                    data = InlineObject(b"")
-                elif off % _PAGE == 0:
-                    data = MappedObject(fd, n, prot=mmap.PROT_READ, offset=off)
-                else:
-                    data = InlineObject(_pread(fd, n, off))
+                return self._unframe_fd(op, fd, os.fstat(fd).st_size)
             finally:
                 os.close(fd)
                 _remove(path)
-            return typ, hdr, data
         raw = payload
         typ, hdr, off = self._parse(op, raw[:_FRAME.size], len(raw), lambda n: raw[_FRAME.size:_FRAME.size + n])
         return typ, hdr, InlineObject(raw[off:])
+
+    def _unframe_fd(self, op: str, fd: int, size: int) -> tuple[int, bytes, Data]:
+        """A collective message of a file: its data mapped when it starts
+        at a page boundary, else copied."""
+        typ, hdr, off = self._parse(op, os.pread(fd, _FRAME.size, 0), size, lambda n: os.pread(fd, n, _FRAME.size))
+        n = size - off
+        data: Data
+        if n == 0:
+            data = InlineObject(b"")
+        elif off % _PAGE == 0:
+            data = MappedObject(fd, n, prot=mmap.PROT_READ, offset=off)
+        else:
+            data = InlineObject(_pread(fd, n, off))
+        return typ, hdr, data
 
     @staticmethod
     def _parse(op: str, head: bytes, size: int, read_hdr: Callable[[int], bytes]) -> tuple[int, bytes, int]:
@@ -216,7 +230,12 @@ class _Collectives:
         raise ZiptrailError(op, "a malformed collective message (a member with another SDK version?)")
 
     def _send_to(self, ctx: _Ctx, dests: Sequence[int], fmt: str, data: Any) -> None:
-        """Sends one data message to each of dests (one file, hard-linked)."""
+        """Sends one data message to each of dests: into the direct channels
+        of same-node dests (one memfd for all when large), else through the
+        sidecar (one file, hard-linked)."""
+        direct, dests = self._direct_dests(ctx.op, list(dests), ctx.remaining())
+        if direct:
+            self._send_direct_frame(ctx, direct, fmt.encode(), data)
         payloads = self._frame(_DATA, fmt.encode(), data, len(dests), ctx.op)
         for i, d in enumerate(dests):
             try:
@@ -225,6 +244,25 @@ class _Collectives:
                 for p in payloads[i + 1:]:
                     self.client._discard(p)
                 raise
+
+    def _send_direct_frame(self, ctx: _Ctx, dests: list[tuple[int, Any]], hdr: bytes, data: Any) -> None:
+        """One data message into each direct channel: inline, or one sealed
+        memfd (the data at a page boundary, mapped by the receivers)."""
+        mv = _view(data) if data is not None else memoryview(b"")
+        base = _FRAME.size + len(hdr)
+        if base + mv.nbytes <= INLINE_MAX:
+            raw = _FRAME.pack(_VERSION, _DATA, len(hdr), base) + hdr + mv.tobytes()
+            for d, sock in dests:
+                self._att.send(ctx.op, d, sock, ctx.tag, raw, ctx.remaining())
+            return
+        off = -(-base // _PAGE) * _PAGE
+        fd = sealed_memfd([(0, _FRAME.pack(_VERSION, _DATA, len(hdr), off) + hdr), (off, mv)], off + mv.nbytes)
+        try:
+            head = header(MEMFD, ctx.tag, off + mv.nbytes)
+            for d, sock in dests:
+                self._att.send_frame(ctx.op, d, sock, [head], fd, ctx.remaining())
+        finally:
+            os.close(fd)
 
     def _recv_from(self, ctx: _Ctx, source: int) -> tuple[str, Data]:
         return self._data(ctx, self._recv(ctx.op, source, ctx.tag, ctx.remaining())[2])
@@ -255,6 +293,9 @@ class _Collectives:
     def _sendrecv(self, ctx: _Ctx, to: int, fmt: str, data: Any, source: int) -> tuple[str, Data]:
         """Sends to ``to`` while receiving from ``source`` (neither waits for
         the other, so a ring never deadlocks on back-pressure)."""
+        if self._att is not None:  # receives are local: nothing waits at the sidecar
+            self._send_to(ctx, [to], fmt, data)
+            return self._recv_from(ctx, source)
         t = ctx.remaining()
         ms = timeout_ms(t)
         pending = messaging_call(self.client, ctx.op, lambda: self._msg.start_recv(

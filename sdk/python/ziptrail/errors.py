@@ -173,6 +173,19 @@ class CollectiveAbortedError(ZiptrailError):
         self.rank = rank
 
 
+class DirectChannelError(ZiptrailError):
+    """A same-node peer broke the protocol of its direct channel to this
+    member (a malformed or oversized frame, an unsealed or wrong-size
+    memfd, descriptors it should not send): the channel was dropped, with
+    every descriptor that came on it. ``rank`` is that peer's."""
+
+    kind = "Internal"
+
+    def __init__(self, op: str, message: str, reason: str = "", rank: int | None = None) -> None:
+        super().__init__(op, message, reason)
+        self.rank = rank
+
+
 #: Short names of the messaging errors.
 PeerGone = PeerGoneError
 MessageTimeout = MessageTimeoutError

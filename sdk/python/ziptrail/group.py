@@ -65,14 +65,18 @@ maps the data straight from its file.
 
 from __future__ import annotations
 
+import mmap
+import os
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from . import _direct
+from ._attached import Attached
 from ._collectives import RING_MIN_BYTES, _Collectives
-from ._fastmsg import ANY_SOURCE, ANY_TAG, MAX_NAMES, Payload, messaging_call, slack, timeout_ms
+from ._fastmsg import ANY_SOURCE, ANY_TAG, MAX_NAMES, Payload, messaging_call, slack, socket_path, timeout_ms
 from ._reduce import MAX, MIN, SUM, Op, Reduction
-from .client import BytesLike, Data
+from .client import BytesLike, Data, InlineObject, MappedObject, SharedBuffer, _view
 from .errors import InvalidError, ZiptrailError
 
 if TYPE_CHECKING:
@@ -123,7 +127,7 @@ class Group(_Collectives):
     send and recv; collectives run one at a time per group."""
 
     def __init__(self, client: Client, session: str, name: str, rank: int, size: int, invocation_id: str,
-                 view: sidecar_pb2.MembersResponse) -> None:
+                 view: Any, att: Attached | None = None) -> None:
         self.client = client
         self.session = session
         self.name = name
@@ -141,6 +145,9 @@ class Group(_Collectives):
         self._seq = 0
         self._coll = threading.Lock()
         self._left = False
+        # Attached (a sidecar with member channels): receives locally, sends
+        # to same-node ranks over direct channels; else None.
+        self._att = att
 
     # --- membership -----------------------------------------------------------
 
@@ -156,10 +163,40 @@ class Group(_Collectives):
             inv = current_invocation()
             invocation_id = inv.id if inv is not None and inv.session == session else ""
         timeout = timeout if timeout is not None else client.timeout
+        att = cls._attach(client, session, group, rank, size, mailbox, invocation_id, wait_all, timeout)
+        if att is not None:
+            return cls(client, session, group, rank, size, invocation_id, att[1], att[0])
         req = client._pb.JoinRequest(session=session, group=group, rank=rank, size=size, mailbox=mailbox,
                                      invocation_id=invocation_id, wait_all=wait_all, timeout_ms=timeout_ms(timeout))
         view = messaging_call(client, "join", lambda: client._call("join", client._stub.Join, req, slack(timeout)))
         return cls(client, session, group, rank, size, invocation_id, view)
+
+    @classmethod
+    def _attach(cls, client: Client, session: str, group: str, rank: int, size: int, mailbox: bool,
+                invocation_id: str, wait_all: bool, timeout: float | None) -> tuple[Attached, Any] | None:
+        """Joins with the member channel attached: (the attached member, its
+        first view); None with a sidecar without member channels."""
+        if len(session.encode()) > MAX_NAMES or len(group.encode()) > MAX_NAMES or len(invocation_id) > MAX_NAMES:
+            return None  # gRPC says what is wrong
+        path = socket_path(client.socket)
+        try:
+            sock, mbox = _direct.attach(path, session, group, rank, size, mailbox, invocation_id, timeout_ms(timeout),
+                                        slack(timeout))
+        except _direct.NoAttach:
+            return None
+        att = Attached(path, session, group, rank, mbox, sock)
+        try:
+            view = att.wait_view("join", (lambda v: len(v.live) + len(v.gone) >= v.size) if wait_all else (lambda v: True),
+                                 timeout)
+        except BaseException:
+            att.close()
+            try:
+                client._call("leave", client._stub.Leave, client._pb.LeaveRequest(session=session, group=group, rank=rank),
+                             slack(timeout))
+            except ZiptrailError:
+                pass
+            raise
+        return att, view
 
     def members(self, *, timeout: float | None = None) -> Members:
         """The group's membership now."""
@@ -178,7 +215,11 @@ class Group(_Collectives):
         if self._left:
             return
         self._left = True
-        self._call("leave", self._stub.Leave, self._pb.LeaveRequest(session=self.session, group=self.name, rank=self.rank), None)
+        try:
+            self._call("leave", self._stub.Leave, self._pb.LeaveRequest(session=self.session, group=self.name, rank=self.rank), None)
+        finally:
+            if self._att is not None:
+                self._att.close()
 
     def __enter__(self) -> Group:
         return self
@@ -202,6 +243,18 @@ class Group(_Collectives):
         if tag < 0:
             raise InvalidError("send", f"tags are >= 0 (negative tags are the collectives'), got {tag}")
         self._check_rank("send", to)
+        if self._att is not None:
+            t = timeout if timeout is not None else self.client.timeout
+            sock = self._att.path("send", to, t)
+            if sock is not None:
+                if isinstance(data, SharedBuffer):
+                    try:
+                        self._att.send("send", to, sock, tag, data.data, t)
+                    finally:
+                        data.discard()
+                else:
+                    self._att.send("send", to, sock, tag, _view(data), t)
+                return False
         (payload,) = self.client._raw_payloads(data, "send")
         return self._send_payload("send", to, tag, payload, timeout)
 
@@ -213,6 +266,11 @@ class Group(_Collectives):
         if source != ANY:
             self._check_rank("recv", source)
         frm, got, payload = self._recv("recv", None if source == ANY else source, None if tag == ANY else tag, timeout)
+        if isinstance(payload, _direct.Memfd):  # a large message of a direct channel: mapped, not copied
+            try:
+                return Message(frm, got, MappedObject(payload.fd, payload.size, prot=mmap.PROT_READ))
+            finally:
+                payload.close()
         return Message(frm, got, self.client._data("recv", payload, ""))
 
     def _check_rank(self, op: str, r: int) -> None:
@@ -231,6 +289,11 @@ class Group(_Collectives):
         """Sends payload (bytes, or a str: a file's path the sidecar takes over)."""
         t = timeout if timeout is not None else self.client.timeout
         try:
+            if self._att is not None:
+                sock = self._att.path(op, to, t)
+                if sock is not None:
+                    self._send_direct(op, to, sock, tag, payload, t)
+                    return False
             self._check_names(op)
             ms = timeout_ms(t)
             return messaging_call(self.client, op, lambda: self._msg.send(
@@ -243,6 +306,8 @@ class Group(_Collectives):
         """(from, tag, payload) of the oldest matching message; None is any
         source, or any (user) tag."""
         t = timeout if timeout is not None else self.client.timeout
+        if self._att is not None:
+            return self._att.recv(op, source, tag, t)
         self._check_names(op)
         flags = (ANY_SOURCE if source is None else 0) | (ANY_TAG if tag is None else 0)
         ms = timeout_ms(t)
@@ -250,9 +315,43 @@ class Group(_Collectives):
             op, self._names, self._name_lens, self.rank, source or 0, tag or 0, flags, ms, slack(t)), source)
 
 
+    def _send_direct(self, op: str, to: int, sock: Any, tag: int, payload: Payload, timeout: float | None) -> None:
+        """Sends a payload into a direct channel; a file (str) is taken
+        over: small ones inline, large ones moved into a sealed memfd."""
+        assert self._att is not None
+        if not isinstance(payload, str):
+            self._att.send(op, to, sock, tag, payload, timeout)
+            return
+        try:
+            src = os.open(payload, os.O_RDONLY)
+        finally:
+            try:
+                os.unlink(payload)
+            except OSError:
+                pass
+        try:
+            with mmap.mmap(src, 0, prot=mmap.PROT_READ) if os.fstat(src).st_size else memoryview(b"") as m:
+                self._att.send(op, to, sock, tag, m, timeout)
+        finally:
+            os.close(src)
+
+    def _direct_dests(self, op: str, dests: list[int], timeout: float | None) -> tuple[list[tuple[int, Any]], list[int]]:
+        """Splits dests into those with a direct channel (with it) and the others."""
+        if self._att is None:
+            return [], dests
+        direct, rest = [], []
+        for d in dests:
+            sock = self._att.path(op, d, timeout)
+            if sock is None:
+                rest.append(d)
+            else:
+                direct.append((d, sock))
+        return direct, rest
+
+
 # --- helpers --------------------------------------------------------------------
 
-def _members(r: sidecar_pb2.MembersResponse) -> Members:
+def _members(r: Any) -> Members:
     return Members(size=r.size, live=tuple(r.live), gone=tuple(r.gone), epoch=r.epoch, mailbox=r.mailbox)
 
 

@@ -1,0 +1,232 @@
+"""Same-node direct channels (docs/messaging.md) against real sidecars:
+queue-proxy-zl processes on the operator's control server, the pods of a
+node sharing that node's directory. Members attach (their SDK receives
+locally); pairs on one node send over direct channels, the others through
+the sidecars."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import ziptrail
+from conftest import SDK, Pods, Sidecar
+from test_group_sidecars import LIMIT, MiB, collectives, ok, run_members, shm_files
+
+
+def direct_opens(sc: Sidecar, result: str = "direct") -> int:
+    """The sidecar's count of direct channel requests on its node socket
+    with that result (its metric)."""
+    m = re.search(r'^ziptrail_messages_direct_opens_total\{result="%s"\} (\d+)' % result, sc.metrics(), re.M)
+    return int(m.group(1)) if m else 0
+
+
+def open_fds() -> list[str]:
+    """What this process's descriptors point to."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor
+            pass
+    return out
+
+
+def test_same_node_pairs_send_over_direct_channels(pods: Pods):
+    """Two pods of one node and one of another: ranks 0 and 1 (same node)
+    get direct channels both ways (the receivers' sidecars count them),
+    rank 2 goes through the sidecars. 3,000 messages per pair arrive in
+    order; large ones come as sealed memfds mapped without a copy; no file
+    passes through the shared-memory directories."""
+    a, b = pods.start(node="n1"), pods.start(node="n1")
+    far = pods.start(node="n2")
+    n = 3000
+    sizes = [0, 1, 64, 4096, 200_000, 130 * 1024, 2 * MiB]
+    bodies = {size: os.urandom(size) for size in sizes}
+
+    def payload(frm: int, i: int) -> bytes:
+        size = sizes[i // 50 % len(sizes)] if i % 50 == 0 else 64
+        return b"%d:%d;" % (frm, i) + bodies[size][:max(0, size - 12)] if size >= 12 else bodies[size]
+
+    def member(g: ziptrail.Group) -> Any:
+        assert g._att is not None, "the member did not attach"
+        others = [r for r in range(3) if r != g.rank]
+        done = threading.Event()
+
+        def sender() -> None:
+            for i in range(n):
+                for r in others:
+                    assert g.send(r, payload(g.rank, i), tag=i % 7) is False
+            done.set()
+
+        t = threading.Thread(target=sender)
+        t.start()
+        nxt = {r: 0 for r in others}
+        while any(v < n for v in nxt.values()):
+            with g.recv(timeout=LIMIT) as m:
+                i = nxt[m.source]
+                want = payload(m.source, i)
+                assert (m.tag, len(m.data)) == (i % 7, len(want)), f"from {m.source} message {i}"
+                if len(want) > 128 * 1024 and {m.source, g.rank} == {0, 1}:
+                    assert isinstance(m.data, ziptrail.MappedObject)  # a memfd, mapped
+                assert hashlib.sha256(m.data).digest() == hashlib.sha256(want).digest()
+                nxt[m.source] = i + 1
+        t.join(LIMIT)
+        assert done.is_set()
+        g.barrier()
+        return None
+
+    ok(run_members([a, b, far], 3, member, session="direct-p2p"))
+    assert direct_opens(a) == 1 and direct_opens(b) == 1  # 1 -> 0 at a, 0 -> 1 at b
+    assert direct_opens(far) == 0
+    for sc in (a, b, far):
+        assert shm_files(sc) == []
+
+
+@pytest.mark.parametrize("n, per_pod", [(4, 1), (8, 2)])
+def test_every_collective_over_direct_channels(pods: Pods, n: int, per_pod: int):
+    """Every collective with 4 members (one pod each) and 8 (two per pod),
+    all pods on one node: every pair talks over a direct channel."""
+    scs = [pods.start(node="n1") for _ in range(n // per_pod)]
+    ok(run_members(scs, n, collectives, session=f"direct-coll-{n}"))
+    assert sum(direct_opens(sc) for sc in scs) == n * (n - 1)  # every ordered pair, once
+    for sc in scs:
+        assert shm_files(sc) == []
+
+
+HOSTILE = r'''
+import array, os, socket, struct, sys, fcntl
+import ziptrail
+from ziptrail import _direct
+
+sock, shm, session, k = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+c = ziptrail.Client(sock, shm)
+H = struct.Struct("<IBqQ")
+M = 0x3144545A
+
+def memfd(size, seal=True):
+    fd = os.memfd_create("x", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _direct.SEALS)
+    return fd
+
+def fds(*f):
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", f))]
+
+big = 200 << 10
+r, w = os.pipe()
+cases = [
+    ([b"hello"], []),                                      # shorter than a header
+    ([H.pack(0xDEADBEEF, 1, 0, 0)], []),                    # bad magic
+    ([H.pack(M, 1, 0, 100), b"x" * 10], []),                # announces more than it carries
+    ([H.pack(M, 1, 0, big), b"x" * big], []),               # over the inline bound
+    ([H.pack(M, 2, 0, big)], fds(memfd(big, seal=False))),  # an unsealed memfd
+    ([H.pack(M, 2, 0, big * 2)], fds(memfd(big))),          # a memfd of another size
+    ([H.pack(M, 1, 0, 3), b"abc"], fds(r)),                 # inline with a descriptor
+    ([H.pack(M, 2, 0, big)], fds(memfd(big), memfd(big))),  # two memfds
+    ([H.pack(M, 2, 0, big)], fds(*[memfd(big) for _ in range(8)])),  # more than fit
+    ([H.pack(M, 9, 0, 0)], []),                             # an unknown kind
+    ([H.pack(M, 2, 0, big)], fds(w)),                       # a pipe, not a memfd
+    ([H.pack(M, 2, 0, 1 << 40)], fds(memfd(big))),          # past the message cap
+]
+assert len(cases) == k
+groups = [c.join(session, "g", s, k + 2, timeout=120) for s in range(1, k + 2)]
+for s, (parts, anc) in enumerate(cases, 1):
+    ch = _direct.open_direct(c.socket[:-len(".sock")] + ".msg.sock", session, "g", s, 0, "open", 60)
+    assert ch is not None, "no direct channel"
+    ch.sendmsg([H.pack(M, 1, 5, 2), b"ok"])
+    ch.sendmsg(parts, anc)
+    groups[s - 1]._hostile = ch
+groups[-1].send(0, b"still here", tag=5)  # a well-behaved member
+print("SENT", flush=True)
+sys.stdin.read()  # until the test is done
+'''
+
+
+def test_hostile_peer_on_a_direct_channel(pods: Pods, tmp_path):
+    """A same-node peer process writes, after one good frame, a malformed,
+    oversized or descriptor-smuggling frame (an unsealed or wrong-size
+    memfd, a pipe, extra descriptors) into its direct channel: the
+    receiving SDK drops that channel and its recv names the rank (a
+    DirectChannelError), it neither hangs nor crashes (a well-behaved
+    member's message still arrives), and it keeps no descriptor of it."""
+    a, b = pods.start(node="n1"), pods.start(node="n1")
+    k = 12
+    g = a.client.join("hostile", "g", 0, k + 2, timeout=LIMIT)
+    try:
+        assert g._att is not None
+        script = tmp_path / "hostile.py"
+        script.write_text(HOSTILE)
+        env = dict(os.environ, PYTHONPATH=str(SDK))
+        peer = subprocess.Popen([sys.executable, str(script), b.socket, b.shm_dir, "hostile", str(k)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        base = open_fds()
+        try:
+            assert peer.stdout is not None and peer.stdout.readline().strip() == "SENT"
+            for s in range(1, k + 1):
+                with g.recv(source=s, timeout=LIMIT) as m:
+                    assert (m.tag, bytes(m.data)) == (5, b"ok")
+                with pytest.raises(ziptrail.DirectChannelError) as e:
+                    g.recv(source=s, timeout=LIMIT)
+                assert e.value.rank == s and f"rank {s}" in str(e.value), str(e.value)
+            with g.recv(source=k + 1, timeout=LIMIT) as m:
+                assert bytes(m.data) == b"still here"
+            with pytest.raises(ziptrail.DirectChannelError):  # again for a receive from that rank
+                g.recv(source=1, timeout=LIMIT)
+            assert direct_opens(a) == k + 1
+            new = Counter(open_fds()) - Counter(base)  # the well-behaved member's channel, nothing else
+            assert sum(new.values()) == 1 and next(iter(new)).startswith("socket:"), f"descriptors leaked: {new}"
+        finally:
+            peer.communicate("", timeout=LIMIT)
+    finally:
+        g.leave()
+
+
+VICTIM = """
+import time
+def handler(inv):
+    g = ziptrail.join("g", 1, 2, wait_all=True, timeout=120)
+    g.send(0, b"ready")
+    while True:
+        time.sleep(1)  # until killed
+"""
+
+
+def test_peer_process_killed_is_peer_gone(pods: Pods):
+    """A same-node peer's function process is SIGKILLed while this member
+    waits for it: recv gets PeerGoneError naming it (its direct channel
+    ended and the view says it left), not a timeout."""
+    a = pods.start(node="n1")
+    fn = pods.start(node="n1", function=VICTIM)
+    victim = pods.sidecars.procs[-1]
+    g = a.client.join("kill", "g", 0, 2, timeout=LIMIT)
+    out: list[Any] = []
+    call = threading.Thread(target=lambda: out.append(
+        a.client.invoke(fn.url, b"", session="kill", timeout=LIMIT)), daemon=True)
+    try:
+        call.start()
+        with g.recv(source=1, timeout=LIMIT) as m:
+            assert bytes(m.data) == b"ready"
+        assert direct_opens(a) == 1  # the victim's channel to rank 0
+        victim.kill()
+        t0 = time.monotonic()
+        with pytest.raises(ziptrail.PeerGoneError) as e:
+            g.recv(source=1, timeout=LIMIT)
+        print(f"PeerGone {1000 * (time.monotonic() - t0):.0f} ms after SIGKILL")
+        assert e.value.rank == 1
+        with pytest.raises(ziptrail.PeerGoneError) as e:
+            g.send(1, b"anyone?", timeout=LIMIT)
+        assert e.value.rank == 1
+    finally:
+        g.leave()
+        call.join(LIMIT)

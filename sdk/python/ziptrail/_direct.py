@@ -1,0 +1,312 @@
+"""Same-node direct channels (docs/messaging.md, "Same-node direct
+channels"): the messaging socket's ``attach`` and ``open`` operations
+(internal/dataplane/localapi/fastdirect.go) and the framing of one direction
+s -> r of a direct channel (internal/dataplane/directmsg/channel.go), byte
+for byte as the Go SDK's, so that Go and Python members share channels.
+
+A direct channel is a SOCK_SEQPACKET socketpair the sidecars made; every
+frame is one packet, so a descriptor travels with exactly its frame::
+
+    u32 magic "ZTD1", u8 kind (1 inline, 2 memfd), i64 tag, u64 size,
+    then for inline the size bytes
+
+little endian. A message larger than INLINE_MAX goes as one memfd sealed
+with every seal (write, shrink, grow, seal), attached to a frame without
+bytes; the receiver checks the seals and the size and maps it read-only.
+
+The peer is not trusted: a frame that is truncated, oversized, of an unknown
+kind, announces a size it does not carry, has descriptors it should not
+have, or a memfd that is unsealed or of another size is a FrameError (every
+received descriptor closed); the caller drops the channel.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import os
+import select
+import socket
+import stat
+import struct
+import time
+from typing import Any
+
+from ._fastmsg import _REQ, _REQ_FIXED, _RESP, _RESP_FIXED
+from .errors import (MessageTimeoutError, PeerGoneError, UnavailableError, ZiptrailError, from_reason)
+
+MAGIC = 0x3144545A  # b"ZTD1" little endian
+_HDR = struct.Struct("<IBqQ")
+HEADER = _HDR.size  # 21
+#: The largest message sent inside its frame (larger: a sealed memfd).
+INLINE_MAX = 128 << 10
+#: The largest memfd message (the sidecar path's cap).
+MAX_MESSAGE = 1 << 30
+INLINE, MEMFD = 1, 2
+SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+# Operations and flags of the messaging socket (fastdirect.go).
+_ATTACH, _OPEN = 3, 4
+PUSH_MESSAGE, PUSH_VIEW, PUSH_DIRECT = 0, 2, 3
+FLAG_PATH, FLAG_MAILBOX, FLAG_DIRECT = 1, 2, 4
+_FD_SPACE = socket.CMSG_SPACE(4 * 4)  # room for a few descriptors: more is a protocol error
+_SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+
+
+class FrameError(Exception):
+    """A peer's protocol violation on a direct channel."""
+
+
+class NoAttach(Exception):
+    """The sidecar has no member channels (an older one): join through gRPC."""
+
+
+class Memfd:
+    """A received memfd message: its checked descriptor (owned) and size."""
+
+    __slots__ = ("fd", "size")
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size = fd, size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def header(kind: int, tag: int, size: int) -> bytes:
+    return _HDR.pack(MAGIC, kind, tag, size)
+
+
+# --- sending ----------------------------------------------------------------------
+
+def sealed_memfd(parts: list[tuple[int, Any]], size: int) -> int:
+    """A new memfd of ``size`` bytes with each (offset, buffer) of parts
+    written at its offset, sealed read-only. One copy of the bytes."""
+    fd = os.memfd_create("ziptrail-msg", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        for off, buf in parts:
+            mv = memoryview(buf).cast("B")
+            done = 0
+            while done < mv.nbytes:
+                done += os.pwrite(fd, mv[done:done + (1 << 30)], off + done)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def send_frame(sock: socket.socket, rank: int, op: str, parts: list[Any], fd: int, deadline: float | None) -> None:
+    """Writes one frame (parts: its bytes; fd: a memfd to attach, or -1),
+    waiting while the receiver's socket is full (back-pressure) until the
+    deadline (time.monotonic). A closed channel is the receiver gone."""
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))] if fd >= 0 else []
+    while True:
+        try:
+            sock.sendmsg(parts, anc, _SEND_FLAGS)
+            return
+        except BlockingIOError:
+            pass
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise PeerGoneError(op, f"rank {rank}'s direct channel closed: {e}", "PEER_GONE", rank=rank) from None
+        except OSError as e:
+            if sock.fileno() < 0:
+                raise ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)") from None
+            raise ZiptrailError(op, f"sending to rank {rank}: {e}") from None
+        wait = -1 if deadline is None else int((deadline - time.monotonic()) * 1000)
+        if deadline is not None and wait <= 0:
+            raise MessageTimeoutError(op, f"rank {rank} did not take the message in time (its inbox is full)",
+                                      "MSG_TIMEOUT")
+        p = select.poll()
+        try:
+            p.register(sock, select.POLLOUT)
+        except (ValueError, OSError):
+            raise ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)") from None
+        p.poll(wait)
+
+
+# --- receiving ----------------------------------------------------------------------
+
+class FrameReader:
+    """Reads a direct channel's frames (one reader per channel)."""
+
+    __slots__ = ("buf", "view")
+
+    def __init__(self) -> None:
+        self.buf = bytearray(HEADER + INLINE_MAX + 1)
+        self.view = memoryview(self.buf)
+
+    def read(self, sock: socket.socket) -> tuple[int, Any] | None:
+        """The next frame as (tag, bytes or Memfd); None when nothing is
+        there (non-blocking); EOFError when the sender closed its end;
+        FrameError for a protocol violation."""
+        try:
+            n, anc, flags, _ = sock.recvmsg_into([self.view], _FD_SPACE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+        except (BlockingIOError, InterruptedError):
+            return None
+        fds = _rights(anc)
+        try:
+            if n == 0 and not fds:
+                raise EOFError
+            if flags & socket.MSG_TRUNC:
+                raise FrameError(f"a frame over {HEADER + INLINE_MAX} bytes")
+            if flags & socket.MSG_CTRUNC:
+                raise FrameError("too many descriptors")
+            if n < HEADER:
+                raise FrameError(f"a frame of {n} bytes")
+            magic, kind, tag, size = _HDR.unpack_from(self.buf)
+            if magic != MAGIC:
+                raise FrameError(f"bad magic {magic:#x}")
+            if kind == INLINE:
+                if fds or size != n - HEADER:
+                    raise FrameError(f"inline frame of {n - HEADER} bytes announcing {size}, {len(fds)} descriptors")
+                return tag, bytes(self.view[HEADER:n])
+            if kind == MEMFD:
+                if len(fds) != 1 or n != HEADER or not INLINE_MAX < size <= MAX_MESSAGE:
+                    raise FrameError(f"memfd frame of {n} bytes announcing {size}, {len(fds)} descriptors")
+                check_sealed(fds[0], size)
+                m = Memfd(fds.pop(), size)
+                return tag, m
+            raise FrameError(f"frame kind {kind}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def check_sealed(fd: int, size: int) -> None:
+    """fd must be a regular memfd of size bytes with every seal."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError as e:
+        raise FrameError(f"the descriptor is not a sealable memfd: {e}") from None
+    if seals & SEALS != SEALS:
+        raise FrameError(f"memfd seals {seals:#x} lack {SEALS & ~seals:#x}")
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        raise FrameError(f"memfd of {st.st_size} bytes, announced {size}")
+
+
+def _rights(anc: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, typ, data in anc:
+        if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+            a = array.array("i")
+            a.frombytes(data[:len(data) - len(data) % a.itemsize])
+            fds.extend(a)
+    return fds
+
+
+# --- the messaging socket's attach and open ------------------------------------------
+
+def _request(op: int, flags: int, session: bytes, group: bytes, rank: int, peer: int, timeout_ms: int,
+             payload: bytes = b"") -> bytes:
+    return _REQ.pack(_REQ_FIXED + len(session) + len(group) + len(payload), op, flags, len(session), len(group), 0,
+                     rank, peer, 0, timeout_ms) + session + group + payload
+
+
+def _dial(path: str, op: str, sock_timeout: float | None) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(sock_timeout)
+        s.connect(path)
+    except OSError as e:
+        s.close()
+        raise UnavailableError(op, f"cannot reach the sidecar's messaging socket {path}: {e}") from None
+    return s
+
+
+def _recv_exact(s: socket.socket, n: int, fds: list[int]) -> bytearray:
+    """Exactly n bytes (not one more: pushes may follow), keeping the
+    descriptors that come with them."""
+    out = bytearray()
+    while len(out) < n:
+        chunk, anc, _, _ = s.recvmsg(n - len(out), _FD_SPACE, socket.MSG_CMSG_CLOEXEC)
+        fds += _rights(anc)
+        if not chunk:
+            raise ConnectionError("the sidecar closed the messaging connection")
+        out += chunk
+    return out
+
+
+def read_response(s: socket.socket) -> tuple[int, int, bytes, bytes, list[int]]:
+    """One response of a blocking socket: (status, flags, reason, body,
+    the descriptors that came with it)."""
+    fds: list[int] = []
+    try:
+        head = _recv_exact(s, _RESP.size, fds)
+        n, st, flags, rl, _, _, _ = _RESP.unpack_from(head)
+        if n < _RESP_FIXED or _RESP_FIXED + rl > n:
+            raise ConnectionError(f"a malformed response ({n} bytes, reason of {rl})")
+        rest = _recv_exact(s, n - _RESP_FIXED, fds)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return st, flags, bytes(rest[:rl]), bytes(rest[rl:]), fds
+
+
+def attach(path: str, session: str, group: str, rank: int, size: int, mailbox: bool, invocation: str,
+           timeout_ms: int, sock_timeout: float | None) -> tuple[socket.socket, bool]:
+    """Joins rank with its member channel attached: (the channel, whether
+    the group keeps mailboxes). NoAttach: an older sidecar."""
+    s = _dial(path, "join", sock_timeout)
+    try:
+        s.sendall(_request(_ATTACH, 1 if mailbox else 0, session.encode(), group.encode(), rank, size, timeout_ms,
+                           invocation.encode()))
+        st, flags, reason, body, fds = read_response(s)
+        for fd in fds:
+            os.close(fd)
+    except TimeoutError:
+        s.close()
+        raise MessageTimeoutError("join", "no answer from the sidecar in time", "MSG_TIMEOUT") from None
+    except OSError as e:
+        s.close()
+        raise UnavailableError("join", f"messaging socket: {e}") from None
+    if st:
+        s.close()
+        msg = body.decode("utf-8", "replace")
+        if reason == b"BAD_PAYLOAD" and "unknown operation" in msg:
+            raise NoAttach(msg)
+        raise from_reason(reason.decode("utf-8", "replace"), "join", msg)
+    s.settimeout(None)
+    s.setblocking(False)
+    return s, bool(flags & FLAG_MAILBOX)
+
+
+def open_direct(path: str, session: str, group: str, frm: int, to: int, op: str,
+                sock_timeout: float | None) -> socket.socket | None:
+    """A direct channel's sending end for frm -> to, or None (nodirect: the
+    pair goes through the sidecars for the group's lifetime)."""
+    s = _dial(path, op, sock_timeout)
+    fds: list[int] = []
+    try:
+        s.sendall(_request(_OPEN, 0, session.encode(), group.encode(), frm, to, 0))
+        st, flags, reason, body, fds = read_response(s)
+    except TimeoutError:
+        raise MessageTimeoutError(op, "no answer from the sidecar in time", "MSG_TIMEOUT") from None
+    except OSError as e:
+        raise UnavailableError(op, f"messaging socket: {e}") from None
+    finally:
+        s.close()
+    try:
+        if st:
+            err = from_reason(reason.decode("utf-8", "replace"), op, body.decode("utf-8", "replace"))
+            if isinstance(err, PeerGoneError) and err.rank is None:
+                err.rank = to
+            raise err
+        if not flags & FLAG_DIRECT:
+            return None
+        if len(fds) != 1:
+            raise ZiptrailError(op, f"the sidecar answered direct with {len(fds)} descriptors")
+        c = socket.socket(fileno=fds.pop())
+        c.setblocking(True)
+        return c
+    finally:
+        for fd in fds:
+            os.close(fd)

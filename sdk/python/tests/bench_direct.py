@@ -7,9 +7,9 @@ Not part of the test suite (not a test_*.py file); run it explicitly:
 
 Arms: "direct" (both pods on one node: a direct channel each way),
 "sidecars" (pods on two nodes: attached members, messages through both
-sidecars). With ZIPTRAIL_BENCH_SDK_REF=<git ref> a third arm runs the
-sidecar path with that revision's Python SDK (e.g. the one before direct
-channels). Prints p50/p90/p99 per arm and size, and the load average.
+sidecars). With ZIPTRAIL_BENCH_SDK_REF=<git ref> both run again with that
+revision's Python SDK (e.g. the one before direct channels, whose members
+do not attach: the sidecar path in both). Prints p50/p90/p99 per arm and size, and the load average.
 """
 
 from __future__ import annotations
@@ -72,12 +72,18 @@ def test_bench_pingpong(pods: Pods, tmp_path: Path):
     if ref:
         old = Path(tempfile.mkdtemp(dir=tmp_path))
         subprocess.run(f"git archive {ref} sdk/python/ziptrail | tar -x -C {old}", shell=True, cwd=REPO, check=True)
-        arms[f"sidecars, SDK of {ref}"] = (arms["sidecars"][0], arms["sidecars"][1], old / "sdk" / "python")
+        for arm in ("direct", "sidecars"):  # the same pods, that revision's SDK
+            arms[f"{arm}, SDK of {ref}"] = (arms[arm][0], arms[arm][1], old / "sdk" / "python")
+    rounds = int(os.environ.get("ZIPTRAIL_BENCH_ROUNDS", "1"))
+    sizes = [int(x) for x in os.environ.get("ZIPTRAIL_BENCH_SIZES", "").split(",") if x]
     print(f"\nload average before: {os.getloadavg()}")
-    print(f"{'arm':32} {'size':>8} {'p50 us':>8} {'p90 us':>8} {'p99 us':>8}")
+    print(f"{'arm':32} {'size':>8} {'p50 us':>8} {'p90 us':>8} {'p99 us':>8}  (rounds interleaved: {rounds})")
     for size, n in CASES:
-        for i, (arm, (a, b, sdk)) in enumerate(arms.items()):
-            res = pingpong(a, b, f"bench-{size}-{i}", size, n, sdk, tmp_path)
-            p50, p90, p99, _ = res.split()
-            print(f"{arm:32} {size:>8} {p50:>8} {p90:>8} {p99:>8}")
+        if sizes and size not in sizes:
+            continue
+        for rnd in range(rounds):
+            for i, (arm, (a, b, sdk)) in enumerate(arms.items()):
+                res = pingpong(a, b, f"bench-{size}-{i}-{rnd}", size, n, sdk, tmp_path)
+                p50, p90, p99, _ = res.split()
+                print(f"{arm:32} {size:>8} {p50:>8} {p90:>8} {p99:>8}")
     print(f"load average after: {os.getloadavg()}")

@@ -142,8 +142,9 @@ cases = [
 assert len(cases) == k
 groups = [c.join(session, "g", s, k + 2, timeout=120) for s in range(1, k + 2)]
 for s, (parts, anc) in enumerate(cases, 1):
-    ch = _direct.open_direct(c.socket[:-len(".sock")] + ".msg.sock", session, "g", s, 0, "open", 60)
-    assert ch is not None, "no direct channel"
+    sender = _direct.open_direct(c.socket[:-len(".sock")] + ".msg.sock", session, "g", s, 0, "open", 60)
+    assert sender is not None, "no direct channel"
+    ch = sender.sock
     ch.sendmsg([H.pack(M, 1, 5, 2), b"ok"])
     ch.sendmsg(parts, anc)
     groups[s - 1]._hostile = ch
@@ -230,3 +231,35 @@ def test_peer_process_killed_is_peer_gone(pods: Pods):
     finally:
         g.leave()
         call.join(LIMIT)
+
+
+@pytest.mark.parametrize("size", [100 << 10, 1 << 20])
+def test_back_pressure_over_a_direct_channel(pods: Pods, size: int):
+    """A receiver that does not receive: its SDK's inbox takes 64 MiB, then
+    its reader stops reading the channel, so the sender waits (inline
+    messages: the socket's buffer fills; memfds: the sender holds at most
+    16 MiB not credited) and its send times out. Nothing is lost: the
+    receiver then gets every message sent, in order, and the sender can
+    send again."""
+    a, b = pods.start(node="n1"), pods.start(node="n1")
+    g0 = a.client.join("bp", "g", 0, 2, timeout=LIMIT)
+    g1 = b.client.join("bp", "g", 1, 2, wait_all=True, timeout=LIMIT)
+    try:
+        body = os.urandom(size)
+        sent = 0
+        with pytest.raises(ziptrail.MessageTimeout):
+            while sent < 2 * (64 << 20) // size:
+                g0.send(1, body, tag=sent, timeout=3)
+                sent += 1
+        inflight = 16 << 20 if size > 128 << 10 else 2 << 20  # credits, or the socket's buffer (1 MiB, doubled)
+        assert 64 << 20 <= sent * size <= (64 << 20) + inflight + 2 * size, sent
+        assert direct_opens(b) == 1
+        for i in range(sent):
+            with g1.recv(source=0, timeout=LIMIT) as m:
+                assert m.tag == i and bytes(m.data[:64]) == body[:64]
+        g0.send(1, b"again", tag=7, timeout=LIMIT)
+        with g1.recv(source=0, timeout=LIMIT) as m:
+            assert (m.tag, bytes(m.data)) == (7, b"again")
+    finally:
+        g0.leave()
+        g1.leave()

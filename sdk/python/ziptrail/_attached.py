@@ -89,7 +89,7 @@ class _Out:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.decided = False
-        self.sock: socket.socket | None = None
+        self.sock: _direct.Sender | None = None
 
 
 class Attached:
@@ -242,6 +242,7 @@ class Attached:
     def _reader(self, frm: int, ic: _In) -> Callable[[selectors.SelectorKey], None]:
         def read(key: selectors.SelectorKey) -> None:
             items: list[tuple[int, int, Any, int]] = []
+            room = INBOX_CAP - self.bytes  # read without the lock: the reader is the only one to add
             try:
                 assert ic.sock is not None
                 for _ in range(_BATCH):
@@ -249,7 +250,11 @@ class Attached:
                     if got is None:
                         break
                     tag, payload = got
-                    items.append((frm, tag, payload, payload.size if isinstance(payload, _direct.Memfd) else len(payload)))
+                    size = payload.size if isinstance(payload, _direct.Memfd) else len(payload)
+                    items.append((frm, tag, payload, size))
+                    room -= size
+                    if room < 0:
+                        break  # the inbox is full: the loop waits for receives
             except EOFError:
                 ic.eof = True
                 self._drop_in(ic)
@@ -358,7 +363,7 @@ class Attached:
 
     # --- sending ---------------------------------------------------------------------
 
-    def path(self, op: str, to: int, timeout: float | None) -> socket.socket | None:
+    def path(self, op: str, to: int, timeout: float | None) -> _direct.Sender | None:
         """The direct channel to rank ``to``, or None for the sidecar path;
         the first call decides. Waits for ``to`` to be listed (a rank not
         joined yet), as a send through the sidecar does."""
@@ -388,7 +393,7 @@ class Attached:
                 out.decided = True
             return out.sock
 
-    def send(self, op: str, to: int, sock: socket.socket, tag: int, data: Any, timeout: float | None) -> None:
+    def send(self, op: str, to: int, sock: _direct.Sender, tag: int, data: Any, timeout: float | None) -> None:
         """Writes one message (a buffer) into the direct channel to ``to``:
         inline, or as a sealed memfd when larger than INLINE_MAX."""
         if type(data) is bytes and len(data) <= _direct.INLINE_MAX:
@@ -406,15 +411,17 @@ class Attached:
         finally:
             mv.release()
         try:
-            self.send_frame(op, to, sock, [_direct.header(_direct.MEMFD, tag, n)], fd, timeout)
+            self.send_frame(op, to, sock, [_direct.header(_direct.MEMFD, tag, n)], fd, timeout, n)
         finally:
             os.close(fd)
 
-    def send_frame(self, op: str, to: int, sock: socket.socket, parts: list[Any], fd: int,
-                   timeout: float | None) -> None:
+    def send_frame(self, op: str, to: int, sock: _direct.Sender, parts: list[Any], fd: int = -1,
+                   timeout: float | None = None, size: int = 0) -> None:
+        """Writes one frame (with fd, a memfd of size bytes) into the
+        direct channel to ``to``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            _direct.send_frame(sock, to, op, parts, fd, deadline)
+            sock.send(to, op, parts, fd, size, deadline)
         except ZiptrailError:
             if self.closed or self.ended is not None:
                 raise ClosedError(op, f"rank {self.rank} of group {self.name} ended: {self.ended or 'left'}",
@@ -428,16 +435,8 @@ class Attached:
         with self._olock:
             outs = list(self._outs.values())
         for out in outs:
-            s = out.sock
-            if s is None:
-                continue
-            if shut:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            else:
-                s.close()
+            if out.sock is not None:
+                out.sock.close(shut)
 
     # --- the end -----------------------------------------------------------------------
 

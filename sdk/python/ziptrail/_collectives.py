@@ -260,7 +260,7 @@ class _Collectives:
         try:
             head = header(MEMFD, ctx.tag, off + mv.nbytes)
             for d, sock in dests:
-                self._att.send_frame(ctx.op, d, sock, [head], fd, ctx.remaining())
+                self._att.send_frame(ctx.op, d, sock, [head], fd, ctx.remaining(), off + mv.nbytes)
         finally:
             os.close(fd)
 

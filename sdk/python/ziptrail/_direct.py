@@ -13,6 +13,10 @@ frame is one packet, so a descriptor travels with exactly its frame::
 little endian. A message larger than INLINE_MAX goes as one memfd sealed
 with every seal (write, shrink, grow, seal), attached to a frame without
 bytes; the receiver checks the seals and the size and maps it read-only.
+The receiver answers each memfd frame with a credit frame (kind 3, its
+size), so that a sender holds at most MAX_INFLIGHT memfd bytes the receiver
+has not read (the kernel counts a frame's bytes against the socket's
+buffer, not its memfd's).
 
 The peer is not trusted: a frame that is truncated, oversized, of an unknown
 kind, announces a size it does not carry, has descriptors it should not
@@ -29,11 +33,13 @@ import select
 import socket
 import stat
 import struct
+import threading
 import time
 from typing import Any
 
 from ._fastmsg import _REQ, _REQ_FIXED, _RESP, _RESP_FIXED
-from .errors import (MessageTimeoutError, PeerGoneError, UnavailableError, ZiptrailError, from_reason)
+from .errors import (DirectChannelError, MessageTimeoutError, PeerGoneError, UnavailableError, ZiptrailError,
+                     from_reason)
 
 MAGIC = 0x3144545A  # b"ZTD1" little endian
 _HDR = struct.Struct("<IBqQ")
@@ -42,7 +48,9 @@ HEADER = _HDR.size  # 21
 INLINE_MAX = 128 << 10
 #: The largest memfd message (the sidecar path's cap).
 MAX_MESSAGE = 1 << 30
-INLINE, MEMFD = 1, 2
+#: The memfd bytes a sender may have in a channel, not credited yet.
+MAX_INFLIGHT = 16 << 20
+INLINE, MEMFD, CREDIT = 1, 2, 3
 SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 # Operations and flags of the messaging socket (fastdirect.go).
@@ -131,6 +139,70 @@ def send_frame(sock: socket.socket, rank: int, op: str, parts: list[Any], fd: in
         p.poll(wait)
 
 
+class Sender:
+    """A direct channel's sending end, with its memfd credits."""
+
+    __slots__ = ("sock", "lock", "inflight")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.inflight = 0  # memfd bytes sent and not credited (under lock)
+
+    def send(self, rank: int, op: str, parts: list[Any], fd: int, size: int, deadline: float | None) -> None:
+        """Writes one frame; a memfd one waits for credits first while the
+        receiver has not read MAX_INFLIGHT bytes of memfds."""
+        if fd < 0:
+            send_frame(self.sock, rank, op, parts, -1, deadline)
+            return
+        if not self.lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise MessageTimeoutError(op, f"rank {rank} did not take the message in time", "MSG_TIMEOUT")
+        try:
+            while self.inflight > 0 and self.inflight + size > MAX_INFLIGHT:
+                self.inflight -= min(self._credit(rank, op, deadline), self.inflight)
+            send_frame(self.sock, rank, op, parts, fd, deadline)
+            self.inflight += size
+        finally:
+            self.lock.release()
+
+    def _credit(self, rank: int, op: str, deadline: float | None) -> int:
+        """Reads one credit frame of the receiver (under lock)."""
+        while True:
+            try:
+                b, anc, _, _ = self.sock.recvmsg(HEADER + 1, _FD_SPACE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+            except BlockingIOError:
+                b = None
+            except (ConnectionResetError, BrokenPipeError) as e:
+                raise PeerGoneError(op, f"rank {rank}'s direct channel closed: {e}", "PEER_GONE", rank=rank) from None
+            except OSError as e:
+                raise ZiptrailError(op, f"the direct channel to rank {rank}: {e}") from None
+            if b is not None:
+                fds = _rights(anc)
+                for fd in fds:
+                    os.close(fd)
+                if not b and not fds:
+                    raise PeerGoneError(op, f"rank {rank}'s direct channel closed", "PEER_GONE", rank=rank)
+                if fds or len(b) != HEADER or _HDR.unpack(b)[:2] != (MAGIC, CREDIT):
+                    raise DirectChannelError(op, f"rank {rank} answered on its direct channel with a bad credit frame",
+                                             rank=rank)
+                return _HDR.unpack(b)[3]
+            wait = -1 if deadline is None else int((deadline - time.monotonic()) * 1000)
+            if deadline is not None and wait <= 0:
+                raise MessageTimeoutError(op, f"rank {rank} did not read its messages in time", "MSG_TIMEOUT")
+            p = select.poll()
+            p.register(self.sock, select.POLLIN)
+            p.poll(wait)
+
+    def close(self, shut: bool = False) -> None:
+        if shut:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        else:
+            self.sock.close()
+
+
 # --- receiving ----------------------------------------------------------------------
 
 class FrameReader:
@@ -172,6 +244,10 @@ class FrameReader:
                     raise FrameError(f"memfd frame of {n} bytes announcing {size}, {len(fds)} descriptors")
                 check_sealed(fds[0], size)
                 m = Memfd(fds.pop(), size)
+                try:  # credit the sender (never blocks: few credits are ever outstanding)
+                    sock.send(_HDR.pack(MAGIC, CREDIT, 0, size), _SEND_FLAGS)
+                except OSError:
+                    pass
                 return tag, m
             raise FrameError(f"frame kind {kind}")
         finally:
@@ -280,7 +356,7 @@ def attach(path: str, session: str, group: str, rank: int, size: int, mailbox: b
 
 
 def open_direct(path: str, session: str, group: str, frm: int, to: int, op: str,
-                sock_timeout: float | None) -> socket.socket | None:
+                sock_timeout: float | None) -> Sender | None:
     """A direct channel's sending end for frm -> to, or None (nodirect: the
     pair goes through the sidecars for the group's lifetime)."""
     s = _dial(path, op, sock_timeout)
@@ -306,7 +382,7 @@ def open_direct(path: str, session: str, group: str, frm: int, to: int, op: str,
             raise ZiptrailError(op, f"the sidecar answered direct with {len(fds)} descriptors")
         c = socket.socket(fileno=fds.pop())
         c.setblocking(True)
-        return c
+        return Sender(c)
     finally:
         for fd in fds:
             os.close(fd)

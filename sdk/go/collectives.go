@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 )
 
 // Collectives over Send/Recv (MPI-style). Every member calls the same
@@ -49,13 +47,6 @@ var collNames = [...]string{collBarrier: "barrier", collBroadcast: "broadcast", 
 
 // ringThreshold: Allreduce of arrays from this size (bytes) uses the ring.
 const ringThreshold = 64 << 10
-
-// abortTag is the tag aborts are sent with: it matches every collective
-// receive from the member that sent it (messaging.AbortTag), so a member
-// already in a later collective, waiting for the one that gave up, learns
-// it too. A group whose collective failed stays failed for collectives:
-// the aborts nobody took match the next ones.
-const abortTag = messaging.AbortTag
 
 // abortTimeout bounds the sends that tell the other ranks of a failure.
 const abortTimeout = 10 * time.Second
@@ -231,7 +222,7 @@ func (x *coll) abort(ctx context.Context, note abortNote) {
 		if r == x.rank || (note.Gone && r == note.Rank) {
 			continue
 		}
-		wg.Go(func() { _ = x.c.csend(ctx, []int{r}, abortTag, frameAbort, hdr, nil) })
+		wg.Go(func() { _ = x.c.csend(ctx, []int{r}, x.tag, frameAbort, hdr, nil) })
 	}
 	wg.Wait()
 }

@@ -3,7 +3,6 @@ package messaging
 import (
 	"context"
 	"fmt"
-	"math"
 	"os"
 	"time"
 
@@ -90,26 +89,11 @@ type Filter struct {
 	all       bool // every tag, the collectives' too (a member channel)
 }
 
-// AbortTag is the tag of the SDKs' collective aborts: a member whose
-// collective failed tells every other member with it. A message with this
-// tag matches every receive of a negative (collective) tag from its sender,
-// whichever collective that receive belongs to: a member that had already
-// finished the failed collective and waits in a later one for the member
-// that gave up learns it at once instead of waiting forever.
-const AbortTag int64 = math.MinInt64
-
 func (f Filter) match(m *Message) bool {
 	if f.all {
 		return f.AnySource || m.From == f.From
 	}
-	return (f.AnySource || m.From == f.From) && ((f.AnyTag && m.Tag >= 0) || (!f.AnyTag && TagMatches(f.Tag, m.Tag)))
-}
-
-// TagMatches reports whether a message of tag got is taken by a receive of
-// the tag want (not "any tag"): the same tag, or an abort for a collective
-// receive.
-func TagMatches(want, got int64) bool {
-	return got == want || (want < 0 && got == AbortTag)
+	return (f.AnySource || m.From == f.From) && ((f.AnyTag && m.Tag >= 0) || (!f.AnyTag && m.Tag == f.Tag))
 }
 
 // mailboxPoll is how often a waiting receive of a mailbox group looks in

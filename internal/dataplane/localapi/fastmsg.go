@@ -116,6 +116,10 @@ type msgResponse struct {
 	err    bool
 	// pooled is a buffer to give back (messaging.PutBuf) once written.
 	pooled []byte
+	// undelivered, when set, is called instead of dropping the response
+	// (and its file and buffer) when its client is gone: a received
+	// message goes back to its member's inbox.
+	undelivered func()
 }
 
 func writeMsgResponse(w *bufio.Writer, p *msgResponse) error {
@@ -234,16 +238,22 @@ type msgCall struct {
 // to the pool, with the message's.
 func (m *msgCall) respond(resp *msgResponse) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.answered || writeMsgResponse(m.w, resp) != nil {
+	delivered := !m.answered && writeMsgResponse(m.w, resp) == nil
+	m.answered = true
+	messaging.PutBuf(m.req)
+	m.req = nil
+	m.mu.Unlock()
+	switch {
+	case delivered:
+		messaging.PutBuf(resp.pooled)
+	case resp.undelivered != nil:
+		resp.undelivered() // the body and its file are the message's again
+	default:
 		if resp.flags&1 != 0 {
 			_ = os.Remove(string(resp.body)) // nobody will map it
 		}
+		messaging.PutBuf(resp.pooled)
 	}
-	m.answered = true
-	messaging.PutBuf(resp.pooled)
-	messaging.PutBuf(m.req)
-	m.req = nil
 }
 
 // settled reports whether the response was written (waiting for a write
@@ -328,6 +338,9 @@ func (s *Server) startMessage(q *msgRequest, respond func(*msgResponse)) func() 
 				resp.flags |= 1
 				resp.body = []byte(m.Path)
 			}
+			// A client that gave up after the message was taken for it
+			// (before its hang-up was seen): the message is not lost.
+			resp.undelivered = func() { rt.Unreceive(q.session, q.group, q.rank, m) }
 			respond(resp)
 		})
 	default:

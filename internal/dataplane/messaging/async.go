@@ -3,6 +3,7 @@ package messaging
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -144,6 +145,35 @@ func (r *Router) RecvFunc(session, name string, rank uint32, f Filter, timeout t
 	return func() {
 		r.endWait(mb, w, fmt.Errorf("%w: receiving as rank %d of group %s: %v", ErrTimeout, rank, name, context.Canceled))
 	}
+}
+
+// Unreceive puts back a message a receive took but could not hand over
+// (its caller had gone before its hang-up was seen): to a receive now
+// waiting for it, or first in the member's inbox, so that nothing is lost
+// and the order holds. A member that ended meanwhile drops it, as it drops
+// everything it had queued.
+func (r *Router) Unreceive(session, name string, rank uint32, m Message) {
+	r.mu.Lock()
+	var mb *member
+	if g := r.groups[gkey{session, name}]; g != nil {
+		mb = g.local[rank]
+	}
+	if mb == nil || mb.closed {
+		r.mu.Unlock()
+		if m.Path != "" {
+			_ = os.Remove(m.Path)
+		}
+		return
+	}
+	if w := mb.waiting(&m); w != nil {
+		r.mu.Unlock()
+		w.end(m, nil)
+		return
+	}
+	mb.inbox = append([]Message{m}, mb.inbox...)
+	mb.bytes += int64(m.Size)
+	signal(&mb.wake)
+	r.mu.Unlock()
 }
 
 // endWait ends a waiting receive with err, unless it ended already.

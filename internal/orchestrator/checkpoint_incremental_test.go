@@ -109,10 +109,23 @@ func (r *ckptRig) snapshot() (state, int) {
 	return st, len(data)
 }
 
-// savedAfterNow waits for a save after the call.
-func (r *ckptRig) savedAfterNow() {
-	_, g0, _, _ := r.store.Load(context.Background())
-	waitFor(r.t, "a save", func() bool { _, g, _, _ := r.store.Load(context.Background()); return g > g0 })
+// persisted waits until the n sessions that ended have their records and
+// the snapshot holds running sessions only. (It waited for "a save after
+// the call": a save that came before the call, the last one with nothing
+// changed since, left it waiting for ever; CI met it under load.)
+func (r *ckptRig) persisted(n int64) {
+	waitFor(r.t, fmt.Sprintf("%d ended sessions' records and a snapshot of running sessions only", n), func() bool {
+		if r.records() != n {
+			return false
+		}
+		st, _ := r.snapshot()
+		for _, s := range st.Sessions {
+			if s.State != sessions.Running {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func (r *ckptRig) records() int64 {
@@ -279,10 +292,10 @@ func TestCheckpointSaveBytesDoNotGrowWithEndedSessions(t *testing.T) {
 		return r.netInput() - in0, size
 	}
 	r.complete(o, 10)
-	r.savedAfterNow()
+	r.persisted(10)
 	few, fewSize := changeCost()
 	r.complete(o, 150)
-	r.savedAfterNow()
+	r.persisted(160)
 	many, manySize := changeCost()
 	t.Logf("a change after 10 ended sessions: %d B sent, snapshot %d B; after 160: %d B, snapshot %d B", few, fewSize, many, manySize)
 	// The second snapshot holds one more running session (~1 KB): 150

@@ -30,6 +30,19 @@ def direct_opens(sc: Sidecar, result: str = "direct") -> int:
     return int(m.group(1)) if m else 0
 
 
+def synced(n: int, fn: Any) -> Any:
+    """fn, run once every member joined (wait_all) at every sidecar: each
+    member's own view is whole then, and so is the view of every sidecar
+    that decides an open (a sidecar that has not seen the sender join yet
+    answers nodirect: see the report of the Python SDK's direct channels)."""
+    sync = threading.Barrier(n)
+
+    def run(g: ziptrail.Group) -> Any:
+        sync.wait(LIMIT)
+        return fn(g)
+    return run
+
+
 def open_fds() -> list[str]:
     """What this process's descriptors point to."""
     out = []
@@ -85,7 +98,7 @@ def test_same_node_pairs_send_over_direct_channels(pods: Pods):
         g.barrier()
         return None
 
-    ok(run_members([a, b, far], 3, member, session="direct-p2p"))
+    ok(run_members([a, b, far], 3, synced(3, member), session="direct-p2p"))
     assert direct_opens(a) == 1 and direct_opens(b) == 1  # 1 -> 0 at a, 0 -> 1 at b
     assert direct_opens(far) == 0
     for sc in (a, b, far):
@@ -97,7 +110,7 @@ def test_every_collective_over_direct_channels(pods: Pods, n: int, per_pod: int)
     """Every collective with 4 members (one pod each) and 8 (two per pod),
     all pods on one node: every pair talks over a direct channel."""
     scs = [pods.start(node="n1") for _ in range(n // per_pod)]
-    ok(run_members(scs, n, collectives, session=f"direct-coll-{n}"))
+    ok(run_members(scs, n, synced(n, collectives), session=f"direct-coll-{n}"))
     assert sum(direct_opens(sc) for sc in scs) == n * (n - 1)  # every ordered pair, once
     for sc in scs:
         assert shm_files(sc) == []
@@ -141,6 +154,8 @@ cases = [
 ]
 assert len(cases) == k
 groups = [c.join(session, "g", s, k + 2, timeout=120) for s in range(1, k + 2)]
+print("JOINED", flush=True)
+sys.stdin.readline()  # the receiver's sidecar knows every rank
 for s, (parts, anc) in enumerate(cases, 1):
     sender = _direct.open_direct(c.socket[:-len(".sock")] + ".msg.sock", session, "g", s, 0, "open", 60)
     assert sender is not None, "no direct channel"
@@ -173,7 +188,12 @@ def test_hostile_peer_on_a_direct_channel(pods: Pods, tmp_path):
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         base = open_fds()
         try:
-            assert peer.stdout is not None and peer.stdout.readline().strip() == "SENT"
+            assert peer.stdout is not None and peer.stdin is not None
+            assert peer.stdout.readline().strip() == "JOINED"
+            g._att.wait_view("join", lambda v: len(v.live) == k + 2, LIMIT)
+            peer.stdin.write("go\n")
+            peer.stdin.flush()
+            assert peer.stdout.readline().strip() == "SENT"
             for s in range(1, k + 1):
                 with g.recv(source=s, timeout=LIMIT) as m:
                     assert (m.tag, bytes(m.data)) == (5, b"ok")
@@ -197,6 +217,7 @@ VICTIM = """
 import time
 def handler(inv):
     g = ziptrail.join("g", 1, 2, wait_all=True, timeout=120)
+    g.recv(source=0, timeout=120)  # rank 0's sidecar knows this rank
     g.send(0, b"ready")
     while True:
         time.sleep(1)  # until killed
@@ -216,6 +237,8 @@ def test_peer_process_killed_is_peer_gone(pods: Pods):
         a.client.invoke(fn.url, b"", session="kill", timeout=LIMIT)), daemon=True)
     try:
         call.start()
+        g._att.wait_view("join", lambda v: 1 in v.live, LIMIT)
+        g.send(1, b"go", timeout=LIMIT)
         with g.recv(source=1, timeout=LIMIT) as m:
             assert bytes(m.data) == b"ready"
         assert direct_opens(a) == 1  # the victim's channel to rank 0
@@ -286,8 +309,14 @@ def test_mixed_go_and_python_members_share_direct_channels(pods: Pods, directpee
                              "-size", "2", "-peer", "0", "-n", str(len(sizes))], stdout=subprocess.PIPE, text=True)
     try:
         with a.client.join("mixed", "g", 0, 2, wait_all=True, timeout=LIMIT) as g:
+            assert peer.stdout is not None and peer.stdout.readline().strip() == "LIVE"  # its sidecar knows rank 0
             for i, body in enumerate(bodies):
-                assert g.send(1, body, tag=100 + i, timeout=LIMIT) is False
+                try:
+                    assert g.send(1, body, tag=100 + i, timeout=LIMIT) is False
+                except ziptrail.ZiptrailError as e:
+                    att = g._att
+                    raise AssertionError(f"send {i}: {e}; member channel: {att.ended}; channels in: "
+                                         f"{[(r, c.eof, c.err) for r, c in att.ins.items()]}") from e
             for i, body in enumerate(bodies):
                 with g.recv(source=1, timeout=LIMIT) as m:
                     assert (m.tag, len(m.data)) == (100 + i, len(body))

@@ -160,8 +160,13 @@ class Attached:
         self._wake_r.close()
         self._close_outs(shut=True)
 
-    def _add(self, items: list[tuple[int, int, Any, int]]) -> None:
+    def _add(self, items: list[tuple[int, int, Any, int]], then: Callable[[], None] | None = None) -> None:
+        """Queues items, then (in the same hold of cond, so that no receive
+        sees a channel's end before its last messages) runs then."""
         with self.cond:
+            if then is not None:
+                then()
+                self.cond.notify_all()
             if self.closed:
                 for it in items:
                     release(it[2])
@@ -255,18 +260,16 @@ class Attached:
                     room -= size
                     if room < 0:
                         break  # the inbox is full: the loop waits for receives
-            except EOFError:
-                ic.eof = True
+            except (EOFError, ConnectionResetError):  # reset: it closed with our credits unread
                 self._drop_in(ic)
+                self._add(items, lambda: setattr(ic, "eof", True))
+                return
             except (_direct.FrameError, OSError) as e:
-                with self.cond:
-                    ic.err = DirectChannelError("recv", f"rank {frm} broke its direct channel, which was dropped: {e}",
-                                                rank=frm)
                 self._drop_in(ic)
+                err = DirectChannelError("recv", f"rank {frm} broke its direct channel, which was dropped: {e}", rank=frm)
+                self._add(items, lambda: setattr(ic, "err", err))
+                return
             self._add(items)
-            if ic.eof or ic.err is not None:
-                with self.cond:
-                    self.cond.notify_all()
         return read
 
     def _drop_in(self, ic: _In) -> None:

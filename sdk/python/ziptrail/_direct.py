@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 from ._fastmsg import _REQ, _REQ_FIXED, _RESP, _RESP_FIXED
+from .client import InlineObject
 from .errors import (DirectChannelError, MessageTimeoutError, PeerGoneError, UnavailableError, ZiptrailError,
                      from_reason)
 
@@ -194,13 +195,21 @@ class Sender:
             p.poll(wait)
 
     def close(self, shut: bool = False) -> None:
+        """Shuts the channel (shut: a send under way fails), or closes it
+        after reading the credits queued for it: a socket closed with
+        unread data resets its peer, whose last reads would fail."""
         if shut:
             try:
                 self.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        else:
-            self.sock.close()
+            return
+        try:
+            while self.sock.recv(HEADER + 1, socket.MSG_DONTWAIT):
+                pass
+        except OSError:
+            pass
+        self.sock.close()
 
 
 # --- receiving ----------------------------------------------------------------------
@@ -238,7 +247,7 @@ class FrameReader:
             if kind == INLINE:
                 if fds or size != n - HEADER:
                     raise FrameError(f"inline frame of {n - HEADER} bytes announcing {size}, {len(fds)} descriptors")
-                return tag, bytes(self.view[HEADER:n])
+                return tag, InlineObject(self.view[HEADER:n])  # the one copy out of the frame buffer
             if kind == MEMFD:
                 if len(fds) != 1 or n != HEADER or not INLINE_MAX < size <= MAX_MESSAGE:
                     raise FrameError(f"memfd frame of {n} bytes announcing {size}, {len(fds)} descriptors")

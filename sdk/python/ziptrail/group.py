@@ -19,6 +19,20 @@ Inside a handler::
 Outside a handler (tests, tools) use :meth:`Client.join` with the session
 and call :meth:`Group.leave` (or use the group as a context manager).
 
+Same-node direct channels (docs/messaging.md): with a sidecar that has
+member channels, ``join`` attaches (``ziptrail._direct``): the sidecar
+pushes this member's messages, the group's views and the direct channels of
+same-node senders on one connection, and one background thread
+(``ziptrail._attached``) reads it and every direct channel into a local
+inbox bounded at 64 MiB (past it, the thread stops reading and the senders
+wait); ``recv`` filters that inbox. The first send to a rank asks the
+sidecar for a direct channel: when both run on one node (and the group
+keeps no mailboxes), messages to that rank go straight into a socketpair
+(inline, or one sealed memfd, mapped read-only by the receiver), else
+through the sidecars, for the group's lifetime. A peer that breaks the
+channel's framing raises :class:`~ziptrail.DirectChannelError` naming its
+rank at the receiver. With an older sidecar, everything goes through it.
+
 Large messages travel as files in the shared-memory directory, as objects
 do: a send writes the caller's buffer once into a file there and the sidecar
 takes it over; a received large message is a :class:`~ziptrail.MappedObject`
@@ -266,6 +280,8 @@ class Group(_Collectives):
         if source != ANY:
             self._check_rank("recv", source)
         frm, got, payload = self._recv("recv", None if source == ANY else source, None if tag == ANY else tag, timeout)
+        if type(payload) is InlineObject:  # a direct channel's small message, copied once already
+            return Message(frm, got, payload)
         if isinstance(payload, _direct.Memfd):  # a large message of a direct channel: mapped, not copied
             try:
                 return Message(frm, got, MappedObject(payload.fd, payload.size, prot=mmap.PROT_READ))

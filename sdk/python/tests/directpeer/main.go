@@ -3,8 +3,9 @@
 // attaches a rank through its pod's sidecar with the Go client of the
 // messaging socket (internal/dataplane/localapi) and speaks the Go framing
 // of direct channels (internal/dataplane/directmsg), the code the Go SDK
-// uses. It echoes every message the Python peer sends it over the
-// peer's direct channel back over its own, n times, then prints DONE.
+// uses. Once its view lists the peer it prints LIVE, then echoes every
+// message the Python peer sends it over the peer's direct channel back
+// over its own, n times, then prints DONE.
 //
 //	directpeer -socket <api socket> -session s -group g -rank 1 -size 2 -peer 0 -n 10
 package main
@@ -77,6 +78,17 @@ func run(socket, session, group string, rank, size, peer uint32, n int) error {
 	case <-ctx.Done():
 		return errors.New("the peer never joined")
 	}
+	fmt.Println("LIVE")
+	// The peer's channel first: the peer sends once its view lists this
+	// rank (it joined waiting for all), so its sidecar, which decides
+	// this rank's open, knows this rank too.
+	var src *directmsg.Conn
+	select {
+	case src = <-in:
+	case <-ctx.Done():
+		return errors.New("no direct channel from the peer")
+	}
+	defer src.Close()
 	f, err := c.Open(ctx, session, group, rank, peer)
 	if err != nil {
 		return fmt.Errorf("open: %w", err)
@@ -89,13 +101,6 @@ func run(socket, session, group string, rank, size, peer uint32, n int) error {
 		return err
 	}
 	defer out.Close()
-	var src *directmsg.Conn
-	select {
-	case src = <-in:
-	case <-ctx.Done():
-		return errors.New("no direct channel from the peer")
-	}
-	defer src.Close()
 	for i := range n {
 		m, err := src.Recv()
 		if err != nil {

@@ -140,42 +140,63 @@ func readFrameFile(path string) (typ byte, hdr []byte, m *Message, err error) {
 	return typ, hdr, m, nil
 }
 
-// csend sends one collective message to each of dests, in order; a large
-// one is written once into a file and hard-linked for the other requests
-// (the sidecar takes over each request's file).
+// csend sends one collective message to each of dests, in order: into
+// the direct channel of a same-node dest, else through the sidecar; a
+// large one for the sidecar is written once into a file and hard-linked
+// for the other requests (the sidecar takes over each request's file).
 func (g *Group) csend(ctx context.Context, dests []int, tag int64, typ byte, hdr, data []byte) error {
 	if len(dests) == 0 {
 		return nil
 	}
-	if frameSize+len(hdr)+len(data) <= g.c.api.InlineThreshold {
-		raw := inlineFrame(typ, hdr, data)
-		for _, d := range dests {
+	var raw []byte // the inline frame, made once
+	var path string
+	var links int
+	defer func() {
+		if path != "" {
+			os.Remove(path)
+		}
+	}()
+	for _, d := range dests {
+		if g.att != nil {
+			if err := g.checkRank("send", d); err != nil {
+				return err
+			}
+			c, err := g.att.path(ctx, "send", d)
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				if raw == nil {
+					raw = inlineFrame(typ, hdr, data)
+				}
+				if err := g.att.sendDirect(ctx, "send", c, d, tag, raw); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if frameSize+len(hdr)+len(data) <= g.c.api.InlineThreshold {
+			if raw == nil {
+				raw = inlineFrame(typ, hdr, data)
+			}
 			if err := g.send(ctx, "send", d, tag, raw, ""); err != nil {
 				return err
 			}
+			continue
 		}
-		return nil
-	}
-	path, err := writeFrameFile(g.c.api.Dir, typ, hdr, data)
-	if err != nil {
-		return &Error{Kind: KindInternal, Op: "send", Err: fmt.Errorf("write to the shared-memory directory: %w", err)}
-	}
-	paths := []string{path}
-	for i := 1; i < len(dests); i++ {
-		p := fmt.Sprintf("%s.%d", path, i)
-		if err := os.Link(path, p); err != nil {
-			for _, p := range paths {
-				os.Remove(p)
+		if path == "" {
+			p, err := writeFrameFile(g.c.api.Dir, typ, hdr, data)
+			if err != nil {
+				return &Error{Kind: KindInternal, Op: "send", Err: fmt.Errorf("write to the shared-memory directory: %w", err)}
 			}
+			path = p
+		}
+		links++
+		p := fmt.Sprintf("%s.%d", path, links)
+		if err := os.Link(path, p); err != nil {
 			return &Error{Kind: KindInternal, Op: "send", Err: fmt.Errorf("link the message file for %d requests: %w", len(dests), err)}
 		}
-		paths = append(paths, p)
-	}
-	for i, d := range dests {
-		if err := g.send(ctx, "send", d, tag, nil, paths[i]); err != nil {
-			for _, p := range paths[i+1:] {
-				os.Remove(p)
-			}
+		if err := g.send(ctx, "send", d, tag, nil, p); err != nil {
 			return err
 		}
 	}
@@ -188,12 +209,15 @@ func (g *Group) crecv(ctx context.Context, from int, tag int64) (typ byte, hdr [
 	if err != nil {
 		return 0, nil, nil, err
 	}
-	if resp.Path != "" {
-		typ, hdr, m, err = readFrameFile(resp.Path)
+	if resp.path != "" {
+		typ, hdr, m, err = readFrameFile(resp.path)
 	} else {
 		var data []byte
-		typ, hdr, data, err = parseInline(resp.Data)
-		m = &Message{data: data, Size: int64(len(data))}
+		typ, hdr, data, err = parseInline(resp.data)
+		m = &Message{data: data, Size: int64(len(data)), buf: resp.mapping}
+		if err != nil {
+			resp.release()
+		}
 	}
 	if err != nil {
 		return 0, nil, nil, &Error{Kind: KindInternal, Op: "recv", Err: fmt.Errorf("from rank %d: %w", from, err)}

@@ -39,6 +39,9 @@ type Group struct {
 	mailbox bool
 	seq     atomic.Int64 // collectives started, for their tags
 	left    atomic.Bool
+	// att receives locally and sends over same-node direct channels
+	// (direct.go); nil with a sidecar without member channels.
+	att *attached
 }
 
 // Members is a view of a group's membership.
@@ -115,6 +118,27 @@ func (c *Client) Join(ctx context.Context, session, group string, rank, size int
 	case size < 1 || rank < 0 || rank >= size:
 		return nil, &Error{Kind: KindInvalid, Op: "join", Err: fmt.Errorf("rank %d of size %d: want 0 <= rank < size", rank, size)}
 	}
+	jctx := ctx
+	if o.timeout > 0 {
+		var cancel context.CancelFunc
+		jctx, cancel = context.WithTimeout(ctx, o.timeout)
+		defer cancel()
+	}
+	mc, mailbox, err := c.messages().Attach(jctx, session, group, uint32(rank), uint32(size), o.mailbox, o.invocation)
+	switch {
+	case err == nil:
+		g := &Group{c: c, session: session, name: group, rank: rank, size: size, mailbox: mailbox}
+		g.att = newAttached(g, mc)
+		if o.waitAll {
+			if err := g.att.waitAll(jctx); err != nil {
+				g.att.close()
+				return nil, err
+			}
+		}
+		return g, nil
+	case !errors.Is(err, localapi.ErrNoAttach):
+		return nil, messageError(jctx, "join", err)
+	}
 	timeout := o.timeout.Milliseconds()
 	if o.timeout <= 0 {
 		timeout = timeoutMs(ctx)
@@ -168,6 +192,18 @@ func (g *Group) Mailbox() bool { return g.mailbox }
 func (g *Group) Send(ctx context.Context, to int, tag int64, data []byte) error {
 	if tag < 0 {
 		return &Error{Kind: KindInvalid, Op: "send", Err: fmt.Errorf("tag %d: user tags are >= 0 (negative ones are the collectives')", tag)}
+	}
+	if g.att != nil {
+		if err := g.checkRank("send", to); err != nil {
+			return err
+		}
+		c, err := g.att.path(ctx, "send", to)
+		if err != nil {
+			return err
+		}
+		if c != nil {
+			return g.att.sendDirect(ctx, "send", c, to, tag, data)
+		}
 	}
 	p, err := g.c.api.Payload(data)
 	if err != nil {
@@ -246,9 +282,9 @@ func (g *Group) recv(ctx context.Context, op string, from int, tag int64, anyTag
 	if err != nil {
 		return nil, err
 	}
-	m := &Message{From: int(resp.From), Tag: resp.Tag, data: resp.Data}
-	if resp.Path != "" {
-		data, mapped, err := mapFile(resp.Path, true)
+	m := &Message{From: resp.from, Tag: resp.tag, data: resp.data, buf: resp.mapping}
+	if resp.path != "" {
+		data, mapped, err := mapFile(resp.path, true)
 		if err != nil {
 			return nil, &Error{Kind: KindInternal, Op: op, Err: err}
 		}
@@ -263,15 +299,19 @@ func (g *Group) recv(ctx context.Context, op string, from int, tag int64, anyTag
 	return m, nil
 }
 
-// recvRaw receives a message as the sidecar answers it: its bytes, or the
-// path of a shared-memory file for the caller to map and remove.
-func (g *Group) recvRaw(ctx context.Context, op string, from int, tag int64, anyTag bool) (*localapi.Received, error) {
+// recvRaw receives a message: its bytes (a mapping of a memfd, for a
+// large one from a direct channel), or the path of a shared-memory file
+// for the caller to map and remove.
+func (g *Group) recvRaw(ctx context.Context, op string, from int, tag int64, anyTag bool) (*inMsg, error) {
 	var peer uint32
 	if from != AnySource {
 		if err := g.checkRank(op, from); err != nil {
 			return nil, err
 		}
 		peer = uint32(from)
+	}
+	if g.att != nil {
+		return g.att.recv(ctx, op, from, tag, anyTag)
 	}
 	if anyTag {
 		tag = 0
@@ -280,7 +320,7 @@ func (g *Group) recvRaw(ctx context.Context, op string, from int, tag int64, any
 	if err != nil {
 		return nil, peerError(messageError(ctx, op, err), from)
 	}
-	return resp, nil
+	return &inMsg{from: int(resp.From), tag: resp.Tag, data: resp.Data, path: resp.Path}, nil
 }
 
 // Members returns the group's current membership.
@@ -333,6 +373,9 @@ func (g *Group) Leave(ctx context.Context) error {
 		return nil
 	}
 	_, err := g.c.api.RPC().Leave(ctx, &sidecarv1.LeaveRequest{Session: g.session, Group: g.name, Rank: uint32(g.rank)})
+	if g.att != nil {
+		g.att.close()
+	}
 	if err != nil {
 		return rpcError(ctx, "leave", err)
 	}

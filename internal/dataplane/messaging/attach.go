@@ -78,7 +78,7 @@ func (r *Router) JoinAttached(ctx context.Context, session, name string, rank, s
 var attachedFilter = Filter{AnySource: true, all: true}
 
 // Next waits for the next item to push: a direct channel end first, then
-// a view newer than epoch, then the oldest message. It fails with
+// the oldest message, then a view newer than epoch. It fails with
 // ErrClosed once the member ended (or Detach), and with ctx's error.
 func (a *Attachment) Next(ctx context.Context, epoch uint64) (Push, error) {
 	r := a.r
@@ -94,14 +94,16 @@ func (a *Attachment) Next(ctx context.Context, epoch uint64) (Push, error) {
 			r.mu.Unlock()
 			return Push{Direct: d.f, From: d.from}, nil
 		}
-		if v := a.g.view; v != nil && v.Epoch > epoch {
-			r.mu.Unlock()
-			return Push{View: v}, nil
-		}
+		// Messages before views: a view that says a sender is gone must
+		// not overtake the messages it sent before.
 		if m, ok := a.mb.take(attachedFilter); ok {
 			signal(&a.mb.wake)
 			r.mu.Unlock()
 			return Push{Msg: &m}, nil
+		}
+		if v := a.g.view; v != nil && v.Epoch > epoch {
+			r.mu.Unlock()
+			return Push{View: v}, nil
 		}
 		wch, vch, mbox := a.mb.wake, a.g.changed, a.g.mailbox && r.cfg.Mailbox != nil
 		r.mu.Unlock()

@@ -8,12 +8,14 @@ import (
 )
 
 var palette = map[string]string{
-	"ziptrail":                        "#2078dc",
-	"ziptrail (8 sending goroutines)": "#7ab0ec",
-	"Redis":                           "#dc3c32",
-	"Redis (pipelined LPUSH)":         "#f0a01e",
-	"p50":                             "#2078dc",
-	"p99":                             "#8cb4e6",
+	"ziptrail":                              "#2078dc",
+	sysDirect:                               "#14a05a",
+	sysSidecars:                             "#2078dc",
+	sysSidecars + " (8 sending goroutines)": "#7ab0ec",
+	"Redis":                                 "#dc3c32",
+	"Redis (pipelined LPUSH)":               "#f0a01e",
+	"p50":                                   "#2078dc",
+	"p99":                                   "#8cb4e6",
 }
 
 // panel is one grouped bar chart: values[series][group] in seconds.

@@ -16,6 +16,13 @@
 //     sees it) and death detection (SIGKILL a member's sidecar: until the
 //     others' blocked Recv from it returns PeerGone).
 //
+// ziptrail runs as two arms in the same run: "same node (direct)", eight
+// pods sharing a node directory (as bench/dataplane -samenode), whose
+// functions talk over direct channels (docs/messaging.md, "Same-node
+// direct channels"), and "across nodes (sidecars)", eight pods without
+// one, whose messages cross both sidecars as between nodes. The
+// membership, death, floor and CPU cells use the sidecar arm.
+//
 // It prints one table and writes JSON and an SVG chart.
 //
 //	go run ./bench/messaging [-scale 1] [-out docs/bench] [-only fig7,fig8,allreduce,membership,death]
@@ -35,6 +42,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 	"github.com/ziptrail/ziptrail/internal/testservers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
@@ -64,6 +72,13 @@ var (
 )
 
 var sidecarEnv []string
+
+// The two ziptrail arms: pods on one node (direct channels between the
+// functions), and pods whose pairs cross the sidecars (as across nodes).
+const (
+	sysDirect   = "ziptrail same node (direct)"
+	sysSidecars = "ziptrail across nodes (sidecars)"
+)
 
 const (
 	allreduceBytes = 1_000_000 // 125,000 float64
@@ -168,18 +183,34 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 	op := testservers.StartOperator(tb)
 	rd := testservers.StartRedis(tb)
 	ps := &pods{tb: tb, op: op, bin: bin, env: sidecarEnv}
-	// Eight pods: one per member of the largest group; the ping-pongs use
-	// the first two.
-	var pp []*pod
+	nodeDir, err := os.MkdirTemp("", "zn") // socket paths are short
+	if err != nil {
+		return err
+	}
+	tb.Cleanup(func() { os.RemoveAll(nodeDir) })
+	if err := samenode.PrepareDir(nodeDir); err != nil {
+		return err
+	}
+	dps := &pods{tb: tb, op: op, bin: bin, env: sidecarEnv, nodeDir: nodeDir, prefix: "same-node-"}
+	// Eight pods per arm: one per member of the largest group; the
+	// ping-pongs use the first two. The direct arm's pods share a node
+	// directory (one node); the other arm's do not (every pair crosses
+	// the sidecars, as between nodes).
+	var pp, dp []*pod
 	for range 8 {
 		p, err := ps.start()
 		if err != nil {
 			return err
 		}
 		pp = append(pp, p)
+		if p, err = dps.start(); err != nil {
+			return err
+		}
+		dp = append(dp, p)
 	}
-	fmt.Fprintf(os.Stderr, "pods up (sidecar pids %d and %d carry the ping-pongs)\n", pp[0].pid(), pp[1].pid())
+	fmt.Fprintf(os.Stderr, "pods up (sidecar pids %d and %d carry the sidecar ping-pongs)\n", pp[0].pid(), pp[1].pid())
 	zt := &ztBench{pods: pp, ps: ps}
+	zd := &ztBench{pods: dp, ps: dps, tag: "direct-"}
 	rb := newRedisBench(rd.Addr)
 	defer rb.close()
 	ctx := context.Background()
@@ -194,14 +225,18 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 		if err := zt.setupPair(ctx); err != nil {
 			return err
 		}
+		if err := zd.setupPair(ctx); err != nil {
+			return err
+		}
 		for i, size := range fig7Sizes {
 			n := reps(fig7Reps[i], scale)
 			data := payload(size)
 			for _, sys := range []struct {
-				name string
-				f    func(context.Context, []byte, int) ([]float64, error)
-			}{{"ziptrail", zt.pingPong}, {"Redis", rb.pingPong}} {
-				rtts, err := attempt(ctx, "fig7 "+sys.name+" "+human(size), zt.setupPair, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, data, n) })
+				name  string
+				f     func(context.Context, []byte, int) ([]float64, error)
+				reset func(context.Context) error
+			}{{sysDirect, zd.pingPong, zd.setupPair}, {sysSidecars, zt.pingPong, zt.setupPair}, {"Redis", rb.pingPong, nil}} {
+				rtts, err := attempt(ctx, "fig7 "+sys.name+" "+human(size), sys.reset, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, data, n) })
 				if err != nil {
 					return fmt.Errorf("fig7 %s %s: %w", sys.name, human(size), err)
 				}
@@ -236,16 +271,21 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 		if err := zt.setupPair(ctx); err != nil {
 			return err
 		}
+		if err := zd.setupPair(ctx); err != nil {
+			return err
+		}
 		for i, count := range fig8Count {
 			n := reps(fig8Reps[i], scale)
 			for _, sys := range []struct {
-				name string
-				f    func(context.Context, int, int) ([]float64, error)
-			}{{"ziptrail", zt.stream}, {"ziptrail (8 sending goroutines)", zt.streamConcurrent}, {"Redis", rb.stream(false)}, {"Redis (pipelined LPUSH)", rb.stream(true)}} {
-				if count == 1 && sys.name != "ziptrail" && strings.HasPrefix(sys.name, "ziptrail") {
+				name  string
+				f     func(context.Context, int, int) ([]float64, error)
+				reset func(context.Context) error
+			}{{sysDirect, zd.stream, zd.setupPair}, {sysSidecars, zt.stream, zt.setupPair}, {sysSidecars + " (8 sending goroutines)", zt.streamConcurrent, zt.setupPair},
+				{"Redis", rb.stream(false), nil}, {"Redis (pipelined LPUSH)", rb.stream(true), nil}} {
+				if count == 1 && strings.HasSuffix(sys.name, "goroutines)") {
 					continue // one message: one sender
 				}
-				ts, err := attempt(ctx, "fig8 "+sys.name+" "+msgs(count), zt.setupPair, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, count, n) })
+				ts, err := attempt(ctx, "fig8 "+sys.name+" "+msgs(count), sys.reset, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, count, n) })
 				if err != nil {
 					return fmt.Errorf("fig8 %s %d: %w", sys.name, count, err)
 				}
@@ -268,7 +308,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 			for _, sys := range []struct {
 				name string
 				f    func(context.Context, int, int) ([]float64, error)
-			}{{"ziptrail", zt.allreduce}, {"Redis", rb.allreduce}} {
+			}{{sysDirect, zd.allreduce}, {sysSidecars, zt.allreduce}, {"Redis", rb.allreduce}} {
 				ts, err := attempt(ctx, fmt.Sprintf("allreduce %s %d", sys.name, members), nil, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, members, n) })
 				if err != nil {
 					return fmt.Errorf("allreduce %s %d: %w", sys.name, members, err)
@@ -303,6 +343,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 		add(Result{Section: "death", Case: "PeerGone at all", System: "ziptrail", Count: 4, Reps: n, P50: pct(ts, 50), P99: pct(ts, 99)})
 	}
 	zt.close()
+	zd.close()
 
 	fmt.Fprintln(os.Stderr)
 	printTable(os.Stdout, results)

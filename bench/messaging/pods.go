@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -31,6 +33,11 @@ type pods struct {
 	seq int
 	mu  sync.Mutex
 	env []string // extra environment of every sidecar (e.g. GOMAXPROCS)
+	// nodeDir, when set, is the node directory the pods share (as
+	// bench/dataplane -samenode): their members talk over same-node direct
+	// channels.
+	nodeDir string
+	prefix  string // of the pods' names
 }
 
 // pod is one running sidecar with the SDK client a function in that pod
@@ -75,7 +82,7 @@ func repoRoot() (string, error) {
 func (p *pods) start() (*pod, error) {
 	p.mu.Lock()
 	p.seq++
-	name := fmt.Sprintf("pod-%d", p.seq)
+	name := fmt.Sprintf("%spod-%d", p.prefix, p.seq)
 	p.mu.Unlock()
 	token := p.op.PodToken(p.tb, namespace, name)
 	sockDir, err := os.MkdirTemp("", "zt") // unix socket paths are short
@@ -94,7 +101,7 @@ func (p *pods) start() (*pod, error) {
 			"ZIPTRAIL_METRICS_PORT=0", "ZIPTRAIL_OPERATOR_ADDR=" + p.op.Addr, "ZIPTRAIL_TOKEN_FILE=" + token,
 			"ZIPTRAIL_SOCKET=" + s.socket, "ZIPTRAIL_SHM_DIR=" + s.shm,
 			"ZIPTRAIL_MEMORY_LIMIT=" + fmt.Sprint(1<<30)}, // room for a 64 MB message and its echo
-			p.env...)})
+			append(p.sameNode(token), p.env...)...)})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -104,6 +111,32 @@ func (p *pods) start() (*pod, error) {
 	}
 	p.tb.Cleanup(func() { s.client.Close() })
 	return s, nil
+}
+
+// sameNode is a pod's node directory environment (none without nodeDir):
+// its UID is the one its token is bound to, which the directory announces.
+func (p *pods) sameNode(tokenFile string) []string {
+	if p.nodeDir == "" {
+		return nil
+	}
+	tok, err := os.ReadFile(tokenFile)
+	if err != nil {
+		return nil
+	}
+	var claims struct {
+		K struct {
+			Pod struct{ UID string } `json:"pod"`
+		} `json:"kubernetes.io"`
+	}
+	parts := strings.Split(string(tok), ".")
+	if len(parts) != 3 {
+		return nil
+	}
+	payload, _ := base64.RawURLEncoding.DecodeString(parts[1])
+	if json.Unmarshal(payload, &claims) != nil || claims.K.Pod.UID == "" {
+		return nil
+	}
+	return []string{"ZIPTRAIL_NODE_DIR=" + p.nodeDir, "ZIPTRAIL_NODE_NAME=bench-node", "ZIPTRAIL_POD_UID=" + claims.K.Pod.UID}
 }
 
 // streamDrops counts the sidecars' "control stream:" errors: each is a

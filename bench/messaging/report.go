@@ -39,24 +39,24 @@ func printTable(w io.Writer, results []Result) {
 		fmt.Fprintf(w, "\n%s\n\n", sectionTitles[sec])
 		switch sec {
 		case "fig7":
-			fmt.Fprintln(w, "| size | reps | ziptrail one-way p50 | p99 | Redis one-way p50 | p99 | ziptrail round trip p50 | p99 | Redis round trip p50 | p99 | ziptrail speed-up (Redis p50 / ziptrail p50) |")
-			fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+			fmt.Fprintf(w, "| size | reps | %s one-way p50 | p99 | %s one-way p50 | p99 | Redis one-way p50 | p99 | direct speed-up (Redis p50 / direct p50) |\n", sysDirect, sysSidecars)
+			fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 			for _, c := range cases {
-				z, rd := find(rows, c, "ziptrail"), find(rows, c, "Redis")
-				fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, z.Reps, dur(z.P50), dur(z.P99), dur(rd.P50), dur(rd.P99),
-					dur(z.RTTP50), dur(z.RTTP99), dur(rd.RTTP50), dur(rd.RTTP99), ratio(rd.P50, z.P50))
+				d, z, rd := find(rows, c, sysDirect), find(rows, c, sysSidecars), find(rows, c, "Redis")
+				fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", c, d.Reps, dur(d.P50), dur(d.P99), dur(z.P50), dur(z.P99),
+					dur(rd.P50), dur(rd.P99), ratio(rd.P50, d.P50))
 			}
 		case "fig8", "allreduce":
-			fmt.Fprintln(w, "| case | system | reps | p50 | p99 | vs ziptrail (p50) |")
+			fmt.Fprintf(w, "| case | system | reps | p50 | p99 | vs %s (p50) |\n", sysDirect)
 			fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|")
 			for _, c := range cases {
-				z := find(rows, c, "ziptrail")
+				z := find(rows, c, sysDirect)
 				for _, r := range rows {
 					if r.Case != c {
 						continue
 					}
 					rel := "–"
-					if r.System != "ziptrail" {
+					if r.System != sysDirect {
 						rel = ratio(r.P50, z.P50) + " slower"
 						if r.P50 < z.P50 {
 							rel = ratio(z.P50, r.P50) + " faster"

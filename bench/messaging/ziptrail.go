@@ -18,11 +18,14 @@ type ztBench struct {
 	ps   *pods
 	pair []*ziptrail.Group // ranks 0 and 1 on pods 0 and 1
 	seq  atomic.Int64
+	tag  string // of its groups' names (the arms share the directory)
 }
 
 const session = "bench"
 
-func (z *ztBench) group(prefix string) string { return fmt.Sprintf("%s-%d", prefix, z.seq.Add(1)) }
+func (z *ztBench) group(prefix string) string {
+	return fmt.Sprintf("%s%s-%d", z.tag, prefix, z.seq.Add(1))
+}
 
 func (z *ztBench) close() {
 	leaveAll(z.pair)

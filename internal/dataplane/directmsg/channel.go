@@ -297,6 +297,11 @@ func (c *Conn) frame(body []byte, memfd bool) (n int, kind byte, tag int64, size
 	switch {
 	case err != nil:
 		return 0, 0, 0, 0, err
+	case rerr == unix.ECONNRESET:
+		// The sender closed with credits it had not read: its frames
+		// were all read before (the reset is reported once the queue is
+		// empty), so this is its end.
+		return 0, 0, 0, 0, io.EOF
 	case rerr != nil:
 		return 0, 0, 0, 0, os.NewSyscallError("recvmsg", rerr)
 	case total == 0 && len(fds) == 0:

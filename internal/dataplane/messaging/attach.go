@@ -172,6 +172,7 @@ func (a *Attachment) Detach() {
 // makes a socketpair, queues one end for to's member channel and returns
 // the other for the sender from.
 func (r *Router) OfferDirect(session, name string, from, to uint32) (*os.File, error) {
+	r.waitListed(session, name, from)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	g := r.groups[gkey{session, name}]
@@ -197,6 +198,37 @@ func (r *Router) OfferDirect(session, name string, from, to uint32) (*os.File, e
 	mb.att.directs = append(mb.att.directs, directEnd{from: from, f: mine})
 	signal(&mb.wake)
 	return theirs, nil
+}
+
+// listedWait bounds how long an open waits for this sidecar's view to list
+// its sender: the sender's sidecar saw the view with both ranks, this one
+// may see it a moment later (the directory pushes to both at once).
+const listedWait = 2 * time.Second
+
+// waitListed waits until the group's view lists rank (live or gone), or
+// listedWait passed.
+func (r *Router) waitListed(session, name string, rank uint32) {
+	t := time.NewTimer(listedWait)
+	defer t.Stop()
+	for {
+		r.mu.Lock()
+		g := r.groups[gkey{session, name}]
+		if g == nil {
+			r.mu.Unlock()
+			return
+		}
+		m, gone := lookup(g.view, rank)
+		ch := g.changed
+		r.mu.Unlock()
+		if m != nil || gone {
+			return
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return
+		}
+	}
 }
 
 // DirectMaxFrame bounds a direct channel's socket buffer: a frame (an

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import ziptrail
-from conftest import REPO, SDK, Pods, Sidecar
+from conftest import SDK, Pods, Sidecar
 from test_group_sidecars import LIMIT, MiB, collectives, ok, run_members, shm_files
 
 
@@ -287,46 +287,3 @@ def test_back_pressure_over_a_direct_channel(pods: Pods, size: int):
         g0.leave()
         g1.leave()
 
-
-@pytest.fixture(scope="module")
-def directpeer(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The Go member (tests/directpeer): the Go framing of direct channels."""
-    out = tmp_path_factory.mktemp("bin") / "directpeer"
-    subprocess.run(["go", "build", "-o", str(out), "./sdk/python/tests/directpeer"], cwd=REPO, check=True)
-    return str(out)
-
-
-def test_mixed_go_and_python_members_share_direct_channels(pods: Pods, directpeer: str):
-    """A Python member and a Go member (the Go client of the messaging
-    socket and the Go framing, as the Go SDK's) on one node: the Go member
-    echoes what the Python member sends over direct channels both ways,
-    inline and as memfds around the inline bound; every byte, tag and the
-    order come back."""
-    a, b = pods.start(node="n1"), pods.start(node="n1")
-    sizes = [0, 64, 100 << 10, 128 << 10, (128 << 10) + 1, 1 << 20, 3 << 20]
-    bodies = [os.urandom(s) for s in sizes]
-    peer = subprocess.Popen([directpeer, "-socket", b.socket, "-session", "mixed", "-group", "g", "-rank", "1",
-                             "-size", "2", "-peer", "0", "-n", str(len(sizes))], stdout=subprocess.PIPE, text=True)
-    try:
-        with a.client.join("mixed", "g", 0, 2, wait_all=True, timeout=LIMIT) as g:
-            assert peer.stdout is not None and peer.stdout.readline().strip() == "LIVE"  # its sidecar knows rank 0
-            for i, body in enumerate(bodies):
-                try:
-                    assert g.send(1, body, tag=100 + i, timeout=LIMIT) is False
-                except ziptrail.ZiptrailError as e:
-                    att = g._att
-                    raise AssertionError(f"send {i}: {e}; member channel: {att.ended}; channels in: "
-                                         f"{[(r, c.eof, c.err) for r, c in att.ins.items()]}") from e
-            for i, body in enumerate(bodies):
-                with g.recv(source=1, timeout=LIMIT) as m:
-                    assert (m.tag, len(m.data)) == (100 + i, len(body))
-                    assert hashlib.sha256(m.data).digest() == hashlib.sha256(body).digest()
-                    if len(body) > 128 << 10:
-                        assert isinstance(m.data, ziptrail.MappedObject)
-            assert direct_opens(a) == 1 and direct_opens(b) == 1
-        out, _ = peer.communicate(timeout=LIMIT)
-        assert peer.returncode == 0 and out.strip() == "DONE"
-    finally:
-        if peer.poll() is None:
-            peer.kill()
-            peer.wait()

@@ -220,8 +220,8 @@ func (c *Conn) credit() (uint64, error) {
 		}
 	})
 	if err == nil && rerr == nil {
-		if fds := rights(oob[:oobn]); len(fds) > 0 {
-			closeAll(fds)
+		if fds := samenode.Rights(oob[:oobn]); len(fds) > 0 {
+			samenode.CloseFDs(fds)
 			return 0, fmt.Errorf("%w: descriptors with a credit", ErrFrame)
 		}
 	}
@@ -291,9 +291,9 @@ func (c *Conn) frame(body []byte, memfd bool) (n int, kind byte, tag int64, size
 	})
 	var fds []int
 	if err == nil && rerr == nil {
-		fds = rights(c.oob[:oobn])
+		fds = samenode.Rights(c.oob[:oobn])
 	}
-	defer func() { closeAll(fds) }() // those not taken over
+	defer func() { samenode.CloseFDs(fds) }() // those not taken over
 	switch {
 	case err != nil:
 		return 0, 0, 0, 0, err
@@ -346,27 +346,4 @@ func (c *Conn) recvMemfd(tag int64, size uint64) (Message, error) {
 		return true
 	})
 	return Message{Tag: tag, Data: data, Mapped: true}, nil
-}
-
-func rights(oob []byte) []int {
-	if len(oob) == 0 {
-		return nil
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for _, m := range msgs {
-		if f, err := unix.ParseUnixRights(&m); err == nil {
-			fds = append(fds, f...)
-		}
-	}
-	return fds
-}
-
-func closeAll(fds []int) {
-	for _, fd := range fds {
-		_ = unix.Close(fd)
-	}
 }

@@ -198,8 +198,8 @@ func (b *Broker) serve(c *net.UnixConn) {
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
-		fds := rights(oob[:oobn])
-		closeAll(fds) // never kept
+		fds := samenode.Rights(oob[:oobn])
+		samenode.CloseFDs(fds) // never kept
 		if err != nil || (n == 0 && len(fds) == 0) {
 			return
 		}
@@ -280,19 +280,19 @@ func Open(ctx context.Context, dir, podUID string, q OpenRequest, errNoDirect er
 	buf := make([]byte, 2048)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
-	fds := rights(oob[:oobn])
+	fds := samenode.Rights(oob[:oobn])
 	if err != nil || n < 5 || [4]byte(buf[:4]) != nodeMagic {
-		closeAll(fds)
+		samenode.CloseFDs(fds)
 		return nil, fmt.Errorf("%w: no answer from the receiver's sidecar (%v)", errNoDirect, err)
 	}
 	switch st, msg := buf[4], string(buf[5:n]); {
 	case st == statusDirect && len(fds) == 1:
 		return os.NewFile(uintptr(fds[0]), "direct"), nil
 	case st == statusRefused:
-		closeAll(fds)
+		samenode.CloseFDs(fds)
 		return nil, fmt.Errorf("%w: %s", ErrRefused, msg)
 	default:
-		closeAll(fds)
+		samenode.CloseFDs(fds)
 		return nil, fmt.Errorf("%w: %s", errNoDirect, msg)
 	}
 }

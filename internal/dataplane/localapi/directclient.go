@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 )
 
 // The client side of the fast path's member channel and open
@@ -72,7 +74,7 @@ func (f *fdReader) Read(p []byte) (int, error) {
 	})
 	if err == nil && rerr == nil && oobn > 0 {
 		f.mu.Lock()
-		f.fds = append(f.fds, rightsOf(f.oob[:oobn])...)
+		f.fds = append(f.fds, samenode.Rights(f.oob[:oobn])...)
 		f.mu.Unlock()
 	}
 	switch {
@@ -100,7 +102,7 @@ func (f *fdReader) next() (int, bool) {
 func (f *fdReader) closeAll() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	closeFDs(f.fds)
+	samenode.CloseFDs(f.fds)
 	f.fds = nil
 }
 

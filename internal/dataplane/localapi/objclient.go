@@ -63,7 +63,7 @@ func (c *Client) objectSocket(ctx context.Context) (served, sameNode bool) {
 	}
 	o.mu.Unlock()
 	resp, fds, err := o.roundTrip(ctx, []byte{objHello}, -1)
-	closeFDs(fds)
+	samenode.CloseFDs(fds)
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.asked = time.Now()
@@ -100,7 +100,7 @@ func (o *objClient) roundTrip(ctx context.Context, req []byte, fd int) ([]byte, 
 			}
 			return body, fds, err
 		}
-		closeFDs(fds)
+		samenode.CloseFDs(fds)
 		_ = conn.Close()
 		if !reused || attempt > 0 || ctx.Err() != nil {
 			return nil, nil, err
@@ -131,7 +131,7 @@ func (o *objClient) exchange(ctx context.Context, conn *net.UnixConn, req []byte
 	buf := make([]byte, maxObjResponse+64)
 	roob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, roob)
-	fds = rightsOf(roob[:oobn])
+	fds = samenode.Rights(roob[:oobn])
 	if err == nil && n == 0 {
 		err = errors.New("object socket closed")
 	}
@@ -353,7 +353,7 @@ func (c *Client) putMemfd(ctx context.Context, f *os.File, size int64, req *side
 	msg = binary.LittleEndian.AppendUint16(msg, uint16(len(session)))
 	msg = append(msg, session...)
 	body, fds, err := c.obj.roundTrip(ctx, msg, int(f.Fd()))
-	closeFDs(fds)
+	samenode.CloseFDs(fds)
 	if err != nil {
 		return nil, err
 	}
@@ -380,17 +380,17 @@ func (b *PutBuffer) Discard() error {
 func (c *Client) getMemfd(ctx context.Context, ref string) (*sidecarv1.GetResponse, *Mapped, error) {
 	body, fds, err := c.obj.roundTrip(ctx, append([]byte{objGet}, ref...), -1)
 	if err != nil {
-		closeFDs(fds)
+		samenode.CloseFDs(fds)
 		return nil, nil, err
 	}
 	if len(fds) != 1 || len(body) < 10 {
-		closeFDs(fds)
+		samenode.CloseFDs(fds)
 		return nil, nil, fmt.Errorf("%w: get answered with %d descriptors", errObjFrame, len(fds))
 	}
 	size := int64(binary.LittleEndian.Uint64(body))
 	sl := int(binary.LittleEndian.Uint16(body[8:]))
 	if len(body) != 10+sl {
-		closeFDs(fds)
+		samenode.CloseFDs(fds)
 		return nil, nil, errObjFrame
 	}
 	resp := &sidecarv1.GetResponse{Size: size, Source: string(body[10:])}

@@ -162,13 +162,13 @@ func (s *Server) serveObjConn(c *net.UnixConn) {
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	for {
 		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
-		fds := rightsOf(oob[:oobn])
+		fds := samenode.Rights(oob[:oobn])
 		if err != nil || n == 0 {
-			closeFDs(fds)
+			samenode.CloseFDs(fds)
 			return
 		}
 		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n < len(objMagic)+1 || [4]byte(buf[:4]) != objMagic {
-			closeFDs(fds)
+			samenode.CloseFDs(fds)
 			objFrames.WithLabelValues("bad_frame").Inc()
 			_ = objReply(c, errReply(fmt.Errorf("%w: malformed object-socket request", ErrBadPayload)), -1)
 			return
@@ -182,7 +182,7 @@ func (s *Server) serveObjConn(c *net.UnixConn) {
 		switch op, req := buf[4], buf[5:n]; op {
 		case objHello:
 			keep = len(fds) == 0
-			closeFDs(fds)
+			samenode.CloseFDs(fds)
 			var fl byte
 			if s.SameNodeGet != nil || s.Adopt != nil {
 				fl |= helloSameNode
@@ -192,7 +192,7 @@ func (s *Server) serveObjConn(c *net.UnixConn) {
 			out = s.objPut(req, fds)
 		case objGet:
 			keep = len(fds) == 0
-			closeFDs(fds)
+			samenode.CloseFDs(fds)
 			if keep {
 				out, sent = s.objGet(req)
 			}
@@ -201,7 +201,7 @@ func (s *Server) serveObjConn(c *net.UnixConn) {
 			}
 		default:
 			keep = false
-			closeFDs(fds)
+			samenode.CloseFDs(fds)
 			out = errReply(fmt.Errorf("%w: unknown object-socket op %d", ErrBadPayload, op))
 		}
 		if !keep {
@@ -258,7 +258,7 @@ func (s *Server) objPut(req []byte, fds []int) []byte {
 
 func (s *Server) adoptPut(req []byte, fds []int) ([]byte, error) {
 	if len(fds) != 1 {
-		closeFDs(fds)
+		samenode.CloseFDs(fds)
 		return nil, fmt.Errorf("%w: a put carries exactly one descriptor, got %d", ErrBadPayload, len(fds))
 	}
 	f := os.NewFile(uintptr(fds[0]), "put-memfd")
@@ -488,29 +488,6 @@ func (a *adopted) held() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.byID)
-}
-
-func rightsOf(oob []byte) []int {
-	if len(oob) == 0 {
-		return nil
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for _, m := range msgs {
-		if f, err := unix.ParseUnixRights(&m); err == nil {
-			fds = append(fds, f...)
-		}
-	}
-	return fds
-}
-
-func closeFDs(fds []int) {
-	for _, fd := range fds {
-		_ = unix.Close(fd)
-	}
 }
 
 // objError rebuilds a gRPC status from an error response, so callers

@@ -235,7 +235,7 @@ func objRequest(t *testing.T, conn *net.UnixConn, msg []byte, fds ...int) (byte,
 	if n < 5 || string(buf[:4]) != "ZTO1" {
 		t.Fatalf("malformed response %q", buf[:n])
 	}
-	return buf[4], buf[5:n], rightsOf(roob[:oobn]), nil
+	return buf[4], buf[5:n], samenode.Rights(roob[:oobn]), nil
 }
 
 func putMsg(size uint64) []byte {
@@ -338,7 +338,7 @@ func TestObjectSocketAttacks(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		closeFDs(fds)
+		samenode.CloseFDs(fds)
 		if st != objError {
 			t.Fatalf("%s: accepted (status %d)", tc.name, st)
 		}
@@ -378,8 +378,8 @@ func TestObjectSocketAttacks(t *testing.T) {
 	} {
 		c := dial()
 		st, _, fds, err := objRequest(t, c, tc.msg, tc.fds...)
-		closeFDs(fds)
-		closeFDs(tc.fds)
+		samenode.CloseFDs(fds)
+		samenode.CloseFDs(tc.fds)
 		if err != nil || st != objError {
 			t.Fatalf("%s: status %d, %v", tc.name, st, err)
 		}
@@ -397,7 +397,7 @@ func TestObjectSocketAttacks(t *testing.T) {
 		if len(tc.fds) > 0 && tc.fds[0] == int(tmp.Fd()) {
 			continue
 		}
-		closeFDs(tc.fds) // each made for its case (writable and truncated too)
+		samenode.CloseFDs(tc.fds) // each made for its case (writable and truncated too)
 	}
 	tmp.Close()
 	_ = os.Remove(filepath.Join(p.dir, filepath.Base(tmp.Name())))

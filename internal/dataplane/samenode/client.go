@@ -160,8 +160,13 @@ func (c *Client) Get(ctx context.Context, r string) (_ *Object, err error) {
 	return &Object{File: os.NewFile(uintptr(keep), "samenode:"+rec.Key), Size: resp.size, Bucket: resp.bucket, Key: resp.key}, nil
 }
 
-// rights are the descriptors in SCM_RIGHTS control messages.
-func rights(oob []byte) []int {
+// Rights are the descriptors in SCM_RIGHTS control messages (none for
+// no or malformed control data). The same-node object socket, the local
+// API's object socket and direct message channels all receive them so.
+func Rights(oob []byte) []int {
+	if len(oob) == 0 {
+		return nil
+	}
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
 		return nil
@@ -173,6 +178,13 @@ func rights(oob []byte) []int {
 		}
 	}
 	return fds
+}
+
+// CloseFDs closes descriptors received with Rights that nobody keeps.
+func CloseFDs(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
 }
 
 // Fallback reports whether a Get error means "pull over TCP instead":
@@ -246,7 +258,7 @@ func exchange(ctx context.Context, conn *net.UnixConn, r string) (_ response, fd
 	buf := make([]byte, maxResponseBytes+64)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
-	fds = rights(oob[:oobn])
+	fds = Rights(oob[:oobn])
 	if err == nil && n == 0 {
 		err = io.EOF // the producer closed the connection
 	}

@@ -300,7 +300,7 @@ func rawRequest(t *testing.T, sock string, frame, oob []byte) (byte, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, fd := range rights(roob[:oobn]) {
+	for _, fd := range Rights(roob[:oobn]) {
 		t.Errorf("an error response carried descriptor %d", fd)
 		unix.Close(fd)
 	}

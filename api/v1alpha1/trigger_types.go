@@ -135,7 +135,9 @@ type ReexecutionRule struct {
 	// in a session form waves: a wave opens when one starts while none of
 	// the earlier ones is outstanding, and every invocation starting while
 	// it is open joins it, so the invocations dispatched together (a
-	// stage's mappers, a DynamicGroup's reducers) are one wave. Once
+	// stage's mappers, a DynamicGroup's reducers) are one wave; one fired
+	// by outputs of the same invocation as the wave's members (the same
+	// splitter) joins it even when none is outstanding for a moment. Once
 	// speculateAfter percent of a wave's invocations have sent their output
 	// to this trigger's bucket, every one still outstanding gets one copy
 	// with the same arguments, counted against maxAttempts. The original

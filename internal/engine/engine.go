@@ -86,6 +86,20 @@ type invState struct {
 	Succeeded bool            `json:"succeeded,omitempty"` // some execution finished without failing
 	Copies    []string        `json:"copies,omitempty"`
 	OrigEnded bool            `json:"origEnded,omitempty"`
+	// Upstream are the invocations whose outputs fired it (SourceEvent.Upstream).
+	Upstream []string `json:"upstream,omitempty"`
+}
+
+// upstreamOf lists, once each and in order, the base invocations that
+// produced objs.
+func upstreamOf(objs []Object) []string {
+	var out []string
+	for _, o := range objs {
+		if b := BaseInvocation(o.Invocation); b != "" && !slices.Contains(out, b) {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // racing reports whether an execution of the invocation other than raw
@@ -255,7 +269,7 @@ func (e *Engine) StartSession(wfName, id string, input Object, now time.Time) ([
 func (s *session) invoke(wf *workflow, fn, trig string, objs []Object, group string) Action {
 	id := s.id + "." + strconv.Itoa(s.seq)
 	s.seq++
-	s.track(id, &invState{Function: fn})
+	s.track(id, &invState{Function: fn, Upstream: upstreamOf(objs)})
 	return Action{Kind: ActInvoke, Workflow: wf.spec.Name, Session: s.id, Function: fn, Trigger: trig, Invocation: id, Objects: objs, Group: group}
 }
 
@@ -488,6 +502,7 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 			return e.fail(sh, s, reason, now)
 		}
 	} else {
+		ev.Upstream = inv.Upstream
 		// A resent start, or a re-execution's: nothing new to time.
 		ev.Repeat = inv.Started
 		inv.Started = true

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 )
@@ -42,11 +43,46 @@ type Pending struct {
 // Wave counts one speculating rule's current wave of source invocations
 // (see RerunRule): how many joined it, how many of them sent their output,
 // and how many are still outstanding (neither sent nor given up). It is
-// closed when none is outstanding; the next start opens a new one.
+// closed when none is outstanding; the next start opens a new one, unless
+// the same upstream invocation fed it: Upstream holds the invocations
+// (base ids, at most maxWaveUpstream) whose outputs fired its members, and
+// a splitter still sending chunks while its first mappers already finished
+// (a loaded machine) keeps one wave, not one wave per gap.
 type Wave struct {
-	Members  int `json:"members"`
-	Finished int `json:"finished"`
-	Open     int `json:"open"`
+	Members  int      `json:"members"`
+	Finished int      `json:"finished"`
+	Open     int      `json:"open"`
+	Upstream []string `json:"upstream,omitempty"`
+}
+
+// maxWaveUpstream bounds Wave.Upstream: a wave fed one-to-one by many
+// upstream invocations (a pipelined stage) remembers its first ones only,
+// and past them a gap with nothing outstanding still opens a new wave.
+const maxWaveUpstream = 16
+
+// continues reports whether a member fed by upstream joins this wave
+// rather than opening a new one.
+func (w *Wave) continues(upstream []string) bool {
+	if w.Open > 0 {
+		return true
+	}
+	for _, u := range upstream {
+		if slices.Contains(w.Upstream, u) {
+			return true
+		}
+	}
+	return false
+}
+
+// join counts a new member fed by upstream.
+func (w *Wave) join(upstream []string) {
+	w.Members++
+	w.Open++
+	for _, u := range upstream {
+		if len(w.Upstream) < maxWaveUpstream && !slices.Contains(w.Upstream, u) {
+			w.Upstream = append(w.Upstream, u)
+		}
+	}
 }
 
 // Firing is a decision to invoke the trigger's targets with Objects.
@@ -75,6 +111,10 @@ type SourceEvent struct {
 	// Repeat marks a start of an invocation that started before: a resent
 	// event, or a re-execution of it.
 	Repeat bool
+	// Upstream are the invocations (base ids) whose outputs the engine
+	// fired this one with; empty when it did not fire it (an entry, or an
+	// invocation it learns of only from its start).
+	Upstream []string
 }
 
 // SessionView is what a primitive may ask about the rest of its session.
@@ -160,12 +200,11 @@ func (r reruns) notify(st *State, ev SourceEvent, now time.Time) {
 					st.Waves = map[int]*Wave{}
 				}
 				w := st.Waves[i]
-				if w == nil || w.Open == 0 {
+				if w == nil || !w.continues(ev.Upstream) {
 					w = &Wave{} // the previous wave, if any, is over
 					st.Waves[i] = w
 				}
-				w.Members++
-				w.Open++
+				w.join(ev.Upstream)
 				p.Wave = true
 			}
 		}

@@ -16,6 +16,7 @@ func TestSpeculation(t *testing.T) {
 	imm := func(x float64, attempts int) TriggerSpec {
 		return TriggerSpec{Name: "t", Bucket: "b", Primitive: Immediate, Targets: []string{"next"}, Reruns: []RerunRule{specRule(x, attempts)}}
 	}
+	toMap := TriggerSpec{Name: "to-map", Bucket: "chunks", Primitive: Immediate, Targets: []string{"map"}}
 	ms := time.Millisecond
 	runTable(t, []tableCase{
 		{"once x of the wave finished, each straggler gets one copy; the first output wins", []TriggerSpec{imm(0.75, 2)}, []step{
@@ -76,6 +77,42 @@ func TestSpeculation(t *testing.T) {
 			{at: 30 * ms, do: began("s1", "map", "s1.5")},
 			{at: 40 * ms, do: putFrom("s1", "b", "k3", "map", "s1.3"), want: []string{"next[k3]"}},
 			{at: 50 * ms, do: putFrom("s1", "b", "k4", "map", "s1.4"), want: []string{"next[k4]", "copy:map#1"}},
+		}},
+		// A splitter still sending chunks when its first mapper already
+		// finished (a loaded machine): the wave has no member outstanding
+		// for a moment, yet the splitter's later chunks join it. Before,
+		// they opened a new wave of 3 that never reached 0.75 (2 of 3),
+		// and the straggler got no copy (CI: the orchestrator's
+		// TestSpeculativeCopyOvertakesStraggler expired).
+		{"members fed by the same upstream invocation stay one wave across a gap", []TriggerSpec{toMap, imm(0.75, 2)}, []step{
+			{do: start("s1")},
+			{do: putFrom("s1", "chunks", "c1", "entry", "s1.0"), want: []string{"map[c1]"}},
+			{do: began("s1", "map", "s1.1")},
+			{at: 10 * ms, do: putFrom("s1", "b", "k1", "map", "s1.1"), want: []string{"next[k1]"}}, // none outstanding
+			{at: 20 * ms, do: putFrom("s1", "chunks", "c2", "entry", "s1.0"), want: []string{"map[c2]"}},
+			{at: 20 * ms, do: putFrom("s1", "chunks", "c3", "entry", "s1.0"), want: []string{"map[c3]"}},
+			{at: 20 * ms, do: putFrom("s1", "chunks", "c4", "entry", "s1.0"), want: []string{"map[c4]"}},
+			{at: 20 * ms, do: began("s1", "map", "s1.3")},
+			{at: 20 * ms, do: began("s1", "map", "s1.4")},
+			{at: 20 * ms, do: began("s1", "map", "s1.5")},
+			{at: 30 * ms, do: putFrom("s1", "b", "k2", "map", "s1.3"), want: []string{"next[k2]"}},
+			// 3 of the wave's 4: the straggler's copy is due.
+			{at: 40 * ms, do: putFrom("s1", "b", "k3", "map", "s1.4"), want: []string{"next[k3]", "copy:map#1"}},
+		}},
+		{"members fed by another upstream invocation after a gap open a new wave", []TriggerSpec{toMap, imm(0.5, 2)}, []step{
+			{do: start("s1")},
+			{do: putFrom("s1", "chunks", "c1", "entry", "s1.0"), want: []string{"map[c1]"}},
+			{do: began("s1", "map", "s1.1")},
+			{at: 10 * ms, do: putFrom("s1", "b", "k1", "map", "s1.1"), want: []string{"next[k1]"}},
+			// Iteration two, fed by next's invocation s1.2: 1 of 3 < 0.5.
+			{at: 20 * ms, do: putFrom("s1", "chunks", "c2", "next", "s1.2"), want: []string{"map[c2]"}},
+			{at: 20 * ms, do: putFrom("s1", "chunks", "c3", "next", "s1.2"), want: []string{"map[c3]"}},
+			{at: 20 * ms, do: putFrom("s1", "chunks", "c4", "next", "s1.2"), want: []string{"map[c4]"}},
+			{at: 20 * ms, do: began("s1", "map", "s1.3")},
+			{at: 20 * ms, do: began("s1", "map", "s1.4")},
+			{at: 20 * ms, do: began("s1", "map", "s1.5")},
+			{at: 30 * ms, do: putFrom("s1", "b", "k2", "map", "s1.3"), want: []string{"next[k2]"}},
+			{at: 40 * ms, do: putFrom("s1", "b", "k3", "map", "s1.4"), want: []string{"next[k3]", "copy:map#1"}},
 		}},
 		{"a wave's members given up leave it: the next start opens a new wave", []TriggerSpec{imm(0.5, 1)}, []step{
 			{do: start("s1")},

@@ -89,7 +89,7 @@ func TestSpeculativeCopyOvertakesStraggler(t *testing.T) {
 	s, result := session(t, o, wf, "in")
 	took := time.Since(start)
 	if s.State != sessions.Completed || result != "0,1,2,3,4,5,6,7,8,9" {
-		t.Fatalf("session %s %s (%s): result %q", s.ID, s.State, s.Error, result)
+		t.Fatalf("session %s %s (%s): result %q; its log: %+v", s.ID, s.State, s.Error, result, s.Events)
 	}
 	if stragglerDone.Load() {
 		t.Fatal("the straggler finished first: nothing was overtaken")

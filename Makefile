@@ -33,9 +33,14 @@ lint: ## gofmt and go vet.
 .PHONY: test
 test: deps lint test-go test-python ## Install deps, then run every test suite against real servers.
 
+# The race detector writes its reports to files (GORACE log_path), printed
+# again after the run: a long run's log is often read from its end.
 .PHONY: test-go
 test-go:
-	$(DEPS_ENV); go test $(GO_TEST_FLAGS) ./...
+	$(DEPS_ENV); races=$$(mktemp -d); rc=0; \
+	GORACE="log_path=$$races/report $${GORACE:-}" go test $(GO_TEST_FLAGS) ./... || rc=$$?; \
+	for f in "$$races"/report.*; do [[ -f $$f ]] || continue; echo "--- data race report $${f##*/} (pid):"; cat "$$f"; done; \
+	rm -rf "$$races"; exit $$rc
 
 .PHONY: test-python
 test-python: ## Python SDK and examples tests (pytest) in the cached venv.

@@ -381,28 +381,34 @@ func init() {
 func TestDirectPeerKilled(t *testing.T) {
 	op := testservers.StartOperator(t)
 	dir := nodeDir(t)
-	port := testservers.FreePort(t)
-	a := startNodePod(t, op, "ns", "pod-a", "node-a", dir, fmt.Sprintf("http://127.0.0.1:%d", port))
 	b := startNodePod(t, op, "ns", "pod-b", "node-a", dir, "")
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), append(a.env, "ZT_DIRECT_CHILD=1", fmt.Sprintf("PORT=%d", port))...)
-	child.Stderr = os.Stderr
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer child.Process.Kill()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	for {
-		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err == nil {
-			c.Close()
-			break
+	// The child listens on a port chosen free here, which another
+	// process may take first (CI runs other suites): then it exits, and
+	// the pod is made again with another port.
+	var a *sidecar
+	var child *exec.Cmd
+	for attempt := 0; child == nil; attempt++ {
+		if attempt == 3 {
+			t.Fatal("the child could not listen three times")
 		}
-		if ctx.Err() != nil {
+		port := testservers.FreePort(t)
+		a = startNodePod(t, op, "ns", fmt.Sprintf("pod-a%d", attempt), "node-a", dir, fmt.Sprintf("http://127.0.0.1:%d", port))
+		c := exec.Command(os.Args[0], "-test.run=^$")
+		c.Env = append(os.Environ(), append(a.env, "ZT_DIRECT_CHILD=1", fmt.Sprintf("PORT=%d", port))...)
+		c.Stderr = os.Stderr
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		go func() { _ = c.Wait(); close(exited) }()
+		if listening(ctx, port, exited) {
+			child = c
+			defer child.Process.Kill()
+		} else if ctx.Err() != nil {
 			t.Fatal("the child never listened")
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	go func() {
 		data, _ := json.Marshal(invocation.Envelope{Namespace: "ns", Function: "f", Session: "s1", Invocation: "i1"})
@@ -429,11 +435,30 @@ func TestDirectPeerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	_ = child.Wait()
 	_, err = g1.Recv(ctx, 0, AnyTag)
 	var pe *PeerError
 	if !errors.Is(err, ErrPeerGone) || !errors.As(err, &pe) || pe.Rank != 0 {
 		t.Fatalf("recv after the kill: %v, want PeerGone naming rank 0", err)
 	}
 	t.Logf("PeerGone %v after the SIGKILL", time.Since(killed))
+}
+
+// listening waits until 127.0.0.1:port accepts a connection; false when
+// exited closes first (the process that was to listen ended) or ctx ends.
+func listening(ctx context.Context, port int, exited <-chan struct{}) bool {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			c.Close()
+			return true
+		}
+		select {
+		case <-exited:
+			return false
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
 }

@@ -9,20 +9,32 @@
 // Every frame is one SOCK_SEQPACKET message, so a descriptor travels with
 // exactly its frame:
 //
-//	u32 magic/version "ZTD1", u8 kind (1 inline, 2 memfd), i64 tag,
-//	u64 size, then for inline the size bytes
+//	u32 magic/version "ZTD1", u8 kind (1 inline, 2 memfd, 4 copy),
+//	i64 tag, u64 size, then for inline the size bytes
 //
-// little endian. The receiver answers each memfd frame with a credit
-// frame (kind 3, its size), so that a sender holds at most MaxInflight
-// memfd bytes the receiver has not read. A message larger than InlineMax goes as one memfd sealed
-// with samenode.RequiredSeals, attached to a frame without bytes; the
-// receiver checks the seals and the size (samenode.MapSealed) and maps it
-// read-only: no copy into the receiving function.
+// little endian. A message of up to InlineMax bytes is one inline frame.
+// A larger one of up to CopyMax bytes goes in a memfd the sender reuses
+// (kind 4, the descriptor attached to a frame without bytes): the
+// receiver copies the size bytes out with pread and credits the sender,
+// who then writes its next message into the same pages. A fresh memfd's
+// page allocation costs more than the two copies at these sizes
+// (docs/benchmarks.md, "Same-node direct channels"), and the receiver's
+// copy is what makes an unsealed memfd safe: what it holds is what it
+// read. A message larger than CopyMax goes as one memfd sealed with
+// samenode.RequiredSeals (kind 2); the receiver checks the seals and the
+// size (samenode.MapSealed) and maps it read-only: no copy into the
+// receiving function.
+//
+// The receiver answers each memfd frame (kinds 2 and 4) with a credit
+// frame (kind 3, its size), in order, so that a sender holds at most
+// MaxInflight memfd bytes the receiver has not read, and knows when a
+// reused memfd is free again.
 //
 // The peer is not trusted: a frame that is truncated, oversized, of an
 // unknown kind, announces a size it does not carry, has descriptors it
 // should not have, or a memfd that is unsealed or of another size ends
-// the channel with an error (every received descriptor closed).
+// the channel with an error (every received descriptor closed); so does,
+// at the sender, a credit that does not match its oldest memfd frame.
 package directmsg
 
 import (
@@ -50,8 +62,15 @@ const (
 	// InlineMax is the largest message sent inside its frame: every
 	// frame fits a socket buffer of the kernel's default size.
 	InlineMax = 128 << 10
+	// CopyMax is the largest message sent in a reused memfd (copied out
+	// by the receiver); larger ones go as a sealed memfd, mapped.
+	CopyMax = 4 << 20
 	// MaxMessage bounds a memfd message (the sidecar path's cap).
 	MaxMessage = 1 << 30
+	// poolKeep is how many reusable memfds a sender keeps per channel
+	// once credited (their pages stay allocated: at most poolKeep ×
+	// CopyMax bytes of the sender's memory per channel).
+	poolKeep = 2
 
 	// MaxInflight bounds the memfd bytes a sender has in a channel that
 	// the receiver has not read yet (the kernel counts a frame's bytes
@@ -61,6 +80,7 @@ const (
 	kindInline = 1
 	kindMemfd  = 2
 	kindCredit = 3 // receiver -> sender: a memfd's bytes were read
+	kindCopy   = 4
 )
 
 // ErrFrame is a peer's protocol violation.
@@ -71,10 +91,13 @@ type Conn struct {
 	c        *net.UnixConn
 	raw      syscall.RawConn
 	wmu      sync.Mutex
-	inflight uint64 // memfd bytes sent and not credited (under wmu)
-	hdr      []byte // the receiver's header buffer
-	fd       int    // the descriptor of the memfd frame just read
-	buf      []byte // the receiver's frame buffer
+	inflight uint64     // memfd bytes sent and not credited (under wmu)
+	unacked  []unacked  // memfd frames not credited, oldest first (under wmu)
+	pool     []*os.File // reusable memfds credited back (under wmu)
+	pooled   int        // reusable memfds made (tests)
+	hdr      []byte     // the receiver's header buffer
+	fd       int        // the descriptor of the memfd frame just read
+	buf      []byte     // the receiver's frame buffer
 	oob      []byte
 }
 
@@ -98,8 +121,29 @@ func NewConn(f *os.File) (*Conn, error) {
 	return &Conn{c: uc, raw: rc}, nil
 }
 
-// Close closes the channel's end.
-func (c *Conn) Close() error { return c.c.Close() }
+// unacked is a memfd frame the receiver has not credited yet.
+type unacked struct {
+	size uint64
+	f    *os.File // the reusable memfd it went in; nil: a sealed one
+}
+
+// Close closes the channel's end (a send waiting on it fails) and the
+// sender's memfds.
+func (c *Conn) Close() error {
+	err := c.c.Close()
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	for _, u := range c.unacked {
+		if u.f != nil {
+			_ = u.f.Close()
+		}
+	}
+	for _, f := range c.pool {
+		_ = f.Close()
+	}
+	c.unacked, c.pool = nil, nil
+	return err
+}
 
 func header(kind byte, tag int64, size uint64) []byte {
 	h := make([]byte, HeaderSize)
@@ -116,38 +160,105 @@ func (c *Conn) Send(ctx context.Context, tag int64, data []byte) error {
 	if len(data) > MaxMessage {
 		return fmt.Errorf("message of %d bytes: at most %d", len(data), MaxMessage)
 	}
-	var oob []byte
-	kind := byte(kindInline)
-	iov := [][]byte{nil, data}
-	if len(data) > InlineMax {
-		f, err := samenode.NewSealed("msg", data)
-		if err != nil {
+	if len(data) <= InlineMax {
+		c.wmu.Lock()
+		defer c.wmu.Unlock()
+		defer c.deadline(ctx)()
+		return c.sendFrame(ctx, [][]byte{header(kindInline, tag, uint64(len(data))), data}, nil)
+	}
+	var sealed *os.File
+	if len(data) > CopyMax {
+		// Made before taking the channel: the copy does not hold it.
+		var err error
+		if sealed, err = samenode.NewSealed("msg", data); err != nil {
 			return err
 		}
-		defer f.Close()
-		kind, iov[1], oob = kindMemfd, nil, unix.UnixRights(int(f.Fd()))
+		defer sealed.Close()
 	}
-	iov[0] = header(kind, tag, uint64(len(data)))
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	defer c.deadline(ctx)()
-	if kind == kindMemfd {
-		// Back-pressure for memfds: wait for the receiver's credits.
-		for c.inflight > 0 && c.inflight+uint64(len(data)) > MaxInflight {
-			n, err := c.credit()
-			if err != nil {
-				return ctxErr(ctx, err)
-			}
-			c.inflight -= min(n, c.inflight)
+	size := uint64(len(data))
+	// Credits already there free reusable memfds; then back-pressure:
+	// wait for credits while the receiver has too much unread.
+	if err := c.credits(false); err != nil {
+		return ctxErr(ctx, err)
+	}
+	for c.inflight > 0 && c.inflight+size > MaxInflight {
+		if err := c.credits(true); err != nil {
+			return ctxErr(ctx, err)
 		}
 	}
-	if err := c.sendFrame(ctx, iov, oob); err != nil {
+	u := unacked{size: size}
+	kind, f := byte(kindMemfd), sealed
+	if sealed == nil {
+		var err error
+		if u.f, err = c.reusable(data); err != nil {
+			return err
+		}
+		kind, f = kindCopy, u.f
+	}
+	if err := c.sendFrame(ctx, [][]byte{header(kind, tag, size)}, unix.UnixRights(int(f.Fd()))); err != nil {
+		if u.f != nil {
+			c.pool = append(c.pool, u.f) // not sent: free
+		}
 		return err
 	}
-	if kind == kindMemfd {
-		c.inflight += uint64(len(data))
-	}
+	c.inflight += size
+	c.unacked = append(c.unacked, u)
 	return nil
+}
+
+// reusable returns a free reusable memfd holding data at offset 0 (under
+// wmu): one credited back, or a new one.
+func (c *Conn) reusable(data []byte) (*os.File, error) {
+	var f *os.File
+	if n := len(c.pool); n > 0 {
+		f, c.pool = c.pool[n-1], c.pool[:n-1]
+	} else {
+		fd, err := unix.MemfdCreate("ziptrail:direct", unix.MFD_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("memfd_create: %w", err)
+		}
+		f = os.NewFile(uintptr(fd), "memfd")
+		// Pages are allocated as written, and stay for the next message.
+		if err := f.Truncate(CopyMax); err != nil {
+			_ = f.Close()
+			return nil, fmt.Errorf("memfd size: %w", err)
+		}
+		c.pooled++
+	}
+	if _, err := f.WriteAt(data, 0); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("memfd write: %w", err)
+	}
+	return f, nil
+}
+
+// credits reads the receiver's credit frames (under wmu): those already
+// there, or, with wait, at least one. Each must match the oldest memfd
+// frame not credited; its reusable memfd is free again.
+func (c *Conn) credits(wait bool) error {
+	for {
+		n, ok, err := c.credit(wait)
+		if err != nil || !ok {
+			return err
+		}
+		if len(c.unacked) == 0 || c.unacked[0].size != n {
+			return fmt.Errorf("%w: a credit for %d bytes, %d memfd frames outstanding", ErrFrame, n, len(c.unacked))
+		}
+		u := c.unacked[0]
+		c.unacked = c.unacked[1:]
+		c.inflight -= n
+		if u.f != nil {
+			if len(c.pool) < poolKeep {
+				c.pool = append(c.pool, u.f)
+			} else {
+				_ = u.f.Close()
+			}
+		}
+		wait = false
+	}
 }
 
 // deadline applies ctx's deadline to the socket (under wmu); a cancel
@@ -201,41 +312,45 @@ func ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
-// credit reads one credit frame from the receiver (under wmu).
-func (c *Conn) credit() (uint64, error) {
+// credit reads one credit frame from the receiver (under wmu); without
+// wait, ok is false when none is there.
+func (c *Conn) credit(wait bool) (size uint64, ok bool, _ error) {
 	var h [HeaderSize + 1]byte
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	var n, oobn int
 	var rerr error
 	err := c.raw.Read(func(fd uintptr) bool {
 		for {
-			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), h[:], oob, unix.MSG_CMSG_CLOEXEC)
+			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), h[:], oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
 			switch rerr {
 			case unix.EINTR:
 				continue
 			case unix.EAGAIN:
-				return false
+				return !wait
 			}
 			return true
 		}
 	})
+	if err == nil && rerr == unix.EAGAIN {
+		return 0, false, nil
+	}
 	if err == nil && rerr == nil {
 		if fds := samenode.Rights(oob[:oobn]); len(fds) > 0 {
 			samenode.CloseFDs(fds)
-			return 0, fmt.Errorf("%w: descriptors with a credit", ErrFrame)
+			return 0, false, fmt.Errorf("%w: descriptors with a credit", ErrFrame)
 		}
 	}
 	switch {
 	case err != nil:
-		return 0, err
+		return 0, false, err
 	case rerr != nil:
-		return 0, os.NewSyscallError("recvmsg", rerr)
+		return 0, false, os.NewSyscallError("recvmsg", rerr)
 	case n == 0:
-		return 0, os.NewSyscallError("recvmsg", unix.EPIPE)
+		return 0, false, os.NewSyscallError("recvmsg", unix.EPIPE)
 	case n != HeaderSize || binary.LittleEndian.Uint32(h[:]) != Magic || h[4] != kindCredit:
-		return 0, fmt.Errorf("%w: a bad credit frame", ErrFrame)
+		return 0, false, fmt.Errorf("%w: a bad credit frame", ErrFrame)
 	}
-	return binary.LittleEndian.Uint64(h[13:]), nil
+	return binary.LittleEndian.Uint64(h[13:]), true, nil
 }
 
 // Message is a received message: Data, which for a memfd message is a
@@ -266,6 +381,8 @@ func (c *Conn) Recv() (Message, error) {
 		return Message{Tag: tag, Data: append([]byte{}, c.buf[:n]...)}, nil
 	case kindMemfd:
 		return c.recvMemfd(tag, size)
+	case kindCopy:
+		return c.recvCopy(tag, size)
 	default:
 		return Message{}, fmt.Errorf("%w: kind %d", ErrFrame, kind)
 	}
@@ -315,7 +432,7 @@ func (c *Conn) frame(body []byte, memfd bool) (n int, kind byte, tag int64, size
 	}
 	kind, tag, size = c.hdr[4], int64(binary.LittleEndian.Uint64(c.hdr[5:])), binary.LittleEndian.Uint64(c.hdr[13:])
 	switch {
-	case kind == kindMemfd && memfd:
+	case (kind == kindMemfd || kind == kindCopy) && memfd:
 		if len(fds) != 1 || total != HeaderSize {
 			return 0, 0, 0, 0, fmt.Errorf("%w: memfd frame of %d bytes with %d descriptors", ErrFrame, total, len(fds))
 		}
@@ -324,6 +441,38 @@ func (c *Conn) frame(body []byte, memfd bool) (n int, kind byte, tag int64, size
 		return 0, 0, 0, 0, fmt.Errorf("%w: %d descriptors with a frame of kind %d", ErrFrame, len(fds), kind)
 	}
 	return total - HeaderSize, kind, tag, size, nil
+}
+
+// recvCopy copies a reused memfd's message out (c.fd) and credits the
+// sender, who may then write into it again: what the receiver holds is
+// what it read, whatever the sender does with its memfd afterwards.
+func (c *Conn) recvCopy(tag int64, size uint64) (Message, error) {
+	f := os.NewFile(uintptr(c.fd), "memfd")
+	defer f.Close()
+	if size <= InlineMax || size > CopyMax {
+		return Message{}, fmt.Errorf("%w: a copied memfd message of %d bytes", ErrFrame, size)
+	}
+	// A memfd only (F_GET_SEALS fails on anything else): a pipe, a
+	// socket or a FUSE file could hold the read forever.
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil {
+		return Message{}, fmt.Errorf("%w: the descriptor of a copy frame is not a memfd: %v", ErrFrame, err)
+	}
+	data := make([]byte, size)
+	if _, err := f.ReadAt(data, 0); err != nil {
+		return Message{}, fmt.Errorf("%w: reading a copied memfd message of %d bytes: %v", ErrFrame, size, err)
+	}
+	c.sendCredit(size)
+	return Message{Tag: tag, Data: data}, nil
+}
+
+// sendCredit credits the sender (never blocks: at most
+// MaxInflight/InlineMax credits are outstanding, far below the socket's
+// buffer).
+func (c *Conn) sendCredit(size uint64) {
+	_ = c.raw.Write(func(fd uintptr) bool {
+		_, _ = unix.SendmsgN(int(fd), header(kindCredit, 0, size), nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		return true
+	})
 }
 
 // recvMemfd maps a memfd frame's descriptor (c.fd).
@@ -339,11 +488,6 @@ func (c *Conn) recvMemfd(tag int64, size uint64) (Message, error) {
 	}
 	// Fill the page tables in one call rather than a fault per page.
 	_ = unix.Madvise(data, unix.MADV_POPULATE_READ)
-	// Credit the sender (never blocks: at most MaxInflight/InlineMax
-	// credits are outstanding, far below the socket's buffer).
-	_ = c.raw.Write(func(fd uintptr) bool {
-		_, _ = unix.SendmsgN(int(fd), header(kindCredit, 0, size), nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-		return true
-	})
+	c.sendCredit(size)
 	return Message{Tag: tag, Data: data, Mapped: true}, nil
 }

@@ -151,6 +151,10 @@ cases = [
     ([H.pack(M, 9, 0, 0)], []),                             # an unknown kind
     ([H.pack(M, 2, 0, big)], fds(w)),                       # a pipe, not a memfd
     ([H.pack(M, 2, 0, 1 << 40)], fds(memfd(big))),          # past the message cap
+    ([H.pack(M, 4, 0, big)], fds(w)),                       # a copy frame with a pipe
+    ([H.pack(M, 4, 0, big)], fds(memfd(big - 1, seal=False))),  # a copy frame's memfd short of its size
+    ([H.pack(M, 4, 0, 5 << 20)], fds(memfd(5 << 20, seal=False))),  # a copy frame over COPY_MAX
+    ([H.pack(M, 4, 0, big)], []),                           # a copy frame without its memfd
 ]
 assert len(cases) == k
 groups = [c.join(session, "g", s, k + 2, timeout=120) for s in range(1, k + 2)]
@@ -177,7 +181,7 @@ def test_hostile_peer_on_a_direct_channel(pods: Pods, tmp_path):
     DirectChannelError), it neither hangs nor crashes (a well-behaved
     member's message still arrives), and it keeps no descriptor of it."""
     a, b = pods.start(node="n1"), pods.start(node="n1")
-    k = 12
+    k = 16
     g = a.client.join("hostile", "g", 0, k + 2, timeout=LIMIT)
     try:
         assert g._att is not None

@@ -7,16 +7,19 @@ for byte as the Go SDK's, so that Go and Python members share channels.
 A direct channel is a SOCK_SEQPACKET socketpair the sidecars made; every
 frame is one packet, so a descriptor travels with exactly its frame::
 
-    u32 magic "ZTD1", u8 kind (1 inline, 2 memfd), i64 tag, u64 size,
-    then for inline the size bytes
+    u32 magic "ZTD1", u8 kind (1 inline, 2 memfd, 4 copy), i64 tag,
+    u64 size, then for inline the size bytes
 
 little endian. A message larger than INLINE_MAX goes as one memfd sealed
 with every seal (write, shrink, grow, seal), attached to a frame without
 bytes; the receiver checks the seals and the size and maps it read-only.
-The receiver answers each memfd frame with a credit frame (kind 3, its
-size), so that a sender holds at most MAX_INFLIGHT memfd bytes the receiver
-has not read (the kernel counts a frame's bytes against the socket's
-buffer, not its memfd's).
+A Go sender sends messages of up to COPY_MAX bytes in a memfd it reuses
+(kind 4): the receiver copies the bytes out (pread) and credits, after
+which the sender may write its next message there. The receiver answers
+each memfd frame (kinds 2 and 4) with a credit frame (kind 3, its size),
+so that a sender holds at most MAX_INFLIGHT memfd bytes the receiver has
+not read (the kernel counts a frame's bytes against the socket's buffer,
+not its memfd's).
 
 The peer is not trusted: a frame that is truncated, oversized, of an unknown
 kind, announces a size it does not carry, has descriptors it should not
@@ -47,11 +50,13 @@ _HDR = struct.Struct("<IBqQ")
 HEADER = _HDR.size  # 21
 #: The largest message sent inside its frame (larger: a sealed memfd).
 INLINE_MAX = 128 << 10
+#: The largest message in a reused memfd (kind 4, copied out).
+COPY_MAX = 4 << 20
 #: The largest memfd message (the sidecar path's cap).
 MAX_MESSAGE = 1 << 30
 #: The memfd bytes a sender may have in a channel, not credited yet.
 MAX_INFLIGHT = 16 << 20
-INLINE, MEMFD, CREDIT = 1, 2, 3
+INLINE, MEMFD, CREDIT, COPY = 1, 2, 3, 4
 SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 # Operations and flags of the messaging socket (fastdirect.go).
@@ -253,15 +258,45 @@ class FrameReader:
                     raise FrameError(f"memfd frame of {n} bytes announcing {size}, {len(fds)} descriptors")
                 check_sealed(fds[0], size)
                 m = Memfd(fds.pop(), size)
-                try:  # credit the sender (never blocks: few credits are ever outstanding)
-                    sock.send(_HDR.pack(MAGIC, CREDIT, 0, size), _SEND_FLAGS)
-                except OSError:
-                    pass
+                _credit(sock, size)
                 return tag, m
+            if kind == COPY:
+                if len(fds) != 1 or n != HEADER or not INLINE_MAX < size <= COPY_MAX:
+                    raise FrameError(f"copy frame of {n} bytes announcing {size}, {len(fds)} descriptors")
+                data = copy_out(fds[0], size)
+                _credit(sock, size)
+                return tag, InlineObject(data)
             raise FrameError(f"frame kind {kind}")
         finally:
             for fd in fds:
                 os.close(fd)
+
+
+def _credit(sock: socket.socket, size: int) -> None:
+    """Credits the sender (never blocks: few credits are ever outstanding)."""
+    try:
+        sock.send(_HDR.pack(MAGIC, CREDIT, 0, size), _SEND_FLAGS)
+    except OSError:
+        pass
+
+
+def copy_out(fd: int, size: int) -> bytearray:
+    """The first size bytes of a memfd the sender keeps writing to (a copy
+    frame): a memfd only (a pipe, socket or FUSE file could hold the read
+    forever), holding at least size bytes."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError as e:
+        raise FrameError(f"the descriptor of a copy frame is not a memfd: {e}") from None
+    buf = bytearray(size)
+    view = memoryview(buf)
+    done = 0
+    while done < size:
+        n = os.preadv(fd, [view[done:]], done)
+        if n <= 0:
+            raise FrameError(f"a copy frame's memfd holds {done} of its {size} bytes")
+        done += n
+    return buf
 
 
 def check_sealed(fd: int, size: int) -> None:

@@ -10,6 +10,7 @@ import (
 var palette = map[string]string{
 	"ziptrail":                              "#2078dc",
 	sysDirect:                               "#14a05a",
+	sysDirectProcs:                          "#7cc89a",
 	sysSidecars:                             "#2078dc",
 	sysSidecars + " (8 sending goroutines)": "#7ab0ec",
 	"Redis":                                 "#dc3c32",

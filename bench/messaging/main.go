@@ -76,8 +76,10 @@ var sidecarEnv []string
 // The two ziptrail arms: pods on one node (direct channels between the
 // functions), and pods whose pairs cross the sidecars (as across nodes).
 const (
-	sysDirect   = "ziptrail same node (direct)"
-	sysSidecars = "ziptrail across nodes (sidecars)"
+	sysDirect = "ziptrail same node (direct)"
+	// sysDirectProcs: Fig. 7 only, its two ends in two processes.
+	sysDirectProcs = "ziptrail same node (direct, 2 processes)"
+	sysSidecars    = "ziptrail across nodes (sidecars)"
 )
 
 const (
@@ -88,6 +90,9 @@ const (
 )
 
 func main() {
+	if spec := os.Getenv(echoEnv); spec != "" {
+		runEchoChild(spec)
+	}
 	scale := flag.Float64("scale", 1, "multiply every repetition count (at least 3 per cell)")
 	out := flag.String("out", "docs/bench", "directory for messaging.json and messaging.svg")
 	only := flag.String("only", "", "comma-separated sections to run (fig7,fig8,allreduce,membership,death); default all")
@@ -235,7 +240,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 				name  string
 				f     func(context.Context, []byte, int) ([]float64, error)
 				reset func(context.Context) error
-			}{{sysDirect, zd.pingPong, zd.setupPair}, {sysSidecars, zt.pingPong, zt.setupPair}, {"Redis", rb.pingPong, nil}} {
+			}{{sysDirect, zd.pingPong, zd.setupPair}, {sysDirectProcs, zd.pingPongProcs, nil}, {sysSidecars, zt.pingPong, zt.setupPair}, {"Redis", rb.pingPong, nil}} {
 				rtts, err := attempt(ctx, "fig7 "+sys.name+" "+human(size), sys.reset, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, data, n) })
 				if err != nil {
 					return fmt.Errorf("fig7 %s %s: %w", sys.name, human(size), err)

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"time"
+
+	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
+)
+
+// The direct arm's ping-pong with its two ends in two processes, as two
+// pods' functions are: rank 0 is a goroutine of the bench, rank 1 a child
+// process of it (the bench binary again, with echoEnv set) using the Go
+// SDK on pod 1's socket.
+
+const echoEnv = "ZT_BENCH_ECHO"
+
+// echoJob is what the child is told (JSON in echoEnv).
+type echoJob struct {
+	Socket, Shm, Group string
+	Total              int
+}
+
+// runEchoChild is the child's main: join as rank 1, echo Total messages
+// (every page read), leave. It never returns.
+func runEchoChild(spec string) {
+	err := func() error {
+		var j echoJob
+		if err := json.Unmarshal([]byte(spec), &j); err != nil {
+			return err
+		}
+		c, err := ziptrail.NewClient(ziptrail.Config{Socket: j.Socket, ShmDir: j.Shm})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		g, err := c.Join(ctx, session, j.Group, 1, 2, ziptrail.WithWaitAll(), ziptrail.WithJoinTimeout(time.Minute))
+		if err != nil {
+			return err
+		}
+		defer g.Leave(context.Background())
+		for range j.Total {
+			m, err := g.Recv(ctx, 0, 7)
+			if err != nil {
+				return err
+			}
+			touch(m.Bytes())
+			err = g.Send(ctx, 0, 7, m.Bytes())
+			m.Close()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench echo child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// pingPongProcs is pingPong with rank 1 in a child process.
+func (z *ztBench) pingPongProcs(ctx context.Context, data []byte, n int) ([]float64, error) {
+	total := n + warmups
+	group := z.group("procs")
+	spec, _ := json.Marshal(echoJob{Socket: z.pods[1].socket, Shm: z.pods[1].shm, Group: group, Total: total})
+	child := exec.CommandContext(ctx, os.Args[0])
+	child.Env = append(os.Environ(), echoEnv+"="+string(spec))
+	child.Stderr = os.Stderr
+	if err := child.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+	defer func() {
+		_ = child.Process.Kill()
+	}()
+	jctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	a, err := z.pods[0].client.Join(jctx, session, group, 0, 2, ziptrail.WithWaitAll(), ziptrail.WithJoinTimeout(time.Minute))
+	if err != nil {
+		return nil, err
+	}
+	defer leaveAll([]*ziptrail.Group{a})
+	rtts := make([]float64, 0, n)
+	for i := range total {
+		t := time.Now()
+		if err := a.Send(ctx, 1, 7, data); err != nil {
+			return nil, err
+		}
+		m, err := a.Recv(ctx, 1, 7)
+		if err != nil {
+			select {
+			case cerr := <-exited:
+				return nil, fmt.Errorf("the echo process ended (%v): %w", cerr, err)
+			default:
+			}
+			return nil, err
+		}
+		touch(m.Bytes())
+		rtt := time.Since(t).Seconds()
+		ok := m.Size == int64(len(data)) && (i > 0 || string(m.Bytes()) == string(data))
+		m.Close()
+		if !ok {
+			return nil, fmt.Errorf("the echo differs (%d bytes, sent %d)", m.Size, len(data))
+		}
+		if i >= warmups {
+			rtts = append(rtts, rtt)
+		}
+	}
+	if err := <-exited; err != nil {
+		return nil, fmt.Errorf("the echo process: %w", err)
+	}
+	return rtts, nil
+}

@@ -44,19 +44,7 @@ func runEchoChild(spec string) {
 			return err
 		}
 		defer g.Leave(context.Background())
-		for range j.Total {
-			m, err := g.Recv(ctx, 0, 7)
-			if err != nil {
-				return err
-			}
-			touch(m.Bytes())
-			err = g.Send(ctx, 0, 7, m.Bytes())
-			m.Close()
-			if err != nil {
-				return err
-			}
-		}
-		return nil
+		return echo(ctx, g, j.Total)
 	}()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench echo child:", err)
@@ -88,31 +76,16 @@ func (z *ztBench) pingPongProcs(ctx context.Context, data []byte, n int) ([]floa
 		return nil, err
 	}
 	defer leaveAll([]*ziptrail.Group{a})
-	rtts := make([]float64, 0, n)
-	for i := range total {
-		t := time.Now()
-		if err := a.Send(ctx, 1, 7, data); err != nil {
-			return nil, err
+	rtts, err := roundTrips(ctx, a, data, n, func() error {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("the echo process ended (%v)", err)
+		default:
+			return nil
 		}
-		m, err := a.Recv(ctx, 1, 7)
-		if err != nil {
-			select {
-			case cerr := <-exited:
-				return nil, fmt.Errorf("the echo process ended (%v): %w", cerr, err)
-			default:
-			}
-			return nil, err
-		}
-		touch(m.Bytes())
-		rtt := time.Since(t).Seconds()
-		ok := m.Size == int64(len(data)) && (i > 0 || string(m.Bytes()) == string(data))
-		m.Close()
-		if !ok {
-			return nil, fmt.Errorf("the echo differs (%d bytes, sent %d)", m.Size, len(data))
-		}
-		if i >= warmups {
-			rtts = append(rtts, rtt)
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	if err := <-exited; err != nil {
 		return nil, fmt.Errorf("the echo process: %w", err)

@@ -54,40 +54,61 @@ func (z *ztBench) pingPong(ctx context.Context, data []byte, n int) ([]float64, 
 	total := n + warmups
 	echoed := make(chan error, 1)
 	go func() {
-		err := func() error {
-			for range total {
-				m, err := b.Recv(ctx, 0, 7)
-				if err != nil {
-					return err
-				}
-				touch(m.Bytes())
-				err = b.Send(ctx, 0, 7, m.Bytes())
-				m.Close()
-				if err != nil {
-					return err
-				}
-			}
-			return nil
-		}()
+		err := echo(ctx, b, total)
 		echoed <- err
 		if err != nil {
 			cancel() // a failed echo must not leave rank 0 waiting
 		}
 	}()
+	rtts, err := roundTrips(ctx, a, data, n, func() error {
+		select {
+		case eerr := <-echoed:
+			if eerr != nil {
+				return fmt.Errorf("echo: %w", eerr)
+			}
+		default:
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rtts, <-echoed
+}
+
+// echo is rank 1 of a ping-pong: it receives total messages from rank 0,
+// reads every page of each, as a function would, and sends it back.
+func echo(ctx context.Context, b *ziptrail.Group, total int) error {
+	for range total {
+		m, err := b.Recv(ctx, 0, 7)
+		if err != nil {
+			return err
+		}
+		touch(m.Bytes())
+		err = b.Send(ctx, 0, 7, m.Bytes())
+		m.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// roundTrips is rank 0 of a ping-pong: warmups+n round trips of data,
+// each timed from its Send to its Recv returning with the echo (pages
+// read); the first echo is compared with data. When a receive fails,
+// echoFailed may name the echo's failure instead.
+func roundTrips(ctx context.Context, a *ziptrail.Group, data []byte, n int, echoFailed func() error) ([]float64, error) {
 	rtts := make([]float64, 0, n)
-	for i := range total {
+	for i := range n + warmups {
 		t := time.Now()
 		if err := a.Send(ctx, 1, 7, data); err != nil {
 			return nil, err
 		}
 		m, err := a.Recv(ctx, 1, 7)
 		if err != nil {
-			select {
-			case eerr := <-echoed:
-				if eerr != nil {
-					return nil, fmt.Errorf("echo: %w", eerr)
-				}
-			default:
+			if eerr := echoFailed(); eerr != nil {
+				return nil, eerr
 			}
 			return nil, err
 		}
@@ -106,7 +127,7 @@ func (z *ztBench) pingPong(ctx context.Context, data []byte, n int) ([]float64, 
 			rtts = append(rtts, rtt)
 		}
 	}
-	return rtts, <-echoed
+	return rtts, nil
 }
 
 // stream: rank 0 sends count messages of 64 B back to back (each Send

@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 )
@@ -97,5 +99,53 @@ func TestTruncatedPutFile(t *testing.T) {
 	}
 	if got, err := b.sdk.Get(ctx, r); err != nil || !bytes.Equal(got, good) {
 		t.Fatalf("another object after the truncation: %d bytes, %v", len(got), err)
+	}
+}
+
+// TestPutFilesDoNotFillASmallShm: the shared-memory directory is a small
+// tmpfs, as a pod's /dev/shm is (64 MiB by default, here 16 MiB), and a
+// client that does not take its files back (the Python SDK's way) puts
+// far more than that. Every put succeeds and every object reads back:
+// past half of the tmpfs, the sidecar reads a put's file into its memory
+// and removes it instead of keeping it mapped. Before, the kept files
+// filled the tmpfs and the client's sixth write failed with ENOSPC (the
+// sort benchmark's "No space left on device").
+func TestPutFilesDoNotFillASmallShm(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("shm", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m"); err != nil {
+		t.Fatalf("mount a tmpfs (the tests run as root, as the node agent's do): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	a, b := startPod(t, podOpts{dir: dir}), startPod(t, podOpts{})
+	ctx := context.Background()
+	var objs [][]byte
+	var refs []string
+	for i := range 12 { // 36 MiB through a 16 MiB tmpfs
+		obj := random(3 << 20)
+		p, err := a.sdk.Payload(obj)
+		if err != nil {
+			t.Fatalf("put %d: writing its file: %v", i, err)
+		}
+		resp, err := a.sdk.RPC().Put(ctx, &sidecarv1.PutRequest{Object: p, Reads: 1})
+		if err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		objs, refs = append(objs, obj), append(refs, resp.GetRef())
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if used := (st.Blocks - st.Bavail) * uint64(st.Bsize); used > 8<<20+3<<20 {
+		t.Errorf("%d bytes of the tmpfs used with every object stored; want at most half and one object", used)
+	}
+	if a.api.Store.Used() != 36<<20 {
+		t.Errorf("store counts %d bytes, want %d", a.api.Store.Used(), 36<<20)
+	}
+	for i, r := range refs {
+		got, err := b.sdk.Get(ctx, r)
+		if err != nil || !bytes.Equal(got, objs[i]) {
+			t.Fatalf("get %d: %d bytes, %v", i, len(got), err)
+		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 	"github.com/ziptrail/ziptrail/internal/invocation"
@@ -104,4 +106,20 @@ func mapPayload(dir, path string, limit, minMap int64, kept *parkedMaps) (data [
 		return data, unmap, unmap, nil
 	}
 	return data, unmap, func() { kept.park(key, data) }, nil
+}
+
+// shmRoom reports whether the shared-memory directory's filesystem has at
+// least half of its space free (or a GiB), so that a put's file may stay
+// there as the object's storage. A pod's /dev/shm is a small tmpfs (64 MiB by
+// default in Kubernetes, whatever the pod's memory): objects kept there
+// would fill it, and the function's next write into it would fail with
+// ENOSPC long before the store's cap (memoryLimitPerPod). Past half, a
+// put's file is read into the sidecar's memory and removed, which gives
+// its space back. A filesystem that cannot be asked counts as roomy.
+func shmRoom(dir string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil || st.Blocks == 0 {
+		return true
+	}
+	return st.Bavail*2 >= st.Blocks || st.Bavail*uint64(st.Bsize) >= 1<<30
 }

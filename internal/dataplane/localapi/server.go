@@ -235,7 +235,9 @@ type loaded struct {
 // and goes back to that client once the stored object is freed; a file
 // the store did not take is left to the client.
 func (s *Server) loadObject(ctx context.Context, p *sidecarv1.Payload, returnTo string) (*loaded, func(), error) {
-	if path := p.GetPath(); path != "" {
+	// A client that takes its files back (returnTo) keeps them whatever
+	// happens: they are mapped as before.
+	if path := p.GetPath(); path != "" && (returnTo != "" || shmRoom(s.Dir)) {
 		var kept *parkedMaps
 		if returnTo != "" && !strings.ContainsRune(filepath.Base(path), ',') {
 			kept = s.returned().maps

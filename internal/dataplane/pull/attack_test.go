@@ -297,6 +297,56 @@ func TestClientReusesConnections(t *testing.T) {
 	}
 }
 
+// TestClientReplacesEveryStaleConnection: the pool holds several
+// connections to one producer when its idle timeout closes them all
+// (pulls that ran side by side left them). The next pull gets its object
+// over a new connection. Before, it retried once on the next pooled
+// connection, closed too, and reported the producer gone: a live
+// producer's object taken for lost (bench/sort: "write: broken pipe ...
+// no tier has it either").
+func TestClientReplacesEveryStaleConnection(t *testing.T) {
+	s, refs := startProducer(t, map[string][]byte{"a": []byte("a")}, 0)
+	c := &Client{Keys: s.Keys}
+	defer c.Close()
+	ctx := context.Background()
+	rec, err := s.Keys.Open(refs["a"], time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pcs []*peerConn
+	for range 4 {
+		pc, _, err := c.conn(ctx, rec.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pcs = append(pcs, pc)
+	}
+	for _, pc := range pcs {
+		c.put(pc)
+	}
+	// The producer registers each connection once it accepted it.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		s.mu.Lock()
+		n := len(s.conns)
+		s.mu.Unlock()
+		if n == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the producer holds %d connections, want 4", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.mu.Lock()
+	for nc := range s.conns {
+		nc.Close() // as the idle timeout would
+	}
+	s.mu.Unlock()
+	if got, _, err := c.Pull(ctx, refs["a"]); err != nil || string(got) != "a" {
+		t.Fatalf("pull after the producer closed every idle connection: %q %v", got, err)
+	}
+}
+
 // TestClientDropsOldIdleConnections: connections to producers that went
 // away are not kept open forever (a sidecar pulls from pods that come and
 // go).

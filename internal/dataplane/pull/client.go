@@ -270,7 +270,10 @@ func (c *Client) Extend(ctx context.Context, r string, until time.Time) (bool, e
 // roundTrip sends q on a connection to addr and reads the answer's header;
 // body reads an ok answer's body. A connection taken from the pool that
 // turns out closed (the producer's idle timeout) before any answer came
-// is replaced once.
+// is replaced once, by a new one: the pool's other connections to addr
+// are dropped with it, since the same timeout closed them too (retrying
+// on the next pooled one failed the same way, and a live producer's
+// object was taken for lost).
 func (c *Client) roundTrip(ctx context.Context, addr string, q request, body func(*peerConn, response) error) (response, error) {
 	for attempt := 0; ; attempt++ {
 		pc, reused, err := c.conn(ctx, addr)
@@ -296,6 +299,7 @@ func (c *Client) roundTrip(ctx context.Context, addr string, q request, body fun
 		case timedOut(err):
 			return p, &goneError{reasonBodyStall, addr, fmt.Errorf("no byte of the %d-byte body for %v", p.size, c.Timeouts.stall())}
 		case reused && !answered && attempt == 0:
+			c.dropIdle(addr)
 			continue
 		}
 		return p, &goneError{reasonConnectionLost, addr, err}
@@ -398,6 +402,17 @@ func (c *Client) put(pc *peerConn) {
 	if now.Sub(c.swept) > maxIdleAge/4 {
 		c.swept = now
 		c.sweepLocked(now)
+	}
+}
+
+// dropIdle closes every idle connection to addr.
+func (c *Client) dropIdle(addr string) {
+	c.mu.Lock()
+	l := c.idle[addr]
+	delete(c.idle, addr)
+	c.mu.Unlock()
+	for _, pc := range l {
+		pc.nc.Close()
 	}
 }
 

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -119,24 +117,11 @@ func (p *pods) sameNode(tokenFile string) []string {
 	if p.nodeDir == "" {
 		return nil
 	}
-	tok, err := os.ReadFile(tokenFile)
+	uid, err := testservers.TokenPodUID(tokenFile)
 	if err != nil {
 		return nil
 	}
-	var claims struct {
-		K struct {
-			Pod struct{ UID string } `json:"pod"`
-		} `json:"kubernetes.io"`
-	}
-	parts := strings.Split(string(tok), ".")
-	if len(parts) != 3 {
-		return nil
-	}
-	payload, _ := base64.RawURLEncoding.DecodeString(parts[1])
-	if json.Unmarshal(payload, &claims) != nil || claims.K.Pod.UID == "" {
-		return nil
-	}
-	return []string{"ZIPTRAIL_NODE_DIR=" + p.nodeDir, "ZIPTRAIL_NODE_NAME=bench-node", "ZIPTRAIL_POD_UID=" + claims.K.Pod.UID}
+	return []string{"ZIPTRAIL_NODE_DIR=" + p.nodeDir, "ZIPTRAIL_NODE_NAME=bench-node", "ZIPTRAIL_POD_UID=" + uid}
 }
 
 // streamDrops counts the sidecars' "control stream:" errors: each is a

@@ -3,7 +3,6 @@ package ziptrail
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -12,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -29,28 +27,15 @@ import (
 // processes on the operator's directory) whose pods share a node
 // directory.
 
-// tokenUID is the pod UID a token is bound to (its "kubernetes.io"
-// claim): the directory's pod_uid for that pod.
+// tokenUID is the pod UID a token is bound to: the directory's pod_uid
+// for that pod.
 func tokenUID(t testing.TB, file string) string {
 	t.Helper()
-	tok, err := os.ReadFile(file)
+	uid, err := testservers.TokenPodUID(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	parts := strings.Split(string(tok), ".")
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var c struct {
-		K struct {
-			Pod struct{ UID string } `json:"pod"`
-		} `json:"kubernetes.io"`
-	}
-	if err := json.Unmarshal(payload, &c); err != nil || c.K.Pod.UID == "" {
-		t.Fatalf("no pod UID in the token: %v", err)
-	}
-	return c.K.Pod.UID
+	return uid
 }
 
 // nodeDir makes a node directory.

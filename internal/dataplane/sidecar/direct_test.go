@@ -2,13 +2,10 @@ package sidecar
 
 import (
 	"bytes"
-	"encoding/base64"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"net"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,37 +16,22 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
+	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
 // The same-node direct channels (docs/messaging.md): real sidecars on the
 // operator's real control server, sharing a node directory per node.
 
-// tokenPodUID reads the pod UID the API server bound a token to (its
-// "kubernetes.io" claim): the UID the directory puts in views, which the
-// sidecar's node socket must be named after.
+// tokenPodUID is the pod UID the API server bound a token to: the UID
+// the directory puts in views, which the sidecar's node socket must be
+// named after.
 func tokenPodUID(t testing.TB, tokenFile string) string {
 	t.Helper()
-	tok, err := os.ReadFile(tokenFile)
+	uid, err := testservers.TokenPodUID(tokenFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	parts := strings.Split(string(tok), ".")
-	if len(parts) != 3 {
-		t.Fatalf("token of %d parts", len(parts))
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var claims struct {
-		K8s struct {
-			Pod struct{ UID string } `json:"pod"`
-		} `json:"kubernetes.io"`
-	}
-	if err := json.Unmarshal(payload, &claims); err != nil || claims.K8s.Pod.UID == "" {
-		t.Fatalf("no pod UID in the token: %v", err)
-	}
-	return claims.K8s.Pod.UID
+	return uid
 }
 
 // nodeDirs hands out one node directory per node name.

@@ -176,6 +176,7 @@ func main() {
 			printTable(os.Stdout, rep)
 			printCPU(os.Stdout, rep)
 			printPhases(os.Stdout, rep)
+			printWindows(os.Stdout, rep)
 			return
 		}
 		if err := writeChart(filepath.Join(o.out, "sort.png"), rep.Runs); err != nil {
@@ -183,6 +184,7 @@ func main() {
 		}
 		printTable(os.Stdout, rep)
 		printPhases(os.Stdout, rep)
+		printWindows(os.Stdout, rep)
 		return
 	}
 	o.ray = !*noRay
@@ -276,6 +278,9 @@ type Run struct {
 	// missed (0: the times are complete).
 	Functions    []FunctionTimes `json:"functions,omitempty"`
 	MissedEvents int             `json:"missedEvents,omitempty"`
+	// CPU: where the CPU went, over the whole sort and per function
+	// window (cpusample.go).
+	CPU []WindowCPU `json:"cpu,omitempty"`
 }
 
 // ComputeMeasure is bench/sort/cpu.py's output: the sort's own CPU seconds
@@ -484,10 +489,12 @@ func run(o options) error {
 			peak := int64(0)
 			stop := watchRedis(ctx, rdb, &peak)
 			invoked := newInvocationLog()
+			sampler := sampleCPU(time.Second)
 			res, s, err := session(c.GatewayURL, c.GatewayToken, params, o.timeout, func(el time.Duration, what string) {
 				logf("[%d/%d] %s via %s: running, %s elapsed (Redis %s used; %s)", step, total, human(r.Bytes), method, el.Round(time.Second), human(redisUsed(ctx, rdb)), what)
 			}, invoked.add)
 			stop()
+			samples := sampler.stop()
 			r.Functions, r.MissedEvents = invoked.times()
 			r.PeakRedisMemory = peak - used
 			r.LoadAfter = loadavg()
@@ -510,6 +517,7 @@ func run(o options) error {
 			r.Seconds = s.Ended.Sub(s.Started).Seconds()
 			r.SortSeconds = r.Seconds - r.ValidateSeconds
 			r.Rounds = max(r.Rounds, v.Rounds)
+			r.CPU = cpuWindows(samples, s.Started, r.Functions, r.SortSeconds)
 			if r.Predicted > 0 {
 				e := 100 * (r.Predicted - r.SortSeconds) / r.SortSeconds
 				r.ErrorPct = &e
@@ -565,6 +573,8 @@ func run(o options) error {
 	rep.LoadAverages = append(rep.LoadAverages, "end: "+loadavg())
 	write()
 	printTable(os.Stdout, rep)
+	printPhases(os.Stdout, rep)
+	printWindows(os.Stdout, rep)
 	fmt.Printf("\nwrote %s and %s\n", filepath.Join(o.out, "sort.json"), filepath.Join(o.out, "sort.png"))
 	return nil
 }

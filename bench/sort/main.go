@@ -327,8 +327,8 @@ func run(o options) error {
 		cal.Notes = append(cal.Notes, fmt.Sprintf("bench/sort: cores %d (runtime.NumCPU): the local cluster's workers, Redis and MinIO share this machine's cores", runtime.NumCPU()))
 	}
 	python := "python3"
-	logf("measuring the sort's own CPU cost per byte (bench/sort/cpu.py, one core, %s map tasks)", human(o.taskBytes))
-	cm, err := measureCompute(python, root, o.taskBytes)
+	logf("measuring the sort's own CPU cost per byte (bench/sort/cpu.py, %d copies at once as the %d workers run, %s map tasks)", workers, workers, human(o.taskBytes))
+	cm, err := measureCompute(python, root, o.taskBytes, workers)
 	if err != nil {
 		return err
 	}

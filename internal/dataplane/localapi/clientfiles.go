@@ -441,7 +441,11 @@ func (c *Client) takeBack(names []string) {
 		c.putIdle = append(c.putIdle, pf)
 		c.putIdleBytes += pf.size
 	}
-	for len(c.putIdle) > 0 && (c.putIdleBytes > defaultPoolBytes || len(c.putIdle) > maxReturns) {
+	// Idle files hold the directory's space too: none is kept while it is
+	// short of room (a pod's /dev/shm is 64 MiB), where the function's
+	// next write and the sidecar's pulls need it.
+	short := len(c.putIdle) > 0 && !shmRoom(c.Dir)
+	for len(c.putIdle) > 0 && (short || c.putIdleBytes > defaultPoolBytes || len(c.putIdle) > maxReturns) {
 		drop = append(drop, c.putIdle[0])
 		c.putIdleBytes -= c.putIdle[0].size
 		c.putIdle = c.putIdle[1:]

@@ -149,3 +149,46 @@ func TestPutFilesDoNotFillASmallShm(t *testing.T) {
 		}
 	}
 }
+
+// The Go SDK's puts lend their files (PutObject: the file comes back to
+// the client once the object is freed, for its next put). Those files
+// held the tmpfs as long as their objects lived, so a pod's 64 MiB
+// /dev/shm filled after a few puts and the function's next write failed
+// (ENOSPC). Past half full, the sidecar now reads them too, and the
+// client lets their mappings go.
+func TestLentPutFilesDoNotFillASmallShm(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("shm", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m"); err != nil {
+		t.Fatalf("mount a tmpfs (the tests run as root, as the node agent's do): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	a, b := startPod(t, podOpts{dir: dir}), startPod(t, podOpts{})
+	ctx := context.Background()
+	var objs [][]byte
+	var refs []string
+	for i := range 12 { // 36 MiB through a 16 MiB tmpfs, every object live
+		obj := random(3 << 20)
+		resp, err := a.sdk.PutObject(ctx, obj, &sidecarv1.PutRequest{Reads: 1})
+		if err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		objs, refs = append(objs, obj), append(refs, resp.GetRef())
+	}
+	// one more call: the client hears which files went back
+	if _, err := a.sdk.PutObject(ctx, []byte("small"), &sidecarv1.PutRequest{Reads: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if used := (st.Blocks - st.Bavail) * uint64(st.Bsize); used > 8<<20+3<<20 {
+		t.Errorf("%d bytes of the tmpfs used with every object stored; want at most half and one object", used)
+	}
+	for i, r := range refs {
+		got, err := b.sdk.Get(ctx, r)
+		if err != nil || !bytes.Equal(got, objs[i]) {
+			t.Fatalf("get %d: %d bytes, %v", i, len(got), err)
+		}
+	}
+}

@@ -233,11 +233,13 @@ type loaded struct {
 //
 // With returnTo (a client's id, see putreturn.go) the file keeps its name
 // and goes back to that client once the stored object is freed; a file
-// the store did not take is left to the client.
+// the store did not take is left to the client. While the directory is
+// short of room (shmRoom) no file is kept, the client's neither: it is
+// read and removed, and its name goes back at once so that the client
+// unmaps it.
 func (s *Server) loadObject(ctx context.Context, p *sidecarv1.Payload, returnTo string) (*loaded, func(), error) {
-	// A client that takes its files back (returnTo) keeps them whatever
-	// happens: they are mapped as before.
-	if path := p.GetPath(); path != "" && (returnTo != "" || shmRoom(s.Dir)) {
+	path := p.GetPath()
+	if path != "" && shmRoom(s.Dir) {
 		var kept *parkedMaps
 		if returnTo != "" && !strings.ContainsRune(filepath.Base(path), ',') {
 			kept = s.returned().maps
@@ -265,6 +267,12 @@ func (s *Server) loadObject(ctx context.Context, p *sidecarv1.Payload, returnTo 
 		}
 	}
 	data, release, err := s.load(ctx, p)
+	if err == nil && path != "" && returnTo != "" && !strings.ContainsRune(filepath.Base(path), ',') {
+		// Read and removed (the directory is short of room): the client
+		// hears of it with its next call and lets its mapping of the file
+		// go, which gives the pages back.
+		s.returned().add(returnTo, filepath.Base(path))
+	}
 	return &loaded{data: data}, release, err
 }
 

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/ziptrail/ziptrail/internal/localcluster"
 	"github.com/ziptrail/ziptrail/internal/shuffle/calibrate"
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
 	"github.com/ziptrail/ziptrail/internal/testservers"
@@ -53,6 +54,7 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	workersFlag := fs.String("workers", "1,2,4,8", "parallelisms of the bandwidth grid")
 	defaults := model.DefaultParams()
 	podFrac := fs.Float64("pod-store-fraction", defaults.PodStoreFraction, "fraction of a producer pod's memory its object store may hold (configuration, not measured)")
+	ckpt := fs.Duration("checkpoint-interval", 0, "the control path's engine saves its state this often, as the installation's does (default: the local cluster's 250ms with --local, else the operator's 1s)")
 	startup := fs.Duration("worker-startup", time.Duration(defaults.WorkerStartup*float64(time.Second)), "a stage's cold start (not measured here; bench/coldstart measures it on the local cluster)")
 	qpBinary := fs.String("queue-proxy-zl", "", "--local: the sidecar binary of the sidecar-path CPU points (default: queue-proxy-zl on $PATH, next to this executable, or built from ./cmd/queue-proxy-zl in a ziptrail checkout); \"none\" leaves them out")
 	pyFlag := fs.String("python", "", "--local: a python with the ziptrail SDK (pip install ./sdk/python) for the Python SDK's transfer points and the control path (a real engine in this process, real sidecars, Python functions); default python3 on $PATH if it imports ziptrail; \"none\" leaves them out")
@@ -114,12 +116,18 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		defer cleanup()
 	}
 
-	cfg := calibrate.Config{DurationPerPoint: *perPoint, MaxObject: maxObj, Workers: workers, Progress: stderr}
+	cfg := calibrate.Config{DurationPerPoint: *perPoint, MaxObject: maxObj, Workers: workers, Progress: stderr, CheckpointInterval: *ckpt}
+	if *local && *ckpt == 0 {
+		cfg.CheckpointInterval = localcluster.CheckpointInterval
+	}
 	host, _ := os.Hostname()
 	details := map[string]string{
 		"host": host, "cores": strconv.Itoa(runtime.NumCPU()), "memory": memTotal(), "os": runtime.GOOS + "/" + runtime.GOARCH,
 		"durationPerPoint": perPoint.String(), "maxObject": calibrate.FormatSize(maxObj), "workers": *workersFlag,
 		"podPulls": "in-process pull.Server/Client pairs over loopback TCP on " + host,
+	}
+	if cfg.CheckpointInterval > 0 {
+		details["checkpointInterval"] = cfg.CheckpointInterval.String()
 	}
 	if *local {
 		if *redisAddr != "" || *s3Endpoint != "" {

@@ -48,6 +48,12 @@ import (
 	"github.com/ziptrail/ziptrail/internal/orchestrator"
 )
 
+// CheckpointInterval is how often the local cluster's engine saves its
+// state to Redis: frequent checkpoints, so that a restart loses at most
+// this much progress (ziptrail calibrate --local measures the engine at
+// the same interval).
+const CheckpointInterval = 250 * time.Millisecond
+
 // Options configure a local cluster. Zero values get sensible defaults.
 type Options struct {
 	StateDir string // kubeconfig, logs; default $ZIPTRAIL_CACHE/local
@@ -530,8 +536,7 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 	}
 	if c.tiers.redis != nil {
 		opts.Checkpoint = &checkpoint.Store{Client: c.tiers.redis, Key: "ziptrail:engine"}
-		// Frequent checkpoints: a restart loses at most this much progress.
-		opts.CheckpointInterval = 250 * time.Millisecond
+		opts.CheckpointInterval = CheckpointInterval
 	}
 	orch, err := orchestrator.New(opts)
 	if err != nil {

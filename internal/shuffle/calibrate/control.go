@@ -44,8 +44,11 @@ type ControlPoint struct {
 	Maps          int `json:"maps"`
 	ObjectsPerMap int `json:"objectsPerMap"`
 	Groups        int `json:"groups"`
-	// Hold keeps the session open this long once every reducer finished
-	// (its objects kept by the engine, checkpointed every second).
+	// Hold keeps the session open this long once every reducer finished,
+	// busy: its collector sends a tick object every holdTick, so that the
+	// engine, which keeps every object of the session, saves its state at
+	// every checkpoint as it does while a shuffle runs (an idle session
+	// is not saved again).
 	Hold time.Duration `json:"hold,omitempty"`
 }
 
@@ -56,8 +59,14 @@ func controlPoints(quick bool) []ControlPoint {
 		return []ControlPoint{{2, 64, 8, 0}, {8, 8, 32, 0}, {4, 128, 4, 0}, {4, 128, 4, time.Second}}
 	}
 	return []ControlPoint{{4, 64, 16, 0}, {16, 16, 64, 0}, {8, 256, 32, 0}, {4, 512, 8, 0}, {32, 16, 128, 0},
-		{4, 512, 8, 5 * time.Second}, {8, 512, 16, 5 * time.Second}}
+		{4, 512, 8, 5 * time.Second}, {8, 512, 16, 5 * time.Second}, {8, 1024, 16, 10 * time.Second}}
 }
+
+// holdTick is the period of a held session's ticks (sdkfunc.py's collect).
+const holdTick = 100 * time.Millisecond
+
+// holdTicks is the number of tick objects a session held for hold sends.
+func holdTicks(hold time.Duration) int { return int(hold / holdTick) }
 
 // ControlSample is one control-path session: what it did and the CPU of
 // each process on the path while it ran, the processes' idle CPU over the
@@ -153,6 +162,8 @@ func controlWorkflowSpec() *v1alpha1.Workflow {
 		return v1alpha1.NamedTrigger{Name: name, Spec: v1alpha1.TriggerSpec{Bucket: bucket, Primitive: v1alpha1.DynamicGroup, Targets: []string{target},
 			DynamicGroup: &v1alpha1.DynamicGroupParams{GroupMetadataKey: "group", Sources: []string{source}}}}
 	}
+	// the held sessions' ticks (no trigger: kept, as every object is)
+	wf.Spec.Buckets = []v1alpha1.NamedBucket{{Name: "ticks"}}
 	wf.Spec.Triggers = []v1alpha1.NamedTrigger{
 		{Name: "tasks", Spec: v1alpha1.TriggerSpec{Bucket: "tasks", Primitive: v1alpha1.Immediate, Targets: []string{"map"}}},
 		group("shuffle", "shuffle", "map", "reduce"),
@@ -196,7 +207,8 @@ func (r *runner) startControl(ctx context.Context) (_ *controlEnv, err error) {
 		ckey := "ziptrail-calibrate:engine:" + secret[:8]
 		e.tb.Cleanup(func() { _ = rc.Del(context.Background(), ckey).Err(); _ = rc.Close() })
 		rt := routes{}
-		o, err := orchestrator.New(orchestrator.Options{Resolver: rt, Log: logr.Discard(), Checkpoint: &checkpoint.Store{Client: rc, Key: ckey}})
+		o, err := orchestrator.New(orchestrator.Options{Resolver: rt, Log: logr.Discard(), Checkpoint: &checkpoint.Store{Client: rc, Key: ckey},
+			CheckpointInterval: cfg.CheckpointInterval})
 		if err != nil {
 			e.tb.Fatal(err)
 		}
@@ -324,7 +336,8 @@ func (e *controlEnv) cpu() ([4]float64, error) {
 
 // session runs one session of shape cp to its end.
 func (e *controlEnv) session(ctx context.Context, cp ControlPoint) (sessions.Session, error) {
-	in, _ := json.Marshal(map[string]any{"maps": cp.Maps, "objects": cp.ObjectsPerMap, "groups": cp.Groups, "hold": cp.Hold.Seconds()})
+	in, _ := json.Marshal(map[string]any{"maps": cp.Maps, "objects": cp.ObjectsPerMap, "groups": cp.Groups, "hold": cp.Hold.Seconds(),
+		"ticks": holdTicks(cp.Hold), "tick": holdTick.Seconds()})
 	id, err := e.o.StartSession(ctx, "calibrate", controlWorkflow, in)
 	if err != nil {
 		return sessions.Session{}, err
@@ -375,7 +388,8 @@ func (r *runner) controlPoint(ctx context.Context, cp ControlPoint) (string, err
 	for i := range d {
 		d[i] = max(0, c1[i]-c0[i]-e.idle[i]*secs)
 	}
-	s := ControlSample{ControlPoint: cp, Objects: cp.Maps*cp.ObjectsPerMap + cp.Groups + 1, Sends: cp.Maps * cp.ObjectsPerMap,
+	ticks := holdTicks(cp.Hold)
+	s := ControlSample{ControlPoint: cp, Objects: cp.Maps*cp.ObjectsPerMap + cp.Groups + 1 + ticks, Sends: cp.Maps*cp.ObjectsPerMap + ticks,
 		Invocations: 1 + cp.Maps + cp.Groups + 1, Seconds: secs, EngineCPU: d[0], SidecarCPU: d[1], StoreCPU: d[2], FunctionCPU: d[3], IdleCores: e.idle}
 	s.ObjectSeconds = float64(s.Objects) * (cp.Hold.Seconds() + max(0, secs-cp.Hold.Seconds())/2)
 	r.m.Control = append(r.m.Control, s)

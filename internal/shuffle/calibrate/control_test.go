@@ -66,7 +66,8 @@ func checkPythonAndControl(t *testing.T, m *Measurements, p model.Params, notes 
 	}
 	for i, s := range m.Control {
 		cp := points[i]
-		if s.ControlPoint != cp || s.Objects != cp.Maps*cp.ObjectsPerMap+cp.Groups+1 || s.Sends != cp.Maps*cp.ObjectsPerMap ||
+		ticks := holdTicks(cp.Hold)
+		if s.ControlPoint != cp || s.Objects != cp.Maps*cp.ObjectsPerMap+cp.Groups+1+ticks || s.Sends != cp.Maps*cp.ObjectsPerMap+ticks ||
 			s.Invocations != cp.Maps+cp.Groups+2 || !(s.Seconds > 0) {
 			t.Errorf("control session %d: %+v", i, s)
 		}

@@ -56,6 +56,12 @@ type Config struct {
 	// with their CPU, the servers' and the SDK's. The fit prices the
 	// platform's CPU from these points where they exist.
 	Sidecar *SidecarPath
+	// CheckpointInterval is how often the control path's engine saves
+	// its state, as the installation's does (its checkpoints grow with
+	// the objects it keeps, and a running shuffle changes its state at
+	// every save): 0 is the orchestrator's default (1 s, the chart's);
+	// the local cluster saves every 250 ms (localcluster.CheckpointInterval).
+	CheckpointInterval time.Duration
 	// Progress receives a line per step (nil: none).
 	Progress io.Writer
 }

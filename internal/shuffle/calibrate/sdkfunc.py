@@ -14,7 +14,9 @@ environment), like a shuffle's functions:
   ``parts``;
 - ``collect`` (once every reducer finished) sends the result, after
   ``hold`` seconds (the session's input): the session stays open with
-  every object the engine keeps of it (its checkpoints grow with them).
+  every object the engine keeps of it (its checkpoints grow with them),
+  and busy: a tick object to ``ticks`` every 0.1 s, as a running shuffle
+  keeps changing its session (an unchanged one is not saved again).
 """
 
 import json
@@ -24,6 +26,8 @@ import ziptrail
 from ziptrail import server
 
 POINTER = b"p" * 256
+#: a held session's tick period (control.go's holdTick)
+TICK = 0.1
 #: a shuffle job's description, carried on every object it sends (zt-job,
 #: as shuffle.Writer does): the engine keeps it with every object
 JOB = json.dumps({"name": "calibrate-control", "method": "s3", "partitions": 64, "rounds": 1,
@@ -50,8 +54,14 @@ def handler(inv):
     elif fn == "reduce":
         server.send_object("parts", inv.group or "p", inv.objects[0].metadata.get("zt-hold", "0"), {"group": "all"})
     elif fn == "collect":
-        # hold the session (and every object the engine keeps of it) open
-        time.sleep(float(bytes(inv.objects[0].data) or b"0"))
+        # hold the session (and every object the engine keeps of it) open,
+        # busy as a running shuffle is: a tick object every TICK seconds
+        # changes the session, so that the engine saves it at every
+        # checkpoint (control.go's holdTicks counts them)
+        hold = float(bytes(inv.objects[0].data) or b"0")
+        for i in range(int(round(hold / TICK))):
+            client.send_object("ticks", f"t{i}", b"t", session=inv.session, invocation_id=inv.id)
+            time.sleep(TICK)
         server.send_object("output", "result", str(len(inv.objects)))
     else:
         raise ValueError(f"no function {inv.function}")

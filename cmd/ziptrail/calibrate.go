@@ -162,10 +162,12 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			case py == "none":
 				details["controlCPU"] = "not measured (--python none)"
 			case py == "":
-				if p, err := exec.LookPath("python3"); err == nil && exec.CommandContext(ctx, p, "-c", "import ziptrail").Run() == nil {
+				if p, how := findPythonSDK(ctx); p != "" {
 					cfg.Sidecar.Python = p
+					details["pythonSDK"] = how
 				} else {
 					details["controlCPU"] = "not measured: no python3 on $PATH imports ziptrail (pip install ./sdk/python, or --python)"
+					fmt.Fprintln(stderr, "warning: the control path and the Python SDK's costs are not measured: no python3 on $PATH imports ziptrail (pip install ./sdk/python, or --python); the model then leaves them out")
 				}
 			default:
 				cfg.Sidecar.Python = py
@@ -266,6 +268,36 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stdout, "%s ConfigMap %s/%s (key %s) on %q\n", verb, cm.namespace, cm.name, model.ConfigMapKey, cm.context)
 	}
 	return nil
+}
+
+// findPythonSDK finds a python3 on $PATH that imports the ziptrail SDK:
+// installed, or — run from a ziptrail checkout (`go run ./cmd/ziptrail`,
+// make bench-sort) — the checkout's sdk/python put first on PYTHONPATH
+// for this process and every one it starts, as the tests do.
+func findPythonSDK(ctx context.Context) (python, how string) {
+	p, err := exec.LookPath("python3")
+	if err != nil {
+		return "", ""
+	}
+	if exec.CommandContext(ctx, p, "-c", "import ziptrail").Run() == nil {
+		return p, p + " (the SDK installed)"
+	}
+	sdk, err := filepath.Abs(filepath.Join("sdk", "python"))
+	if err != nil {
+		return "", ""
+	}
+	if _, err := os.Stat(filepath.Join(sdk, "ziptrail", "__init__.py")); err != nil {
+		return "", ""
+	}
+	cmd := exec.CommandContext(ctx, p, "-c", "import ziptrail")
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+sdk)
+	if cmd.Run() != nil {
+		return "", ""
+	}
+	if err := os.Setenv("PYTHONPATH", sdk); err != nil {
+		return "", ""
+	}
+	return p, p + " with PYTHONPATH=" + sdk + " (this checkout's SDK)"
 }
 
 // findQueueProxy resolves --queue-proxy-zl: the path given, else

@@ -400,6 +400,12 @@ func (c *Conn) frame(body []byte, memfd bool) (n int, kind byte, tag int64, size
 			switch rerr {
 			case unix.EINTR:
 				continue
+			case unix.ECONNRESET:
+				// The sender closed with credits it had not read.
+				// Linux reports that once, before the frames still
+				// queued (the pending error is taken first): they
+				// follow, then the end (0 bytes). Not the end yet.
+				continue
 			case unix.EAGAIN:
 				return false
 			}
@@ -414,11 +420,6 @@ func (c *Conn) frame(body []byte, memfd bool) (n int, kind byte, tag int64, size
 	switch {
 	case err != nil:
 		return 0, 0, 0, 0, err
-	case rerr == unix.ECONNRESET:
-		// The sender closed with credits it had not read: its frames
-		// were all read before (the reset is reported once the queue is
-		// empty), so this is its end.
-		return 0, 0, 0, 0, io.EOF
 	case rerr != nil:
 		return 0, 0, 0, 0, os.NewSyscallError("recvmsg", rerr)
 	case total == 0 && len(fds) == 0:

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"io"
 	"os"
 	"testing"
 	"time"
@@ -274,5 +275,47 @@ func TestForgedCredit(t *testing.T) {
 	}
 	if err := s.Send(ctx, 2, make([]byte, 1<<20)); !errors.Is(err, ErrFrame) {
 		t.Fatalf("send after a forged credit: %v; want ErrFrame", err)
+	}
+}
+
+// A sender that closes with credits it has not read (it sent its last
+// memfd frames and is done) resets its receiver, and Linux reports that
+// reset once, before the frames still queued. The receiver gets every
+// frame sent before the close, then io.EOF: the reset is not the end
+// (a Go member's last echoes to a Python member were lost this way, and
+// the other way round, whenever the receiver had not read them all yet
+// when the sender exited).
+func TestSenderClosedWithCreditsUnread(t *testing.T) {
+	s, r := pair(t)
+	ctx := context.Background()
+	sent := [][]byte{fill(1<<20, 1), fill(1<<20, 2), fill(CopyMax+1, 3), fill(100, 4), fill(InlineMax+1, 5)}
+	for i, b := range sent {
+		if err := s.Send(ctx, int64(i), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first frame read: its credit waits, unread, in the sender's
+	// socket, which then closes.
+	m, err := r.Recv()
+	if err != nil || m.Tag != 0 || !bytes.Equal(m.Data, sent[0]) {
+		t.Fatalf("message 0: tag %d, %d bytes, %v", m.Tag, len(m.Data), err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(sent); i++ {
+		m, err := r.Recv()
+		if err != nil {
+			t.Fatalf("message %d of %d sent before the sender's close: %v", i, len(sent), err)
+		}
+		if m.Tag != int64(i) || !bytes.Equal(m.Data, sent[i]) {
+			t.Fatalf("message %d: tag %d, %d bytes", i, m.Tag, len(m.Data))
+		}
+		if m.Mapped {
+			_ = samenode.Unmap(m.Data)
+		}
+	}
+	if _, err := r.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the last message: %v; want io.EOF", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"testing"
@@ -386,4 +387,74 @@ func rawOpen(t *testing.T, path string, b, oob []byte) (byte, int) {
 		unix.Close(fd)
 	}
 	return buf[4], len(fds)
+}
+
+// TestDirectSenderEndKeepsItsLastFrames: a direct channel between two
+// pods' attached members, made by their real sidecars; the sender sends
+// copy, sealed-memfd and inline frames and closes its end while a credit
+// of the receiver's is still unread in its socket (it was done sending).
+// That resets the receiver's end, and Linux reports the reset once,
+// before the frames still queued: the receiver must get every frame sent
+// before the close, then io.EOF. The mixed Go/Python test lost a Go
+// member's last echoes this way (sdk/python/tests/test_group_direct.py).
+func TestDirectSenderEndKeepsItsLastFrames(t *testing.T) {
+	op := messagingEnv(t)
+	dirs := nodeDirs(t)
+	a := startMsgPod(t, op, "ns-e", "pod-a", onNode(t, dirs, "node-a"))
+	b := startMsgPod(t, op, "ns-e", "pod-b", onNode(t, dirs, "node-a"))
+	ma := a.attach(t, "s1", "g", 0, 2, false)
+	mb := b.attach(t, "s1", "g", 1, 2, false)
+	waitLive(t, ma, 2)
+	waitLive(t, mb, 2)
+	ctx, cancel := within(time.Minute)
+	defer cancel()
+	f, err := a.msgClient(t).Open(ctx, "s1", "g", 0, 1)
+	if err != nil || f == nil {
+		t.Fatalf("open 0 -> 1 on one node: %v, %v; want direct", f, err)
+	}
+	sender, err := directmsg.NewConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := nextPush(t, mb)
+	if p.Direct == nil || p.From != 0 {
+		t.Fatalf("rank 1's member channel pushed %+v, want the direct channel from rank 0", p)
+	}
+	recv, err := directmsg.NewConn(p.Direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer recv.Close()
+	sent := [][]byte{
+		bytes.Repeat([]byte{1}, 1<<20), bytes.Repeat([]byte{2}, 1<<20), // copy frames
+		bytes.Repeat([]byte{3}, directmsg.CopyMax+1), // a sealed memfd
+		[]byte("last"),
+	}
+	for i, data := range sent {
+		if err := sender.Send(ctx, int64(i), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := recv.Recv() // its credit stays unread in the sender's socket
+	if err != nil || m.Tag != 0 || !bytes.Equal(m.Data, sent[0]) {
+		t.Fatalf("message 0: tag %d, %d bytes, %v", m.Tag, len(m.Data), err)
+	}
+	if err := sender.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(sent); i++ {
+		m, err := recv.Recv()
+		if err != nil {
+			t.Fatalf("message %d of the %d sent before the sender's close: %v", i, len(sent), err)
+		}
+		if m.Tag != int64(i) || !bytes.Equal(m.Data, sent[i]) {
+			t.Fatalf("message %d: tag %d, %d bytes", i, m.Tag, len(m.Data))
+		}
+		if m.Mapped {
+			_ = samenode.Unmap(m.Data)
+		}
+	}
+	if _, err := recv.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the sender's last message: %v; want io.EOF", err)
+	}
 }

@@ -55,6 +55,32 @@ def test_copy_frame_is_copied_out_and_credited():
         assert open_fds() <= base
 
 
+def test_sender_closed_with_credits_unread():
+    """A sender that closes with credits it has not read resets its
+    receiver, and Linux reports that reset once, before the frames still
+    queued: the receiver reads every frame sent before the close, then
+    the end (EOFError). The reset is not the end (a Go member's last
+    echoes were lost this way when it exited before the Python member had
+    read them)."""
+    s, r = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with r:
+        sent = [os.urandom(1 << 20), os.urandom(1 << 20), b"last"]
+        for i, data in enumerate(sent[:2]):
+            send(s, [H.pack(M, _direct.COPY, i, len(data))], memfd(data, size=_direct.COPY_MAX))
+        send(s, [H.pack(M, _direct.INLINE, 2, len(sent[2])), sent[2]])
+        fr = _direct.FrameReader()
+        tag, got = fr.read(r)  # its credit waits, unread, in the sender's socket
+        assert tag == 0 and bytes(got) == sent[0]
+        s.close()
+        for i in (1, 2):
+            got_frame = fr.read(r)
+            assert got_frame is not None, f"frame {i}"
+            tag, got = got_frame
+            assert tag == i and bytes(got) == sent[i]
+        with pytest.raises(EOFError):
+            fr.read(r)
+
+
 @pytest.mark.parametrize("name", ["pipe", "regular file", "short memfd", "no descriptor", "over COPY_MAX",
                                   "small enough for inline", "two memfds"])
 def test_hostile_copy_frames(name: str, tmp_path):

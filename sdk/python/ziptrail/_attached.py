@@ -260,7 +260,7 @@ class Attached:
                     room -= size
                     if room < 0:
                         break  # the inbox is full: the loop waits for receives
-            except (EOFError, ConnectionResetError):  # reset: it closed with our credits unread
+            except EOFError:  # its end, after its last frame (a reset first is read past: FrameReader)
                 self._drop_in(ic)
                 self._add(items, lambda: setattr(ic, "eof", True))
                 return

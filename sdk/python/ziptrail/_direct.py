@@ -232,10 +232,18 @@ class FrameReader:
         """The next frame as (tag, bytes or Memfd); None when nothing is
         there (non-blocking); EOFError when the sender closed its end;
         FrameError for a protocol violation."""
-        try:
-            n, anc, flags, _ = sock.recvmsg_into([self.view], _FD_SPACE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
-        except (BlockingIOError, InterruptedError):
-            return None
+        while True:
+            try:
+                n, anc, flags, _ = sock.recvmsg_into([self.view], _FD_SPACE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+                break
+            except (BlockingIOError, InterruptedError):
+                return None
+            except ConnectionResetError:
+                # The sender closed with credits it had not read. Linux
+                # reports that once, before the frames still queued (the
+                # pending error is taken first): they follow, then the
+                # end (0 bytes). Not the end yet.
+                continue
         fds = _rights(anc)
         try:
             if n == 0 and not fds:

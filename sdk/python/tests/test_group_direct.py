@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import ziptrail
-from conftest import SDK, Pods, Sidecar
+from conftest import REPO, SDK, Pods, Sidecar
 from test_group_sidecars import LIMIT, MiB, collectives, ok, run_members, shm_files
 
 
@@ -291,3 +291,74 @@ def test_back_pressure_over_a_direct_channel(pods: Pods, size: int):
         g0.leave()
         g1.leave()
 
+
+@pytest.fixture(scope="module")
+def directpeer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The Go member (tests/directpeer): the Go framing of direct channels."""
+    out = tmp_path_factory.mktemp("bin") / "directpeer"
+    subprocess.run(["go", "build", "-o", str(out), "./sdk/python/tests/directpeer"], cwd=REPO, check=True)
+    return str(out)
+
+
+def test_mixed_go_and_python_members_share_direct_channels(pods: Pods, directpeer: str):
+    """A Python member and a Go member (the Go client of the messaging
+    socket and the Go framing, as the Go SDK's) on one node: the Go member
+    echoes what the Python member sends over direct channels both ways;
+    every byte, tag and the order come back. Python sends inline frames up
+    to 128 KiB and sealed memfds above; the Go member echoes 128 KiB-4 MiB
+    as copy frames (kind 4) in the memfds it reuses (eight 1 MiB messages
+    of different bytes in a row: a stale page would show) and larger ones
+    as sealed memfds, which the Python member maps. Both opens are direct,
+    and no message takes the sidecar path (the Go member fails at once if
+    one does)."""
+    a, b = pods.start(node="n1"), pods.start(node="n1")
+    sizes = [0, 64, 100 << 10, 128 << 10, (128 << 10) + 1, 1 << 20, 3 << 20, 4 << 20, (4 << 20) + 1, 6 << 20]
+    sizes += [1 << 20] * 8
+    bodies = [os.urandom(s) for s in sizes]
+    peer = subprocess.Popen([directpeer, "-socket", b.socket, "-session", "mixed", "-group", "g", "-rank", "1",
+                             "-size", "2", "-peer", "0", "-n", str(len(sizes))], stdout=subprocess.PIPE, text=True)
+
+    def peer_failed() -> str | None:
+        if peer.poll() in (None, 0):  # running, or done (its last echoes may still be queued)
+            return None
+        out, _ = peer.communicate()
+        return f"the Go member exited {peer.returncode}: {out.strip()}"
+
+    try:
+        with a.client.join("mixed", "g", 0, 2, wait_all=True, timeout=LIMIT) as g:
+            assert peer.stdout is not None
+            line = peer.stdout.readline().strip()
+            assert line == "LIVE", peer_failed() or line  # its sidecar knows rank 0
+            for i, body in enumerate(bodies):
+                assert g.send(1, body, tag=100 + i, timeout=LIMIT) is False
+            assert g._att is not None and g._att._outs[1].sock is not None, "rank 0's open was answered nodirect"
+            deadline = time.monotonic() + LIMIT  # a bound against hangs
+            for i, body in enumerate(bodies):
+                while True:
+                    ic = g._att.ins.get(1)
+                    # The Go member finished and its channel's end was read: all it sent is queued.
+                    ended = peer.poll() == 0 and ic is not None and ic.eof
+                    try:
+                        m = g.recv(source=1, timeout=1)
+                        break
+                    except ziptrail.MessageTimeout:
+                        failed = peer_failed()
+                        assert failed is None, f"echo {i}: {failed}"
+                        state = "no channel from it" if ic is None else f"its channel: eof {ic.eof}, error {ic.err}"
+                        assert not ended, f"echo {i} lost: the Go member sent it and ended ({state})"
+                        assert time.monotonic() < deadline, f"echo {i}: nothing from the Go member ({state})"
+                with m:
+                    assert (m.tag, len(m.data)) == (100 + i, len(body))
+                    assert hashlib.sha256(m.data).digest() == hashlib.sha256(body).digest(), f"echo {i}"
+                    if len(body) > 4 << 20:  # a sealed memfd, mapped
+                        assert isinstance(m.data, ziptrail.MappedObject)
+                    else:  # inline, or a copy frame copied out
+                        assert isinstance(m.data, ziptrail.InlineObject)
+            assert (direct_opens(a), direct_opens(b)) == (1, 1)
+            assert (direct_opens(a, "nodirect"), direct_opens(b, "nodirect")) == (0, 0)
+        out, _ = peer.communicate(timeout=LIMIT)
+        assert peer.returncode == 0 and out.strip() == "DONE", out
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+            peer.wait()

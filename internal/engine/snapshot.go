@@ -54,10 +54,11 @@ func (e *Engine) Snapshot() *Snapshot {
 				}
 				ss.SeenBy[k] = inv
 			}
-			// Deep copies through JSON keep the snapshot independent of
-			// later mutations.
-			raw, _ := json.Marshal(s.states)
-			_ = json.Unmarshal(raw, &ss.States)
+			// Deep copies keep the snapshot independent of later
+			// mutations (it is encoded after the lock is released).
+			for name, st := range s.states {
+				ss.States[name] = st.clone()
+			}
 			for id, inv := range s.invocations {
 				c := *inv
 				c.Reruns = maps.Clone(inv.Reruns)
@@ -129,4 +130,56 @@ func (e *Engine) Restore(snap *Snapshot) error {
 		sh.mu.Unlock()
 	}
 	return nil
+}
+
+// clone is a deep copy of s, as a round trip through its JSON would give
+// (FiredLocally, which is not saved, left out) at a fraction of the cost:
+// the copy through JSON, under the shard's lock, was two thirds of a
+// checkpoint's CPU (bench/sort's profile of a 2 GiB shuffle, 4,224 objects
+// kept, saved every 250 ms).
+func (s *State) clone() *State {
+	if s == nil {
+		return nil
+	}
+	c := *s
+	c.Objects = cloneObjects(s.Objects)
+	c.Keys, c.Expected, c.Declarers = maps.Clone(s.Keys), maps.Clone(s.Expected), maps.Clone(s.Declarers)
+	if s.Groups != nil {
+		c.Groups = make(map[string][]Object, len(s.Groups))
+		for k, v := range s.Groups {
+			c.Groups[k] = cloneObjects(v)
+		}
+	}
+	if s.Pending != nil {
+		c.Pending = make(map[string]*Pending, len(s.Pending))
+		for k, p := range s.Pending {
+			q := *p
+			q.Args = slices.Clone(p.Args)
+			c.Pending[k] = &q
+		}
+	}
+	if s.Waves != nil {
+		c.Waves = make(map[int]*Wave, len(s.Waves))
+		for k, w := range s.Waves {
+			v := *w
+			v.Upstream = slices.Clone(w.Upstream)
+			c.Waves[k] = &v
+		}
+	}
+	c.Custom = slices.Clone(s.Custom)
+	return &c
+}
+
+func cloneObjects(objs []Object) []Object {
+	if objs == nil {
+		return nil
+	}
+	c := make([]Object, len(objs))
+	for i, o := range objs {
+		o.Inline = slices.Clone(o.Inline) // nil stays nil, empty stays empty
+		o.Metadata = maps.Clone(o.Metadata)
+		o.FiredLocally = nil
+		c[i] = o
+	}
+	return c
 }

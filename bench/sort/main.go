@@ -33,6 +33,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -76,6 +77,7 @@ type options struct {
 	timeout      time.Duration
 	warmup       int64
 	idle         time.Duration
+	cpuprofile   string
 }
 
 // sortSDK is the SDK of examples/sort's functions (Config.SDK).
@@ -100,6 +102,7 @@ func main() {
 	warmup := flag.String("warmup", "256MiB", "first sort this much through s3 and hybrid, not counted, so that the functions' pods are up (0: no warm-up)")
 	backgroundFrom := flag.String("background", "", "-replot: re-predict with the local cluster's idle CPU of this file (-measure-idle's sort-idle.json) as the cores it takes (Params.BackgroundCores)")
 	measureIdle := flag.Duration("measure-idle", 0, "only bring the local cluster up with the sort's workflow and its warm pods, measure its CPU while nothing runs for this long, write sort-idle.json into -out, take it down")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this process over the sorts (the local cluster's control plane, operator and engine run in it) to this file")
 	flag.DurationVar(&o.idle, "idle", time.Minute, "before the runs (after the warm-up), measure the cluster's idle CPU for this long (the model's backgroundCores; 0: not measured)")
 	flag.Parse()
 	if *measureIdle > 0 {
@@ -417,6 +420,17 @@ func run(o options) error {
 		b, _ := json.MarshalIndent(rep, "", "  ")
 		_ = os.WriteFile(filepath.Join(o.out, "sort.json"), append(b, '\n'), 0o644)
 		_ = writeChart(filepath.Join(o.out, "sort.png"), rep.Runs)
+	}
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	total := len(o.sizes) * (len(o.methods) + map[bool]int{true: 1}[o.ray])
 	step := 0

@@ -12,7 +12,9 @@ besides moving bytes, timed here in one process on examples/sort/records.py
 
     python3 cpu.py EXAMPLES_SORT_DIR [--task-bytes 67108864] [--partitions 64] [--repeat 3]
 
-Prints JSON; each cost is the median of --repeat runs.
+Prints JSON; each cost is the median of --repeat runs. bench/sort runs one
+copy per worker at once (each with its own --seed) and takes the median of
+their costs: the CPU time per byte a task pays while sharing the cores.
 """
 
 import argparse

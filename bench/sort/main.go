@@ -287,7 +287,8 @@ type Run struct {
 }
 
 // ComputeMeasure is bench/sort/cpu.py's output: the sort's own CPU seconds
-// per byte on one core.
+// per byte of one core, the median of one process per worker run at once
+// (measureCompute).
 type ComputeMeasure struct {
 	MapSecondsPerByte      float64        `json:"mapSecondsPerByte"`
 	ReduceSecondsPerByte   float64        `json:"reduceSecondsPerByte"`

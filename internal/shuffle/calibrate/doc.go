@@ -116,7 +116,11 @@
 //   - ControlCPU: engine + sidecars + redis-server of the control
 //     sessions = PerObject·objects + PerInvocation·invocations +
 //     PerObjectSecond·object-seconds kept, least squares on the relative
-//     residual, each coefficient non-negative.
+//     residual, each coefficient non-negative. The engine checkpoints at
+//     Config.CheckpointInterval (the installation's: 250 ms on the local
+//     cluster), and the held sessions stay busy (a tick object every
+//     0.1 s), as a running shuffle does: an unchanged session is not
+//     saved again, and holds that were idle let PerObjectSecond fit to 0.
 //
 // Fit returns notes (each fitted formula and its RMS residual on log b)
 // that the calibration stores with the parameters.

@@ -86,9 +86,12 @@
 //
 // Locus's sort is I/O-bound (C++ on Lambda), so its model has no CPU term.
 // A job whose tasks compute more than they move (examples/sort in pure
-// Python: ~20–25 ns of one core per byte to generate, sort and partition,
-// ~6–7 ns to merge) is not. Config.Compute gives the job's CPU seconds of
-// one core per byte on the map side and on the reduce side; a phase's
+// Python: ~13–20 ns of one core per byte to generate, sort and partition,
+// ~4–7 ns to merge, by machine) is not. Config.Compute gives the job's CPU
+// seconds of one core per byte on the map side and on the reduce side, as
+// the tasks pay it while sharing the cores (bench/sort measures it with
+// one process per worker running at once: alone, a process missed ~10 %
+// of what the others' cache and TLB refills cost it); a phase's
 // compute term is its bytes × that cost over min(P, tasks, Params.Cores).
 // With Params.Cores set (workers and stores on the same cores: a local
 // cluster) the term adds to the largest transfer limit, because the
@@ -153,7 +156,8 @@
 // is announced to its bucket by a pointer object when it sits in a tier,
 // by itself in pod memory; an output or a run by its pointer) and tasks
 // its invocations. The engine keeps every object of a session until the
-// session ends and checkpoints its state every second: PerObjectSecond·H
+// session ends and checkpoints its state at every interval while the
+// session changes (every 250 ms on the local cluster): PerObjectSecond·H
 // cores all along, H the objects kept while the phase runs (those of the
 // phases before it, half of its own). The cores a job gets are
 // CoresLeft() = Cores − BackgroundCores (the installation's processes when
@@ -164,7 +168,9 @@
 //
 // and the phase takes max(I/O limits, max(job / min(P, tasks, cores), t)).
 // `ziptrail calibrate --local` measures ControlCPU with a real engine (an
-// orchestrator in its process, checkpointing to the Redis it started)
+// orchestrator in its process, checkpointing to the Redis it started at
+// the installation's interval, with sessions held open and busy so that
+// every checkpoint saves them)
 // and two real queue-proxy-zl connected to its control server, in front
 // of Python functions that announce a shuffle's pointer objects; SDKCPU
 // from the SDK's own process on the sidecar-path points (Go: its

@@ -82,7 +82,22 @@ func checkPythonAndControl(t *testing.T, m *Measurements, p model.Params, notes 
 	if !ok || py.Slow.Write == (model.CPUCost{}) || py.Pod.Read == (model.CPUCost{}) || (py.Send == (model.CPUCost{}) && py.PerInvocation == 0) {
 		t.Errorf("python SDK CPU %+v", py)
 	}
+	// the whole path with the Python SDK as the client, every store and
+	// direction, costing at least the SDK's own share
+	for name, c := range map[string][2]model.CPUCost{
+		"s3 write": {py.Path.Slow.Write, py.Slow.Write}, "s3 read": {py.Path.Slow.Read, py.Slow.Read},
+		"redis write": {py.Path.Fast.Write, py.Fast.Write}, "redis read": {py.Path.Fast.Read, py.Fast.Read},
+		"pod put": {py.Path.Pod.Write, py.Pod.Write}, "pod get": {py.Path.Pod.Read, py.Pod.Read},
+	} {
+		path, own := c[0], c[1]
+		if path == (model.CPUCost{}) || path.Of(1<<20, 1) < own.Of(1<<20, 1) {
+			t.Errorf("python SDK path %s: %+v (its own share %+v)", name, path, own)
+		}
+	}
 	if _, ok := p.SDKCPU["go"]; !ok {
 		t.Errorf("no Go SDK CPU fitted: %+v", p.SDKCPU)
+	}
+	if p.SDKCPU["go"].Path != (model.PathCPU{}) {
+		t.Errorf("a Go path besides SlowCPU, FastCPU and PodCPU: %+v", p.SDKCPU["go"].Path)
 	}
 }

@@ -28,9 +28,26 @@ func fitSDKs(m *Measurements, note func(string, ...any)) map[string]model.SDKCos
 		for _, t := range []struct {
 			store, op string
 			dst       *model.CPUCost
-		}{{S3, Write, &c.Slow.Write}, {S3, Read, &c.Slow.Read}, {S3, Delete, &c.Slow.Delete},
-			{Redis, Write, &c.Fast.Write}, {Redis, Read, &c.Fast.Read}, {Redis, Delete, &c.Fast.Delete},
-			{Pod, Write, &c.Pod.Write}, {Pod, Read, &c.Pod.Read}} {
+			path      *model.CPUCost
+		}{{S3, Write, &c.Slow.Write, &c.Path.Slow.Write}, {S3, Read, &c.Slow.Read, &c.Path.Slow.Read}, {S3, Delete, &c.Slow.Delete, &c.Path.Slow.Delete},
+			{Redis, Write, &c.Fast.Write, &c.Path.Fast.Write}, {Redis, Read, &c.Fast.Read, &c.Path.Fast.Read}, {Redis, Delete, &c.Fast.Delete, &c.Path.Fast.Delete},
+			{Pod, Write, &c.Pod.Write, &c.Path.Pod.Write}, {Pod, Read, &c.Pod.Read, &c.Path.Pod.Read}} {
+			if sdk.name != "go" {
+				// the whole path with this SDK as the client: server,
+				// sidecars and its process (Go's is SlowCPU, FastCPU,
+				// PodCPU), where every part was measured
+				var whole []CPUSample
+				for _, s := range sdk.samples {
+					if s.Store == t.store && s.Op == t.op && (s.ServerCPU >= 0 || t.store == Pod) {
+						whole = append(whole, s)
+					}
+				}
+				if f, err := FitCPU(whole); err == nil {
+					*t.path = f.CPU
+					note("%s SDK path %s %s CPU: %s + %s per request (server, queue-proxy-zl and the %s SDK); relative rms residual %.2f over %d measurements",
+						sdk.name, t.store, t.op, FormatCPUPerByte(f.CPU.PerByte), FormatCPUSeconds(f.CPU.PerRequest), sdk.name, f.RMS, f.Samples)
+				}
+			}
 			var own []CPUSample // the SDK's process alone
 			for _, s := range sdk.samples {
 				if s.Store == t.store && s.Op == t.op {

@@ -152,6 +152,12 @@
 //	         + objects · (ControlCPU.PerObject + SDKCPU[job].Send)     announcing every object written
 //	         + tasks · (ControlCPU.PerInvocation + SDKCPU[job].PerInvocation)
 //
+// and where SDKCPU[job].Path measured a store (calibrate's Python points:
+// the server's, the sidecars' and the Python SDK's CPU together), its cost
+// replaces both of the first two terms for that store: the sidecar's own
+// work depends on its client too (Python hands a put's bytes over in a
+// file it writes, Go lends a file it keeps), which the SDK's share alone
+// does not see;
 // where objects are the objects the phase's tasks write (a shuffle piece
 // is announced to its bucket by a pointer object when it sits in a tier,
 // by itself in pod memory; an output or a run by its pointer) and tasks

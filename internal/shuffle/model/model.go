@@ -433,9 +433,13 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 		// is work: the function hands the bytes to its sidecar (PodCPU.Write,
 		// measured on the sidecar path; 0 before); the consumer deletes the
 		// intermediate objects it read (fast, slowShuffle)
-		platform += o.cpu(storeCPU(pp, o.bucket))
-		if swapSDK {
-			platform += o.cpu(jobSDK.store(o.bucket)) - o.cpu(goSDK.store(o.bucket))
+		if path, ok := jobSDK.Path.store(o.bucket); ok && swapSDK {
+			platform += o.cpu(path) // measured with the job's SDK as the client
+		} else {
+			platform += o.cpu(storeCPU(pp, o.bucket))
+			if swapSDK {
+				platform += o.cpu(jobSDK.store(o.bucket)) - o.cpu(goSDK.store(o.bucket))
+			}
 		}
 		if o.write { // every object a task writes is announced to a bucket
 			objects += o.requests

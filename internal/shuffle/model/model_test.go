@@ -713,6 +713,11 @@ func TestControlSDKBackground(t *testing.T) {
 		"python": {Slow: StoreCPU{Read: CPUCost{PerByte: 1e-9, PerRequest: 0.002}, Write: CPUCost{PerByte: 1e-9, PerRequest: 0.002}},
 			Send: CPUCost{PerRequest: 0.003}, PerInvocation: 0.01},
 	}
+	withPath := func(path PathCPU) map[string]SDKCost {
+		py := sdks["python"]
+		py.Path = path
+		return map[string]SDKCost{"go": sdks["go"], "python": py}
+	}
 	for _, c := range []struct {
 		name             string
 		params           func(*Params)
@@ -733,6 +738,18 @@ func TestControlSDKBackground(t *testing.T) {
 		// 12.308, (24 + 12.308)/2 = 18.154; reduce 12.272, (8 +
 		// 12.272)/2 = 10.136.
 		{"python SDK", func(p *Params) { p.SDKCPU = sdks }, "python", 12.308, 12.272, 0.088, 0.052, 18.154, 10.136},
+		// the whole s3 path measured with the python SDK as the client
+		// (server, sidecars, SDK) replaces SlowCPU and the swap: map reads
+		// 1 GB (2 s) and writes 1 GB (3 s), + 0.088 s of sends and
+		// invocations: (24 + 5.088)/2 = 14.544; reduce the same 5 s +
+		// 0.052: (8 + 5.052)/2 = 6.526
+		{"python SDK's own path", func(p *Params) {
+			p.SDKCPU = withPath(PathCPU{Slow: StoreCPU{Read: CPUCost{PerByte: 2e-9}, Write: CPUCost{PerByte: 3e-9}}})
+		}, "python", 5.088, 5.052, 0.088, 0.052, 14.544, 6.526},
+		// a path measured through another store only: s3 as before
+		{"python SDK's path through Redis only", func(p *Params) {
+			p.SDKCPU = withPath(PathCPU{Fast: StoreCPU{Read: CPUCost{PerByte: 2e-9}}})
+		}, "python", 12.308, 12.272, 0.088, 0.052, 18.154, 10.136},
 		// the job in Go, or an SDK not measured: as before
 		{"go SDK", func(p *Params) { p.SDKCPU = sdks }, "go", 10.2, 10.2, 0, 0, 17.1, 9.1},
 		{"unmeasured SDK", func(p *Params) { p.SDKCPU = sdks }, "rust", 10.2, 10.2, 0, 0, 17.1, 9.1},
@@ -797,6 +814,9 @@ func TestControlSDKBackground(t *testing.T) {
 	for name, f := range map[string]func(*Params){
 		"negative controlCPU": func(p *Params) { p.ControlCPU.PerInvocation = -1 },
 		"negative sdkCPU":     func(p *Params) { p.SDKCPU = map[string]SDKCost{"python": {Send: CPUCost{PerRequest: -1}}} },
+		"negative sdkCPU path": func(p *Params) {
+			p.SDKCPU = map[string]SDKCost{"python": {Path: PathCPU{Pod: StoreCPU{Write: CPUCost{PerByte: -1}}}}}
+		},
 		"infinite sdkCPU": func(p *Params) {
 			p.SDKCPU = map[string]SDKCost{"python": {Pod: StoreCPU{Read: CPUCost{PerByte: math.Inf(1)}}}}
 		},

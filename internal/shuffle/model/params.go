@@ -165,12 +165,42 @@ type ControlCPU struct {
 // costs (Params.SlowCPU, …) that calibrate's Go clients took; Send and
 // PerInvocation are in no other cost (ControlCPU is measured with the
 // functions' processes apart).
+//
+// Path, where measured, is the whole transfer's CPU with this SDK as the
+// client: the store's server, the sidecars and this SDK's process (what
+// Params.SlowCPU, FastCPU and PodCPU are with calibrate's Go clients). A
+// job in this SDK is priced with it, store by store, instead of the Go
+// path with the SDKs' own shares swapped: the sidecar's work depends on
+// its client too (how a put's bytes reach it, how many calls a transfer
+// takes).
 type SDKCost struct {
 	Slow          StoreCPU `json:"slow,omitzero"`
 	Fast          StoreCPU `json:"fast,omitzero"`
 	Pod           StoreCPU `json:"pod,omitzero"`
 	Send          CPUCost  `json:"send,omitzero"`
 	PerInvocation float64  `json:"perInvocation,omitempty"`
+	Path          PathCPU  `json:"path,omitzero"`
+}
+
+// PathCPU is a transfer's CPU through each store with one SDK as the
+// client (SDKCost.Path); a zero StoreCPU is not measured.
+type PathCPU struct {
+	Slow StoreCPU `json:"slow,omitzero"`
+	Fast StoreCPU `json:"fast,omitzero"`
+	Pod  StoreCPU `json:"pod,omitzero"`
+}
+
+// store is the path's cost through the store of bucket b, and whether it
+// was measured.
+func (p PathCPU) store(b bucket) (StoreCPU, bool) {
+	st := p.Slow
+	switch b {
+	case fast:
+		st = p.Fast
+	case pod:
+		st = p.Pod
+	}
+	return st, st != StoreCPU{}
 }
 
 // store is the SDK's cost through the store of bucket b.
@@ -338,7 +368,7 @@ func (p Params) Validate() error {
 	costs := []CPUCost{p.SlowCPU.Read, p.SlowCPU.Write, p.SlowCPU.Delete, p.FastCPU.Read, p.FastCPU.Write, p.FastCPU.Delete, p.PodCPU.Read, p.PodCPU.Write,
 		{PerByte: p.ControlCPU.PerObject, PerRequest: p.ControlCPU.PerInvocation}, {PerByte: p.ControlCPU.PerObjectSecond}}
 	for _, s := range p.SDKCPU {
-		for _, st := range []StoreCPU{s.Slow, s.Fast, s.Pod} {
+		for _, st := range []StoreCPU{s.Slow, s.Fast, s.Pod, s.Path.Slow, s.Path.Fast, s.Path.Pod} {
 			costs = append(costs, st.Read, st.Write, st.Delete)
 		}
 		costs = append(costs, s.Send, CPUCost{PerRequest: s.PerInvocation})

@@ -195,19 +195,7 @@ func printWindows(w io.Writer, rep *Report) {
 			header = true
 		}
 		for _, c := range r.CPU {
-			type kv struct {
-				k string
-				v float64
-			}
-			var by []kv
-			for k, v := range c.ByCommand {
-				by = append(by, kv{k, v})
-			}
-			sort.Slice(by, func(i, j int) bool { return by[i].v > by[j].v })
-			var top []string
-			for _, e := range by[:min(5, len(by))] {
-				top = append(top, fmt.Sprintf("%s %.1f", e.k, e.v))
-			}
+			top := largest(c.ByCommand, 5, "%.1f")
 			d := max(c.Seconds, 1e-9)
 			fmt.Fprintf(w, "| %s | %s | %s %.0f–%.0f s | %.1f | %.2f | %.2f | %.2f | %s |\n", human(r.Bytes), r.Method, c.Name, c.From, c.To,
 				c.Seconds, c.Cluster/d, c.MachineBusy/d, c.Steal/d, strings.Join(top, ", "))

@@ -114,20 +114,23 @@ func measureIdle(d time.Duration, what string) (IdleMeasure, error) {
 	return m, nil
 }
 
+// largest is the n largest entries of by, largest first, as "name
+// value" with format for the value.
+func largest(by map[string]float64, n int, format string) []string {
+	keys := make([]string, 0, len(by))
+	for k := range by {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return by[keys[i]] > by[keys[j]] })
+	var out []string
+	for _, k := range keys[:min(len(keys), n)] {
+		out = append(out, fmt.Sprintf("%s "+format, k, by[k]))
+	}
+	return out
+}
+
 func (m IdleMeasure) String() string {
-	type kv struct {
-		k string
-		v float64
-	}
-	var by []kv
-	for k, v := range m.ByCommand {
-		by = append(by, kv{k, v})
-	}
-	sort.Slice(by, func(i, j int) bool { return by[i].v > by[j].v })
-	var parts []string
-	for _, e := range by[:min(len(by), 8)] {
-		parts = append(parts, fmt.Sprintf("%s %.3f", e.k, e.v))
-	}
+	parts := largest(m.ByCommand, 8, "%.3f")
 	return fmt.Sprintf("%.3f cores over %.0f s (%d processes; %s; load %s → %s)", m.BackgroundCores, m.Seconds, m.Processes,
 		strings.Join(parts, ", "), m.LoadBefore, m.LoadAfter)
 }

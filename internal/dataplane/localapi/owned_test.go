@@ -111,11 +111,7 @@ func TestTruncatedPutFile(t *testing.T) {
 // filled the tmpfs and the client's sixth write failed with ENOSPC (the
 // sort benchmark's "No space left on device").
 func TestPutFilesDoNotFillASmallShm(t *testing.T) {
-	dir := t.TempDir()
-	if err := unix.Mount("shm", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m"); err != nil {
-		t.Fatalf("mount a tmpfs (the tests run as root, as the node agent's do): %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	dir := smallShm(t)
 	a, b := startPod(t, podOpts{dir: dir}), startPod(t, podOpts{})
 	ctx := context.Background()
 	var objs [][]byte
@@ -157,11 +153,7 @@ func TestPutFilesDoNotFillASmallShm(t *testing.T) {
 // (ENOSPC). Past half full, the sidecar now reads them too, and the
 // client lets their mappings go.
 func TestLentPutFilesDoNotFillASmallShm(t *testing.T) {
-	dir := t.TempDir()
-	if err := unix.Mount("shm", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m"); err != nil {
-		t.Fatalf("mount a tmpfs (the tests run as root, as the node agent's do): %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	dir := smallShm(t)
 	a, b := startPod(t, podOpts{dir: dir}), startPod(t, podOpts{})
 	ctx := context.Background()
 	var objs [][]byte
@@ -191,4 +183,15 @@ func TestLentPutFilesDoNotFillASmallShm(t *testing.T) {
 			t.Fatalf("get %d: %d bytes, %v", i, len(got), err)
 		}
 	}
+}
+
+// smallShm mounts a real 16 MiB tmpfs, a pod's /dev/shm in small.
+func smallShm(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := unix.Mount("shm", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=16m"); err != nil {
+		t.Fatalf("mount a tmpfs (the tests run as root, as the node agent's do): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
 }

@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -133,23 +134,8 @@ func TestDirectChannels(t *testing.T) {
 	ctx, cancel := within(time.Minute)
 	defer cancel()
 
-	f, err := a.msgClient(t).Open(ctx, "s1", "g", 0, 1)
-	if err != nil || f == nil {
-		t.Fatalf("open 0 -> 1 on one node: %v, %v; want direct", f, err)
-	}
-	sender, err := directmsg.NewConn(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sender, recv := openDirect(ctx, t, a, mb)
 	defer sender.Close()
-	p := nextPush(t, mb)
-	if p.Direct == nil || p.From != 0 {
-		t.Fatalf("rank 1's member channel pushed %+v, want the direct channel from rank 0", p)
-	}
-	recv, err := directmsg.NewConn(p.Direct)
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer recv.Close()
 	big := bytes.Repeat([]byte("direct"), 100_000) // a memfd frame
 	for i, data := range [][]byte{[]byte("hello"), big} {
@@ -408,22 +394,7 @@ func TestDirectSenderEndKeepsItsLastFrames(t *testing.T) {
 	waitLive(t, mb, 2)
 	ctx, cancel := within(time.Minute)
 	defer cancel()
-	f, err := a.msgClient(t).Open(ctx, "s1", "g", 0, 1)
-	if err != nil || f == nil {
-		t.Fatalf("open 0 -> 1 on one node: %v, %v; want direct", f, err)
-	}
-	sender, err := directmsg.NewConn(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := nextPush(t, mb)
-	if p.Direct == nil || p.From != 0 {
-		t.Fatalf("rank 1's member channel pushed %+v, want the direct channel from rank 0", p)
-	}
-	recv, err := directmsg.NewConn(p.Direct)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sender, recv := openDirect(ctx, t, a, mb)
 	defer recv.Close()
 	sent := [][]byte{
 		bytes.Repeat([]byte{1}, 1<<20), bytes.Repeat([]byte{2}, 1<<20), // copy frames
@@ -457,4 +428,26 @@ func TestDirectSenderEndKeepsItsLastFrames(t *testing.T) {
 	if _, err := recv.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after the sender's last message: %v; want io.EOF", err)
 	}
+}
+
+// openDirect opens the direct channel from rank 0 (pod a) to rank 1 (its
+// member channel mb) of group g of session s1, both on one node: the
+// sender's end, and the receiver's end as mb's push delivers it.
+func openDirect(ctx context.Context, t *testing.T, a *msgPod, mb *localapi.MemberChannel) (sender, recv *directmsg.Conn) {
+	t.Helper()
+	f, err := a.msgClient(t).Open(ctx, "s1", "g", 0, 1)
+	if err != nil || f == nil {
+		t.Fatalf("open 0 -> 1 on one node: %v, %v; want direct", f, err)
+	}
+	if sender, err = directmsg.NewConn(f); err != nil {
+		t.Fatal(err)
+	}
+	p := nextPush(t, mb)
+	if p.Direct == nil || p.From != 0 {
+		t.Fatalf("rank 1's member channel pushed %+v, want the direct channel from rank 0", p)
+	}
+	if recv, err = directmsg.NewConn(p.Direct); err != nil {
+		t.Fatal(err)
+	}
+	return sender, recv
 }

@@ -542,7 +542,8 @@ func printCalibration(w io.Writer, m *calibrate.Measurements, cal model.Calibrat
 		fmt.Fprintf(tw, "%s\t%s (%s)\n", c.n, v, who)
 	}
 	if c := p.ControlCPU; c != (model.ControlCPU{}) {
-		fmt.Fprintf(tw, "controlCPU\t%s per object announced + %s per invocation (engine, sidecars, redis)\n", calibrate.FormatCPUSeconds(c.PerObject), calibrate.FormatCPUSeconds(c.PerInvocation))
+		fmt.Fprintf(tw, "controlCPU\t%s per object announced + %s per invocation (engine, sidecars, redis); %s per object kept per second, at most %.3g cores\n",
+			calibrate.FormatCPUSeconds(c.PerObject), calibrate.FormatCPUSeconds(c.PerInvocation), calibrate.FormatCPUSeconds(c.PerObjectSecond), c.MaxCores)
 	}
 	for _, lang := range []string{"go", "python"} {
 		c, ok := p.SDKCPU[lang]

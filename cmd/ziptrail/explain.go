@@ -228,7 +228,7 @@ func slowest(p model.Prediction) string {
 	var best model.Phase
 	var t float64
 	for _, ph := range p.Phases {
-		if v := float64(ph.Count) * ph.Seconds; v > t {
+		if v := ph.Total(); v > t {
 			t, best = v, ph
 		}
 	}

@@ -177,6 +177,9 @@ func cloneObjects(objs []Object) []Object {
 	c := make([]Object, len(objs))
 	for i, o := range objs {
 		o.Inline = slices.Clone(o.Inline) // nil stays nil, empty stays empty
+		if o.Ref != "" && len(o.Inline) == 0 {
+			o.Inline = nil // a reference: no contents to keep
+		}
 		o.Metadata = maps.Clone(o.Metadata)
 		o.FiredLocally = nil
 		c[i] = o

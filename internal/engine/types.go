@@ -1,19 +1,23 @@
 package engine
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
 )
 
 // Object is an object that became ready in a bucket.
 type Object struct {
-	Bucket     string            `json:"bucket"`
-	Key        string            `json:"key"`
-	Session    string            `json:"session"`
-	Size       int64             `json:"size,omitempty"`
-	Ref        string            `json:"ref,omitempty"`
-	Inline     []byte            `json:"inline,omitempty"`
+	Bucket  string `json:"bucket"`
+	Key     string `json:"key"`
+	Session string `json:"session"`
+	Size    int64  `json:"size,omitempty"`
+	Ref     string `json:"ref,omitempty"`
+	// Inline is omitted when nil only: an empty object ("inline": "") is
+	// an object, and one restored from a checkpoint without contents
+	// could not be passed on (omitzero, not omitempty, and no
+	// MarshalJSON: a marshaler's output is compacted again at every
+	// level, which was two thirds of a checkpoint's encoding).
+	Inline     []byte            `json:"inline,omitzero"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	Producer   string            `json:"producer,omitempty"`   // producing function
 	Invocation string            `json:"invocation,omitempty"` // producing invocation id
@@ -24,20 +28,6 @@ type Object struct {
 	// claim from another workflow or for an object without a producing
 	// invocation.
 	FiredLocally []string `json:"-"`
-}
-
-// MarshalJSON keeps an empty inline object ("inline": "") that omitempty
-// would drop: an empty object is an object, and one restored from a
-// checkpoint without contents could not be passed on.
-func (o Object) MarshalJSON() ([]byte, error) {
-	type plain Object
-	if o.Ref != "" || o.Inline == nil || len(o.Inline) > 0 {
-		return json.Marshal(plain(o))
-	}
-	return json.Marshal(struct {
-		plain
-		Inline []byte `json:"inline"`
-	}{plain(o), o.Inline})
 }
 
 // Metadata keys the built-in primitives read.

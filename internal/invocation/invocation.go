@@ -42,11 +42,15 @@ const MaxEnvelopeBytes = 64 << 20
 
 // Object is one input object: by reference, or inline when small.
 type Object struct {
-	Bucket   string            `json:"bucket"`
-	Key      string            `json:"key"`
-	Size     int64             `json:"size"`
-	Ref      string            `json:"ref,omitempty"`
-	Inline   []byte            `json:"inline,omitempty"`
+	Bucket string `json:"bucket"`
+	Key    string `json:"key"`
+	Size   int64  `json:"size"`
+	Ref    string `json:"ref,omitempty"`
+	// Inline is omitted when nil only (omitzero): an empty object is
+	// sent as "inline": "", so the receiver does not mistake it for an
+	// object without contents, or for a reference to resolve (inline
+	// bytes come first).
+	Inline   []byte            `json:"inline,omitzero"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	// Path is set only by the receiving sidecar, for an object it pulled:
 	// the bare name (see NewInputName) of the file it placed in the pod's
@@ -59,20 +63,6 @@ type Object struct {
 	// docs/control-stream.md); set by that sidecar only (it clears what
 	// the function wrote there).
 	FiredLocally []string `json:"firedLocally,omitempty"`
-}
-
-// MarshalJSON keeps an empty inline object ("inline": "") that omitempty
-// would drop, so the receiver does not mistake it for an object without
-// contents, or for a reference to resolve (inline bytes come first).
-func (o Object) MarshalJSON() ([]byte, error) {
-	type plain Object
-	if o.Inline == nil || len(o.Inline) > 0 {
-		return json.Marshal(plain(o))
-	}
-	return json.Marshal(struct {
-		plain
-		Inline []byte `json:"inline"`
-	}{plain(o), o.Inline})
 }
 
 // Envelope is the body of an invocation.

@@ -62,6 +62,29 @@ type checkpointState struct {
 	pending      map[string]sessions.Session // ended, record not written yet
 	gone         map[string]bool             // forgotten, record not deleted yet
 	written      int64                       // bytes written by the last save
+	// next is when the next periodic save may start (CheckpointMaxShare).
+	next time.Time
+}
+
+// DefaultCheckpointMaxShare is Options.CheckpointMaxShare's default: the
+// periodic saves take at most a twentieth of the time.
+const DefaultCheckpointMaxShare = 0.05
+
+// due reports whether a periodic save may start at now.
+func (cp *checkpointState) due(now time.Time) bool { return !now.Before(cp.next) }
+
+// periodicSave is a save on the checkpoint ticker: it times the save and
+// puts the next one off so that saves take at most CheckpointMaxShare of
+// the time (a save that wrote nothing costs a check and is not timed).
+func (o *Orchestrator) periodicSave(ctx context.Context) error {
+	start := time.Now()
+	err := o.save(ctx, false)
+	if o.cp.written > 0 {
+		d := time.Since(start)
+		checkpointSeconds.Observe(d.Seconds())
+		o.cp.next = start.Add(time.Duration(float64(d) / o.opts.CheckpointMaxShare))
+	}
+	return err
 }
 
 // touch notes a change of the engine or the trigger counts, after it.

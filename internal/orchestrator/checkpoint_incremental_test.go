@@ -368,3 +368,49 @@ func TestCheckpointRestoresOldFormat(t *testing.T) {
 func sessionsInput(s string) engine.Object {
 	return engine.Object{Bucket: "input", Key: "input", Inline: []byte(s), Size: int64(len(s))}
 }
+
+// TestPeriodicSavesTakeAtMostTheirShare: a periodic save that wrote puts
+// the next one off by its own time divided by CheckpointMaxShare; one
+// that had nothing to write puts nothing off. The check is on the times
+// the orchestrator computes, not on how long anything took.
+func TestPeriodicSavesTakeAtMostTheirShare(t *testing.T) {
+	r := newCkptRig(t)
+	o, err := New(Options{Resolver: r.fns, Checkpoint: r.store, CheckpointMaxShare: 0.25, Log: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.SetWorkflow(r.wf, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	before := time.Now()
+	if !o.cp.due(before) {
+		t.Fatal("the first save is not due")
+	}
+	if err := o.periodicSave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	if o.cp.written == 0 {
+		t.Fatal("the first save wrote nothing")
+	}
+	// the save took d ≤ after−before and started at ≥ before: the next is
+	// at start + 4·d, after the save's end and at most 4·(after−before)
+	// past before
+	next := o.cp.next
+	if !next.After(before) || next.After(before.Add(4*after.Sub(before))) {
+		t.Fatalf("next save at %v, want in (%v, %v]", next.Sub(before), time.Duration(0), 4*after.Sub(before))
+	}
+	if o.cp.due(next.Add(-time.Nanosecond)) || !o.cp.due(next) {
+		t.Fatalf("due before %v or not at it", next.Sub(before))
+	}
+	if err := o.periodicSave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o.cp.written != 0 || !o.cp.next.Equal(next) {
+		t.Fatalf("an unchanged state: wrote %d bytes, next save moved by %v", o.cp.written, o.cp.next.Sub(next))
+	}
+	if d := DefaultCheckpointMaxShare; o.opts.CheckpointMaxShare != 0.25 || d <= 0 || d > 1 {
+		t.Fatalf("share %v, default %v", o.opts.CheckpointMaxShare, d)
+	}
+}

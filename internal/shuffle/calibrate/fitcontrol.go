@@ -155,7 +155,7 @@ func fitControl(m *Measurements, note func(string, ...any)) (model.ControlCPU, b
 		r := (coef[0]*rows[i][0]+coef[1]*rows[i][1]+coef[2]*rows[i][2])/y[i] - 1
 		ss += r * r
 	}
-	c := model.ControlCPU{PerObject: coef[0], PerInvocation: coef[1], PerObjectSecond: coef[2]}
+	c := model.ControlCPU{PerObject: coef[0], PerInvocation: coef[1], PerObjectSecond: coef[2], MaxCores: m.CheckpointMaxShare}
 	note("control path CPU: %s per object announced + %s per invocation + %s per object kept per second (engine %.0f %%, sidecars %.0f %%, redis %.0f %%; idle use subtracted: %.3f cores engine, %.3f sidecars, %.3f redis); relative rms residual %.2f over %d sessions",
 		FormatCPUSeconds(c.PerObject), FormatCPUSeconds(c.PerInvocation), FormatCPUSeconds(c.PerObjectSecond), 100*eng/all, 100*side/all, 100*store/all,
 		m.Control[0].IdleCores[0], m.Control[0].IdleCores[1], m.Control[0].IdleCores[2], math.Sqrt(ss/float64(len(rows))), len(rows))

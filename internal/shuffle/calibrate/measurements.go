@@ -107,6 +107,11 @@ type Measurements struct {
 	// Control are the control-path sessions (SidecarPath.Python): a real
 	// engine, real sidecars, Python functions.
 	Control []ControlSample `json:"control,omitempty"`
+	// CheckpointMaxShare is the control path's engine's bound on the time
+	// its checkpoints take (orchestrator.Options.CheckpointMaxShare, the
+	// installation's default): the most cores its upkeep of kept objects
+	// takes (model.ControlCPU.MaxCores). 0 in measurements from before it.
+	CheckpointMaxShare float64 `json:"checkpointMaxShare,omitempty"`
 }
 
 // bandwidth returns the points of one store and direction, by workers then

@@ -20,6 +20,10 @@
 //
 //	T_stage = WorkerStartup + max(limits)
 //
+// (WorkerStartup once per stage: the hybrid's stages that run once per
+// round pay it in their first round only, their pods being warm for the
+// next ones: Phase.Total)
+//
 // with one limit per bucket for requests (objects / rate(object size)),
 // one per store and direction for the workers' bandwidth (in waves of P
 // tasks, with stragglers, below) and one per store for its server-side
@@ -163,14 +167,16 @@
 // by itself in pod memory; an output or a run by its pointer) and tasks
 // its invocations. The engine keeps every object of a session until the
 // session ends and checkpoints its state at every interval while the
-// session changes (every 250 ms on the local cluster): PerObjectSecond·H
-// cores all along, H the objects kept while the phase runs (those of the
+// session changes (every 250 ms on the local cluster, spaced so that the
+// saves take at most ControlCPU.MaxCores of the time, the operator's
+// CheckpointMaxShare): Upkeep(H) = min(PerObjectSecond·H, MaxCores) cores
+// all along, H the objects kept while the phase runs (those of the
 // phases before it, half of its own). The cores a job gets are
 // CoresLeft() = Cores − BackgroundCores (the installation's processes when
 // nothing runs). So, CPU-bound, the phase's time t solves
-// t·cores = job + platform + t·PerObjectSecond·H:
+// t·cores = job + platform + t·Upkeep(H):
 //
-//	t = (job + platform) / (CoresLeft − PerObjectSecond·H)
+//	t = (job + platform) / (CoresLeft − Upkeep(H))
 //
 // and the phase takes max(I/O limits, max(job / min(P, tasks, cores), t)).
 // `ziptrail calibrate --local` measures ControlCPU with a real engine (an

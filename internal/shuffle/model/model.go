@@ -84,6 +84,15 @@ type Term struct {
 	Seconds float64 `json:"seconds"`
 }
 
+// Total is the phase's predicted time over its Count runs: the first
+// cold, the others warm (Startup once).
+func (ph Phase) Total() float64 {
+	if ph.Count <= 0 {
+		return 0
+	}
+	return float64(ph.Count)*ph.Seconds - float64(ph.Count-1)*ph.Startup
+}
+
 // Phase is one stage of the shuffle, with what bounds it.
 type Phase struct {
 	Name string `json:"name"`
@@ -92,8 +101,13 @@ type Phase struct {
 	Count int `json:"count"`
 	// Tasks is the number of tasks of one run of the phase.
 	Tasks int `json:"tasks"`
-	// Seconds is one run's predicted time: Startup + the largest term.
+	// Seconds is the first run's predicted time: Startup + the largest
+	// term. Later runs of the phase (the hybrid's rounds) start warm and
+	// take Seconds − Startup: see Total.
 	Seconds float64 `json:"seconds"`
+	// Startup is WorkerStartup, paid by the phase's first run only: its
+	// function's pods are up for the next round, seconds later (Knative
+	// keeps an idle pod for its scale-down window, 60 s and more).
 	Startup float64 `json:"startup"`
 	// BoundBy is the name of the largest term.
 	BoundBy string `json:"boundBy"`
@@ -316,8 +330,8 @@ func (m *Model) Predict(c Config) (Prediction, error) {
 
 	var workerSeconds float64
 	for _, ph := range pr.Phases {
-		pr.Seconds += float64(ph.Count) * ph.Seconds
-		workerSeconds += float64(ph.Count) * ph.Seconds * float64(ph.Workers)
+		pr.Seconds += ph.Total()
+		workerSeconds += ph.Total() * float64(ph.Workers)
 	}
 	for _, ph := range pr.Phases {
 		pr.SlowGets += float64(ph.Count) * ph.SlowGets
@@ -401,12 +415,12 @@ func tasks(d float64, p int, chunk float64) int {
 //
 // and the cores are Params.CoresLeft(): Cores − BackgroundCores. The
 // engine keeps every object of a session to its end and checkpoints its
-// state every second: ControlCPU.PerObjectSecond·H cores all along, H the
-// objects it keeps while the phase runs (m.held: the earlier phases' and
-// half of this one's). So the phase's CPU-bound time t solves
-// t·cores = job + platform + t·PerObjectSecond·H:
+// state periodically: ControlCPU.Upkeep(H) = min(PerObjectSecond·H,
+// MaxCores) cores all along, H the objects it keeps while the phase runs
+// (m.held: the earlier phases' and half of this one's). So the phase's
+// CPU-bound time t solves t·cores = job + platform + t·Upkeep(H):
 //
-//	t = (job + platform) / (cores − PerObjectSecond·H)
+//	t = (job + platform) / (cores − Upkeep(H))
 func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, cpu float64, ops []op) Phase {
 	pp := m.Params
 	ph := Phase{Name: name, Count: count, Tasks: tasks, Startup: pp.WorkerStartup, Workers: workers}
@@ -559,7 +573,7 @@ func (m *Model) phase(name string, count, tasks, p int, w float64, workers int, 
 			// takes hold cores all along: the phase's CPU t·hold + cpu +
 			// platform over the cores is t, so t = (cpu + platform) /
 			// (cores − hold), at least a twentieth of the cores left
-			hold := pp.ControlCPU.PerObjectSecond * m.held
+			hold := pp.ControlCPU.Upkeep(m.held)
 			ct.Seconds = max(ct.Seconds, (cpu+platform)/max(cores-hold, cores/20))
 			ph.ControlCPU += hold * ct.Seconds
 			ph.PlatformCPU += hold * ct.Seconds

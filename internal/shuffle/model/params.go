@@ -148,12 +148,26 @@ type StoreCPU struct {
 //
 // PerObjectSecond is seconds of one core per second per object the
 // engine keeps of a running session (it keeps them to the session's end
-// and checkpoints its whole state every second: the upkeep grows with the
-// objects, not with their events).
+// and checkpoints its whole state periodically: the upkeep grows with the
+// objects, not with their events), up to MaxCores: the operator spaces
+// its saves so that they take at most that share of the time
+// (orchestrator.Options.CheckpointMaxShare; 0: no bound, calibrations
+// from before it).
 type ControlCPU struct {
 	PerObject       float64 `json:"perObject,omitempty"`
 	PerInvocation   float64 `json:"perInvocation,omitempty"`
 	PerObjectSecond float64 `json:"perObjectSecond,omitempty"`
+	MaxCores        float64 `json:"maxCores,omitempty"`
+}
+
+// Upkeep is the cores the engine's upkeep of held kept objects takes:
+// PerObjectSecond·held, at most MaxCores when set.
+func (c ControlCPU) Upkeep(held float64) float64 {
+	u := c.PerObjectSecond * held
+	if c.MaxCores > 0 {
+		u = min(u, c.MaxCores)
+	}
+	return u
 }
 
 // SDKCost is one SDK's own CPU (the function's process only) per
@@ -366,7 +380,7 @@ func (p Params) Validate() error {
 		errs = append(errs, errors.New("slowServerBandwidth, podAggregateBandwidth, workerStartup and cores must not be negative"))
 	}
 	costs := []CPUCost{p.SlowCPU.Read, p.SlowCPU.Write, p.SlowCPU.Delete, p.FastCPU.Read, p.FastCPU.Write, p.FastCPU.Delete, p.PodCPU.Read, p.PodCPU.Write,
-		{PerByte: p.ControlCPU.PerObject, PerRequest: p.ControlCPU.PerInvocation}, {PerByte: p.ControlCPU.PerObjectSecond}}
+		{PerByte: p.ControlCPU.PerObject, PerRequest: p.ControlCPU.PerInvocation}, {PerByte: p.ControlCPU.PerObjectSecond, PerRequest: p.ControlCPU.MaxCores}}
 	for _, s := range p.SDKCPU {
 		for _, st := range []StoreCPU{s.Slow, s.Fast, s.Pod, s.Path.Slow, s.Path.Fast, s.Path.Pod} {
 			costs = append(costs, st.Read, st.Write, st.Delete)

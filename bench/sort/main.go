@@ -180,6 +180,7 @@ func main() {
 			printCPU(os.Stdout, rep)
 			printPhases(os.Stdout, rep)
 			printWindows(os.Stdout, rep)
+			printPhaseCPU(os.Stdout, rep)
 			return
 		}
 		if err := writeChart(filepath.Join(o.out, "sort.png"), rep.Runs); err != nil {
@@ -188,6 +189,7 @@ func main() {
 		printTable(os.Stdout, rep)
 		printPhases(os.Stdout, rep)
 		printWindows(os.Stdout, rep)
+		printPhaseCPU(os.Stdout, rep)
 		return
 	}
 	o.ray = !*noRay
@@ -590,6 +592,7 @@ func run(o options) error {
 	printTable(os.Stdout, rep)
 	printPhases(os.Stdout, rep)
 	printWindows(os.Stdout, rep)
+	printPhaseCPU(os.Stdout, rep)
 	fmt.Printf("\nwrote %s and %s\n", filepath.Join(o.out, "sort.json"), filepath.Join(o.out, "sort.png"))
 	return nil
 }

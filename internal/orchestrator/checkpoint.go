@@ -75,11 +75,12 @@ func (cp *checkpointState) due(now time.Time) bool { return !now.Before(cp.next)
 
 // periodicSave is a save on the checkpoint ticker: it times the save and
 // puts the next one off so that saves take at most CheckpointMaxShare of
-// the time (a save that wrote nothing costs a check and is not timed).
+// the time (a save that wrote nothing costs a check and is not timed; a
+// failed one is retried at the next tick).
 func (o *Orchestrator) periodicSave(ctx context.Context) error {
 	start := time.Now()
 	err := o.save(ctx, false)
-	if o.cp.written > 0 {
+	if err == nil && o.cp.written > 0 {
 		d := time.Since(start)
 		checkpointSeconds.Observe(d.Seconds())
 		o.cp.next = start.Add(time.Duration(float64(d) / o.opts.CheckpointMaxShare))

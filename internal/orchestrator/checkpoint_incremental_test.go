@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/redis/go-redis/v9"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
@@ -375,7 +376,11 @@ func sessionsInput(s string) engine.Object {
 // the orchestrator computes, not on how long anything took.
 func TestPeriodicSavesTakeAtMostTheirShare(t *testing.T) {
 	r := newCkptRig(t)
-	o, err := New(Options{Resolver: r.fns, Checkpoint: r.store, CheckpointMaxShare: 0.25, Log: logr.Discard()})
+	// its own client, closed below to make a save fail
+	rc := redis.NewClient(&redis.Options{Addr: r.redis.Addr})
+	t.Cleanup(func() { _ = rc.Close() })
+	store := &checkpoint.Store{Client: rc, Key: r.store.Key}
+	o, err := New(Options{Resolver: r.fns, Checkpoint: store, CheckpointMaxShare: 0.25, Log: logr.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,5 +417,15 @@ func TestPeriodicSavesTakeAtMostTheirShare(t *testing.T) {
 	}
 	if d := DefaultCheckpointMaxShare; o.opts.CheckpointMaxShare != 0.25 || d <= 0 || d > 1 {
 		t.Fatalf("share %v, default %v", o.opts.CheckpointMaxShare, d)
+	}
+	// a change to save, and a save that fails: retried at the next tick,
+	// not put off
+	o.touch()
+	_ = rc.Close()
+	if err := o.periodicSave(ctx); err == nil {
+		t.Fatal("a save through a closed client succeeded")
+	}
+	if !o.cp.next.Equal(next) {
+		t.Fatalf("a failed save moved the next one by %v", o.cp.next.Sub(next))
 	}
 }

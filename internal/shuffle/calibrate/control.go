@@ -212,6 +212,7 @@ func (r *runner) startControl(ctx context.Context) (_ *controlEnv, err error) {
 		if err != nil {
 			e.tb.Fatal(err)
 		}
+		r.m.CheckpointMaxShare = orchestrator.DefaultCheckpointMaxShare // New's default, as installed
 		srv := control.NewServer(o, oneKey{key})
 		srv.Auth = podAuth{secret}
 		o.SetControl(srv)
@@ -393,7 +394,6 @@ func (r *runner) controlPoint(ctx context.Context, cp ControlPoint) (string, err
 		Invocations: 1 + cp.Maps + cp.Groups + 1, Seconds: secs, EngineCPU: d[0], SidecarCPU: d[1], StoreCPU: d[2], FunctionCPU: d[3], IdleCores: e.idle}
 	s.ObjectSeconds = float64(s.Objects) * (cp.Hold.Seconds() + max(0, secs-cp.Hold.Seconds())/2)
 	r.m.Control = append(r.m.Control, s)
-	r.m.CheckpointMaxShare = orchestrator.DefaultCheckpointMaxShare // New's default, as installed
 	return fmt.Sprintf("%d objects, %d invocations in %.2fs; CPU: engine %.2fs, sidecars %.2fs, redis %.2fs, Python functions %.2fs (idle: %.3f, %.3f, %.3f, %.3f cores, subtracted)",
 		s.Objects, s.Invocations, secs, s.EngineCPU, s.SidecarCPU, s.StoreCPU, s.FunctionCPU, e.idle[0], e.idle[1], e.idle[2], e.idle[3]), nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ziptrail/ziptrail/internal/orchestrator"
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
 )
 
@@ -63,6 +64,9 @@ func checkPythonAndControl(t *testing.T, m *Measurements, p model.Params, notes 
 	points := controlPoints(true)
 	if len(m.Control) != len(points) {
 		t.Fatalf("%d control sessions, want %d", len(m.Control), len(points))
+	}
+	if m.CheckpointMaxShare != orchestrator.DefaultCheckpointMaxShare {
+		t.Errorf("recorded checkpoint share %v, want the orchestrator's default %v", m.CheckpointMaxShare, orchestrator.DefaultCheckpointMaxShare)
 	}
 	for i, s := range m.Control {
 		cp := points[i]

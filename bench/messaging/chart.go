@@ -11,6 +11,7 @@ var palette = map[string]string{
 	"ziptrail":                              "#2078dc",
 	sysDirect:                               "#14a05a",
 	sysDirectProcs:                          "#7cc89a",
+	sysDirectRecycled:                       "#0a6e3c",
 	sysSidecars:                             "#2078dc",
 	sysSidecars + " (8 sending goroutines)": "#7ab0ec",
 	"Redis":                                 "#dc3c32",

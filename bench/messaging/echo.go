@@ -22,6 +22,7 @@ const echoEnv = "ZT_BENCH_ECHO"
 type echoJob struct {
 	Socket, Shm, Group string
 	Total              int
+	Recycle            bool // join WithRecycledBuffers
 }
 
 // runEchoChild is the child's main: join as rank 1, echo Total messages
@@ -39,7 +40,11 @@ func runEchoChild(spec string) {
 		defer c.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		g, err := c.Join(ctx, session, j.Group, 1, 2, ziptrail.WithWaitAll(), ziptrail.WithJoinTimeout(time.Minute))
+		opts := []ziptrail.JoinOption{ziptrail.WithWaitAll(), ziptrail.WithJoinTimeout(time.Minute)}
+		if j.Recycle {
+			opts = append(opts, ziptrail.WithRecycledBuffers())
+		}
+		g, err := c.Join(ctx, session, j.Group, 1, 2, opts...)
 		if err != nil {
 			return err
 		}
@@ -55,9 +60,19 @@ func runEchoChild(spec string) {
 
 // pingPongProcs is pingPong with rank 1 in a child process.
 func (z *ztBench) pingPongProcs(ctx context.Context, data []byte, n int) ([]float64, error) {
+	return z.pingPongChild(ctx, data, n, false)
+}
+
+// pingPongProcsRecycled is pingPongProcs with both ends joined
+// WithRecycledBuffers.
+func (z *ztBench) pingPongProcsRecycled(ctx context.Context, data []byte, n int) ([]float64, error) {
+	return z.pingPongChild(ctx, data, n, true)
+}
+
+func (z *ztBench) pingPongChild(ctx context.Context, data []byte, n int, recycle bool) ([]float64, error) {
 	total := n + warmups
 	group := z.group("procs")
-	spec, _ := json.Marshal(echoJob{Socket: z.pods[1].socket, Shm: z.pods[1].shm, Group: group, Total: total})
+	spec, _ := json.Marshal(echoJob{Socket: z.pods[1].socket, Shm: z.pods[1].shm, Group: group, Total: total, Recycle: recycle})
 	child := exec.CommandContext(ctx, os.Args[0])
 	child.Env = append(os.Environ(), echoEnv+"="+string(spec))
 	child.Stderr = os.Stderr
@@ -71,7 +86,11 @@ func (z *ztBench) pingPongProcs(ctx context.Context, data []byte, n int) ([]floa
 	}()
 	jctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	a, err := z.pods[0].client.Join(jctx, session, group, 0, 2, ziptrail.WithWaitAll(), ziptrail.WithJoinTimeout(time.Minute))
+	opts := []ziptrail.JoinOption{ziptrail.WithWaitAll(), ziptrail.WithJoinTimeout(time.Minute)}
+	if recycle {
+		opts = append(opts, ziptrail.WithRecycledBuffers())
+	}
+	a, err := z.pods[0].client.Join(jctx, session, group, 0, 2, opts...)
 	if err != nil {
 		return nil, err
 	}

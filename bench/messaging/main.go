@@ -79,7 +79,9 @@ const (
 	sysDirect = "ziptrail same node (direct)"
 	// sysDirectProcs: Fig. 7 only, its two ends in two processes.
 	sysDirectProcs = "ziptrail same node (direct, 2 processes)"
-	sysSidecars    = "ziptrail across nodes (sidecars)"
+	// sysDirectRecycled: the same, both ends joined WithRecycledBuffers.
+	sysDirectRecycled = "ziptrail same node (direct, 2 processes, recycled buffers)"
+	sysSidecars       = "ziptrail across nodes (sidecars)"
 )
 
 const (
@@ -240,7 +242,8 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 				name  string
 				f     func(context.Context, []byte, int) ([]float64, error)
 				reset func(context.Context) error
-			}{{sysDirect, zd.pingPong, zd.setupPair}, {sysDirectProcs, zd.pingPongProcs, nil}, {sysSidecars, zt.pingPong, zt.setupPair}, {"Redis", rb.pingPong, nil}} {
+			}{{sysDirect, zd.pingPong, zd.setupPair}, {sysDirectProcs, zd.pingPongProcs, nil}, {sysDirectRecycled, zd.pingPongProcsRecycled, nil},
+				{sysSidecars, zt.pingPong, zt.setupPair}, {"Redis", rb.pingPong, nil}} {
 				rtts, err := attempt(ctx, "fig7 "+sys.name+" "+human(size), sys.reset, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, data, n) })
 				if err != nil {
 					return fmt.Errorf("fig7 %s %s: %w", sys.name, human(size), err)

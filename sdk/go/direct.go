@@ -31,8 +31,9 @@ type inMsg struct {
 	from    int
 	tag     int64
 	data    []byte
-	path    string // a sidecar-path file to map and remove
-	mapping []byte // a memfd's mapping (data is all of it)
+	path    string    // a sidecar-path file to map and remove
+	mapping []byte    // a memfd's mapping (data is all of it)
+	rec     *recycler // data is a recycled buffer to give back to rec
 }
 
 // inChan is a direct channel from a same-node sender.
@@ -59,8 +60,9 @@ func (oc *outChan) conn() *directmsg.Conn {
 }
 
 type attached struct {
-	g  *Group
-	mc *localapi.MemberChannel
+	g   *Group
+	mc  *localapi.MemberChannel
+	rec *recycler // WithRecycledBuffers; nil: none
 
 	mu     sync.Mutex
 	wake   chan struct{} // closed and replaced on every change
@@ -76,8 +78,8 @@ type attached struct {
 	wg  sync.WaitGroup
 }
 
-func newAttached(g *Group, mc *localapi.MemberChannel) *attached {
-	a := &attached{g: g, mc: mc, wake: make(chan struct{}), in: map[int]*inChan{}, out: map[int]*outChan{}}
+func newAttached(g *Group, mc *localapi.MemberChannel, rec *recycler) *attached {
+	a := &attached{g: g, mc: mc, rec: rec, wake: make(chan struct{}), in: map[int]*inChan{}, out: map[int]*outChan{}}
 	a.wg.Go(a.readMember)
 	return a
 }
@@ -113,6 +115,9 @@ func (m *inMsg) release() {
 	}
 	if m.path != "" {
 		_ = os.Remove(m.path)
+	}
+	if m.rec != nil {
+		m.rec.put(m.data)
 	}
 }
 
@@ -151,6 +156,9 @@ func (a *attached) readMember() {
 			a.mu.Unlock()
 		case p.Direct != nil:
 			c, err := directmsg.NewConn(p.Direct)
+			if c != nil && a.rec != nil {
+				c.Alloc = a.rec.get
+			}
 			from := int(p.From)
 			a.mu.Lock()
 			if old := a.in[from]; old != nil && old.c != nil {
@@ -195,6 +203,9 @@ func (a *attached) readDirect(from int, ic *inChan) {
 		im := &inMsg{from: from, tag: m.Tag, data: m.Data}
 		if m.Mapped {
 			im.mapping = m.Data
+		}
+		if m.Recycled {
+			im.rec = a.rec
 		}
 		a.add(im)
 	}

@@ -32,14 +32,14 @@ func startPod(t testing.TB, op *testservers.Operator, ns, pod string) *sidecar {
 
 // joinAll joins ranks concurrently (Join with WithWaitAll returns once
 // every rank joined): ranks[i] runs in pods[i].
-func joinAll(t testing.TB, ctx context.Context, pods []*sidecar, session, group string, size int) []*Group {
+func joinAll(t testing.TB, ctx context.Context, pods []*sidecar, session, group string, size int, opts ...JoinOption) []*Group {
 	t.Helper()
 	groups := make([]*Group, size)
 	errs := make([]error, size)
 	var wg sync.WaitGroup
 	for r := range size {
 		wg.Go(func() {
-			groups[r], errs[r] = pods[r%len(pods)].client.Join(ctx, session, group, r, size, WithWaitAll())
+			groups[r], errs[r] = pods[r%len(pods)].client.Join(ctx, session, group, r, size, append(opts, WithWaitAll())...)
 		})
 	}
 	wg.Wait()

@@ -15,12 +15,15 @@
 // little endian. A message of up to InlineMax bytes is one inline frame.
 // A larger one of up to CopyMax bytes goes in a memfd the sender reuses
 // (kind 4, the descriptor attached to a frame without bytes): the
-// receiver copies the size bytes out with pread and credits the sender,
-// who then writes its next message into the same pages. A fresh memfd's
-// page allocation costs more than the two copies at these sizes
+// receiver copies the size bytes out and credits the sender, who then
+// writes its next message into the same pages. A fresh memfd's page
+// allocation costs more than the two copies at these sizes
 // (docs/benchmarks.md, "Same-node direct channels"), and the receiver's
-// copy is what makes an unsealed memfd safe: what it holds is what it
-// read. A message larger than CopyMax goes as one memfd sealed with
+// copy is what makes a memfd its sender may still write safe: what it
+// holds is what it copied. Both ends keep their mappings of a reused
+// memfd (copies.go): the sender writes into its mapping, the receiver
+// copies out of its own when the memfd is sealed against shrinking (a
+// mapping then cannot fault past the file's end), else with pread. A message larger than CopyMax goes as one memfd sealed with
 // samenode.RequiredSeals (kind 2); the receiver checks the seals and the
 // size (samenode.MapSealed) and maps it read-only: no copy into the
 // receiving function.
@@ -88,16 +91,23 @@ var ErrFrame = errors.New("malformed direct-channel frame")
 
 // Conn is one end of a direct channel.
 type Conn struct {
+	// Alloc, when set (before the first Recv), gives the buffer of a
+	// received message of n bytes with tag, outside the inline frame
+	// buffer: nil asks Recv to allocate it. Messages in such a buffer
+	// are Recycled.
+	Alloc func(tag int64, n int) []byte
+
 	c        *net.UnixConn
 	raw      syscall.RawConn
 	wmu      sync.Mutex
-	inflight uint64     // memfd bytes sent and not credited (under wmu)
-	unacked  []unacked  // memfd frames not credited, oldest first (under wmu)
-	pool     []*os.File // reusable memfds credited back (under wmu)
-	pooled   int        // reusable memfds made (tests)
-	hdr      []byte     // the receiver's header buffer
-	fd       int        // the descriptor of the memfd frame just read
-	buf      []byte     // the receiver's frame buffer
+	inflight uint64    // memfd bytes sent and not credited (under wmu)
+	unacked  []unacked // memfd frames not credited, oldest first (under wmu)
+	pool     []*reused // reusable memfds credited back (under wmu)
+	pooled   int       // reusable memfds made (tests)
+	maps     mappings  // the receiver's mappings of the sender's reused memfds
+	hdr      []byte    // the receiver's header buffer
+	fd       int       // the descriptor of the memfd frame just read
+	buf      []byte    // the receiver's frame buffer
 	oob      []byte
 }
 
@@ -124,22 +134,23 @@ func NewConn(f *os.File) (*Conn, error) {
 // unacked is a memfd frame the receiver has not credited yet.
 type unacked struct {
 	size uint64
-	f    *os.File // the reusable memfd it went in; nil: a sealed one
+	r    *reused // the reusable memfd it went in; nil: a sealed one
 }
 
 // Close closes the channel's end (a send waiting on it fails) and the
 // sender's memfds.
 func (c *Conn) Close() error {
 	err := c.c.Close()
+	c.maps.close()
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	for _, u := range c.unacked {
-		if u.f != nil {
-			_ = u.f.Close()
+		if u.r != nil {
+			u.r.close()
 		}
 	}
-	for _, f := range c.pool {
-		_ = f.Close()
+	for _, r := range c.pool {
+		r.close()
 	}
 	c.unacked, c.pool = nil, nil
 	return err
@@ -193,14 +204,14 @@ func (c *Conn) Send(ctx context.Context, tag int64, data []byte) error {
 	kind, f := byte(kindMemfd), sealed
 	if sealed == nil {
 		var err error
-		if u.f, err = c.reusable(data); err != nil {
+		if u.r, err = c.reusable(data); err != nil {
 			return err
 		}
-		kind, f = kindCopy, u.f
+		kind, f = kindCopy, u.r.f
 	}
 	if err := c.sendFrame(ctx, [][]byte{header(kind, tag, size)}, unix.UnixRights(int(f.Fd()))); err != nil {
-		if u.f != nil {
-			c.pool = append(c.pool, u.f) // not sent: free
+		if u.r != nil {
+			c.pool = append(c.pool, u.r) // not sent: free
 		}
 		return err
 	}
@@ -211,28 +222,22 @@ func (c *Conn) Send(ctx context.Context, tag int64, data []byte) error {
 
 // reusable returns a free reusable memfd holding data at offset 0 (under
 // wmu): one credited back, or a new one.
-func (c *Conn) reusable(data []byte) (*os.File, error) {
-	var f *os.File
+func (c *Conn) reusable(data []byte) (*reused, error) {
+	var r *reused
 	if n := len(c.pool); n > 0 {
-		f, c.pool = c.pool[n-1], c.pool[:n-1]
+		r, c.pool = c.pool[n-1], c.pool[:n-1]
 	} else {
-		fd, err := unix.MemfdCreate("ziptrail:direct", unix.MFD_CLOEXEC)
-		if err != nil {
-			return nil, fmt.Errorf("memfd_create: %w", err)
-		}
-		f = os.NewFile(uintptr(fd), "memfd")
-		// Pages are allocated as written, and stay for the next message.
-		if err := f.Truncate(CopyMax); err != nil {
-			_ = f.Close()
-			return nil, fmt.Errorf("memfd size: %w", err)
+		var err error
+		if r, err = newReused(); err != nil {
+			return nil, err
 		}
 		c.pooled++
 	}
-	if _, err := f.WriteAt(data, 0); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("memfd write: %w", err)
+	if err := r.write(data); err != nil {
+		r.close()
+		return nil, err
 	}
-	return f, nil
+	return r, nil
 }
 
 // credits reads the receiver's credit frames (under wmu): those already
@@ -250,11 +255,11 @@ func (c *Conn) credits(wait bool) error {
 		u := c.unacked[0]
 		c.unacked = c.unacked[1:]
 		c.inflight -= n
-		if u.f != nil {
+		if u.r != nil {
 			if len(c.pool) < poolKeep {
-				c.pool = append(c.pool, u.f)
+				c.pool = append(c.pool, u.r)
 			} else {
-				_ = u.f.Close()
+				u.r.close()
 			}
 		}
 		wait = false
@@ -354,11 +359,13 @@ func (c *Conn) credit(wait bool) (size uint64, ok bool, _ error) {
 }
 
 // Message is a received message: Data, which for a memfd message is a
-// read-only mapping (Mapped) to unmap with samenode.Unmap.
+// read-only mapping (Mapped) to unmap with samenode.Unmap, and for one
+// in a buffer Conn.Alloc gave is that buffer (Recycled).
 type Message struct {
-	Tag    int64
-	Data   []byte
-	Mapped bool
+	Tag      int64
+	Data     []byte
+	Mapped   bool
+	Recycled bool
 }
 
 // Recv reads the next message; io.EOF when the sender's end closed.
@@ -378,7 +385,9 @@ func (c *Conn) Recv() (Message, error) {
 		if size != uint64(n) || n > InlineMax {
 			return Message{}, fmt.Errorf("%w: inline frame of %d bytes announcing %d", ErrFrame, n, size)
 		}
-		return Message{Tag: tag, Data: append([]byte{}, c.buf[:n]...)}, nil
+		data, recycled := c.alloc(tag, n)
+		copy(data, c.buf[:n])
+		return Message{Tag: tag, Data: data, Recycled: recycled}, nil
 	case kindMemfd:
 		return c.recvMemfd(tag, size)
 	case kindCopy:
@@ -446,24 +455,29 @@ func (c *Conn) frame(body []byte, memfd bool) (n int, kind byte, tag int64, size
 
 // recvCopy copies a reused memfd's message out (c.fd) and credits the
 // sender, who may then write into it again: what the receiver holds is
-// what it read, whatever the sender does with its memfd afterwards.
+// what it copied, whatever the sender does with its memfd afterwards.
 func (c *Conn) recvCopy(tag int64, size uint64) (Message, error) {
 	f := os.NewFile(uintptr(c.fd), "memfd")
 	defer f.Close()
 	if size <= InlineMax || size > CopyMax {
 		return Message{}, fmt.Errorf("%w: a copied memfd message of %d bytes", ErrFrame, size)
 	}
-	// A memfd only (F_GET_SEALS fails on anything else): a pipe, a
-	// socket or a FUSE file could hold the read forever.
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil {
-		return Message{}, fmt.Errorf("%w: the descriptor of a copy frame is not a memfd: %v", ErrFrame, err)
-	}
-	data := make([]byte, size)
-	if _, err := f.ReadAt(data, 0); err != nil {
-		return Message{}, fmt.Errorf("%w: reading a copied memfd message of %d bytes: %v", ErrFrame, size, err)
+	data, recycled := c.alloc(tag, int(size))
+	if err := c.maps.copyOut(f, data); err != nil {
+		return Message{}, err
 	}
 	c.sendCredit(size)
-	return Message{Tag: tag, Data: data}, nil
+	return Message{Tag: tag, Data: data, Recycled: recycled}, nil
+}
+
+// alloc is the buffer of a received message (Alloc's, or a new one).
+func (c *Conn) alloc(tag int64, n int) (b []byte, recycled bool) {
+	if c.Alloc != nil {
+		if b = c.Alloc(tag, n); b != nil {
+			return b[:n], true
+		}
+	}
+	return make([]byte, n), false
 }
 
 // sendCredit credits the sender (never blocks: at most

@@ -176,17 +176,7 @@ func rawHeader(kind byte, tag int64, size uint64) []byte {
 // descriptor closed, never a message that is not what the frame says
 // and never a read that hangs.
 func TestHostileCopyFrames(t *testing.T) {
-	memfd := func(size int) *os.File {
-		fd, err := unix.MemfdCreate("x", unix.MFD_CLOEXEC)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := os.NewFile(uintptr(fd), "memfd")
-		if err := f.Truncate(int64(size)); err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	memfd := func(size int) *os.File { return testMemfd(t, size, 0) }
 	pipe := func() *os.File {
 		pr, pw, err := os.Pipe()
 		if err != nil {
@@ -208,9 +198,11 @@ func TestHostileCopyFrames(t *testing.T) {
 		b   []byte
 		fds []*os.File
 	}{
-		"a pipe":                  {rawHeader(kindCopy, 0, mib), []*os.File{pipe()}},
-		"a regular file":          {rawHeader(kindCopy, 0, mib), []*os.File{regular()}},
-		"a memfd short of size":   {rawHeader(kindCopy, 0, mib), []*os.File{memfd(mib - 1)}},
+		"a pipe":                {rawHeader(kindCopy, 0, mib), []*os.File{pipe()}},
+		"a regular file":        {rawHeader(kindCopy, 0, mib), []*os.File{regular()}},
+		"a memfd short of size": {rawHeader(kindCopy, 0, mib), []*os.File{memfd(mib - 1)}},
+		"a sealed memfd short of size": {rawHeader(kindCopy, 0, mib),
+			[]*os.File{testMemfd(t, mib-1, fixedSize)}},
 		"no descriptor":           {rawHeader(kindCopy, 0, mib), nil},
 		"two descriptors":         {rawHeader(kindCopy, 0, mib), []*os.File{memfd(mib), memfd(mib)}},
 		"bytes with it":           {append(rawHeader(kindCopy, 0, mib), 1, 2, 3), []*os.File{memfd(mib)}},
@@ -256,6 +248,71 @@ func TestHostileCopyFrames(t *testing.T) {
 				t.Fatal("the receive hangs")
 			}
 		})
+	}
+}
+
+// testMemfd is a memfd of size bytes with seals.
+func testMemfd(t *testing.T, size int, seals int) *os.File {
+	t.Helper()
+	fd, err := unix.MemfdCreate("x", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "memfd")
+	if err := f.Truncate(int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	if seals != 0 {
+		if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// Copy frames of every size in the range, in an order that writes past
+// what a reused memfd had been written before and then less again: each
+// arrives whole, whether the receiver copies it out of its mapping or,
+// for a memfd its sender could still shrink, with pread.
+func TestCopyFramesOfChangingSizes(t *testing.T) {
+	s, r := pair(t)
+	ctx := context.Background()
+	sizes := []int{InlineMax + 1, 3 << 20, 200 << 10, CopyMax, 1 << 20, CopyMax - 1, InlineMax + 4096}
+	for i, n := range sizes {
+		want := fill(n, byte(i+1))
+		if err := s.Send(ctx, int64(i), want); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := r.Recv(); err != nil || !bytes.Equal(m.Data, want) {
+			t.Fatalf("message %d of %d bytes: %v", i, n, err)
+		}
+	}
+	r.maps.mu.Lock()
+	mapped := len(r.maps.m)
+	r.maps.mu.Unlock()
+	if mapped != 1 {
+		t.Fatalf("the receiver holds %d mappings of the sender's one memfd; want 1", mapped)
+	}
+
+	// A sender (another implementation) whose memfd is not sealed: read
+	// with pread, nothing mapped.
+	s2, r2 := pair(t)
+	var fd int
+	_ = s2.raw.Control(func(x uintptr) { fd = int(x) })
+	f := testMemfd(t, 1<<20, 0)
+	want := fill(1<<20, 9)
+	if _, err := f.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Sendmsg(fd, rawHeader(kindCopy, 3, 1<<20), unix.UnixRights(int(f.Fd())), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if m, err := r2.Recv(); err != nil || m.Tag != 3 || !bytes.Equal(m.Data, want) {
+		t.Fatalf("an unsealed copy frame: %v", err)
+	}
+	if len(r2.maps.m) != 0 {
+		t.Fatal("an unsealed memfd was mapped")
 	}
 }
 

@@ -86,7 +86,9 @@ func echo(ctx context.Context, b *ziptrail.Group, total int) error {
 		}
 		touch(m.Bytes())
 		err = b.Send(ctx, 0, 7, m.Bytes())
-		m.Close()
+		if cerr := m.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("closing a received message: %w", cerr)
+		}
 		if err != nil {
 			return err
 		}
@@ -122,7 +124,9 @@ func roundTrips(ctx context.Context, a *ziptrail.Group, data []byte, n int, echo
 			m.Close()
 			return nil, fmt.Errorf("the echo has %d bytes, sent %d", m.Size, len(data))
 		}
-		m.Close()
+		if err := m.Close(); err != nil {
+			return nil, fmt.Errorf("closing a received message: %w", err)
+		}
 		if i >= warmups {
 			rtts = append(rtts, rtt)
 		}

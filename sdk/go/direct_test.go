@@ -447,3 +447,65 @@ func listening(ctx context.Context, port int, exited <-chan struct{}) bool {
 		}
 	}
 }
+
+// memfdMappings counts this process's mappings of message memfds.
+func memfdMappings(t *testing.T) int {
+	t.Helper()
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Count(maps, []byte("memfd:ziptrail:msg"))
+}
+
+// TestDirectLargeMessagesAreUnmapped: a message over directmsg.CopyMax
+// arrives as a sealed memfd the receiver maps; Message.Close unmaps it,
+// for a plain receive and a collective's result alike. (Close used
+// syscall.Munmap, which does not know x/sys/unix's mappings: every such
+// message stayed mapped, 64 MB each in bench/messaging.)
+func TestDirectLargeMessagesAreUnmapped(t *testing.T) {
+	op := testservers.StartOperator(t)
+	dir := nodeDir(t)
+	a := startNodePod(t, op, "ns", "pod-a", "node-a", dir, "")
+	b := startNodePod(t, op, "ns", "pod-b", "node-a", dir, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	gs := joinAll(t, ctx, []*sidecar{a, b}, "s1", "g", 2)
+	before := memfdMappings(t)
+	big := bytes.Repeat([]byte{7}, directmsg.CopyMax+1)
+	for i := range 8 {
+		if err := gs[0].Send(ctx, 1, 1, big); err != nil {
+			t.Fatal(err)
+		}
+		m, err := gs[1].Recv(ctx, 0, 1)
+		if err != nil || !m.Mapped() || !bytes.Equal(m.Bytes(), big) {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if err := m.Close(); err != nil {
+			t.Fatalf("close %d: %v", i, err)
+		}
+	}
+	errs := eachMember(gs, func(g *Group) error {
+		var data []byte
+		if g.Rank() == 0 {
+			data = big
+		}
+		m, err := g.Broadcast(ctx, 0, data)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(m.Bytes(), big) {
+			return fmt.Errorf("rank %d: the broadcast differs", g.Rank())
+		}
+		return m.Close()
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	allDirect(t, gs)
+	if n := memfdMappings(t); n != before {
+		t.Fatalf("%d message memfds still mapped after every message was closed (%d before)", n, before)
+	}
+}

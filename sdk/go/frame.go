@@ -214,7 +214,7 @@ func (g *Group) crecv(ctx context.Context, from int, tag int64) (typ byte, hdr [
 	} else {
 		var data []byte
 		typ, hdr, data, err = parseInline(resp.data)
-		m = &Message{data: data, Size: int64(len(data)), buf: resp.mapping}
+		m = &Message{data: data, Size: int64(len(data)), buf: resp.mapping, memfd: resp.mapping != nil}
 		if err != nil {
 			resp.release()
 		}

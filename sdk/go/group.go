@@ -10,6 +10,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 )
 
 // Direct messages between function instances (issue 16, after Pikachu):
@@ -259,6 +260,9 @@ type Message struct {
 	data []byte
 	buf  []byte    // the whole mapping, when mapped
 	rec  *recycler // data is a recycled buffer (WithRecycledBuffers)
+	// memfd: buf maps a direct channel's memfd (samenode.MapSealed), in
+	// x/sys/unix's table of mappings: syscall.Munmap would not find it.
+	memfd bool
 }
 
 // Bytes returns the message's data, read-only; for a mapped message, and
@@ -281,7 +285,12 @@ func (m *Message) Close() error {
 	if m == nil || m.buf == nil {
 		return nil
 	}
-	err := (&Object{data: m.buf, mapped: true}).Close()
+	var err error
+	if m.memfd {
+		err = samenode.Unmap(m.buf)
+	} else {
+		err = (&Object{data: m.buf, mapped: true}).Close()
+	}
 	m.buf, m.data = nil, nil
 	return err
 }
@@ -304,7 +313,7 @@ func (g *Group) recv(ctx context.Context, op string, from int, tag int64, anyTag
 	if err != nil {
 		return nil, err
 	}
-	m := &Message{From: resp.from, Tag: resp.tag, data: resp.data, buf: resp.mapping, rec: resp.rec}
+	m := &Message{From: resp.from, Tag: resp.tag, data: resp.data, buf: resp.mapping, memfd: resp.mapping != nil, rec: resp.rec}
 	if resp.path != "" {
 		data, mapped, err := mapFile(resp.path, true)
 		if err != nil {

@@ -34,7 +34,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -176,20 +175,13 @@ func main() {
 				fmt.Printf(", each run with the cores left to it by the machine's other work (%s)", *coresFrom)
 			}
 			fmt.Printf("\n\n")
-			printTable(os.Stdout, rep)
-			printCPU(os.Stdout, rep)
-			printPhases(os.Stdout, rep)
-			printWindows(os.Stdout, rep)
-			printPhaseCPU(os.Stdout, rep)
+			printReport(os.Stdout, rep, true)
 			return
 		}
 		if err := writeChart(filepath.Join(o.out, "sort.png"), rep.Runs); err != nil {
 			fail(err)
 		}
-		printTable(os.Stdout, rep)
-		printPhases(os.Stdout, rep)
-		printWindows(os.Stdout, rep)
-		printPhaseCPU(os.Stdout, rep)
+		printReport(os.Stdout, rep, false)
 		return
 	}
 	o.ray = !*noRay
@@ -435,164 +427,28 @@ func run(o options) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	total := len(o.sizes) * (len(o.methods) + map[bool]int{true: 1}[o.ray])
-	step := 0
+	rn := &runner{o: o, ctx: ctx, c: c, rdb: rdb, m: m, cal: &cal, compute: compute, podMemPerPod: podMemPerPod,
+		maxRounds: maxRounds, rayPython: rayPython, examples: examples, rep: rep, write: write,
+		total: len(o.sizes) * (len(o.methods) + map[bool]int{true: 1}[o.ray])}
 	for _, size := range o.sizes {
-		records := size / 100
-		parts := int(max(4, size/partitionBytes))
-		taskRecords := min(o.taskBytes/100, max(1, records/4))
-		fastCap := int64(math.Floor(o.fastFraction * float64(size)))
-		roundCap := int64(math.Floor(o.roundFrac * float64(size)))
+		sz := newSizeRun(o, size)
 		var first *Run
 		for _, method := range o.methods {
-			step++
-			r := Run{System: "ziptrail", Method: method, Bytes: records * 100, Records: records, Partitions: parts,
-				FastCap: fastCap, LoadBefore: loadavg()}
-			rounds := 1
-			if method == "hybrid" {
-				rounds = int(math.Ceil(float64(records*100) / float64(roundCap)))
-				r.Rounds = rounds
-			}
-			r.MapTasks = mapTasks(records, taskRecords, rounds)
-			cfg := model.Config{Method: model.Method(method), DataBytes: float64(r.Bytes), Parallelism: workers,
-				WorkerMemory: float64(podMemPerPod) / cal.Params.PodStoreFraction, FastCapacity: float64(fastCap),
-				MapTasks: r.MapTasks, Partitions: parts, Compute: compute, SDK: sortSDK}
-			if method == "hybrid" {
-				cfg.RoundBytes = float64(roundCap)
-			}
-			pred, perr := m.Predict(cfg)
-			cfg.Compute = model.Compute{}
-			predIO, _ := m.Predict(cfg)
-			switch {
-			case method == "redis" && r.Bytes > fastCap:
-				r.Skipped = fmt.Sprintf("%s does not fit in the fast tier's cap of %s (%.0f %% of the data)", human(r.Bytes), human(fastCap), 100*o.fastFraction)
-			case method == "hybrid" && rounds > maxRounds:
-				r.Skipped = fmt.Sprintf("%d rounds: the workflow declares %d", rounds, maxRounds)
-			case method == "podmemory" && 2*r.Bytes > workers*podMemPerPod:
-				// The model's check (D ≤ P·memoryLimitPerPod) would allow up to
-				// 4 GiB; Knative does not spread the map tasks evenly over the 8
-				// pods, so a pod's object store must have room for twice its share.
-				r.Skipped = fmt.Sprintf("%s does not fit in half of the map pods' object stores (%d pods × %s memoryLimitPerPod; uneven placement needs the headroom)",
-					human(r.Bytes), workers, human(podMemPerPod))
-			case perr != nil:
-				r.Skipped = perr.Error()
-			}
-			if perr == nil {
-				r.Predicted, r.PredictedNoCPU, r.Prediction = pred.Seconds, predIO.Seconds, &pred
-			}
-			if r.Skipped != "" {
-				logf("[%d/%d] %s via %s: skipped: %s", step, total, human(r.Bytes), method, r.Skipped)
-				rep.Runs = append(rep.Runs, r)
-				write()
-				continue
-			}
-			params := map[string]any{"method": method, "bytes": r.Bytes, "seed": o.seed, "partitions": parts,
-				"taskRecords": taskRecords, "job": fmt.Sprintf("sort%d%s", size/MiB, method)}
-			if method == "hybrid" {
-				params["fastCapacity"] = roundCap
-			}
-			// The fast tier's cap: what Redis holds already (the engine's
-			// checkpoint, earlier sessions' leftovers) plus the cap.
-			used := redisUsed(ctx, rdb)
-			if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
-				return err
-			}
-			if err := rdb.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used+fastCap, 10)).Err(); err != nil {
-				return err
-			}
-			logf("[%d/%d] %s via %s: started (%d partitions, %d map tasks, %d round(s); Redis maxmemory %s = %s in use + cap %s; predicted %s, %s without the compute term; load %s)",
-				step, total, human(r.Bytes), method, parts, r.MapTasks, rounds, human(used+fastCap), human(used), human(fastCap),
-				fmtSec(r.Predicted), fmtSec(r.PredictedNoCPU), r.LoadBefore)
-			peak := int64(0)
-			stop := watchRedis(ctx, rdb, &peak)
-			invoked := newInvocationLog()
-			sampler := sampleCPU(time.Second)
-			res, s, err := session(c.GatewayURL, c.GatewayToken, params, o.timeout, func(el time.Duration, what string) {
-				logf("[%d/%d] %s via %s: running, %s elapsed (Redis %s used; %s)", step, total, human(r.Bytes), method, el.Round(time.Second), human(redisUsed(ctx, rdb)), what)
-			}, invoked.add)
-			stop()
-			samples := sampler.stop()
-			r.Functions, r.MissedEvents = invoked.times()
-			r.PeakRedisMemory = peak - used
-			r.LoadAfter = loadavg()
-			_ = rdb.ConfigSet(ctx, "maxmemory", "0").Err()
+			r, err := rn.ziptrail(sz, method, first)
 			if err != nil {
-				r.Failed = err.Error()
-				logf("[%d/%d] %s via %s: FAILED: %v", step, total, human(r.Bytes), method, err)
-				rep.Runs = append(rep.Runs, r)
-				write()
-				continue
-			}
-			var v struct {
-				Valid           bool    `json:"valid"`
-				SHA256          string  `json:"sha256"`
-				Rounds          int     `json:"rounds"`
-				ValidateSeconds float64 `json:"validateSeconds"`
-			}
-			_ = json.Unmarshal(res, &v)
-			r.Result, r.Valid, r.SHA256, r.ValidateSeconds = res, v.Valid, v.SHA256, v.ValidateSeconds
-			r.Seconds = s.Ended.Sub(s.Started).Seconds()
-			r.SortSeconds = r.Seconds - r.ValidateSeconds
-			r.Rounds = max(r.Rounds, v.Rounds)
-			r.CPU = cpuWindows(samples, s.Started, r.Functions, r.SortSeconds)
-			if r.Predicted > 0 {
-				e := 100 * (r.Predicted - r.SortSeconds) / r.SortSeconds
-				r.ErrorPct = &e
+				return err
 			}
 			if first == nil {
-				first = &r
-			} else {
-				same := r.SHA256 == first.SHA256
-				r.SameOutput = &same
-			}
-			logf("[%d/%d] %s via %s: done in %s (sort %s + validation %s), valid %v, sha256 %.12s…; predicted %s (%+.0f %%); peak Redis +%s; load %s",
-				step, total, human(r.Bytes), method, fmtSec(r.Seconds), fmtSec(r.SortSeconds), fmtSec(r.ValidateSeconds), r.Valid, r.SHA256,
-				fmtSec(r.Predicted), deref(r.ErrorPct), human(r.PeakRedisMemory), r.LoadAfter)
-			rep.Runs = append(rep.Runs, r)
-			write()
-			if first == &r { // keep pointing at the stored run
-				first = &rep.Runs[len(rep.Runs)-1]
+				first = r
 			}
 		}
 		if o.ray {
-			step++
-			r := Run{System: "ray", Method: "ray", Bytes: records * 100, Records: records, Partitions: parts,
-				MapTasks: mapTasks(records, taskRecords, 1), FastCap: fastCap, LoadBefore: loadavg()}
-			logf("[%d/%d] %s via Ray (object store %s, 2 CPUs): started (load %s)", step, total, human(r.Bytes), human(fastCap), r.LoadBefore)
-			res, err := rayRun(rayPython, examples, o.seed, records, parts, taskRecords, fastCap, o.timeout)
-			r.LoadAfter = loadavg()
-			if err != nil {
-				r.Failed = err.Error()
-				logf("[%d/%d] %s via Ray: FAILED: %v", step, total, human(r.Bytes), err)
-			} else {
-				var v struct {
-					Valid           bool    `json:"valid"`
-					SHA256          string  `json:"sha256"`
-					Seconds         float64 `json:"seconds"`
-					SortSeconds     float64 `json:"sortSeconds"`
-					ValidateSeconds float64 `json:"validateSeconds"`
-				}
-				_ = json.Unmarshal(res, &v)
-				r.Result, r.Valid, r.SHA256 = res, v.Valid, v.SHA256
-				r.Seconds, r.SortSeconds, r.ValidateSeconds = v.Seconds, v.SortSeconds, v.ValidateSeconds
-				if first != nil {
-					same := r.SHA256 == first.SHA256
-					r.SameOutput = &same
-				}
-				logf("[%d/%d] %s via Ray: done in %s (sort %s + validation %s), valid %v, sha256 %.12s…, same as ziptrail's: %v; load %s",
-					step, total, human(r.Bytes), fmtSec(r.Seconds), fmtSec(r.SortSeconds), fmtSec(r.ValidateSeconds), r.Valid, r.SHA256,
-					r.SameOutput != nil && *r.SameOutput, r.LoadAfter)
-			}
-			rep.Runs = append(rep.Runs, r)
-			write()
+			rn.ray(sz, first)
 		}
 	}
 	rep.LoadAverages = append(rep.LoadAverages, "end: "+loadavg())
 	write()
-	printTable(os.Stdout, rep)
-	printPhases(os.Stdout, rep)
-	printWindows(os.Stdout, rep)
-	printPhaseCPU(os.Stdout, rep)
+	printReport(os.Stdout, rep, false)
 	fmt.Printf("\nwrote %s and %s\n", filepath.Join(o.out, "sort.json"), filepath.Join(o.out, "sort.png"))
 	return nil
 }

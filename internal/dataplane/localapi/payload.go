@@ -6,11 +6,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
+	"time"
 
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/sys/unix"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
@@ -122,4 +127,136 @@ func shmRoom(dir string) bool {
 		return true
 	}
 	return st.Bavail*2 >= st.Blocks || st.Bavail*uint64(st.Bsize) >= 1<<30
+}
+
+// load reads a request's object. Payload files are read only while the
+// bytes of all puts still waiting for the store stay under its cap, so a
+// burst of puts into a full pod waits in the shared-memory files instead
+// of growing the sidecar's heap. release ends the reservation once the
+// object is stored (or refused).
+func (s *Server) load(ctx context.Context, p *sidecarv1.Payload) (data []byte, release func(), err error) {
+	s.initOnce.Do(func() { s.inflight = semaphore.NewWeighted(s.limit()) })
+	var held int64
+	data, err = readPayload(ctx, s.Dir, p, s.limit(), func(ctx context.Context, n int64) error {
+		wctx, cancel := s.memoryWait(ctx)
+		defer cancel()
+		if err := s.inflight.Acquire(wctx, n); err != nil {
+			return storeFull(wctx, fmt.Errorf("waiting to read the object: %w", err))
+		}
+		held = n
+		return nil
+	})
+	release = func() {
+		if held > 0 {
+			s.inflight.Release(held)
+			held = 0
+		}
+	}
+	if err != nil {
+		release()
+		return nil, func() {}, err
+	}
+	return data, release, nil
+}
+
+// loaded is a request's object: bytes in the heap, or (free set) a
+// mapping of the payload file, which stays the object's storage.
+type loaded struct {
+	data []byte
+	free func() // unmaps the file, unless the store took it
+}
+
+// loadObject reads a request's object for the store. A payload file
+// above the inline threshold is not read: it is mapped, and the mapping
+// becomes the object's storage (no copy into the sidecar's heap; the
+// store's cap still counts it, and freeing the object unmaps it). release
+// frees what the store did not take.
+//
+// With returnTo (a client's id, see putreturn.go) the file keeps its name
+// and goes back to that client once the stored object is freed; a file
+// the store did not take is left to the client. While the directory is
+// short of room (shmRoom) no file is kept, the client's neither: it is
+// read and removed, and its name goes back at once so that the client
+// unmaps it.
+func (s *Server) loadObject(ctx context.Context, p *sidecarv1.Payload, returnTo string) (*loaded, func(), error) {
+	path := p.GetPath()
+	if path != "" && shmRoom(s.Dir) {
+		var kept *parkedMaps
+		if returnTo != "" && !strings.ContainsRune(filepath.Base(path), ',') {
+			kept = s.returned().maps
+		}
+		data, unmap, park, err := mapPayload(s.Dir, path, s.limit(), int64(s.InlineThreshold), kept)
+		if err != nil {
+			return nil, func() {}, err
+		}
+		if unmap != nil {
+			free := unmap
+			if kept != nil {
+				name := filepath.Base(path)
+				free = func() {
+					park()
+					s.returned().add(returnTo, name)
+				}
+			}
+			obj := &loaded{data: data, free: free}
+			return obj, func() {
+				if obj.free != nil {
+					unmap()
+					obj.free = nil
+				}
+			}, nil
+		}
+	}
+	data, release, err := s.load(ctx, p)
+	if err == nil && path != "" && returnTo != "" && !strings.ContainsRune(filepath.Base(path), ',') {
+		// Read and removed (the directory is short of room): the client
+		// hears of it with its next call and lets its mapping of the file
+		// go, which gives the pages back.
+		s.returned().add(returnTo, filepath.Base(path))
+	}
+	return &loaded{data: data}, release, err
+}
+
+// put stores an object and seals a reference to it; the store takes a
+// mapped object's file over.
+func (s *Server) put(ctx context.Context, m store.Meta, obj *loaded) (string, error) {
+	kr, err := s.keys(ctx)
+	if err != nil {
+		return "", err
+	}
+	wctx, cancel := s.memoryWait(ctx)
+	defer cancel()
+	if err := s.Store.PutOwned(wctx, m, obj.data, obj.free); err != nil {
+		return "", storeFull(wctx, err)
+	}
+	obj.free = nil // the store's now
+	rec := ref.Record{Addr: s.Addr, Key: m.ID, Expires: m.Expires, Reads: m.Reads}
+	if s.Sealing != nil {
+		rec = s.Sealing(rec)
+	}
+	r, err := kr.Seal(rec)
+	if err != nil {
+		s.Store.Remove(m.ID)
+		return "", err
+	}
+	return r, nil
+}
+
+// memoryWait bounds a wait for room in the store by PutTimeout (default
+// 30 s), with errStoreFull as the cause when that bound is what ends it.
+func (s *Server) memoryWait(ctx context.Context) (context.Context, context.CancelFunc) {
+	timeout := s.PutTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	return context.WithTimeoutCause(ctx, timeout, errStoreFull)
+}
+
+// storeFull names a wait that PutTimeout ended; other errors (the
+// caller's deadline or cancellation among them) pass unchanged.
+func storeFull(wctx context.Context, err error) error {
+	if errors.Is(context.Cause(wctx), errStoreFull) {
+		return fmt.Errorf("%w: %v", errStoreFull, err)
+	}
+	return err
 }

@@ -337,7 +337,7 @@ func (b *PutBuffer) Put(ctx context.Context, req *sidecarv1.PutRequest) (*sideca
 // putMemfd seals f (unless it is) and hands it over on the object socket.
 func (c *Client) putMemfd(ctx context.Context, f *os.File, size int64, req *sidecarv1.PutRequest) (*sidecarv1.PutResponse, error) {
 	if seals, _ := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); seals&samenode.RequiredSeals != samenode.RequiredSeals {
-		if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, samenode.RequiredSeals); err != nil {
+		if err := samenode.AddSeals(int(f.Fd()), samenode.RequiredSeals); err != nil {
 			return nil, &PayloadError{Err: fmt.Errorf("seal the memfd: %w", err)}
 		}
 	}

@@ -56,6 +56,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -208,11 +209,37 @@ func newSealedMemfd(name string, data []byte) (*os.File, error) {
 			off += n
 		}
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, RequiredSeals); err != nil {
+	if err := AddSeals(fd, RequiredSeals); err != nil {
 		_ = f.Close()
 		return nil, fmt.Errorf("memfd seal: %w", err)
 	}
 	return f, nil
+}
+
+// sealAttempts is how many times AddSeals asks the kernel.
+const sealAttempts = 5
+
+// AddSeals adds seals to the memfd fd. Adding F_SEAL_WRITE fails with
+// EBUSY while a page of the file has a reference other than the page
+// cache's; the kernel waits about 150 ms for such references to go first
+// (the page-cache batches of every CPU drained, then four waits). A page
+// the kernel is migrating holds one for a moment, and under memory
+// compaction on a loaded machine that can outlast the kernel's wait (seen
+// once in CI, a sealed 6 MiB message's send failing). With no writable
+// mapping of the file, EBUSY is such a transient reference: asked again,
+// a little later each time. A writable shared mapping makes every attempt
+// fail at once: EBUSY after sealAttempts.
+func AddSeals(fd int, seals int) error {
+	var err error
+	for i := range sealAttempts {
+		if i > 0 {
+			time.Sleep(time.Duration(i) * 10 * time.Millisecond)
+		}
+		if _, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); !errors.Is(err, unix.EBUSY) {
+			return err
+		}
+	}
+	return err
 }
 
 // checkSealed verifies that fd is a memfd of size bytes carrying every

@@ -592,3 +592,37 @@ func TestConnectionReuse(t *testing.T) {
 	}
 	o.Close()
 }
+
+// AddSeals seals a memfd; while a writable shared mapping of it exists
+// the kernel refuses F_SEAL_WRITE with EBUSY every time, and AddSeals
+// gives up with EBUSY after its attempts (a transient EBUSY, a page the
+// kernel is migrating, is what the attempts are for).
+func TestAddSeals(t *testing.T) {
+	memfd := func() int {
+		fd, err := unix.MemfdCreate("t", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		if err := unix.Ftruncate(fd, 8192); err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	fd := memfd()
+	if err := AddSeals(fd, RequiredSeals); err != nil {
+		t.Fatal(err)
+	}
+	if seals, _ := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0); seals&RequiredSeals != RequiredSeals {
+		t.Fatalf("seals %#x", seals)
+	}
+	fd = memfd()
+	m, err := unix.Mmap(fd, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	if err := AddSeals(fd, RequiredSeals); !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("sealing a memfd mapped writable: %v; want EBUSY", err)
+	}
+}

@@ -30,6 +30,7 @@ received descriptor closed); the caller drops the channel.
 from __future__ import annotations
 
 import array
+import errno
 import fcntl
 import os
 import select
@@ -98,6 +99,20 @@ def header(kind: int, tag: int, size: int) -> bytes:
 
 # --- sending ----------------------------------------------------------------------
 
+def add_seals(fd: int, seals: int, attempts: int = 5) -> None:
+    """Adds seals to a memfd. F_SEAL_WRITE fails with EBUSY while a page has
+    a transient extra reference (one the kernel is migrating) that outlasts
+    the kernel's own ~150 ms wait; with no writable mapping that passes, so
+    it is asked again (as the Go side's samenode.AddSeals)."""
+    for attempt in range(attempts):
+        try:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or attempt == attempts - 1:
+                raise
+
+
 def sealed_memfd(parts: list[tuple[int, Any]], size: int) -> int:
     """A new memfd of ``size`` bytes with each (offset, buffer) of parts
     written at its offset, sealed read-only. One copy of the bytes."""
@@ -109,7 +124,7 @@ def sealed_memfd(parts: list[tuple[int, Any]], size: int) -> int:
             done = 0
             while done < mv.nbytes:
                 done += os.pwrite(fd, mv[done:done + (1 << 30)], off + done)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+        add_seals(fd, SEALS)
     except BaseException:
         os.close(fd)
         raise

@@ -448,6 +448,17 @@ func listening(ctx context.Context, port int, exited <-chan struct{}) bool {
 	}
 }
 
+// twoOnANode joins ranks 0 and 1 of group g (session s1) from two pods
+// of one node, each behind its real sidecar.
+func twoOnANode(t *testing.T, ctx context.Context, opts ...JoinOption) []*Group {
+	t.Helper()
+	op := testservers.StartOperator(t)
+	dir := nodeDir(t)
+	a := startNodePod(t, op, "ns", "pod-a", "node-a", dir, "")
+	b := startNodePod(t, op, "ns", "pod-b", "node-a", dir, "")
+	return joinAll(t, ctx, []*sidecar{a, b}, "s1", "g", 2, opts...)
+}
+
 // memfdMappings counts this process's mappings of message memfds.
 func memfdMappings(t *testing.T) int {
 	t.Helper()
@@ -464,13 +475,9 @@ func memfdMappings(t *testing.T) int {
 // syscall.Munmap, which does not know x/sys/unix's mappings: every such
 // message stayed mapped, 64 MB each in bench/messaging.)
 func TestDirectLargeMessagesAreUnmapped(t *testing.T) {
-	op := testservers.StartOperator(t)
-	dir := nodeDir(t)
-	a := startNodePod(t, op, "ns", "pod-a", "node-a", dir, "")
-	b := startNodePod(t, op, "ns", "pod-b", "node-a", dir, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	gs := joinAll(t, ctx, []*sidecar{a, b}, "s1", "g", 2)
+	gs := twoOnANode(t, ctx)
 	before := memfdMappings(t)
 	big := bytes.Repeat([]byte{7}, directmsg.CopyMax+1)
 	for i := range 8 {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/directmsg"
-	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
 func TestRecyclerClasses(t *testing.T) {
@@ -43,13 +42,9 @@ func TestRecyclerClasses(t *testing.T) {
 // the buffers Close gave back; messages never closed hold at most 64 MiB
 // before new ones get buffers of their own, whole as well.
 func TestDirectRecycledBuffers(t *testing.T) {
-	op := testservers.StartOperator(t)
-	dir := nodeDir(t)
-	a := startNodePod(t, op, "ns", "pod-a", "node-a", dir, "")
-	b := startNodePod(t, op, "ns", "pod-b", "node-a", dir, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	gs := joinAll(t, ctx, []*sidecar{a, b}, "s1", "g", 2, WithRecycledBuffers())
+	gs := twoOnANode(t, ctx, WithRecycledBuffers())
 	sizes := []int{100, 20 << 10, 1 << 20, 1000000, 3 << 20, 6 << 20, 64 << 10}
 	payload := func(i, n int) []byte {
 		d := make([]byte, n)

@@ -99,7 +99,10 @@ func (c *Client) Close() error {
 // messages is the client of the sidecar's messaging socket (Group.Send and
 // Recv), made on first use; it connects as needed.
 func (c *Client) messages() *localapi.MessageClient {
-	c.msgOnce.Do(func() { c.msg = localapi.NewMessageClient(localapi.MessageSocket(c.socket)) })
+	c.msgOnce.Do(func() {
+		c.msg = localapi.NewMessageClient(localapi.MessageSocket(c.socket))
+		c.msg.LendFiles = true // large messages' files go back to the sidecar at Close
+	})
 	return c.msg
 }
 

@@ -31,7 +31,9 @@ type inMsg struct {
 	from    int
 	tag     int64
 	data    []byte
-	path    string    // a sidecar-path file to map and remove
+	path    string // a sidecar-path file to map and remove (or, with token, release)
+	token   string // path is lent: released through mc, not removed
+	mc      *localapi.MemberChannel
 	mapping []byte    // a memfd's mapping (data is all of it)
 	rec     *recycler // data is a recycled buffer to give back to rec
 }
@@ -109,11 +111,24 @@ func (a *attached) add(m *inMsg) {
 	}
 }
 
+// giveBack returns what releases m's lent file once it is unmapped (nil:
+// not lent).
+func (m *inMsg) giveBack() func() {
+	if m.token == "" {
+		return nil
+	}
+	mc, token := m.mc, m.token
+	return func() { mc.Release(token) }
+}
+
 func (m *inMsg) release() {
 	if m.mapping != nil {
 		_ = samenode.Unmap(m.mapping)
 	}
-	if m.path != "" {
+	switch {
+	case m.token != "":
+		m.mc.Release(m.token)
+	case m.path != "":
 		_ = os.Remove(m.path)
 	}
 	if m.rec != nil {
@@ -177,6 +192,9 @@ func (a *attached) readMember() {
 			}
 		default:
 			m := &inMsg{from: int(p.Msg.From), tag: p.Msg.Tag, data: p.Msg.Data, path: p.Msg.Path}
+			if p.Msg.Token != "" {
+				m.token, m.mc = p.Msg.Token, a.mc
+			}
 			if m.path == "" && m.data == nil {
 				m.data = []byte{}
 			}

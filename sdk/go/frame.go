@@ -97,13 +97,15 @@ func writeFrameFile(dir string, typ byte, hdr, data []byte) (string, error) {
 
 // readFrameFile reads a message the sidecar wrote into a file (and
 // removes the file): its data is mapped when it starts at a page boundary.
-func readFrameFile(path string) (typ byte, hdr []byte, m *Message, err error) {
+func readFrameFile(path string, unlink bool) (typ byte, hdr []byte, m *Message, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, nil, nil, err
 	}
 	defer f.Close()
-	defer os.Remove(path)
+	if unlink {
+		defer os.Remove(path)
+	}
 	st, err := f.Stat()
 	if err != nil {
 		return 0, nil, nil, err
@@ -210,7 +212,14 @@ func (g *Group) crecv(ctx context.Context, from int, tag int64) (typ byte, hdr [
 		return 0, nil, nil, err
 	}
 	if resp.path != "" {
-		typ, hdr, m, err = readFrameFile(resp.path)
+		back := resp.giveBack()
+		typ, hdr, m, err = readFrameFile(resp.path, back == nil)
+		switch {
+		case err == nil && m.buf != nil:
+			m.back = back
+		case back != nil:
+			back() // read (or unreadable): the sidecar may fill it again
+		}
 	} else {
 		var data []byte
 		typ, hdr, data, err = parseInline(resp.data)

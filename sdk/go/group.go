@@ -220,11 +220,23 @@ func (g *Group) Send(ctx context.Context, to int, tag int64, data []byte) error 
 			return g.att.sendDirect(ctx, "send", c, to, tag, data)
 		}
 	}
-	p, err := g.c.api.Payload(data)
+	if err := g.checkRank("send", to); err != nil {
+		return err
+	}
+	inline, path, name, err := g.c.api.MessagePayload(data)
 	if err != nil {
 		return &Error{Kind: KindInternal, Op: "send", Err: fmt.Errorf("write to the shared-memory directory: %w", err)}
 	}
-	return g.send(ctx, "send", to, tag, p.GetInline(), p.GetPath())
+	if path == "" {
+		return g.send(ctx, "send", to, tag, inline, "")
+	}
+	// A file this client reuses: the sidecar gives it back once sent.
+	_, returned, err := g.c.messages().SendFile(ctx, g.session, g.name, uint32(g.rank), uint32(to), tag, path)
+	g.c.api.MessageSent(name, err == nil && returned)
+	if err != nil {
+		return peerError(messageError(ctx, "send", err), to)
+	}
+	return nil
 }
 
 // send sends data, or the shared-memory file at path, which the sidecar
@@ -260,6 +272,8 @@ type Message struct {
 	data []byte
 	buf  []byte    // the whole mapping, when mapped
 	rec  *recycler // data is a recycled buffer (WithRecycledBuffers)
+	// back releases buf's file, lent by the sidecar, once unmapped.
+	back func()
 	// memfd: buf maps a direct channel's memfd (samenode.MapSealed), in
 	// x/sys/unix's table of mappings: syscall.Munmap would not find it.
 	memfd bool
@@ -292,6 +306,10 @@ func (m *Message) Close() error {
 		err = (&Object{data: m.buf, mapped: true}).Close()
 	}
 	m.buf, m.data = nil, nil
+	if m.back != nil && err == nil {
+		m.back() // unmapped: the sidecar may fill the file again
+	}
+	m.back = nil
 	return err
 }
 
@@ -315,13 +333,20 @@ func (g *Group) recv(ctx context.Context, op string, from int, tag int64, anyTag
 	}
 	m := &Message{From: resp.from, Tag: resp.tag, data: resp.data, buf: resp.mapping, memfd: resp.mapping != nil, rec: resp.rec}
 	if resp.path != "" {
-		data, mapped, err := mapFile(resp.path, true)
+		back := resp.giveBack()
+		data, mapped, err := mapFile(resp.path, back == nil)
 		if err != nil {
+			if back != nil {
+				back()
+			}
 			return nil, &Error{Kind: KindInternal, Op: op, Err: err}
 		}
 		m.data = data
-		if mapped {
-			m.buf = data
+		switch {
+		case mapped:
+			m.buf, m.back = data, back
+		case back != nil:
+			back()
 		}
 	} else if m.data == nil {
 		m.data = []byte{}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -132,6 +133,39 @@ func startSidecar(t testing.TB, o sidecarOpts) *sidecar {
 	}
 	t.Cleanup(func() { s.client.Close() })
 	return s
+}
+
+// leftBeyondPool lists what is left in the shared-memory directory
+// besides the files the sidecar keeps to fill again (its pool: get-*, at
+// most 64 MiB in all) and the client's files its sends got back (put-*,
+// at most maxPut).
+func (s *sidecar) leftBeyondPool(t *testing.T, maxPut int) []string {
+	t.Helper()
+	entries, err := os.ReadDir(s.shm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	var pooled int64
+	puts := 0
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		switch {
+		case strings.HasPrefix(e.Name(), "get-"):
+			pooled += info.Size()
+		case strings.HasPrefix(e.Name(), "put-") && puts < maxPut:
+			puts++
+		default:
+			left = append(left, e.Name())
+		}
+	}
+	if pooled > 64<<20 {
+		left = append(left, fmt.Sprintf("%d bytes of get-* files (the pool keeps at most 64 MiB)", pooled))
+	}
+	return left
 }
 
 // shmFiles lists what is left in the shared-memory directory.

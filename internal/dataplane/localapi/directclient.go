@@ -45,9 +45,10 @@ type Push struct {
 
 // MemberChannel is an attached member's connection to its sidecar.
 type MemberChannel struct {
-	c  *net.UnixConn
-	fr *fdReader
-	r  *bufio.Reader
+	c   *net.UnixConn
+	fr  *fdReader
+	r   *bufio.Reader
+	wmu sync.Mutex // Release's writes
 }
 
 // fdReader reads a unix stream socket with recvmsg, keeping the
@@ -131,6 +132,9 @@ func (c *MessageClient) Attach(ctx context.Context, session, group string, rank,
 	if mailbox {
 		flags = 1
 	}
+	if c.LendFiles {
+		flags |= flagLendFiles
+	}
 	uc, fr, err := c.dialUnix()
 	if err != nil {
 		return nil, false, &MessageError{Reason: "UNAVAILABLE", Message: "messaging socket: " + err.Error()}
@@ -179,10 +183,17 @@ func (m *MemberChannel) Next() (Push, error) {
 	switch resp.status {
 	case pushMessage:
 		out := &Received{From: resp.from, Tag: resp.tag, Size: resp.size}
-		if resp.flags&1 != 0 {
-			out.Path = string(resp.body)
-		} else {
+		switch {
+		case resp.flags&1 == 0:
 			out.Data = resp.body
+		case resp.flags&flagLent != 0:
+			path, token, ok := strings.Cut(string(resp.body), "\x00")
+			if !ok || token == "" {
+				return Push{}, fmt.Errorf("%w: a lent file without its token", errMsgFrame)
+			}
+			out.Path, out.Token = path, token
+		default:
+			out.Path = string(resp.body)
 		}
 		return Push{Msg: out}, nil
 	case pushView:
@@ -221,6 +232,29 @@ func parseView(b []byte) (*View, error) {
 		b = b[4*n:]
 	}
 	return v, nil
+}
+
+// Release gives lent files back (Received.Token) for the sidecar to fill
+// again; a channel that is closed or broken drops them (the sidecar
+// forgets unreleased files after a while).
+func (m *MemberChannel) Release(tokens ...string) {
+	n := 0
+	for i, t := range tokens {
+		n += len(t)
+		if i > 0 {
+			n++
+		}
+	}
+	b := appendMsgRequest(make([]byte, 0, 4+reqFixed+n), opRelease, 0, "", "", 0, 0, 0, 0, n)
+	for i, t := range tokens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, t...)
+	}
+	m.wmu.Lock()
+	_, _ = m.c.Write(b)
+	m.wmu.Unlock()
 }
 
 // Close detaches (the membership stays until Leave or the invocation's

@@ -18,9 +18,13 @@ import (
 // MessageSocket, with a pool of connections (one request at a time each).
 type MessageClient struct {
 	socket string
-	mu     sync.Mutex
-	free   []*msgConn
-	closed bool
+	// LendFiles: member channels ask the sidecar to lend the files of
+	// large messages (Received.Token), which the caller then releases
+	// (MemberChannel.Release) instead of removing (msgfiles.go).
+	LendFiles bool
+	mu        sync.Mutex
+	free      []*msgConn
+	closed    bool
 }
 
 type msgConn struct {
@@ -49,6 +53,9 @@ type Received struct {
 	Size uint64
 	Data []byte
 	Path string
+	// Token, with Path, says the file is lent: the caller maps it without
+	// removing it and releases the token when done (MemberChannel.Release).
+	Token string
 }
 
 func (c *MessageClient) get() (*msgConn, error) {
@@ -106,6 +113,17 @@ func (c *MessageClient) Send(ctx context.Context, session, group string, from, t
 		return false, err
 	}
 	return resp.flags&2 != 0, nil
+}
+
+// SendFile sends the object directory's file at path and asks for it
+// back once it was sent (returned: the caller may write its next message
+// into it; otherwise the sidecar removed it, as after a failed send).
+func (c *MessageClient) SendFile(ctx context.Context, session, group string, from, to uint32, tag int64, path string) (mailboxed, returned bool, err error) {
+	resp, err := c.call(ctx, opSend, 1|flagReturnFile, session, group, from, to, tag, []byte(path))
+	if err != nil {
+		return false, false, err
+	}
+	return resp.flags&2 != 0, resp.flags&flagReturned != 0, nil
 }
 
 // Recv receives the oldest matching message for rank.

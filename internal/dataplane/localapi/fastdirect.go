@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -77,12 +78,20 @@ func (s *Server) serveAttach(c net.Conn, r *bufio.Reader, w *bufio.Writer, q *ms
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	// The function sends nothing more: a read that returns means it
+	// The function sends nothing more but releases of lent files (when
+	// it asked to be lent them): any other read that returns means it
 	// closed its end (or broke the protocol).
+	lend := q.flags&flagLendFiles != 0
 	go func() {
-		_, _ = r.Peek(1)
-		cancel()
-		_ = c.SetWriteDeadline(time.Now()) // a write blocked on a function that is gone
+		defer func() {
+			cancel()
+			_ = c.SetWriteDeadline(time.Now()) // a write blocked on a function that is gone
+		}()
+		if !lend {
+			_, _ = r.Peek(1)
+			return
+		}
+		s.readReleases(r)
 	}()
 	uc, _ := c.(*net.UnixConn)
 	var epoch uint64
@@ -104,6 +113,10 @@ func (s *Server) serveAttach(c net.Conn, r *bufio.Reader, w *bufio.Writer, q *ms
 			if m.Path != "" {
 				resp.flags |= 1
 				resp.body = []byte(m.Path)
+				if token := m.HandOut(lend); token != "" {
+					resp.flags |= flagLent
+					resp.body = append(append(resp.body, 0), token...)
+				}
 			}
 			if err = writeMsgResponse(w, resp); err != nil {
 				att.Unsent(*m)
@@ -112,6 +125,25 @@ func (s *Server) serveAttach(c net.Conn, r *bufio.Reader, w *bufio.Writer, q *ms
 			}
 		}
 		if err != nil {
+			return
+		}
+	}
+}
+
+// readReleases takes back the files a member channel's function released
+// (op opRelease), until it closes its end or sends anything else.
+func (s *Server) readReleases(r *bufio.Reader) {
+	for {
+		q, err := readMsgRequest(r)
+		if err != nil {
+			return
+		}
+		ok := q.op == opRelease && len(q.payload) <= maxReleaseBytes
+		if ok && len(q.payload) > 0 {
+			s.files(context.Background()).release(strings.Split(string(q.payload), ","))
+		}
+		messaging.PutBuf(q.buf)
+		if !ok {
 			return
 		}
 	}

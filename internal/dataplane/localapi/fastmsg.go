@@ -315,9 +315,22 @@ func (s *Server) startMessage(q *msgRequest, respond func(*msgResponse)) func() 
 			if timeout > 0 {
 				ctx, cancel = context.WithTimeout(context.Background(), timeout)
 			}
+			giveBack := q.flags&flagReturnFile != 0
 			go func() {
 				defer cancel()
-				sent(s.send(ctx, rt, out, pathPayload(string(q.payload))))
+				mailboxed, returned, err := s.sendFile(ctx, rt, out, string(q.payload), giveBack)
+				if err != nil {
+					respond(errorResponse(err))
+					return
+				}
+				resp := &msgResponse{}
+				if mailboxed {
+					resp.flags |= 2
+				}
+				if returned {
+					resp.flags |= flagReturned
+				}
+				respond(resp)
 			}()
 			return cancel
 		}
@@ -335,6 +348,7 @@ func (s *Server) startMessage(q *msgRequest, respond func(*msgResponse)) func() 
 			}
 			resp := &msgResponse{from: m.From, tag: m.Tag, size: m.Size, body: m.Data, pooled: m.Data}
 			if m.Path != "" {
+				m.HandOut(false)
 				resp.flags |= 1
 				resp.body = []byte(m.Path)
 			}

@@ -215,6 +215,16 @@ func (p *filePool) handOut(pf *poolFile, lend bool) (path, lent string) {
 	return path, pf.name + ":" + strconv.FormatUint(pf.gen, 10)
 }
 
+// forget ends pf's lending, if it is lent (the pool no longer reuses or
+// removes it).
+func (p *filePool) forget(pf *poolFile) {
+	p.mu.Lock()
+	if p.lent[pf.name] == pf {
+		delete(p.lent, pf.name)
+	}
+	p.mu.Unlock()
+}
+
 // release takes back lent files by token (name:lending, as handOut made
 // it); unknown tokens are ignored (a file forgotten meanwhile, a lending
 // already released, or a token the function made up).
@@ -237,7 +247,10 @@ func (p *filePool) release(tokens []string) {
 func (p *filePool) idleAdd(pf *poolFile) {
 	now := time.Now()
 	p.mu.Lock()
-	if p.stopped || pf.size > p.maxBytes {
+	// Idle files hold the directory's space: none is kept while it is
+	// short of room (a pod's /dev/shm is 64 MiB), where the function's
+	// writes and the next pulls need it.
+	if p.stopped || pf.size > p.maxBytes || !shmRoom(p.dir) {
 		p.mu.Unlock()
 		pf.drop()
 		return

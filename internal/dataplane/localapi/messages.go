@@ -106,19 +106,31 @@ func (s *Server) send(ctx context.Context, r *messaging.Router, out messaging.Ou
 			out.Data = []byte{}
 		}
 	case *sidecarv1.Payload_Path:
-		f, st, err := invocation.OpenInDir(s.Dir, src.Path)
-		if err != nil {
-			return false, fmt.Errorf("%w: %v", ErrBadPayload, err)
-		}
-		defer func() {
-			f.Close()
-			_ = os.Remove(f.Name())
-		}()
-		out.File, out.Size = f, uint64(st.Size())
+		mailboxed, _, err := s.sendFile(ctx, r, out, src.Path, false)
+		return mailboxed, err
 	default:
 		return false, fmt.Errorf("%w: neither inline bytes nor a file", ErrBadPayload)
 	}
 	return r.Send(ctx, out)
+}
+
+// sendFile sends the object directory's file at path as the message's
+// body, then removes it, or, with giveBack, leaves it to the client that
+// wrote it (returned) once it was sent: the client writes its next
+// message into it (msgfiles.go). A send that failed removes it.
+func (s *Server) sendFile(ctx context.Context, r *messaging.Router, out messaging.Outgoing, path string, giveBack bool) (mailboxed, returned bool, err error) {
+	f, st, err := invocation.OpenInDir(s.Dir, path)
+	if err != nil {
+		return false, false, fmt.Errorf("%w: %v", ErrBadPayload, err)
+	}
+	out.File, out.Size = f, uint64(st.Size())
+	mailboxed, err = r.Send(ctx, out)
+	_ = f.Close()
+	if err != nil || !giveBack {
+		_ = os.Remove(f.Name())
+		return mailboxed, false, err
+	}
+	return mailboxed, true, nil
 }
 
 func (s *Server) Recv(ctx context.Context, req *sidecarv1.RecvRequest) (*sidecarv1.RecvResponse, error) {
@@ -136,6 +148,7 @@ func (s *Server) Recv(ctx context.Context, req *sidecarv1.RecvRequest) (*sidecar
 	resp := &sidecarv1.RecvResponse{From: m.From, Tag: m.Tag, Size: int64(m.Size), Data: inlinePayload(m.Data)}
 	if m.Path != "" {
 		// A large message is already a file of the object directory.
+		m.HandOut(false)
 		resp.Data = pathPayload(m.Path)
 	}
 	return resp, nil

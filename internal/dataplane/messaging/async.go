@@ -3,7 +3,6 @@ package messaging
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -160,9 +159,7 @@ func (r *Router) Unreceive(session, name string, rank uint32, m Message) {
 	}
 	if mb == nil || mb.closed {
 		r.mu.Unlock()
-		if m.Path != "" {
-			_ = os.Remove(m.Path)
-		}
+		m.discard()
 		return
 	}
 	if w := mb.waiting(&m); w != nil {

@@ -138,9 +138,7 @@ func (a *Attachment) Unsent(m Message) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if a.mb.closed {
-		if m.Path != "" {
-			_ = os.Remove(m.Path)
-		}
+		m.discard()
 		return
 	}
 	a.mb.inbox = append([]Message{m}, a.mb.inbox...)

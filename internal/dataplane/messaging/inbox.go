@@ -3,7 +3,6 @@ package messaging
 import (
 	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
@@ -21,9 +20,7 @@ func (r *Router) accept(m Message) (Status, func(context.Context) error) {
 	g := r.groups[k]
 	if g == nil || g.local[m.To] == nil {
 		r.mu.Unlock()
-		if m.Path != "" {
-			_ = os.Remove(m.Path)
-		}
+		m.discard()
 		return NotHere, nil
 	}
 	mb := g.local[m.To]
@@ -31,9 +28,7 @@ func (r *Router) accept(m Message) (Status, func(context.Context) error) {
 	id := [2]uint64{uint64(m.From), m.Seq}
 	if _, dup := mb.seen[id]; dup {
 		r.mu.Unlock()
-		if m.Path != "" {
-			_ = os.Remove(m.Path)
-		}
+		m.discard()
 		return Queued, nil
 	}
 	if len(mb.seen) >= maxSeen {

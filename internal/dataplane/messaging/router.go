@@ -56,10 +56,11 @@ type Config struct {
 	// Mailbox holds messages for ranks not running (the fast tier); nil
 	// without one.
 	Mailbox Mailbox
-	// NewFile makes a file in the pod's object directory for a large
-	// incoming message (the receiver takes it over); nil keeps every
-	// message in memory.
-	NewFile func() (*os.File, string, error)
+	// NewFile makes (or reuses) a file of size bytes in the pod's object
+	// directory for a large incoming message, mapped writable: the body is
+	// read into it, and the receiving function takes it over (File); nil
+	// keeps every message in memory.
+	NewFile func(size int64) (File, error)
 	// InlineMax is the largest incoming message kept in memory rather
 	// than in a file (default 64 KiB).
 	InlineMax int
@@ -93,9 +94,50 @@ type Message struct {
 	Seq            uint64 // per sender and receiver, from 1
 	Data           []byte // a small message's bytes
 	// Path is a large message's file in the pod's object directory: the
-	// inbox owns it until a receive hands it over.
+	// inbox owns it until a receive hands it over (HandOut).
 	Path string
+	// File is Path's file as Config.NewFile made it (nil: a plain file,
+	// removed by name when nobody will read it).
+	File File
 	Size uint64
+}
+
+// File is the file a large incoming message was read into (Config.NewFile),
+// which the sidecar may reuse for later messages once a function is done
+// with it.
+type File interface {
+	// Path is the file's path in the object directory.
+	Path() string
+	// Mem maps the whole file writable until the file is handed out.
+	Mem() []byte
+	// HandOut gives the file to the function that receives the message.
+	// lent: the function gives it back (a release of the token, after
+	// which the sidecar fills it again); otherwise the name is the
+	// function's from now on. Handing out again (a response that could
+	// not be written, its message queued anew) ends the earlier lending.
+	HandOut(lent bool) (token string)
+	// Discard removes the file: nobody will read it.
+	Discard()
+}
+
+// HandOut hands a large message's file to the function that receives it
+// (see File.HandOut); it returns the release token of a lent file ("" for
+// a file given away, or one the sidecar does not reuse).
+func (m *Message) HandOut(lent bool) (token string) {
+	if m.File == nil {
+		return ""
+	}
+	return m.File.HandOut(lent)
+}
+
+// discard removes a large message's file: nobody will read it.
+func (m *Message) discard() {
+	switch {
+	case m.File != nil:
+		m.File.Discard()
+	case m.Path != "":
+		_ = os.Remove(m.Path)
+	}
 }
 
 // Mailbox stores messages for a rank of a group, in order.
@@ -443,9 +485,7 @@ func (r *Router) drop(k gkey, rank uint32, m *member) bool {
 		es = append(es, ended{w, fmt.Errorf("%w: rank %d of group %s does not run in this pod", ErrClosed, rank, k.group)})
 	}
 	for _, msg := range m.inbox {
-		if msg.Path != "" {
-			_ = os.Remove(msg.Path) // unread: nobody will map it
-		}
+		msg.discard() // unread: nobody will map it
 	}
 	m.inbox, m.bytes = nil, 0
 	if m.att != nil {

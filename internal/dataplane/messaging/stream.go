@@ -449,19 +449,18 @@ func (r *Router) readBody(br *bufio.Reader, c net.Conn, m *Message, st Status) (
 		m.Data = GetBuf(int(m.Size)) // back to the pool once a function has it (localapi's fast path)
 		return Queued, streamio.ReadFull(br, c, m.Data)
 	}
-	f, path, err := r.cfg.NewFile()
-	if err != nil {
+	if int64(m.Size) < 0 || int64(int(m.Size)) != int64(m.Size) {
 		return discard(Refused)
 	}
-	defer f.Close()
+	f, err := r.cfg.NewFile(int64(m.Size))
+	if err != nil {
+		return discard(Refused) // e.g. streamio.ErrNoRoom: the directory is full
+	}
 	// The socket's bytes go straight into the file's pages (one copy).
-	if err := streamio.ReadIntoFile(br, c, f, int64(m.Size)); err != nil {
-		os.Remove(path)
-		if errors.Is(err, streamio.ErrNoRoom) {
-			return discard(Refused)
-		}
+	if err := streamio.ReadFull(br, c, f.Mem()[:m.Size]); err != nil {
+		f.Discard()
 		return 0, err
 	}
-	m.Path = path
+	m.Path, m.File = f.Path(), f
 	return Queued, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 )
@@ -22,13 +23,13 @@ func (s *Sidecar) newRouter() *messaging.Router {
 		Mailbox:   liveMailbox{s},
 		InlineMax: s.cfg.InlineThreshold,
 		// A large incoming message lands in a file of the object
-		// directory, which the receiving function maps.
-		NewFile: func() (*os.File, string, error) {
-			f, err := os.CreateTemp(s.cfg.ShmDir, "msg-*")
-			if err != nil {
-				return nil, "", err
+		// directory, which the receiving function maps: one of the local
+		// API's reused files once it runs (localapi/msgfiles.go).
+		NewFile: func(size int64) (messaging.File, error) {
+			if api := s.apiFiles.Load(); api != nil {
+				return api.MessageFile(size)
 			}
-			return f, f.Name(), nil
+			return localapi.NewMessageFile(s.cfg.ShmDir, size)
 		},
 	}
 	s.directConfig(&cfg)

@@ -47,11 +47,14 @@ type Sidecar struct {
 	client *pull.Client
 	ctl    *controlclient.Client
 	api    *localapi.Server
-	msgLn  net.Listener // the messaging fast path's socket
-	msgs   *messaging.Router
-	seq    atomic.Uint64
-	ready  chan struct{} // closed once keys are known
-	once   sync.Once
+	// apiFiles is api once it runs, for the message streams' readers
+	// (their large messages' files come from its pool).
+	apiFiles atomic.Pointer[localapi.Server]
+	msgLn    net.Listener // the messaging fast path's socket
+	msgs     *messaging.Router
+	seq      atomic.Uint64
+	ready    chan struct{} // closed once keys are known
+	once     sync.Once
 
 	outputsOnce sync.Once
 	outputs     *semaphore.Weighted // bytes of function outputs being read
@@ -322,6 +325,7 @@ func (s *Sidecar) serveLocalAPI() error {
 		return err
 	}
 	s.api, s.msgLn = api, mln
+	s.apiFiles.Store(api)
 	go func() { _ = api.Serve(ln) }()
 	go func() { _ = api.ServeMessages(mln) }()
 	s.serveObjects(api) // samenode.go

@@ -19,7 +19,8 @@ import (
 // The fast path's member channel and direct channels (docs/messaging.md,
 // "Same-node direct channels"):
 //
-//	op 3 attach: flags bit 0 mailbox, rank, peer = the group's size,
+//	op 3 attach: flags bit 0 mailbox, bit 2 lend files (msgfiles.go),
+//	             rank, peer = the group's size,
 //	             timeout ms bounds the join, payload = the invocation id.
 //	             The sidecar joins the rank attached to this connection
 //	             and answers as a join (ok: flags bit 1 mailbox group);
@@ -29,8 +30,13 @@ import (
 //	             view (body: u64 epoch, u32 size, u8 mailbox, u32 live
 //	             count, live ranks u32, u32 gone count, gone ranks u32),
 //	             3 a direct channel from rank `from` (its receiving end
-//	             attached, SCM_RIGHTS). The function sends nothing more;
-//	             closing the connection detaches (the membership stays).
+//	             attached, SCM_RIGHTS). A message in a file has flags bit
+//	             0 (the body is its path), and when lent bit 3 (the body is
+//	             the path, a NUL and the release token). The function
+//	             sends nothing more but, when it asked to be lent files,
+//	             op 5 release requests (payload: tokens, comma-separated;
+//	             no response); closing the connection detaches (the
+//	             membership stays).
 //	op 4 open:   rank (sender), peer (receiver). ok with flags bit 2 and
 //	             the sending end attached: direct; ok without: nodirect
 //	             (the reason says why), for the group's lifetime.

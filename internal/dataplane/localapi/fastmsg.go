@@ -31,7 +31,9 @@ import (
 //	          bytes, or with flags bit 0 a file's path; error: the message)
 //
 // All integers are little endian. Recv flags: bit 0 any source, bit 1 any
-// tag. Send response flags: bit 1 mailboxed.
+// tag. Send flags: bit 0 the payload is a file's path, bit 1 give that
+// file back once sent (msgfiles.go). Send response flags: bit 1
+// mailboxed, bit 2 the file was given back.
 
 // MessageSocket is the fast path's socket, named after the local API's
 // (sidecar.sock: sidecar.msg.sock), so sidecars whose API sockets share a

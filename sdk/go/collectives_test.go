@@ -617,7 +617,7 @@ func TestMessageFrameFile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			typ, gotHdr, m, err := readFrameFile(path, true)
+			typ, gotHdr, m, err := readFrameFile(path)
 			if err != nil {
 				t.Fatalf("%d bytes, header %q: %v", n, hdr, err)
 			}

@@ -28,12 +28,17 @@ import (
 const inboxCap = 64 << 20
 
 type inMsg struct {
-	from    int
-	tag     int64
-	data    []byte
-	path    string // a sidecar-path file to map and remove (or, with token, release)
-	token   string // path is lent: released through mc, not removed
-	mc      *localapi.MemberChannel
+	from  int
+	tag   int64
+	data  []byte
+	path  string // a sidecar-path file to map and remove (or, with token, release)
+	token string // path is lent: released through mc, not removed
+	mc    *localapi.MemberChannel
+	// fmap maps a lent file (token), from its push on: the sidecar may
+	// forget a lending held too long (and remove the name), never the
+	// pages of a mapping. ferr: it could not be mapped.
+	fmap    []byte
+	ferr    error
 	mapping []byte    // a memfd's mapping (data is all of it)
 	rec     *recycler // data is a recycled buffer to give back to rec
 }
@@ -111,6 +116,15 @@ func (a *attached) add(m *inMsg) {
 	}
 }
 
+// mapLent maps a lent file read-only, all of it.
+func mapLent(path string) ([]byte, error) {
+	data, mapped, err := mapFile(path, false)
+	if err == nil && !mapped {
+		return nil, fmt.Errorf("lent file %s is empty", path)
+	}
+	return data, err
+}
+
 // giveBack returns what releases m's lent file once it is unmapped (nil:
 // not lent).
 func (m *inMsg) giveBack() func() {
@@ -127,6 +141,9 @@ func (m *inMsg) release() {
 	}
 	switch {
 	case m.token != "":
+		if m.fmap != nil {
+			_ = syscall.Munmap(m.fmap)
+		}
 		m.mc.Release(m.token)
 	case m.path != "":
 		_ = os.Remove(m.path)
@@ -194,6 +211,7 @@ func (a *attached) readMember() {
 			m := &inMsg{from: int(p.Msg.From), tag: p.Msg.Tag, data: p.Msg.Data, path: p.Msg.Path}
 			if p.Msg.Token != "" {
 				m.token, m.mc = p.Msg.Token, a.mc
+				m.fmap, m.ferr = mapLent(p.Msg.Path)
 			}
 			if m.path == "" && m.data == nil {
 				m.data = []byte{}

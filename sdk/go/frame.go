@@ -97,15 +97,13 @@ func writeFrameFile(dir string, typ byte, hdr, data []byte) (string, error) {
 
 // readFrameFile reads a message the sidecar wrote into a file (and
 // removes the file): its data is mapped when it starts at a page boundary.
-func readFrameFile(path string, unlink bool) (typ byte, hdr []byte, m *Message, err error) {
+func readFrameFile(path string) (typ byte, hdr []byte, m *Message, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, nil, nil, err
 	}
 	defer f.Close()
-	if unlink {
-		defer os.Remove(path)
-	}
+	defer os.Remove(path)
 	st, err := f.Stat()
 	if err != nil {
 		return 0, nil, nil, err
@@ -211,16 +209,22 @@ func (g *Group) crecv(ctx context.Context, from int, tag int64) (typ byte, hdr [
 	if err != nil {
 		return 0, nil, nil, err
 	}
-	if resp.path != "" {
-		back := resp.giveBack()
-		typ, hdr, m, err = readFrameFile(resp.path, back == nil)
-		switch {
-		case err == nil && m.buf != nil:
-			m.back = back
-		case back != nil:
-			back() // read (or unreadable): the sidecar may fill it again
+	switch {
+	case resp.token != "":
+		// A lent file, mapped at its push: parsed in place.
+		err = resp.ferr
+		if err == nil {
+			var data []byte
+			if typ, hdr, data, err = parseInline(resp.fmap); err == nil {
+				m = &Message{data: data, Size: int64(len(data)), buf: resp.fmap, back: resp.giveBack()}
+			}
 		}
-	} else {
+		if err != nil {
+			resp.release()
+		}
+	case resp.path != "":
+		typ, hdr, m, err = readFrameFile(resp.path)
+	default:
 		var data []byte
 		typ, hdr, data, err = parseInline(resp.data)
 		m = &Message{data: data, Size: int64(len(data)), buf: resp.mapping, memfd: resp.mapping != nil}

@@ -332,21 +332,21 @@ func (g *Group) recv(ctx context.Context, op string, from int, tag int64, anyTag
 		return nil, err
 	}
 	m := &Message{From: resp.from, Tag: resp.tag, data: resp.data, buf: resp.mapping, memfd: resp.mapping != nil, rec: resp.rec}
-	if resp.path != "" {
-		back := resp.giveBack()
-		data, mapped, err := mapFile(resp.path, back == nil)
+	if resp.token != "" {
+		// A lent file, mapped at its push.
+		if resp.ferr != nil {
+			resp.release()
+			return nil, &Error{Kind: KindInternal, Op: op, Err: resp.ferr}
+		}
+		m.data, m.buf, m.back = resp.fmap, resp.fmap, resp.giveBack()
+	} else if resp.path != "" {
+		data, mapped, err := mapFile(resp.path, true)
 		if err != nil {
-			if back != nil {
-				back()
-			}
 			return nil, &Error{Kind: KindInternal, Op: op, Err: err}
 		}
 		m.data = data
-		switch {
-		case mapped:
-			m.buf, m.back = data, back
-		case back != nil:
-			back()
+		if mapped {
+			m.buf = data
 		}
 	} else if m.data == nil {
 		m.data = []byte{}

@@ -215,6 +215,14 @@ func (p *filePool) handOut(pf *poolFile, lend bool) (path, lent string) {
 	return path, pf.name + ":" + strconv.FormatUint(pf.gen, 10)
 }
 
+// canLend reports whether another file may be lent without forgetting
+// an earlier lending (at most maxLent at once).
+func (p *filePool) canLend() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.lent) < maxLent
+}
+
 // forget ends pf's lending, if it is lent (the pool no longer reuses or
 // removes it).
 func (p *filePool) forget(pf *poolFile) {

@@ -80,6 +80,11 @@ func (m *msgFile) HandOut(lent bool) string {
 		m.pf.unmap()
 		return ""
 	}
+	if lent && !m.pool.canLend() {
+		// Lent files are bounded; lending this one would forget an older
+		// one. The function gets it as its own instead.
+		lent = false
+	}
 	if !lent {
 		m.pool.forget(m.pf) // an earlier lending of it ends: the name is the function's
 	}

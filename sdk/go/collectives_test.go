@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -657,4 +658,30 @@ func TestMessageFrameMalformed(t *testing.T) {
 			t.Errorf("%s: %v, want errBadFrame", name, err)
 		}
 	}
+}
+
+// writeFrameFile writes a message into a new file of dir, its data at a
+// page boundary, as a sidecar-path collective message is laid out (frameFile).
+func writeFrameFile(dir string, typ byte, hdr, data []byte) (string, error) {
+	base := frameSize + len(hdr)
+	off := (base + pageSize - 1) / pageSize * pageSize
+	f, err := os.CreateTemp(dir, "put-*")
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(frameHead(typ, hdr, off))
+	if err == nil {
+		_, err = f.WriteAt(data, int64(off))
+	}
+	if err == nil && len(data) == 0 {
+		err = f.Truncate(int64(off))
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
 }

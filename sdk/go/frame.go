@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"syscall"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 )
 
 // The collectives' messages, shared with the Python SDK (ziptrail/group.py)
@@ -69,32 +71,6 @@ func parseInline(raw []byte) (typ byte, hdr, data []byte, err error) {
 	return typ, raw[frameSize : frameSize+hl], raw[off:], nil
 }
 
-// writeFrameFile writes a message into a new file of dir, its data at a
-// page boundary.
-func writeFrameFile(dir string, typ byte, hdr, data []byte) (string, error) {
-	base := frameSize + len(hdr)
-	off := (base + pageSize - 1) / pageSize * pageSize
-	f, err := os.CreateTemp(dir, "put-*")
-	if err != nil {
-		return "", err
-	}
-	_, err = f.Write(frameHead(typ, hdr, off))
-	if err == nil {
-		_, err = f.WriteAt(data, int64(off))
-	}
-	if err == nil && len(data) == 0 {
-		err = f.Truncate(int64(off))
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return "", err
-	}
-	return f.Name(), nil
-}
-
 // readFrameFile reads a message the sidecar wrote into a file (and
 // removes the file): its data is mapped when it starts at a page boundary.
 func readFrameFile(path string) (typ byte, hdr []byte, m *Message, err error) {
@@ -149,11 +125,13 @@ func (g *Group) csend(ctx context.Context, dests []int, tag int64, typ byte, hdr
 		return nil
 	}
 	var raw []byte // the inline frame, made once
-	var path string
-	var links int
+	// A large frame for the sidecar: written once into a file of this
+	// client's, which each send gives back unchanged for the next one
+	// (docs/messaging.md, "Reused files").
+	var path, name string
 	defer func() {
-		if path != "" {
-			os.Remove(path)
+		if name != "" {
+			g.c.api.MessageSent(name, true)
 		}
 	}()
 	for _, d := range dests {
@@ -184,23 +162,39 @@ func (g *Group) csend(ctx context.Context, dests []int, tag int64, typ byte, hdr
 			}
 			continue
 		}
-		if path == "" {
-			p, err := writeFrameFile(g.c.api.Dir, typ, hdr, data)
-			if err != nil {
+		if err := g.checkRank("send", d); err != nil {
+			return err
+		}
+		if name == "" {
+			var err error
+			if path, name, err = g.frameFile(typ, hdr, data); err != nil {
 				return &Error{Kind: KindInternal, Op: "send", Err: fmt.Errorf("write to the shared-memory directory: %w", err)}
 			}
-			path = p
 		}
-		links++
-		p := fmt.Sprintf("%s.%d", path, links)
-		if err := os.Link(path, p); err != nil {
-			return &Error{Kind: KindInternal, Op: "send", Err: fmt.Errorf("link the message file for %d requests: %w", len(dests), err)}
+		_, returned, err := g.c.messages().SendFile(ctx, g.session, g.name, uint32(g.rank), uint32(d), tag, path)
+		if err != nil || !returned {
+			g.c.api.MessageSent(name, false) // the next dest gets a new file
+			path, name = "", ""
 		}
-		if err := g.send(ctx, "send", d, tag, nil, p); err != nil {
-			return err
+		if err != nil {
+			return peerError(messageError(ctx, "send", err), d)
 		}
 	}
 	return nil
+}
+
+// frameFile writes a collective message into a file for SendFile (a
+// reused one when there is one), its data at a page boundary; the bytes
+// before the data are all the frame's (no earlier message's).
+func (g *Group) frameFile(typ byte, hdr, data []byte) (path, name string, err error) {
+	off := (frameSize + len(hdr) + pageSize - 1) / pageSize * pageSize
+	head := frameHead(typ, hdr, off)
+	head = append(head, make([]byte, off-len(head))...)
+	size := int64(off + len(data))
+	if len(data) == 0 {
+		size = int64(off)
+	}
+	return g.c.api.MessageFile(size, localapi.Part{Data: head}, localapi.Part{Off: int64(off), Data: data})
 }
 
 // crecv receives one collective message.

@@ -105,7 +105,7 @@ func TestGroupPointToPoint(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if left := b.leftBeyondPool(t, 0); len(left) != 0 {
+	if left := b.leftBeyondPool(t, 16); len(left) != 0 {
 		t.Fatalf("the receiver left files in shared memory: %v", left)
 	}
 
@@ -322,7 +322,7 @@ func TestCollectivesOnSidecars(t *testing.T) {
 			})
 			checkAll(t, fmt.Sprintf("%d members", size), errs)
 			for i, p := range pods {
-				if left := p.leftBeyondPool(t, 0); len(left) != 0 {
+				if left := p.leftBeyondPool(t, 16); len(left) != 0 {
 					t.Fatalf("pod %d: files left in shared memory: %v", i, left)
 				}
 			}

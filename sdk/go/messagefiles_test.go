@@ -142,7 +142,7 @@ func TestLargeMessagesReuseFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []*sidecar{a, b} {
-		if left := s.leftBeyondPool(t, 2); len(left) != 0 {
+		if left := s.leftBeyondPool(t, 16); len(left) != 0 {
 			t.Fatalf("%s: left in shared memory: %v", s.shm, left)
 		}
 	}

@@ -137,8 +137,8 @@ func startSidecar(t testing.TB, o sidecarOpts) *sidecar {
 
 // leftBeyondPool lists what is left in the shared-memory directory
 // besides the files the sidecar keeps to fill again (its pool: get-*, at
-// most 64 MiB in all) and the client's files its sends got back (put-*,
-// at most maxPut).
+// most 64 MiB in all) and the files the client's sends got back to write
+// its next messages into (put-*, at most maxPut: the client keeps 16).
 func (s *sidecar) leftBeyondPool(t *testing.T, maxPut int) []string {
 	t.Helper()
 	entries, err := os.ReadDir(s.shm)

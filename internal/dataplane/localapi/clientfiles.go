@@ -326,7 +326,19 @@ func (c *Client) putPayload(obj []byte) (*sidecarv1.Payload, string, error) {
 	if len(obj) <= c.InlineThreshold {
 		return inlinePayload(obj), "", nil
 	}
-	size := int64(len(obj))
+	return c.filePayload(int64(len(obj)), Part{Data: obj})
+}
+
+// Part is bytes to write at an offset of a file (the rest stays zero, or
+// what a reused file held there).
+type Part struct {
+	Off  int64
+	Data []byte
+}
+
+// filePayload writes parts into a reused file of size bytes, else a new
+// one (see putPayload), and notes it as handed over.
+func (c *Client) filePayload(size int64, parts ...Part) (*sidecarv1.Payload, string, error) {
 	pf, ok := c.reusedPutFile()
 	var err error
 	switch {
@@ -338,7 +350,9 @@ func (c *Client) putPayload(obj []byte) (*sidecarv1.Payload, string, error) {
 			err = fmt.Errorf("put file %s changed", pf.name)
 		}
 		if err == nil {
-			copy(pf.mem, obj)
+			for _, p := range parts {
+				copy(pf.mem[p.Off:], p.Data)
+			}
 			break
 		}
 		pf.drop(c.Dir)
@@ -360,8 +374,10 @@ func (c *Client) putPayload(obj []byte) (*sidecarv1.Payload, string, error) {
 			pf = putFile{name: filepath.Base(f.Name())}
 		}
 		err = f.Truncate(size) // a reused file may be larger: no stale bytes past the end
-		if err == nil {
-			_, err = f.WriteAt(obj, 0)
+		for _, p := range parts {
+			if err == nil {
+				_, err = f.WriteAt(p.Data, p.Off)
+			}
 		}
 		var st syscall.Stat_t
 		if err == nil && ok && syscall.Fstat(int(f.Fd()), &st) == nil {

@@ -2,6 +2,7 @@ package localapi
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -109,6 +110,22 @@ func (c *Client) MessagePayload(data []byte) (inline []byte, path, name string, 
 		return nil, "", "", err
 	}
 	return p.GetInline(), p.GetPath(), name, nil
+}
+
+// MessageFile writes parts into a file of size bytes for SendFile, as
+// MessagePayload does with a large message (a reused file when there is
+// one); every part must lie within size.
+func (c *Client) MessageFile(size int64, parts ...Part) (path, name string, err error) {
+	for _, p := range parts {
+		if p.Off < 0 || p.Off+int64(len(p.Data)) > size {
+			return "", "", fmt.Errorf("a part of %d bytes at %d outside a %d-byte file", len(p.Data), p.Off, size)
+		}
+	}
+	p, name, err := c.filePayload(size, parts...)
+	if err != nil {
+		return "", "", err
+	}
+	return p.GetPath(), name, nil
 }
 
 // MessageSent ends the send of a MessagePayload file: returned, the file

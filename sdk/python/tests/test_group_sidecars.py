@@ -53,7 +53,21 @@ def ok(results: list[Any]) -> list[Any]:
 
 
 def shm_files(sc: Sidecar) -> list[str]:
-    return [f for f in os.listdir(sc.shm_dir) if not f.startswith(".")]
+    """What is left in the pod's shared-memory directory besides the files
+    the sidecar keeps to fill again (its pool, get-*: at most 64 MiB in all;
+    docs/messaging.md "Reused files")."""
+    names = [f for f in os.listdir(sc.shm_dir) if not f.startswith(".")]
+    pooled = 0
+    for f in names:
+        if f.startswith("get-"):
+            try:
+                pooled += os.stat(os.path.join(sc.shm_dir, f)).st_size
+            except FileNotFoundError:
+                pass
+    left = [f for f in names if not f.startswith("get-")]
+    if pooled > 64 * MiB:
+        left.append(f"{pooled} bytes of get-* files (the pool keeps at most 64 MiB)")
+    return left
 
 
 def test_point_to_point_across_two_sidecars(pods: Pods):
@@ -304,3 +318,47 @@ def test_send_and_recv_take_the_messaging_socket(pods: Pods):
     socks = [c.sock for c in conns]
     a.client.close()
     assert not a.client._messages()._conns and all(s.fileno() == -1 for s in socks)
+
+
+def test_large_messages_reuse_the_sidecars_files(pods: Pods):
+    """A large message's file is lent to the receiving member and given
+    back when its mapping goes (close, or garbage collection), so the
+    receiver's sidecar fills the same few files again instead of a new one
+    per message; a message kept open keeps its bytes while later ones
+    arrive (docs/messaging.md, "Reused files")."""
+    a, b = pods.start_many(2)
+    n, size = 20, MiB
+
+    def pooled() -> set[str]:
+        return {f for f in os.listdir(b.shm_dir) if f.startswith("get-")}
+
+    def member(g: ziptrail.Group) -> Any:
+        if g.rank == 0:
+            for i in range(n + 5):
+                g.send(1, bytes([i + 1]) * size, tag=0)
+            g.barrier()
+            return None
+        seen: set[str] = set()
+        for i in range(n):
+            m = g.recv(source=0, tag=0, timeout=LIMIT)
+            assert isinstance(m.data, ziptrail.MappedObject)
+            assert m.data[:] == bytes([i + 1]) * size
+            seen |= pooled()
+            if i % 2:
+                m.close()
+            else:
+                del m  # garbage-collected: given back too
+        held = g.recv(source=0, tag=0, timeout=LIMIT)
+        for i in range(n + 1, n + 5):
+            with g.recv(source=0, tag=0, timeout=LIMIT) as m:
+                assert m.data[:] == bytes([i + 1]) * size
+        assert held.data[:] == bytes([n + 1]) * size, "a message kept open changed"
+        held.close()
+        g.barrier()
+        return seen
+
+    seen = ok(run_members([a, b], 2, member, session="lend"))[1]
+    # A new file per message would be 25 names, none left to see (each
+    # removed once mapped).
+    assert 1 <= len(seen) <= 3, seen
+    assert shm_files(b) == []

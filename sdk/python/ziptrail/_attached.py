@@ -56,9 +56,43 @@ def parse_view(b: bytes) -> View:
     return View(epoch, size, bool(mbox), live, gone)
 
 
+class Lent:
+    """A sidecar-path message in a file the sidecar lent (docs/messaging.md,
+    "Reused files"): opened at its push, so the file stays whole even if the
+    sidecar forgets the lending; give_back, once, after its last use."""
+
+    __slots__ = ("fd", "size", "err", "_give_back")
+
+    def __init__(self, path: str, size: int, give_back: Callable[[], None]) -> None:
+        self.fd, self.size, self.err = -1, size, ""
+        self._give_back: Callable[[], None] | None = give_back
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            self.err = f"open the message file {path} the sidecar lent: {e}"
+
+    def take(self) -> tuple[int, Callable[[], None]]:
+        """(the open descriptor, what gives the file back): the caller's
+        now, to close and to call."""
+        fd, give_back = self.fd, self._give_back or (lambda: None)
+        self.fd, self._give_back = -1, None
+        return fd, give_back
+
+    def close(self) -> None:
+        """Unread: closed and given back."""
+        fd, give_back = self.take()
+        if fd >= 0:
+            os.close(fd)
+        give_back()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 def release(payload: Any) -> None:
-    """Frees a message nobody will take: a memfd, or a sidecar-path file."""
-    if isinstance(payload, _direct.Memfd):
+    """Frees a message nobody will take: a memfd, a lent file, or a
+    sidecar-path file."""
+    if isinstance(payload, (_direct.Memfd, Lent)):
         payload.close()
     elif isinstance(payload, str):
         try:
@@ -107,6 +141,9 @@ class Attached:
         self._outs: dict[int, _Out] = {}
         self._olock = threading.Lock()
         self._member = sock
+        # Releases are written from any thread (a collected message too, so
+        # reentrant); the reader closes the channel under it.
+        self._rlock = threading.RLock()
         self._pending = bytearray()
         self._chunk = memoryview(bytearray(_CHUNK))
         self._fds: list[int] = []
@@ -152,7 +189,8 @@ class Attached:
             if ic.sock is not None:
                 ic.sock.close()
                 ic.sock = None
-        self._member.close()
+        with self._rlock:
+            self._member.close()
         for fd in self._fds:
             os.close(fd)
         self._fds = []
@@ -201,6 +239,11 @@ class Attached:
                 body = bytes(buf[off + _RESP.size + rl:end])
                 if st == _direct.PUSH_MESSAGE:
                     payload: Any = os.fsdecode(body) if flags & _direct.FLAG_PATH else body
+                    if flags & _direct.FLAG_PATH and flags & _direct.FLAG_LENT:
+                        path, _, token = body.partition(b"\0")
+                        if not token:
+                            raise ValueError("a lent file without its token")
+                        payload = Lent(os.fsdecode(path), size, self._giver(token))
                     items.append((frm, tag, payload, size if flags & _direct.FLAG_PATH else len(body)))
                 elif st == _direct.PUSH_VIEW:
                     self._add(items)
@@ -221,6 +264,22 @@ class Attached:
             return self._member_ended(f"the member channel broke: {e}")
         del buf[:off]
         self._add(items)
+
+    def _giver(self, token: bytes) -> Callable[[], None]:
+        """What gives a lent file back: a release on the member channel (no
+        response; a channel that ended drops it, and the sidecar forgets
+        the lending after a while)."""
+        frame = _direct.release_request(token)
+
+        def give_back() -> None:
+            with self._rlock:
+                if self._member.fileno() < 0:
+                    return
+                try:
+                    self._member.send(frame, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+                except OSError:
+                    pass
+        return give_back
 
     def _set_view(self, v: View) -> None:
         with self.cond:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from ._direct import INLINE_MAX, MEMFD, Memfd, header, sealed_memfd
 from ._fastmsg import Payload, messaging_call, slack, timeout_ms
 from ._reduce import SUM, Op, Reduction, _apply, _convert, _itemsize, _promote, _Vec
-from .client import BytesLike, Data, InlineObject, MappedObject, _remove, _view
+from ._attached import Lent
+from .client import BytesLike, Data, InlineObject, MappedObject, _lent_object, _remove, _view
 from .errors import CollectiveAbortedError, InvalidError, MessageTimeoutError, PeerGoneError, ZiptrailError
 
 if TYPE_CHECKING:
@@ -190,6 +191,15 @@ class _Collectives:
                 return self._unframe_fd(op, payload.fd, payload.size)
             finally:
                 payload.close()
+        if isinstance(payload, Lent):  # a file the sidecar lent: given back once its data is done with
+            if payload.err:
+                payload.close()
+                raise ZiptrailError(op, payload.err)
+            fd, give_back = payload.take()
+            try:
+                return self._unframe_fd(op, fd, payload.size, give_back)
+            finally:
+                os.close(fd)
         if isinstance(payload, str):
             path = payload
             try:
@@ -205,19 +215,31 @@ class _Collectives:
         typ, hdr, off = self._parse(op, raw[:_FRAME.size], len(raw), lambda n: raw[_FRAME.size:_FRAME.size + n])
         return typ, hdr, InlineObject(raw[off:])
 
-    def _unframe_fd(self, op: str, fd: int, size: int) -> tuple[int, bytes, Data]:
+    def _unframe_fd(self, op: str, fd: int, size: int,
+                    give_back: Callable[[], None] | None = None) -> tuple[int, bytes, Data]:
         """A collective message of a file: its data mapped when it starts
-        at a page boundary, else copied."""
-        typ, hdr, off = self._parse(op, os.pread(fd, _FRAME.size, 0), size, lambda n: os.pread(fd, n, _FRAME.size))
-        n = size - off
-        data: Data
-        if n == 0:
-            data = InlineObject(b"")
-        elif off % _PAGE == 0:
-            data = MappedObject(fd, n, prot=mmap.PROT_READ, offset=off)
-        else:
-            data = InlineObject(_pread(fd, n, off))
-        return typ, hdr, data
+        at a page boundary, else copied. give_back (a lent file) runs once
+        the data no longer uses the file: when the mapping goes, else now."""
+        mapped = False
+        try:
+            typ, hdr, off = self._parse(op, os.pread(fd, _FRAME.size, 0), size,
+                                        lambda n: os.pread(fd, n, _FRAME.size))
+            n = size - off
+            data: Data
+            if n == 0:
+                data = InlineObject(b"")
+            elif off % _PAGE == 0:
+                if give_back is not None:
+                    data = _lent_object(fd, n, off, give_back)
+                else:
+                    data = MappedObject(fd, n, prot=mmap.PROT_READ, offset=off)
+                mapped = True
+            else:
+                data = InlineObject(_pread(fd, n, off))
+            return typ, hdr, data
+        finally:
+            if give_back is not None and not mapped:
+                give_back()
 
     @staticmethod
     def _parse(op: str, head: bytes, size: int, read_hdr: Callable[[int], bytes]) -> tuple[int, bytes, int]:

@@ -61,9 +61,12 @@ INLINE, MEMFD, CREDIT, COPY = 1, 2, 3, 4
 SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 # Operations and flags of the messaging socket (fastdirect.go).
-_ATTACH, _OPEN = 3, 4
+_ATTACH, _OPEN, _RELEASE = 3, 4, 5
 PUSH_MESSAGE, PUSH_VIEW, PUSH_DIRECT = 0, 2, 3
 FLAG_PATH, FLAG_MAILBOX, FLAG_DIRECT = 1, 2, 4
+# Attach: lend this member the files of large messages; push: the file is
+# lent (body: path, NUL, release token). See docs/messaging.md "Reused files".
+FLAG_LEND, FLAG_LENT = 4, 8
 _FD_SPACE = socket.CMSG_SPACE(4 * 4)  # room for a few descriptors: more is a protocol error
 _SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
@@ -353,6 +356,11 @@ def _request(op: int, flags: int, session: bytes, group: bytes, rank: int, peer:
                      rank, peer, 0, timeout_ms) + session + group + payload
 
 
+def release_request(token: bytes) -> bytes:
+    """A member channel's release of a lent file (no response)."""
+    return _request(_RELEASE, 0, b"", b"", 0, 0, 0, token)
+
+
 def _dial(path: str, op: str, sock_timeout: float | None) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -400,7 +408,8 @@ def attach(path: str, session: str, group: str, rank: int, size: int, mailbox: b
     the group keeps mailboxes). NoAttach: an older sidecar."""
     s = _dial(path, "join", sock_timeout)
     try:
-        s.sendall(_request(_ATTACH, 1 if mailbox else 0, session.encode(), group.encode(), rank, size, timeout_ms,
+        flags = (1 if mailbox else 0) | FLAG_LEND
+        s.sendall(_request(_ATTACH, flags, session.encode(), group.encode(), rank, size, timeout_ms,
                            invocation.encode()))
         st, flags, reason, body, fds = read_response(s)
         for fd in fds:

@@ -35,6 +35,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar, Union
@@ -89,6 +90,27 @@ class MappedObject(mmap.mmap):
     def data(self) -> memoryview:
         """A zero-copy view; release it (or let it go) before ``close()``."""
         return memoryview(self)
+
+
+class LentObject(MappedObject):
+    """A large message mapped from a file the sidecar lent: closing it (or
+    its garbage collection) gives the file back, to hold a later message."""
+
+    def close(self) -> None:
+        super().close()
+        give_back = self.__dict__.pop("_give_back", None)
+        if give_back is not None:
+            give_back()
+
+
+def _lent_object(fd: int, size: int, offset: int, give_back: Callable[[], None]) -> LentObject:
+    """Maps size bytes of a lent file at offset; give_back runs once, at
+    close or when the mapping is collected."""
+    obj = LentObject(fd, size, prot=mmap.PROT_READ, offset=offset)
+    fin = weakref.finalize(obj, give_back)
+    fin.atexit = False
+    obj._give_back = fin
+    return obj
 
 
 #: What ``get`` and ``get_object`` return.

@@ -86,11 +86,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import _direct
-from ._attached import Attached
+from ._attached import Attached, Lent
 from ._collectives import RING_MIN_BYTES, _Collectives
 from ._fastmsg import ANY_SOURCE, ANY_TAG, MAX_NAMES, Payload, messaging_call, slack, socket_path, timeout_ms
 from ._reduce import MAX, MIN, SUM, Op, Reduction
-from .client import BytesLike, Data, InlineObject, MappedObject, SharedBuffer, _view
+from .client import BytesLike, Data, InlineObject, MappedObject, SharedBuffer, _lent_object, _view
 from .errors import InvalidError, ZiptrailError
 
 if TYPE_CHECKING:
@@ -287,6 +287,18 @@ class Group(_Collectives):
                 return Message(frm, got, MappedObject(payload.fd, payload.size, prot=mmap.PROT_READ))
             finally:
                 payload.close()
+        if isinstance(payload, Lent):  # a file the sidecar lent: given back when the mapping goes
+            if payload.err:
+                payload.close()
+                raise ZiptrailError("recv", payload.err)
+            fd, give_back = payload.take()
+            try:
+                return Message(frm, got, _lent_object(fd, payload.size, 0, give_back))
+            except BaseException:
+                give_back()
+                raise
+            finally:
+                os.close(fd)
         return Message(frm, got, self.client._data("recv", payload, ""))
 
     def _check_rank(self, op: str, r: int) -> None:

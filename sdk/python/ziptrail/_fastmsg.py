@@ -29,6 +29,7 @@ import math
 import os
 import socket
 import struct
+import tempfile
 import threading
 import weakref
 from typing import Any, Callable, Union
@@ -44,6 +45,11 @@ _RESP = struct.Struct("<IBBHIqQ")  # n, then the response's 24 fixed bytes
 _REQ_FIXED, _RESP_FIXED = _REQ.size - 4, _RESP.size - 4
 _SEND, _RECV = 1, 2
 _PATH, _MAILBOXED = 1, 2
+# Send: give the file back once sent; response: it was (msgfiles.go).
+_GIVE_BACK, _RETURNED = 2, 4
+# Files a client keeps for its next large messages.
+_KEPT_FILES = 4
+_WRITE_CHUNK = 1 << 30  # os.pwrite moves at most ~2 GiB per call
 ANY_SOURCE, ANY_TAG = 1, 2
 #: The bound on a request's session and group names (bytes each).
 MAX_NAMES = 1 << 10
@@ -55,6 +61,23 @@ _JOIN_MAX = 16 << 10
 
 #: A payload: inline bytes, or (str) a file's path.
 Payload = Union[bytes, str]
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _shm_room(dir: str) -> bool:
+    """Whether dir's filesystem has half its space free (or a GiB): only
+    then are idle files kept there (as the sidecar's shmRoom)."""
+    try:
+        st = os.statvfs(dir)
+    except OSError:
+        return True
+    return st.f_blocks == 0 or st.f_bavail * 2 >= st.f_blocks or st.f_bavail * st.f_frsize >= 1 << 30
 
 
 def socket_path(api_socket: str) -> str:
@@ -112,6 +135,10 @@ class MessageClient:
         self._conns: set[_Conn] = set()  # every open connection, for close()
         self._lock = threading.RLock()  # _Thread.__del__ may run anywhere
         self._closed = False
+        # Files sends got back (send_file), to write the next large message
+        # into: their pages are there already (docs/messaging.md "Reused
+        # files"). Most recent last.
+        self._files: list[str] = []
         _clients.add(self)
 
     def _after_fork(self) -> None:
@@ -122,12 +149,17 @@ class MessageClient:
         conns, self._conns = self._conns, set()
         for c in conns:
             c.close()  # the child's copies only
+        self._files = []  # the parent's to reuse, not the child's
 
     def close(self) -> None:
-        """Closes every connection (of every thread)."""
+        """Closes every connection (of every thread) and removes the files
+        kept for reuse."""
         with self._lock:
             self._closed = True
             conns, self._conns = self._conns, set()
+            files, self._files = self._files, []
+        for f in files:
+            _unlink(f)
         for c in conns:
             try:
                 c.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked on it
@@ -193,6 +225,67 @@ class MessageClient:
         if st:
             raise body
         return bool(flags & _MAILBOXED)
+
+    def send_file(self, op: str, names: bytes, name_lens: tuple[int, int], rank: int, to: int, tag: int,
+                  path: str, timeout_ms: int, sock_timeout: float | None) -> bool:
+        """Sends the file at path (see message_file) and asks for it back
+        once sent: kept for the next message, else removed (by the sidecar
+        too). True when mailboxed."""
+        c = self._conn(op)
+        try:
+            _request(c, _SEND, _GIVE_BACK, names, name_lens, rank, to, tag, path, timeout_ms, sock_timeout)
+            st, flags, _, _, body = _response(c, op)
+        except BaseException as e:
+            self._drop(c)
+            _unlink(path)
+            raise _failed(op, e, sock_timeout) from None
+        if st:
+            _unlink(path)
+            raise body
+        if flags & _RETURNED:
+            self._keep(path)
+        else:
+            _unlink(path)
+        return bool(flags & _MAILBOXED)
+
+    def message_file(self, dir: str, data: memoryview) -> str:
+        """A file of dir holding data: one a send gave back when there is
+        one (written in place, no new pages), else a new one."""
+        n = data.nbytes
+        with self._lock:
+            path = self._files.pop() if self._files else None
+        if path is not None:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:
+                path = None
+        if path is None:
+            fd, path = tempfile.mkstemp(prefix="put-", dir=dir)
+        try:
+            os.ftruncate(fd, n)  # a reused file may be larger: nothing past the end
+            off = 0
+            while off < n:
+                off += os.pwrite(fd, data[off:off + _WRITE_CHUNK], off)
+        except BaseException:
+            os.close(fd)
+            _unlink(path)
+            raise
+        os.close(fd)
+        return path
+
+    def _keep(self, path: str) -> None:
+        """Keeps a file a send got back, while the directory has room (a
+        pod's /dev/shm is small) and at most _KEPT_FILES of them."""
+        drop: list[str] = []
+        with self._lock:
+            if self._closed or not _shm_room(os.path.dirname(path)):
+                drop.append(path)
+            else:
+                self._files.append(path)
+                while len(self._files) > _KEPT_FILES:
+                    drop.append(self._files.pop(0))
+        for f in drop:
+            _unlink(f)
 
     def recv(self, op: str, names: bytes, name_lens: tuple[int, int], rank: int, source: int, tag: int, flags: int,
              timeout_ms: int, sock_timeout: float | None) -> tuple[int, int, Payload]:

@@ -269,6 +269,19 @@ class Group(_Collectives):
                 else:
                     self._att.send("send", to, sock, tag, _view(data), t)
                 return False
+        if not isinstance(data, SharedBuffer):
+            mv = _view(data)
+            if mv.nbytes > self.client.inline_threshold:
+                # A file this client reuses: the sidecar gives it back once sent.
+                self._check_names("send")
+                try:
+                    path = self._msg.message_file(self.client.shm_dir, mv)
+                except OSError as e:
+                    raise ZiptrailError("send", f"write the message into {self.client.shm_dir}: {e}") from None
+                t = timeout if timeout is not None else self.client.timeout
+                ms = timeout_ms(t)
+                return messaging_call(self.client, "send", lambda: self._msg.send_file(
+                    "send", self._names, self._name_lens, self.rank, to, tag, path, ms, slack(t)), to)
         (payload,) = self.client._raw_payloads(data, "send")
         return self._send_payload("send", to, tag, payload, timeout)
 

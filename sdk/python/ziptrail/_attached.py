@@ -272,13 +272,14 @@ class Attached:
         frame = _direct.release_request(token)
 
         def give_back() -> None:
-            with self._rlock:
-                if self._member.fileno() < 0:
-                    return
-                try:
-                    self._member.send(frame, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
-                except OSError:
-                    pass
+            # Also run from __del__ and finalizers, at interpreter exit too:
+            # nothing may escape.
+            try:
+                with self._rlock:
+                    if self._member.fileno() >= 0:
+                        self._member.send(frame, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+            except Exception:  # noqa: BLE001 - a channel that ended drops it
+                pass
         return give_back
 
     def _set_view(self, v: View) -> None:

@@ -151,6 +151,22 @@ func appendMsgResponse(b []byte, p *msgResponse) []byte {
 	return append(append(appendMsgHeader(b, p), p.reason...), p.body...)
 }
 
+// sendResponse answers a send: an error, or flags bit 1 mailboxed and
+// bit 2 the file given back.
+func sendResponse(mailboxed, returned bool, err error) *msgResponse {
+	if err != nil {
+		return errorResponse(err)
+	}
+	resp := &msgResponse{}
+	if mailboxed {
+		resp.flags |= 2
+	}
+	if returned {
+		resp.flags |= flagReturned
+	}
+	return resp
+}
+
 func errorResponse(err error) *msgResponse {
 	reason := ReasonOf(err)
 	switch {
@@ -299,17 +315,7 @@ func (s *Server) startMessage(q *msgRequest, respond func(*msgResponse)) func() 
 	switch q.op {
 	case opSend:
 		out := messaging.Outgoing{Session: q.session, Group: q.group, From: q.rank, To: q.peer, Tag: q.tag}
-		sent := func(mailboxed bool, err error) {
-			if err != nil {
-				respond(errorResponse(err))
-				return
-			}
-			resp := &msgResponse{}
-			if mailboxed {
-				resp.flags |= 2
-			}
-			respond(resp)
-		}
+		sent := func(mailboxed bool, err error) { respond(sendResponse(mailboxed, false, err)) }
 		if q.flags&1 != 0 {
 			// A file of the object directory: opened, sent and removed on
 			// a goroutine of its own.
@@ -320,19 +326,7 @@ func (s *Server) startMessage(q *msgRequest, respond func(*msgResponse)) func() 
 			giveBack := q.flags&flagReturnFile != 0
 			go func() {
 				defer cancel()
-				mailboxed, returned, err := s.sendFile(ctx, rt, out, string(q.payload), giveBack)
-				if err != nil {
-					respond(errorResponse(err))
-					return
-				}
-				resp := &msgResponse{}
-				if mailboxed {
-					resp.flags |= 2
-				}
-				if returned {
-					resp.flags |= flagReturned
-				}
-				respond(resp)
+				respond(sendResponse(s.sendFile(ctx, rt, out, string(q.payload), giveBack)))
 			}()
 			return cancel
 		}

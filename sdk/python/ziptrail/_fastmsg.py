@@ -34,6 +34,7 @@ import threading
 import weakref
 from typing import Any, Callable, Union
 
+from .client import _remove
 from .errors import (MessageTimeoutError, PeerGoneError, UnavailableError, ZiptrailError, ZiptrailTimeoutError,
                      from_reason)
 
@@ -61,13 +62,6 @@ _JOIN_MAX = 16 << 10
 
 #: A payload: inline bytes, or (str) a file's path.
 Payload = Union[bytes, str]
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _shm_room(dir: str) -> bool:
@@ -159,7 +153,7 @@ class MessageClient:
             conns, self._conns = self._conns, set()
             files, self._files = self._files, []
         for f in files:
-            _unlink(f)
+            _remove(f)
         for c in conns:
             try:
                 c.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked on it
@@ -237,15 +231,15 @@ class MessageClient:
             st, flags, _, _, body = _response(c, op)
         except BaseException as e:
             self._drop(c)
-            _unlink(path)
+            _remove(path)
             raise _failed(op, e, sock_timeout) from None
         if st:
-            _unlink(path)
+            _remove(path)
             raise body
         if flags & _RETURNED:
             self._keep(path)
         else:
-            _unlink(path)
+            _remove(path)
         return bool(flags & _MAILBOXED)
 
     def message_file(self, dir: str, data: memoryview) -> str:
@@ -268,7 +262,7 @@ class MessageClient:
                 off += os.pwrite(fd, data[off:off + _WRITE_CHUNK], off)
         except BaseException:
             os.close(fd)
-            _unlink(path)
+            _remove(path)
             raise
         os.close(fd)
         return path
@@ -285,7 +279,7 @@ class MessageClient:
                 while len(self._files) > _KEPT_FILES:
                     drop.append(self._files.pop(0))
         for f in drop:
-            _unlink(f)
+            _remove(f)
 
     def recv(self, op: str, names: bytes, name_lens: tuple[int, int], rank: int, source: int, tag: int, flags: int,
              timeout_ms: int, sock_timeout: float | None) -> tuple[int, int, Payload]:

@@ -71,17 +71,20 @@ const DefaultStreamGrace = 400 * time.Millisecond
 // streamEnded announces that the stream's pod's members are gone, unless
 // the pod reconnects and joins them again within the grace (a live pod
 // whose stream broke must not look dead to its groups).
+//
+// The directory is read through groups(), like every other use: a stream
+// ending while another stream's first join makes the directory read
+// s.Groups unsynchronized otherwise (a data race the e2e suite's race
+// detector reported).
 func (s *Server) streamEnded(c *conn) {
-	if s.Groups == nil {
-		return
-	}
-	s.Groups.StreamEnded(c.sid)
+	g := s.groups()
+	g.StreamEnded(c.sid)
 	grace := s.StreamGrace
 	if grace <= 0 {
 		grace = DefaultStreamGrace
 	}
 	time.AfterFunc(grace, func() {
-		for _, u := range s.Groups.Expire(c.sid) {
+		for _, u := range g.Expire(c.sid) {
 			s.push(u)
 		}
 	})

@@ -276,14 +276,28 @@ func failover(t *testing.T, crash bool) {
 			return n == want
 		})
 	}
-	// Workflow.status.engine names the heir.
-	waitForLong(t, time.Minute, victim+"'s status.engine to name "+heir.id, func() bool {
+	// Workflow.status.engine names the replica that serves the workflow
+	// now: the heir, or, should the bucket have moved on again (a lease
+	// the heir could not renew in time on a loaded machine), its owner
+	// then.
+	var seen *v1alpha1.WorkflowEngine
+	var serving string
+	waitForLong(t, time.Minute, victim+"'s status.engine to name the replica serving it (heir "+heir.id+")", func() bool {
 		wf := &v1alpha1.Workflow{}
 		if err := c.k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: victim}, wf); err != nil || wf.Status.Engine == nil {
 			return false
 		}
-		return wf.Status.Engine.Owner == heir.id && wf.Status.Engine.Bucket == victimBucket
+		seen = wf.Status.Engine
+		now := c.owner(ns, victim)
+		if now == nil {
+			return false
+		}
+		serving = now.id
+		return seen.Owner == now.id && seen.Bucket == victimBucket
 	})
+	if serving != heir.id {
+		t.Logf("%s moved on from %s to %s after the takeover; status.engine %+v", victimBucket, heir.id, serving, *seen)
+	}
 
 	// The other replicas' sessions never paused: they completed during the
 	// failover, none failed, and their buckets never moved.

@@ -101,7 +101,8 @@ func (c *Client) Close() error {
 func (c *Client) messages() *localapi.MessageClient {
 	c.msgOnce.Do(func() {
 		c.msg = localapi.NewMessageClient(localapi.MessageSocket(c.socket))
-		c.msg.LendFiles = true // large messages' files go back to the sidecar at Close
+		c.msg.LendFiles = true   // large messages' files go back to the sidecar at Close
+		c.msg.TCPChannels = true // direct channels across nodes (directmsg.NewConn reads them)
 	})
 	return c.msg
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/directmsg"
@@ -75,6 +76,7 @@ type attached struct {
 	wake   chan struct{} // closed and replaced on every change
 	inbox  []*inMsg
 	bytes  int64
+	over   atomic.Bool // bytes > inboxCap: TCP channels' credits wait
 	view   *localapi.View
 	in     map[int]*inChan
 	ended  error // the member channel ended (the member left or the sidecar went)
@@ -97,8 +99,10 @@ func (a *attached) changed() {
 	a.wake = make(chan struct{})
 }
 
-// add queues a message, then waits while the inbox is over its cap.
-func (a *attached) add(m *inMsg) {
+// add queues a message, then waits while the inbox is over its cap
+// (unless nowait: a TCP channel's reader reads whatever its sender's
+// window allows; its credits wait instead, directmsg/stream.go).
+func (a *attached) add(m *inMsg, nowait bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -107,8 +111,9 @@ func (a *attached) add(m *inMsg) {
 	}
 	a.inbox = append(a.inbox, m)
 	a.bytes += int64(len(m.data))
+	a.over.Store(a.bytes > inboxCap)
 	a.changed()
-	for a.bytes > inboxCap && !a.closed {
+	for a.bytes > inboxCap && !a.closed && !nowait {
 		ch := a.wake
 		a.mu.Unlock()
 		<-ch
@@ -191,6 +196,9 @@ func (a *attached) readMember() {
 			if c != nil && a.rec != nil {
 				c.Alloc = a.rec.get
 			}
+			if c != nil {
+				c.SetHold(a.over.Load)
+			}
 			from := int(p.From)
 			a.mu.Lock()
 			if old := a.in[from]; old != nil && old.c != nil {
@@ -216,7 +224,7 @@ func (a *attached) readMember() {
 			if m.path == "" && m.data == nil {
 				m.data = []byte{}
 			}
-			a.add(m)
+			a.add(m, false)
 		}
 	}
 }
@@ -243,7 +251,7 @@ func (a *attached) readDirect(from int, ic *inChan) {
 		if m.Recycled {
 			im.rec = a.rec
 		}
-		a.add(im)
+		a.add(im, ic.c.Stream())
 	}
 }
 
@@ -253,6 +261,14 @@ func (a *attached) take(from int, tag int64, anyTag bool) *inMsg {
 		if (from == AnySource || m.from == from) && ((anyTag && m.tag >= 0) || (!anyTag && m.tag == tag)) {
 			a.inbox = slices.Delete(a.inbox, i, i+1)
 			a.bytes -= int64(len(m.data))
+			if a.over.Load() && a.bytes <= inboxCap {
+				a.over.Store(false)
+				for _, ic := range a.in {
+					if ic.c != nil && ic.c.Stream() {
+						go ic.c.Release() // the credits held while the inbox was full
+					}
+				}
+			}
 			a.changed()
 			return m
 		}

@@ -82,7 +82,7 @@ func allDirect(t *testing.T, gs []*Group) {
 // TestDirectOrderAndBackPressure: on one node, 3000 messages of mixed
 // sizes (inline frames and memfds) from one rank arrive in order; a
 // receiver that does not read holds its sender back (a send times out)
-// and loses nothing; a rank on another node goes through the sidecars.
+// and loses nothing; a rank on another node sends over a TCP channel.
 func TestDirectOrderAndBackPressure(t *testing.T) {
 	op := testservers.StartOperator(t)
 	dir := nodeDir(t)
@@ -130,8 +130,8 @@ func TestDirectOrderAndBackPressure(t *testing.T) {
 		t.Fatalf("from the other node: %v", err)
 	}
 	allDirect(t, gs[:1])
-	if oc := gs[2].att.out[1]; oc == nil || oc.c != nil {
-		t.Fatal("the other node's rank did not use the sidecars")
+	if oc := gs[2].att.out[1]; oc == nil || oc.c == nil || !oc.c.Stream() {
+		t.Fatal("the other node's rank did not send over a TCP channel")
 	}
 
 	// Back-pressure: rank 1 reads nothing until rank 0 is held back, with
@@ -362,11 +362,22 @@ func init() {
 // TestDirectPeerKilled: the sender's function process is SIGKILLed while
 // it holds its direct channel: its sidecar sees the invocation fail, the
 // directory announces rank 0 gone, and the receiver, once it drained the
-// channel, gets PeerGone naming rank 0.
+// channel, gets PeerGone naming rank 0. Its pod on the same node (a
+// socketpair) and on another node (a TCP channel).
 func TestDirectPeerKilled(t *testing.T) {
+	for _, across := range []bool{false, true} {
+		t.Run(map[bool]string{false: "same node", true: "across nodes"}[across], func(t *testing.T) { testDirectPeerKilled(t, across) })
+	}
+}
+
+func testDirectPeerKilled(t *testing.T, across bool) {
 	op := testservers.StartOperator(t)
 	dir := nodeDir(t)
-	b := startNodePod(t, op, "ns", "pod-b", "node-a", dir, "")
+	bNode, bDir := "node-a", dir
+	if across {
+		bNode, bDir = "node-b", nodeDir(t)
+	}
+	b := startNodePod(t, op, "ns", "pod-b", bNode, bDir, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	// The child listens on a port chosen free here, which another
@@ -411,10 +422,10 @@ func TestDirectPeerKilled(t *testing.T) {
 		t.Fatalf("recv: %v", err)
 	}
 	g1.att.mu.Lock()
-	direct := g1.att.in[0] != nil
+	ic := g1.att.in[0]
 	g1.att.mu.Unlock()
-	if !direct {
-		t.Fatal("the message did not come over a direct channel")
+	if ic == nil || ic.c == nil || ic.c.Stream() != across {
+		t.Fatalf("the message did not come over a direct channel (TCP: %v)", across)
 	}
 	if err := child.Process.Kill(); err != nil {
 		t.Fatal(err)

@@ -24,11 +24,15 @@ import (
 
 // startPod runs a sidecar for pod in namespace ns, on the operator's
 // directory (the namespace's keys come from the operator).
-func startPod(t testing.TB, op *testservers.Operator, ns, pod string) *sidecar {
+func startPod(t testing.TB, op *testservers.Operator, ns, pod string, env ...string) *sidecar {
 	t.Helper()
-	return startSidecar(t, sidecarOpts{namespace: ns, env: []string{"SERVING_POD=" + pod,
-		"ZIPTRAIL_OPERATOR_ADDR=" + op.Addr, "ZIPTRAIL_TOKEN_FILE=" + op.PodToken(t, ns, pod)}})
+	return startSidecar(t, sidecarOpts{namespace: ns, env: append([]string{"SERVING_POD=" + pod,
+		"ZIPTRAIL_OPERATOR_ADDR=" + op.Addr, "ZIPTRAIL_TOKEN_FILE=" + op.PodToken(t, ns, pod)}, env...)})
 }
+
+// viaSidecars keeps a pod's members on the sidecars' message streams
+// (no direct TCP channels across nodes): the tests of that path.
+const viaSidecars = "ZIPTRAIL_DIRECT_TCP=off"
 
 // joinAll joins ranks concurrently (Join with WithWaitAll returns once
 // every rank joined): ranks[i] runs in pods[i].
@@ -68,13 +72,14 @@ func randomBytes(n int) []byte {
 	return b
 }
 
-// TestGroupPointToPoint: two pods, small and 8 MiB messages (the large
-// ones through shared memory on both ends: mapped, not copied, on
-// receipt), the order of one sender's messages kept, AnySource/AnyTag,
-// membership views and Watch, Leave seen as PeerGone.
+// TestGroupPointToPoint: two pods through their sidecars, small and 8
+// MiB messages (the large ones through shared memory on both ends:
+// mapped, not copied, on receipt), the order of one sender's messages
+// kept, AnySource/AnyTag, membership views and Watch, Leave seen as
+// PeerGone.
 func TestGroupPointToPoint(t *testing.T) {
 	op := testservers.StartOperator(t)
-	a, b := startPod(t, op, "ns", "pod-a"), startPod(t, op, "ns", "pod-b")
+	a, b := startPod(t, op, "ns", "pod-a", viaSidecars), startPod(t, op, "ns", "pod-b", viaSidecars)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	gs := joinAll(t, ctx, []*sidecar{a, b}, "s1", "p2p", 2)
@@ -298,33 +303,72 @@ func collectiveRound(ctx context.Context, g *Group, round int, big bool) error {
 	return nil
 }
 
+// transports are the two paths between members in different pods (as on
+// different nodes): direct TCP channels between the functions (the
+// default) and the sidecars' message streams (ZIPTRAIL_DIRECT_TCP=off).
+var transports = []struct {
+	name string
+	env  []string
+}{{"tcp", nil}, {"sidecars", []string{viaSidecars}}}
+
+// pathsAre checks that every path the members decided to a rank in
+// another pod is a TCP channel (tcp) or the sidecars (not tcp); ranks in
+// one pod always use the sidecar. pod gives a rank's pod.
+func pathsAre(t *testing.T, gs []*Group, tcp bool, pod func(rank int) int) {
+	t.Helper()
+	for _, g := range gs {
+		g.att.omu.Lock()
+		for to, oc := range g.att.out {
+			if !oc.decided {
+				continue
+			}
+			want := tcp && pod(to) != pod(g.rank)
+			if got := oc.c != nil && oc.c.Stream(); got != want {
+				t.Errorf("rank %d -> %d: a TCP channel %v, want %v", g.rank, to, got, want)
+			}
+		}
+		g.att.omu.Unlock()
+	}
+}
+
 // TestCollectivesOnSidecars: every collective with 4 members (one pod
 // each) and with 8 members (4 pods with 2 members each), small and large
-// data, several rounds in a row with changing roots.
+// data, several rounds in a row with changing roots, over TCP channels
+// and over the sidecars.
 func TestCollectivesOnSidecars(t *testing.T) {
-	op := testservers.StartOperator(t)
-	var pods []*sidecar
-	for i := range 4 {
-		pods = append(pods, startPod(t, op, "ns", fmt.Sprintf("pod-%d", i)))
-	}
-	for _, size := range []int{4, 8} {
-		t.Run(fmt.Sprintf("%d members", size), func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			gs := joinAll(t, ctx, pods, "s-coll", fmt.Sprintf("g%d", size), size)
-			errs := eachMember(gs, func(g *Group) error {
-				for round := range 3 {
-					if err := collectiveRound(ctx, g, round, round == 2); err != nil {
-						return fmt.Errorf("round %d: %w", round, err)
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			op := testservers.StartOperator(t)
+			var pods []*sidecar
+			for i := range 4 {
+				pods = append(pods, startPod(t, op, "ns", fmt.Sprintf("pod-%d", i), tr.env...))
+			}
+			for _, size := range []int{4, 8} {
+				t.Run(fmt.Sprintf("%d members", size), func(t *testing.T) {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+					defer cancel()
+					gs := joinAll(t, ctx, pods, "s-coll", fmt.Sprintf("g%d", size), size)
+					errs := eachMember(gs, func(g *Group) error {
+						for round := range 3 {
+							if err := collectiveRound(ctx, g, round, round == 2); err != nil {
+								return fmt.Errorf("round %d: %w", round, err)
+							}
+						}
+						return nil
+					})
+					checkAll(t, fmt.Sprintf("%d members", size), errs)
+					pathsAre(t, gs, tr.env == nil, func(r int) int { return r % len(pods) })
+					for _, g := range gs {
+						if err := g.Leave(ctx); err != nil {
+							t.Fatal(err)
+						}
 					}
-				}
-				return g.Leave(ctx)
-			})
-			checkAll(t, fmt.Sprintf("%d members", size), errs)
-			for i, p := range pods {
-				if left := p.leftBeyondPool(t, 16); len(left) != 0 {
-					t.Fatalf("pod %d: files left in shared memory: %v", i, left)
-				}
+					for i, p := range pods {
+						if left := p.leftBeyondPool(t, 16); len(left) != 0 {
+							t.Fatalf("pod %d: files left in shared memory: %v", i, left)
+						}
+					}
+				})
 			}
 		})
 	}
@@ -334,12 +378,19 @@ func TestCollectivesOnSidecars(t *testing.T) {
 // while the group runs allreduces in a loop; every other member's
 // collective ends with PeerGone naming one of the dead ranks, or a member
 // that left after its own PeerGone (not a timeout: the members' contexts
-// have no deadline that could end them).
+// have no deadline that could end them). Over TCP channels and over the
+// sidecars.
 func TestCollectivePeerGoneOnSidecars(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) { testCollectivePeerGone(t, tr.env) })
+	}
+}
+
+func testCollectivePeerGone(t *testing.T, env []string) {
 	op := testservers.StartOperator(t)
 	var pods []*sidecar
 	for i := range 4 {
-		pods = append(pods, startPod(t, op, "ns", fmt.Sprintf("pod-%d", i)))
+		pods = append(pods, startPod(t, op, "ns", fmt.Sprintf("pod-%d", i), env...))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -19,7 +19,7 @@ import (
 // change nothing.
 func TestLargeMessagesReuseFiles(t *testing.T) {
 	op := testservers.StartOperator(t)
-	a, b := startPod(t, op, "ns", "pod-a"), startPod(t, op, "ns", "pod-b")
+	a, b := startPod(t, op, "ns", "pod-a", viaSidecars), startPod(t, op, "ns", "pod-b", viaSidecars)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	gs := joinAll(t, ctx, []*sidecar{a, b}, "s1", "files", 2)

@@ -41,6 +41,7 @@
 package directmsg
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -97,8 +98,14 @@ type Conn struct {
 	// are Recycled.
 	Alloc func(tag int64, n int) []byte
 
-	c        *net.UnixConn
-	raw      syscall.RawConn
+	c        net.Conn
+	raw      syscall.RawConn // a socketpair end's (nil for a stream)
+	stream   bool            // a TCP channel across nodes (stream.go)
+	br       *bufio.Reader   // a stream's reader
+	cbuf     []byte          // a stream sender's credit bytes read (under wmu)
+	cmu      sync.Mutex      // a stream receiver's credits:
+	owed     uint64          //   frame bytes read and not credited (under cmu)
+	hold     func() bool     //   true while its inbox is over its cap
 	wmu      sync.Mutex
 	inflight uint64    // memfd bytes sent and not credited (under wmu)
 	unacked  []unacked // memfd frames not credited, oldest first (under wmu)
@@ -111,17 +118,22 @@ type Conn struct {
 	oob      []byte
 }
 
-// NewConn takes over f, a socketpair end.
+// NewConn takes over f, a socketpair end (a same-node channel) or a
+// connected TCP socket (a channel across nodes, stream.go).
 func NewConn(f *os.File) (*Conn, error) {
 	nc, err := net.FileConn(f)
 	_ = f.Close()
 	if err != nil {
 		return nil, err
 	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+		return &Conn{c: tc, stream: true}, nil
+	}
 	uc, ok := nc.(*net.UnixConn)
 	if !ok {
 		_ = nc.Close()
-		return nil, fmt.Errorf("%w: not a unix socket", ErrFrame)
+		return nil, fmt.Errorf("%w: neither a unix nor a TCP socket", ErrFrame)
 	}
 	rc, err := uc.SyscallConn()
 	if err != nil {
@@ -170,6 +182,9 @@ func header(kind byte, tag int64, size uint64) []byte {
 func (c *Conn) Send(ctx context.Context, tag int64, data []byte) error {
 	if len(data) > MaxMessage {
 		return fmt.Errorf("message of %d bytes: at most %d", len(data), MaxMessage)
+	}
+	if c.stream {
+		return c.sendStream(ctx, tag, data)
 	}
 	if len(data) <= InlineMax {
 		c.wmu.Lock()
@@ -371,6 +386,9 @@ type Message struct {
 // Recv reads the next message; io.EOF when the sender's end closed.
 // Recv is not safe for concurrent use.
 func (c *Conn) Recv() (Message, error) {
+	if c.stream {
+		return c.recvStream()
+	}
 	if c.buf == nil {
 		c.hdr = make([]byte, HeaderSize)
 		c.buf = make([]byte, InlineMax+1)

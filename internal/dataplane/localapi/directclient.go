@@ -135,6 +135,9 @@ func (c *MessageClient) Attach(ctx context.Context, session, group string, rank,
 	if c.LendFiles {
 		flags |= flagLendFiles
 	}
+	if c.TCPChannels {
+		flags |= flagTCP
+	}
 	uc, fr, err := c.dialUnix()
 	if err != nil {
 		return nil, false, &MessageError{Reason: "UNAVAILABLE", Message: "messaging socket: " + err.Error()}
@@ -277,7 +280,11 @@ func (c *MessageClient) Open(ctx context.Context, session, group string, from, t
 	defer fr.closeAll()
 	stop := context.AfterFunc(ctx, func() { _ = uc.SetDeadline(time.Now()) })
 	defer stop()
-	b := appendMsgRequest(nil, opOpen, 0, session, group, from, to, 0, timeoutOf(ctx), 0)
+	var flags uint8
+	if c.TCPChannels {
+		flags = flagTCP
+	}
+	b := appendMsgRequest(nil, opOpen, flags, session, group, from, to, 0, timeoutOf(ctx), 0)
 	b = append(append(b, session...), group...)
 	_, err = uc.Write(b)
 	var resp *msgResponse

@@ -22,9 +22,12 @@ type MessageClient struct {
 	// large messages (Received.Token), which the caller then releases
 	// (MemberChannel.Release) instead of removing (msgfiles.go).
 	LendFiles bool
-	mu        sync.Mutex
-	free      []*msgConn
-	closed    bool
+	// TCPChannels: member channels and opens take direct channels across
+	// nodes, TCP sockets (the client reads them with directmsg.NewConn).
+	TCPChannels bool
+	mu          sync.Mutex
+	free        []*msgConn
+	closed      bool
 }
 
 type msgConn struct {

@@ -20,6 +20,7 @@ import (
 // "Same-node direct channels"):
 //
 //	op 3 attach: flags bit 0 mailbox, bit 2 lend files (msgfiles.go),
+//	             bit 4 take TCP channels (direct channels across nodes),
 //	             rank, peer = the group's size,
 //	             timeout ms bounds the join, payload = the invocation id.
 //	             The sidecar joins the rank attached to this connection
@@ -37,7 +38,8 @@ import (
 //	             op 5 release requests (payload: tokens, comma-separated;
 //	             no response); closing the connection detaches (the
 //	             membership stays).
-//	op 4 open:   rank (sender), peer (receiver). ok with flags bit 2 and
+//	op 4 open:   rank (sender), peer (receiver), flags bit 4: a TCP
+//	             channel across nodes will do. ok with flags bit 2 and
 //	             the sending end attached: direct; ok without: nodirect
 //	             (the reason says why), for the group's lifetime.
 const (
@@ -50,6 +52,9 @@ const (
 
 	flagMailbox = 2
 	flagDirect  = 4
+	// flagTCP (attach and open): the SDK reads and writes direct
+	// channels across nodes, TCP sockets (directmsg/stream.go).
+	flagTCP = 16
 )
 
 // serveAttach joins q's rank attached to c and pushes its member channel
@@ -65,7 +70,7 @@ func (s *Server) serveAttach(c net.Conn, r *bufio.Reader, w *bufio.Writer, q *ms
 	if q.timeoutMs > 0 {
 		jctx, jcancel = context.WithTimeout(context.Background(), time.Duration(q.timeoutMs)*time.Millisecond)
 	}
-	v, att, err := rt.JoinAttached(jctx, q.session, q.group, q.rank, q.peer, q.flags&1 != 0, string(q.payload))
+	v, att, err := rt.JoinAttached(jctx, q.session, q.group, q.rank, q.peer, q.flags&1 != 0, string(q.payload), q.flags&flagTCP != 0)
 	jcancel()
 	if att == nil {
 		if err == nil {
@@ -196,7 +201,7 @@ func (s *Server) answerOpen(c net.Conn, w *bufio.Writer, q *msgRequest) error {
 		return writeMsgResponse(w, errorResponse(err))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	f, err := rt.OpenDirect(ctx, q.session, q.group, q.rank, q.peer)
+	f, err := rt.OpenDirect(ctx, q.session, q.group, q.rank, q.peer, q.flags&flagTCP != 0)
 	cancel()
 	switch {
 	case f != nil:

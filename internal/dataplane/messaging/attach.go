@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
@@ -28,6 +29,7 @@ var ErrNoDirect = errors.New("no direct channel")
 type attachment struct {
 	directs  []directEnd // socket ends to push, oldest first
 	detached bool
+	tcp      bool // the SDK takes direct channels across nodes (TCP)
 }
 
 type directEnd struct {
@@ -57,9 +59,10 @@ type Push struct {
 
 // JoinAttached joins as Join does (without waiting for every rank) and
 // attaches the member before the directory announces it, so no same-node
-// sender can find it listed and not attached.
-func (r *Router) JoinAttached(ctx context.Context, session, name string, rank, size uint32, mailbox bool, invocation string) (*controlv1.GroupView, *Attachment, error) {
-	att := &attachment{}
+// sender can find it listed and not attached. With tcp the member takes
+// direct channels across nodes too (its SDK reads TCP channels).
+func (r *Router) JoinAttached(ctx context.Context, session, name string, rank, size uint32, mailbox bool, invocation string, tcp bool) (*controlv1.GroupView, *Attachment, error) {
+	att := &attachment{tcp: tcp}
 	v, err := r.join(ctx, session, name, rank, size, mailbox, invocation, false, att)
 	if v == nil {
 		return nil, nil, err
@@ -170,32 +173,84 @@ func (a *Attachment) Detach() {
 // makes a socketpair, queues one end for to's member channel and returns
 // the other for the sender from.
 func (r *Router) OfferDirect(session, name string, from, to uint32) (*os.File, error) {
+	var theirs *os.File
+	err := r.offer(session, name, from, to, false, func() (*os.File, error) {
+		mine, t, err := socketPair()
+		theirs = t
+		return mine, err
+	})
+	return theirs, err
+}
+
+// OfferTCP is the receiving side of an open across nodes (the data-plane
+// port, after its authenticator and its peer were checked): when rank to
+// runs here attached and takes TCP channels, it queues f, the
+// connection, for to's member channel (and owns it; on an error the
+// caller still does).
+func (r *Router) OfferTCP(session, name string, from, to uint32, f *os.File) error {
+	return r.offer(session, name, from, to, true, func() (*os.File, error) { return f, nil })
+}
+
+// offer queues the receiving end make returns for rank to's member
+// channel, when the pair may have a direct channel: rank to runs here
+// attached (and takes TCP channels, for tcp), not a mailbox group, the
+// sender live in the view (on this node, unless tcp).
+func (r *Router) offer(session, name string, from, to uint32, tcp bool, newEnd func() (*os.File, error)) error {
 	r.waitListed(session, name, from)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	g := r.groups[gkey{session, name}]
 	if g == nil || g.local[to] == nil {
-		return nil, fmt.Errorf("%w: rank %d of group %s does not run here", ErrNoDirect, to, name)
+		return fmt.Errorf("%w: rank %d of group %s does not run here", ErrNoDirect, to, name)
 	}
 	mb := g.local[to]
 	switch {
 	case g.mailbox:
-		return nil, fmt.Errorf("%w: group %s keeps mailboxes", ErrNoDirect, name)
+		return fmt.Errorf("%w: group %s keeps mailboxes", ErrNoDirect, name)
 	case mb.att == nil:
-		return nil, fmt.Errorf("%w: rank %d is not attached", ErrNoDirect, to)
+		return fmt.Errorf("%w: rank %d is not attached", ErrNoDirect, to)
+	case tcp && !mb.att.tcp:
+		return fmt.Errorf("%w: rank %d takes no TCP channels (an older SDK)", ErrNoDirect, to)
 	case from >= g.size || from == to:
-		return nil, fmt.Errorf("%w: sender rank %d", ErrNoDirect, from)
+		return fmt.Errorf("%w: sender rank %d", ErrNoDirect, from)
 	}
-	if peer, _ := lookup(g.view, from); peer == nil || peer.Node != r.cfg.Node || r.cfg.Node == "" {
-		return nil, fmt.Errorf("%w: rank %d is not live on this node", ErrNoDirect, from)
+	peer, _ := lookup(g.view, from)
+	switch {
+	case peer == nil:
+		return fmt.Errorf("%w: rank %d is not live", ErrNoDirect, from)
+	case !tcp && (peer.Node != r.cfg.Node || r.cfg.Node == ""):
+		return fmt.Errorf("%w: rank %d is not live on this node", ErrNoDirect, from)
 	}
-	mine, theirs, err := socketPair()
+	mine, err := newEnd()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	mb.att.directs = append(mb.att.directs, directEnd{from: from, f: mine})
 	signal(&mb.wake)
-	return theirs, nil
+	return nil
+}
+
+// CheckPeer: an open across nodes for the pair from -> to comes from
+// remote, the host of the data-plane address the group's view gives
+// rank from (a sidecar of the namespace cannot open a channel in another
+// pod's name).
+func (r *Router) CheckPeer(session, name string, from uint32, remote *net.TCPAddr) error {
+	r.waitListed(session, name, from)
+	r.mu.Lock()
+	g := r.groups[gkey{session, name}]
+	var peer *controlv1.GroupMember
+	if g != nil {
+		peer, _ = lookup(g.view, from)
+	}
+	r.mu.Unlock()
+	if peer == nil {
+		return fmt.Errorf("rank %d of group %s is not live here", from, name)
+	}
+	host, _, err := net.SplitHostPort(peer.DataplaneAddr)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.Equal(remote.IP) {
+		return fmt.Errorf("rank %d of group %s does not run at %s", from, name, remote.IP)
+	}
+	return nil
 }
 
 // listedWait bounds how long an open waits for this sidecar's view to list
@@ -247,50 +302,62 @@ func socketPair() (*os.File, *os.File, error) {
 	return os.NewFile(uintptr(fds[0]), "direct"), os.NewFile(uintptr(fds[1]), "direct"), nil
 }
 
-// DirectTarget is the sending side of an open: when the pair may use a
-// direct channel (not a mailbox group, from runs here, to is live in the
-// view on this sidecar's node with a pod UID), it returns to's pod UID and
-// the group's authenticator for to's sidecar.
-func (r *Router) DirectTarget(session, name string, from, to uint32) (podUID, auth string, err error) {
+// directTarget is where the pair from -> to may have a direct channel:
+// to's pod UID when to runs on this sidecar's node (the node socket), or,
+// with tcp, to's data-plane address when it runs on another (a TCP
+// channel); and the group's authenticator for to's sidecar. An error
+// wraps ErrNoDirect (the pair then uses the sidecars), or ErrClosed.
+func (r *Router) directTarget(session, name string, from, to uint32, tcp bool) (podUID, addr, auth string, err error) {
 	k := gkey{session, name}
 	r.mu.Lock()
 	g := r.groups[k]
 	if g == nil || g.local[from] == nil {
 		r.mu.Unlock()
-		return "", "", fmt.Errorf("%w: rank %d of group %s does not run in this pod (join first)", ErrClosed, from, name)
+		return "", "", "", fmt.Errorf("%w: rank %d of group %s does not run in this pod (join first)", ErrClosed, from, name)
 	}
 	peer, _ := lookup(g.view, to)
 	mbox := g.mailbox
 	r.mu.Unlock()
 	switch {
 	case mbox:
-		return "", "", fmt.Errorf("%w: group %s keeps mailboxes", ErrNoDirect, name)
-	case r.cfg.Node == "" || r.cfg.OpenDirect == nil:
-		return "", "", fmt.Errorf("%w: this sidecar has no node directory", ErrNoDirect)
+		return "", "", "", fmt.Errorf("%w: group %s keeps mailboxes", ErrNoDirect, name)
 	case peer == nil:
-		return "", "", fmt.Errorf("%w: rank %d is not live", ErrNoDirect, to)
-	case peer.Node != r.cfg.Node || peer.PodUid == "" || to == from:
-		return "", "", fmt.Errorf("%w: rank %d runs on another node", ErrNoDirect, to)
+		return "", "", "", fmt.Errorf("%w: rank %d is not live", ErrNoDirect, to)
+	case to == from:
+		return "", "", "", fmt.Errorf("%w: rank %d is this member", ErrNoDirect, to)
+	case r.cfg.Node != "" && r.cfg.OpenDirect != nil && peer.Node == r.cfg.Node && peer.PodUid != "":
+		podUID = peer.PodUid
+	case peer.DataplaneAddr == r.cfg.Self:
+		return "", "", "", fmt.Errorf("%w: rank %d runs in this pod", ErrNoDirect, to)
+	case tcp && r.cfg.OpenTCP != nil && peer.DataplaneAddr != "":
+		addr = peer.DataplaneAddr
+	case !tcp || r.cfg.OpenTCP == nil:
+		return "", "", "", fmt.Errorf("%w: rank %d runs on another node", ErrNoDirect, to)
+	default:
+		return "", "", "", fmt.Errorf("%w: rank %d has no address", ErrNoDirect, to)
 	}
 	auth, err = r.authenticator(k)
 	if err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
-	return peer.PodUid, auth, nil
+	return podUID, addr, auth, nil
 }
 
 // OpenDirect is the sending side of an open: a direct channel's sending
-// end for the pair from -> to, or an error wrapping ErrNoDirect (the pair
+// end for the pair from -> to (a socketpair end on one node, with tcp a
+// TCP socket across nodes), or an error wrapping ErrNoDirect (the pair
 // then uses the sidecars), or ErrClosed when from does not run here.
-func (r *Router) OpenDirect(ctx context.Context, session, name string, from, to uint32) (*os.File, error) {
-	if r.cfg.OpenDirect == nil {
-		return nil, fmt.Errorf("%w: this sidecar has no node directory", ErrNoDirect)
-	}
-	uid, auth, err := r.DirectTarget(session, name, from, to)
+func (r *Router) OpenDirect(ctx context.Context, session, name string, from, to uint32, tcp bool) (*os.File, error) {
+	uid, addr, auth, err := r.directTarget(session, name, from, to, tcp)
 	if err != nil {
 		return nil, err
 	}
-	f, err := r.cfg.OpenDirect(ctx, uid, auth, session, name, from, to)
+	var f *os.File
+	if uid != "" {
+		f, err = r.cfg.OpenDirect(ctx, uid, auth, session, name, from, to)
+	} else {
+		f, err = r.cfg.OpenTCP(ctx, addr, auth, session, name, from, to)
+	}
 	if err != nil {
 		if !errors.Is(err, ErrNoDirect) {
 			err = fmt.Errorf("%w: %v", ErrNoDirect, err)

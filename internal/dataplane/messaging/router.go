@@ -76,7 +76,11 @@ type Config struct {
 	// OpenDirect asks the receiver's sidecar, pod podUID on this node, for
 	// a direct channel (the sender's end); nil: never direct.
 	OpenDirect func(ctx context.Context, podUID, auth, session, group string, from, to uint32) (*os.File, error)
-	Now        func() time.Time
+	// OpenTCP asks the receiver's sidecar at addr (its data-plane
+	// address) for a direct channel across nodes: a TCP socket, the
+	// sender's end; nil keeps pairs across nodes on the sidecars.
+	OpenTCP func(ctx context.Context, addr, auth, session, group string, from, to uint32) (*os.File, error)
+	Now     func() time.Time
 }
 
 func (c *Config) inlineMax() int {

@@ -69,6 +69,12 @@ type Server struct {
 	// StreamMagic tells a message stream from a pull stream (which
 	// starts with pull.StreamMagic).
 	StreamMagic [4]byte
+	// Opens answers a connection that starts with OpenMagic: another
+	// sidecar asking for a direct channel across nodes (the connection
+	// becomes the channel; docs/messaging.md). Nil closes such
+	// connections. They count against MaxConns, as pulls do.
+	Opens     func(net.Conn)
+	OpenMagic [4]byte
 	// HeaderTimeout, IdleTimeout and MaxConns: zero means the Default.
 	HeaderTimeout, IdleTimeout time.Duration
 	MaxConns                   int
@@ -130,6 +136,14 @@ func (s *Server) serveConn(nc net.Conn) {
 		}
 		s.Streams(nc)
 		s.untrack(true, nc)
+	case s.Opens != nil && first == s.OpenMagic:
+		if !s.track(false, nc, s.maxConns()) {
+			refusedConns.Inc()
+			nc.Close()
+			return
+		}
+		s.Opens(nc)
+		s.untrack(false, nc)
 	case first == StreamMagic:
 		if !s.track(false, nc, s.maxConns()) {
 			refusedConns.Inc()

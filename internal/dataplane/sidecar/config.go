@@ -50,6 +50,11 @@ type Config struct {
 	GroupDrainTimeout time.Duration
 	// SameNode: the same-node data plane (samenode.go); zero: TCP only.
 	SameNode SameNodeConfig
+	// NoDirectTCP keeps group members on different nodes on the
+	// sidecars' message streams instead of direct TCP channels between
+	// their functions ($ZIPTRAIL_DIRECT_TCP=off; docs/messaging.md,
+	// "Direct channels across nodes").
+	NoDirectTCP bool
 	// MaxOutputsBytes caps one function response with outputs, which is
 	// read whole to turn large objects into references; default
 	// invocation.MaxEnvelopeBytes. All such responses being read share
@@ -111,6 +116,7 @@ func FromEnv() Config {
 		OperatorAddr: os.Getenv("ZIPTRAIL_OPERATOR_ADDR"), KeyFile: os.Getenv("ZIPTRAIL_KEY_FILE"), TokenFile: controlclient.TokenFileFromEnv(),
 		APISocket: os.Getenv("ZIPTRAIL_SOCKET"), MetricsPort: envInt("ZIPTRAIL_METRICS_PORT", 9193),
 		SameNode:        sameNodeFromEnv(),
+		NoDirectTCP:     os.Getenv("ZIPTRAIL_DIRECT_TCP") == "off",
 		RevisionTimeout: time.Duration(envInt("REVISION_TIMEOUT_SECONDS", 300)) * time.Second,
 	}
 	if c.Function == "" {

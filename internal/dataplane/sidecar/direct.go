@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"net"
 	"os"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/directmsg"
@@ -14,8 +15,15 @@ import (
 // socket, <dir>/<pod UID>.msg.sock, and asks the other pods' sockets for
 // its own members' channels.
 
-// directConfig fills the router's same-node part.
+// directConfig fills the router's direct-channel part: across nodes (a
+// TCP connection on the data-plane port, unless DirectTCP is off) and on
+// one node (the node directory).
 func (s *Sidecar) directConfig(cfg *messaging.Config) {
+	if !s.cfg.NoDirectTCP {
+		cfg.OpenTCP = func(ctx context.Context, addr, auth, session, group string, from, to uint32) (*os.File, error) {
+			return directmsg.OpenTCP(ctx, addr, directmsg.OpenRequest{Auth: auth, Session: session, Group: group, From: from, To: to}, messaging.ErrNoDirect)
+		}
+	}
 	c := s.cfg.SameNode
 	if !c.enabled() {
 		return
@@ -24,6 +32,25 @@ func (s *Sidecar) directConfig(cfg *messaging.Config) {
 	cfg.OpenDirect = func(ctx context.Context, podUID, auth, session, group string, from, to uint32) (*os.File, error) {
 		return directmsg.Open(ctx, c.Dir, podUID, directmsg.OpenRequest{Auth: auth, Session: session, Group: group, From: from, To: to}, messaging.ErrNoDirect)
 	}
+}
+
+// tcpOpens answers opens across nodes on the data-plane port (nil with
+// DirectTCP off: such connections are closed, their senders use the
+// sidecars).
+func (s *Sidecar) tcpOpens() func(net.Conn) {
+	if s.cfg.NoDirectTCP {
+		return nil
+	}
+	b := &directmsg.TCPBroker{
+		Check: func(q directmsg.OpenRequest) error { return s.msgs.CheckAuth(q.Auth, q.Session, q.Group) },
+		Peer: func(q directmsg.OpenRequest, remote *net.TCPAddr) error {
+			return s.msgs.CheckPeer(q.Session, q.Group, q.From, remote)
+		},
+		Offer: func(q directmsg.OpenRequest, f *os.File) error {
+			return s.msgs.OfferTCP(q.Session, q.Group, q.From, q.To, f)
+		},
+	}
+	return b.Serve
 }
 
 // startDirect listens on the node messaging socket; a failure leaves this

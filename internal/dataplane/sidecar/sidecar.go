@@ -182,7 +182,8 @@ func (s *Sidecar) Start(ctx context.Context) error {
 		s.cfg.DataplanePort = ln.Addr().(*net.TCPAddr).Port
 		s.msgs = s.newRouter()
 	}
-	s.server = &pull.Server{Store: s.Store, Streams: s.msgs.ServeStream, StreamMagic: messaging.StreamMagic}
+	s.server = &pull.Server{Store: s.Store, Streams: s.msgs.ServeStream, StreamMagic: messaging.StreamMagic,
+		Opens: s.tcpOpens(), OpenMagic: directmsg.TCPMagic}
 	s.startSameNode()
 	s.startDirect()
 	switch {

@@ -387,17 +387,19 @@ class Pods:
     nodes: dict[str, str] = field(default_factory=dict)
 
     def start(self, namespace: str = "ns", pod: str | None = None, function: str | None = None,
-              node: str | None = None) -> Sidecar:
+              node: str | None = None, direct_tcp: bool = True) -> Sidecar:
         """A pod; with ``function`` (Python source defining ``handler``) its
         function server runs behind the sidecar; with ``node`` its sidecar
         shares that node's directory (same-node data plane and direct
-        channels) and serves its metrics (``Sidecar.metrics``)."""
+        channels) and serves its metrics (``Sidecar.metrics``). Without
+        ``direct_tcp`` its members in other pods talk through the
+        sidecars' message streams, not over direct TCP channels."""
         pod = pod or f"pod-{uuid.uuid4().hex[:8]}"
         token = self.control.pod_token(namespace, pod)
-        env = {}
+        env = {} if direct_tcp else {"ZIPTRAIL_DIRECT_TCP": "off"}
         if node is not None:
-            env = {"ZIPTRAIL_NODE_DIR": self.node_dir(node), "ZIPTRAIL_NODE_NAME": node,
-                   "ZIPTRAIL_POD_UID": token_pod_uid(token), "ZIPTRAIL_METRICS_PORT": str(free_port())}
+            env |= {"ZIPTRAIL_NODE_DIR": self.node_dir(node), "ZIPTRAIL_NODE_NAME": node,
+                    "ZIPTRAIL_POD_UID": token_pod_uid(token), "ZIPTRAIL_METRICS_PORT": str(free_port())}
         sc = self.sidecars.start(namespace, function, SERVING_POD=pod, ZIPTRAIL_OPERATOR_ADDR=self.control.addr,
                                  ZIPTRAIL_TOKEN_FILE=token, ZIPTRAIL_REDIS_ADDR=self.redis, **env)
         if node is not None:
@@ -415,8 +417,8 @@ class Pods:
             os.chmod(d, 0o1733)
         return d
 
-    def start_many(self, n: int, namespace: str = "ns") -> list[Sidecar]:
-        return [self.start(namespace) for _ in range(n)]
+    def start_many(self, n: int, namespace: str = "ns", direct_tcp: bool = True) -> list[Sidecar]:
+        return [self.start(namespace, direct_tcp=direct_tcp) for _ in range(n)]
 
 
 def token_pod_uid(token_file: str) -> str:

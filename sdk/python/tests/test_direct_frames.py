@@ -11,6 +11,7 @@ import struct
 
 import pytest
 
+import ziptrail
 from ziptrail import _direct
 
 H = struct.Struct("<IBqQ")
@@ -118,3 +119,139 @@ def test_hostile_copy_frames(name: str, tmp_path):
     finally:
         os.close(pr)
         os.close(pw)
+
+
+# --- TCP channels across nodes (byte streams) ---------------------------------------------
+
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """A real loopback TCP connection: (the sender's end, the receiver's)."""
+    with socket.create_server(("127.0.0.1", 0)) as ln:
+        s = socket.create_connection(ln.getsockname())
+        r, _ = ln.accept()
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    r.setblocking(False)
+    return s, r
+
+
+def read_all(reader: _direct.StreamReader, r: socket.socket, n: int, timeout: float = 60) -> list[tuple[int, bytes]]:
+    """n frames off r (waiting for them with poll, as the reader thread)."""
+    import select
+    out = []
+    p = select.poll()
+    p.register(r, select.POLLIN)
+    while len(out) < n:
+        got = reader.read(r)
+        if got is None:
+            assert p.poll(int(timeout * 1000)), "no frame in time"
+            continue
+        out.append((got[0], bytes(got[1])))
+    return out
+
+
+def test_stream_reader_takes_frames_of_every_size():
+    """Frames smaller and larger than the reader's buffer, and than what it
+    allocates up front, split anywhere by TCP, arrive whole and in order;
+    the sender's end is EOFError."""
+    import threading
+    s, r = tcp_pair()
+    sizes = [0, 1, 100, 200_000, 300_000, 5 << 20, _direct.STREAM_PREALLOC + 1]
+    bodies = [bytes([i + 1]) * n for i, n in enumerate(sizes)]
+    reader = _direct.StreamReader()
+
+    def write() -> None:
+        for i, b in enumerate(bodies):
+            s.sendall(_direct.header(_direct.INLINE, i, len(b)) + b[:7])
+            s.sendall(b[7:])
+            reader.credit(r)  # what the receiving member does while its inbox has room
+        s.close()
+
+    t = threading.Thread(target=write)
+    t.start()
+    got = read_all(reader, r, len(sizes))
+    t.join()
+    assert [(tag, len(b)) for tag, b in got] == [(i, n) for i, n in enumerate(sizes)]
+    assert [b for _, b in got] == bodies
+    with pytest.raises(EOFError):
+        read_all(reader, r, 1)
+    r.close()
+
+
+@pytest.mark.parametrize("name", ["memfd", "copy", "credit", "magic", "over the limit", "past the window"])
+def test_stream_reader_refuses_hostile_frames(name: str):
+    s, r = tcp_pair()
+    frames = {
+        "memfd": H.pack(M, _direct.MEMFD, 1, 1 << 20),
+        "copy": H.pack(M, _direct.COPY, 1, 1 << 20),
+        "credit": H.pack(M, _direct.CREDIT, 0, 10),
+        "magic": H.pack(0x58585858, _direct.INLINE, 1, 0),
+        "over the limit": H.pack(M, _direct.INLINE, 1, _direct.MAX_MESSAGE + 1),
+        "past the window": H.pack(M, _direct.INLINE, 1, _direct.STREAM_CREDIT_AT) + bytes(_direct.STREAM_CREDIT_AT)
+        + H.pack(M, _direct.INLINE, 2, _direct.MAX_INFLIGHT),
+    }
+    import threading
+    t = threading.Thread(target=lambda: s.sendall(frames[name]))
+    t.start()
+    reader = _direct.StreamReader()  # credits nothing: the window is the sender's to keep
+    with pytest.raises(_direct.FrameError):
+        read_all(reader, r, 2)
+    t.join()
+    s.close()
+    r.close()
+
+
+def test_stream_cut_frame_is_the_end():
+    s, r = tcp_pair()
+    s.sendall(H.pack(M, _direct.INLINE, 1, 100) + b"short")
+    s.close()
+    with pytest.raises(EOFError):
+        read_all(_direct.StreamReader(), r, 1)
+    r.close()
+
+
+def test_stream_sender_keeps_its_window():
+    """A receiver that does not credit (its inbox is full) holds its sender
+    at the window: the send that would pass it times out before a byte of
+    its frame is written, and the stream stays whole; a credit lets it go
+    on."""
+    s, r = tcp_pair()
+    sender = _direct.Sender(s)
+    assert sender.stream
+    reader = _direct.StreamReader()
+    size = 1 << 20
+    sent = 0
+    import threading
+    got: list[tuple[int, bytes]] = []
+    stop = threading.Event()
+
+    def drain() -> None:  # reads what arrives (it always reads), credits nothing
+        import select
+        p = select.poll()
+        p.register(r, select.POLLIN)
+        while not stop.is_set():
+            if p.poll(50):
+                while (f := reader.read(r)) is not None:
+                    got.append((f[0], bytes(f[1])))
+
+    t = threading.Thread(target=drain)
+    t.start()
+    import time
+    while sent < 100:
+        try:
+            sender.send(0, "send", [_direct.header(_direct.INLINE, sent, size), bytes([sent]) * size], -1, 0,
+                        time.monotonic() + 0.3)
+        except ziptrail.MessageTimeoutError:
+            break
+        sent += 1
+    frame = size + _direct.HEADER
+    assert _direct.STREAM_CREDIT_AT // frame <= sent <= (_direct.MAX_INFLIGHT + size) // frame
+    reader.credit(r)  # the inbox has room again
+    sender.send(0, "send", [_direct.header(_direct.INLINE, sent, 3), b"end"], -1, 0, time.monotonic() + 30)
+    deadline = time.monotonic() + 60
+    while len(got) < sent + 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    t.join()
+    assert [tag for tag, _ in got] == list(range(sent + 1))
+    assert all(b == bytes([i]) * size for i, (_, b) in enumerate(got[:sent])) and got[-1][1] == b"end"
+    s.close()
+    r.close()

@@ -23,10 +23,12 @@ from conftest import REPO, SDK, Pods, Sidecar
 from test_group_sidecars import LIMIT, MiB, collectives, ok, run_members, shm_files
 
 
-def direct_opens(sc: Sidecar, result: str = "direct") -> int:
+def direct_opens(sc: Sidecar, result: str = "direct", tcp: bool = False) -> int:
     """The sidecar's count of direct channel requests on its node socket
-    with that result (its metric)."""
-    m = re.search(r'^ziptrail_messages_direct_opens_total\{result="%s"\} (\d+)' % result, sc.metrics(), re.M)
+    (tcp: on its data-plane port, across nodes) with that result (its
+    metric)."""
+    name = "ziptrail_messages_direct_tcp_opens_total" if tcp else "ziptrail_messages_direct_opens_total"
+    m = re.search(r'^%s\{result="%s"\} (\d+)' % (name, result), sc.metrics(), re.M)
     return int(m.group(1)) if m else 0
 
 
@@ -300,7 +302,8 @@ def directpeer(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
-def test_mixed_go_and_python_members_share_direct_channels(pods: Pods, directpeer: str):
+@pytest.mark.parametrize("across", [False, True], ids=["same-node", "across-nodes"])
+def test_mixed_go_and_python_members_share_direct_channels(pods: Pods, directpeer: str, across: bool):
     """A Python member and a Go member (the Go client of the messaging
     socket and the Go framing, as the Go SDK's) on one node: the Go member
     echoes what the Python member sends over direct channels both ways;
@@ -310,12 +313,13 @@ def test_mixed_go_and_python_members_share_direct_channels(pods: Pods, directpee
     of different bytes in a row: a stale page would show) and larger ones
     as sealed memfds, which the Python member maps. Both opens are direct,
     and no message takes the sidecar path (the Go member fails at once if
-    one does)."""
-    a, b = pods.start(node="n1"), pods.start(node="n1")
+    one does). Across nodes the same over TCP channels: every message
+    inline, each way."""
+    a, b = pods.start(node="n1"), pods.start(node="n2" if across else "n1")
     sizes = [0, 64, 100 << 10, 128 << 10, (128 << 10) + 1, 1 << 20, 3 << 20, 4 << 20, (4 << 20) + 1, 6 << 20]
     sizes += [1 << 20] * 8
     bodies = [os.urandom(s) for s in sizes]
-    peer = subprocess.Popen([directpeer, "-socket", b.socket, "-session", "mixed", "-group", "g", "-rank", "1",
+    peer = subprocess.Popen([directpeer, "-socket", b.socket, "-session", "mixed-tcp" if across else "mixed", "-group", "g", "-rank", "1",
                              "-size", "2", "-peer", "0", "-n", str(len(sizes))], stdout=subprocess.PIPE, text=True)
 
     def peer_failed() -> str | None:
@@ -325,7 +329,7 @@ def test_mixed_go_and_python_members_share_direct_channels(pods: Pods, directpee
         return f"the Go member exited {peer.returncode}: {out.strip()}"
 
     try:
-        with a.client.join("mixed", "g", 0, 2, wait_all=True, timeout=LIMIT) as g:
+        with a.client.join("mixed-tcp" if across else "mixed", "g", 0, 2, wait_all=True, timeout=LIMIT) as g:
             assert peer.stdout is not None
             line = peer.stdout.readline().strip()
             assert line == "LIVE", peer_failed() or line  # its sidecar knows rank 0
@@ -350,12 +354,13 @@ def test_mixed_go_and_python_members_share_direct_channels(pods: Pods, directpee
                 with m:
                     assert (m.tag, len(m.data)) == (100 + i, len(body))
                     assert hashlib.sha256(m.data).digest() == hashlib.sha256(body).digest(), f"echo {i}"
-                    if len(body) > 4 << 20:  # a sealed memfd, mapped
+                    if len(body) > 4 << 20 and not across:  # a sealed memfd, mapped
                         assert isinstance(m.data, ziptrail.MappedObject)
                     else:  # inline, or a copy frame copied out
                         assert isinstance(m.data, ziptrail.InlineObject)
-            assert (direct_opens(a), direct_opens(b)) == (1, 1)
-            assert (direct_opens(a, "nodirect"), direct_opens(b, "nodirect")) == (0, 0)
+            assert g._att._outs[1].sock.stream == across
+            assert (direct_opens(a, tcp=across), direct_opens(b, tcp=across)) == (1, 1)
+            assert (direct_opens(a, "nodirect", across), direct_opens(b, "nodirect", across)) == (0, 0)
         out, _ = peer.communicate(timeout=LIMIT)
         assert peer.returncode == 0 and out.strip() == "DONE", out
     finally:

@@ -75,9 +75,10 @@ def shm_files(sc: Sidecar) -> list[str]:
 
 
 def test_point_to_point_across_two_sidecars(pods: Pods):
-    """Small and 8 MiB messages between two pods, in order per sender; the
-    large ones arrive mapped from shared memory; nothing is left behind."""
-    a, b = pods.start_many(2)
+    """Small and 8 MiB messages between two pods through their sidecars, in
+    order per sender; the large ones arrive mapped from shared memory;
+    nothing is left behind."""
+    a, b = pods.start_many(2, direct_tcp=False)
     big = [os.urandom(8 * MiB), os.urandom(8 * MiB)]
     msgs = [b"one", big[0], b"", b"four" * 100, big[1], os.urandom(70_000)]
 
@@ -131,10 +132,76 @@ def collectives(g: ziptrail.Group) -> None:
     g.barrier()
 
 
+@pytest.mark.parametrize("direct_tcp", [True, False], ids=["tcp", "sidecars"])
 @pytest.mark.parametrize("n, per_pod", [(4, 1), (8, 2)])
-def test_every_collective(pods: Pods, n: int, per_pod: int):
-    """Every collective with 4 members (one pod each) and 8 members (two per pod)."""
-    ok(run_members(pods.start_many(n // per_pod), n, collectives, session=f"coll-{n}"))
+def test_every_collective(pods: Pods, n: int, per_pod: int, direct_tcp: bool):
+    """Every collective with 4 members (one pod each) and 8 members (two per
+    pod), over direct TCP channels between pods and through the sidecars."""
+    ok(run_members(pods.start_many(n // per_pod, direct_tcp=direct_tcp), n, collectives, session=f"coll-{n}"))
+
+
+def test_point_to_point_over_tcp_channels(pods: Pods):
+    """Two pods (as on two nodes): every path between them is a direct TCP
+    channel the sidecars opened, in both directions; messages of every
+    size (inline, beyond the reader's buffer, beyond what it allocates up
+    front) arrive whole and in order; a receiver that reads nothing holds
+    its sender back (a send times out, nothing is lost); a member that
+    leaves is PeerGone to the other."""
+    a, b = pods.start_many(2)
+    sizes = [0, 1, 100, 200_000, 5 * MiB, 70 * MiB]
+
+    def payload(i: int, n: int) -> bytes:
+        return bytes([i + 1]) * n
+
+    def member(g: ziptrail.Group) -> Any:
+        other = 1 - g.rank
+        if g.rank == 0:
+            for i, n in enumerate(sizes):
+                g.send(1, payload(i, n), tag=i)
+        got = []
+        if g.rank == 1:
+            for i, n in enumerate(sizes):
+                with g.recv(source=0, timeout=LIMIT) as m:
+                    got.append((m.tag, len(m.data), bytes(m.data[:1]), bytes(m.data[-1:])))
+            assert got == [(i, n, payload(i, n)[:1], payload(i, n)[-1:]) for i, n in enumerate(sizes)]
+            g.send(0, b"back", tag=1)
+        else:
+            with g.recv(source=1, timeout=LIMIT) as m:
+                assert bytes(m.data) == b"back"
+        att = g._att
+        assert att is not None
+        out = att._outs[other].sock
+        assert out is not None and out.stream, "the path to the other pod is not a TCP channel"
+        assert isinstance(att.ins[other].reader, ziptrail._direct.StreamReader)
+        g.barrier()
+        # Back-pressure: rank 1 reads nothing while rank 0 fills its inbox.
+        if g.rank == 0:
+            sent = 0
+            while sent < 400:
+                try:
+                    g.send(1, payload(sent, MiB), tag=5, timeout=2)
+                except ziptrail.MessageTimeoutError:
+                    break
+                sent += 1
+            assert sent < 400, "no back-pressure"
+            g.send(1, str(sent).encode(), tag=6)
+            with g.recv(source=1, tag=7, timeout=LIMIT):
+                pass
+            # Rank 1 has left: its channel is closed, sends fail PeerGone.
+            with pytest.raises(ziptrail.PeerGoneError):
+                for _ in range(1000):
+                    g.send(1, b"x" * 60_000, tag=8, timeout=LIMIT)
+            return sent
+        with g.recv(source=0, tag=6, timeout=LIMIT * 2) as m:
+            sent = int(bytes(m.data))
+        for i in range(sent):
+            with g.recv(source=0, tag=5, timeout=LIMIT) as m:
+                assert len(m.data) == MiB and m.data[0] == (i + 1) % 256
+        g.send(0, b"", tag=7)
+        return sent
+
+    res = ok(run_members([a, b], 2, member, session="tcp"))
+    assert res[0] == res[1] and res[0] > 0
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "barrier", "alltoall"])
@@ -276,7 +343,7 @@ def test_send_and_recv_take_the_messaging_socket(pods: Pods):
     received as files, nothing left), typed errors from the sidecar's
     reasons, a broken connection dropped (the next call makes a new one),
     connections of ended threads and of a closed client closed."""
-    a, b = pods.start_many(2)
+    a, b = pods.start_many(2, direct_tcp=False)
     for sc in (a, b):
         sc.client._stub.Send, sc.client._stub.Recv = _NoGRPC("Send"), _NoGRPC("Recv")
     big = os.urandom(5 * MiB)
@@ -331,7 +398,7 @@ def test_large_messages_reuse_the_sidecars_files(pods: Pods):
     per message; the sender writes each message into the file its last
     send got back; a message kept open keeps its bytes while later ones
     arrive (docs/messaging.md, "Reused files")."""
-    a, b = pods.start_many(2)
+    a, b = pods.start_many(2, direct_tcp=False)
     n, size = 20, MiB
 
     def pooled() -> set[str]:

@@ -104,11 +104,14 @@ def release(payload: Any) -> None:
 class _In:
     """A direct channel from a same-node sender."""
 
-    __slots__ = ("sock", "reader", "eof", "err", "reported")
+    __slots__ = ("sock", "reader", "stream", "eof", "err", "reported")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock: socket.socket | None = sock
-        self.reader = _direct.FrameReader()
+        # A TCP channel across nodes is a byte stream; a same-node one a
+        # socketpair of packets.
+        self.stream = sock.type == socket.SOCK_STREAM
+        self.reader: Any = _direct.StreamReader() if self.stream else _direct.FrameReader()
         self.eof = False
         self.err: DirectChannelError | None = None
         self.reported = False
@@ -148,9 +151,14 @@ class Attached:
         self._chunk = memoryview(bytearray(_CHUNK))
         self._fds: list[int] = []
         self._sel = selectors.DefaultSelector()
+        # TCP channels only: what the reader reads while the inbox is over
+        # its cap (their senders' windows bound it; their credits wait).
+        self._ssel = selectors.DefaultSelector()
+        self._streams = 0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._ssel.register(self._wake_r, selectors.EVENT_READ, None)
         self._sel.register(sock, selectors.EVENT_READ, self._read_member)
         self._thread = threading.Thread(target=self._run, name=f"ziptrail-{name}-{rank}", daemon=True)
         self._thread.start()
@@ -161,11 +169,12 @@ class Attached:
         try:
             while True:
                 with self.cond:
-                    while self.bytes > INBOX_CAP and not self.closed:
+                    while self.bytes > INBOX_CAP and not self.closed and not self._streams:
                         self.cond.wait()  # back-pressure: the senders wait
                     if self.closed:
                         return
-                for key, _ in self._sel.select():
+                    over = self.bytes > INBOX_CAP
+                for key, _ in (self._ssel if over else self._sel).select():
                     if key.data is None:
                         try:
                             self._wake_r.recv(64)
@@ -195,6 +204,7 @@ class Attached:
             os.close(fd)
         self._fds = []
         self._sel.close()
+        self._ssel.close()
         self._wake_r.close()
         self._close_outs(shut=True)
 
@@ -302,12 +312,18 @@ class Attached:
             self.cond.notify_all()
         if old is not None and old.sock is not None:  # a sender opens once: a second one replaces it
             self._drop_in(old)
-        self._sel.register(s, selectors.EVENT_READ, self._reader(frm, ic))
+        read = self._reader(frm, ic)
+        self._sel.register(s, selectors.EVENT_READ, read)
+        if ic.stream:
+            self._ssel.register(s, selectors.EVENT_READ, read)
+            self._streams += 1
 
     def _reader(self, frm: int, ic: _In) -> Callable[[selectors.SelectorKey], None]:
         def read(key: selectors.SelectorKey) -> None:
             items: list[tuple[int, int, Any, int]] = []
             room = INBOX_CAP - self.bytes  # read without the lock: the reader is the only one to add
+            if ic.stream:
+                room = 1 << 62  # a TCP channel is read whatever the inbox holds: its credits wait
             try:
                 assert ic.sock is not None
                 for _ in range(_BATCH):
@@ -330,6 +346,14 @@ class Attached:
                 self._add(items, lambda: setattr(ic, "err", err))
                 return
             self._add(items)
+            if ic.stream and ic.sock is not None:
+                if self.bytes <= INBOX_CAP:
+                    ic.reader.credit(ic.sock)
+                if ic.reader.buffered():  # frames already read off the socket: another turn soon
+                    try:
+                        self._wake_w.send(b"x", socket.MSG_DONTWAIT)
+                    except OSError:
+                        pass
         return read
 
     def _drop_in(self, ic: _In) -> None:
@@ -339,6 +363,12 @@ class Attached:
                 self._sel.unregister(s)
             except (KeyError, ValueError):
                 pass
+            if ic.stream:
+                try:
+                    self._ssel.unregister(s)
+                except (KeyError, ValueError):
+                    pass
+                self._streams -= 1
             s.close()
 
     def _member_ended(self, why: str) -> None:
@@ -397,6 +427,7 @@ class Attached:
                         self.bytes -= size
                         if over and self.bytes <= INBOX_CAP:
                             self.cond.notify_all()  # the reader reads its sockets again
+                            self._room()
                         return frm, t, payload
                 err = self._failed(op, source)
                 if err is not None:
@@ -409,6 +440,18 @@ class Attached:
                     raise MessageTimeoutError(op, f"nothing matching within {timeout:g}s (rank {self.rank} of group "
                                               f"{self.name})", "MSG_TIMEOUT")
                 self.cond.wait(left)
+
+    def _room(self) -> None:
+        """The inbox is under its cap again (under cond): the TCP channels'
+        credits held meanwhile go out, and a reader waiting on those
+        channels alone reads every socket again."""
+        for ic in self.ins.values():
+            if ic.stream and ic.sock is not None:
+                ic.reader.credit(ic.sock)
+        try:
+            self._wake_w.send(b"x", socket.MSG_DONTWAIT)
+        except OSError:
+            pass
 
     def wait_view(self, op: str, done: Callable[[View], bool], timeout: float | None) -> View:
         """Waits for a view done accepts."""
@@ -458,18 +501,19 @@ class Attached:
 
     def send(self, op: str, to: int, sock: _direct.Sender, tag: int, data: Any, timeout: float | None) -> None:
         """Writes one message (a buffer) into the direct channel to ``to``:
-        inline, or as a sealed memfd when larger than INLINE_MAX."""
-        if type(data) is bytes and len(data) <= _direct.INLINE_MAX:
+        inline, or as a sealed memfd when larger than INLINE_MAX (on a TCP
+        channel, always inline)."""
+        if type(data) is bytes and (len(data) <= _direct.INLINE_MAX or sock.stream):
             self.send_frame(op, to, sock, [_direct.header(_direct.INLINE, tag, len(data)), data], -1, timeout)
             return
         mv = memoryview(data).cast("B")
         try:
             n = mv.nbytes
-            if n <= _direct.INLINE_MAX:
-                self.send_frame(op, to, sock, [_direct.header(_direct.INLINE, tag, n), mv], -1, timeout)
-                return
             if n > _direct.MAX_MESSAGE:
                 raise InvalidError(op, f"a message of {n} bytes: at most {_direct.MAX_MESSAGE}")
+            if n <= _direct.INLINE_MAX or sock.stream:
+                self.send_frame(op, to, sock, [_direct.header(_direct.INLINE, tag, n), mv], -1, timeout)
+                return
             fd = _direct.sealed_memfd([(0, mv)], n)
         finally:
             mv.release()

@@ -148,6 +148,8 @@ class _Collectives:
             culprit = self.rank
         hdr = json.dumps({"gone": gone, "rank": culprit, "message": str(err)[:512]}).encode()
         dests = [r for r in range(self.size) if r != self.rank and not (gone and r == culprit)]
+        if not dests:
+            return
         try:
             payloads = self._frame(_ABORT, hdr, None, len(dests), ctx.op)
         except ZiptrailError:

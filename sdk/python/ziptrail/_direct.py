@@ -21,6 +21,17 @@ so that a sender holds at most MAX_INFLIGHT memfd bytes the receiver has
 not read (the kernel counts a frame's bytes against the socket's buffer,
 not its memfd's).
 
+A direct channel across nodes is a TCP connection the sidecars opened and
+authenticated (internal/dataplane/directmsg/stream.go): the same frames on a
+byte stream, every message inline (no descriptor crosses TCP), read by
+StreamReader. A frame cannot be taken back half written, so the receiver
+reads whatever its sender's window allows, inbox full or not, and the
+sender starts a frame only while its uncredited frame bytes are under
+STREAM_CREDIT_AT or the frame keeps them within MAX_INFLIGHT; the receiver
+credits (kind 3, a byte count) once it owes STREAM_CREDIT_AT and its inbox
+has room. A send's deadline ends only the wait for credits, before the
+frame's first byte.
+
 The peer is not trusted: a frame that is truncated, oversized, of an unknown
 kind, announces a size it does not carry, has descriptors it should not
 have, or a memfd that is unsealed or of another size is a FrameError (every
@@ -67,6 +78,15 @@ FLAG_PATH, FLAG_MAILBOX, FLAG_DIRECT = 1, 2, 4
 # Attach: lend this member the files of large messages; push: the file is
 # lent (body: path, NUL, release token). See docs/messaging.md "Reused files".
 FLAG_LEND, FLAG_LENT = 4, 8
+# Attach and open: this SDK takes direct channels across nodes (TCP).
+FLAG_TCP = 16
+#: The largest body a stream reader allocates whole when its header comes;
+#: a larger one grows as its bytes arrive (a peer cannot make the reader
+#: allocate far more than it sent).
+STREAM_PREALLOC = 64 << 20
+#: A stream sender under this many uncredited bytes may start a frame of
+#: any size; a receiver credits once it owes this many.
+STREAM_CREDIT_AT = MAX_INFLIGHT // 2
 _FD_SPACE = socket.CMSG_SPACE(4 * 4)  # room for a few descriptors: more is a protocol error
 _SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
@@ -163,19 +183,86 @@ def send_frame(sock: socket.socket, rank: int, op: str, parts: list[Any], fd: in
         p.poll(wait)
 
 
-class Sender:
-    """A direct channel's sending end, with its memfd credits."""
+def send_stream(sock: socket.socket, rank: int, op: str, parts: list[Any], fd: int, size: int,
+                deadline: float | None) -> None:
+    """Writes parts, then size bytes of the memfd fd (-1: none), into a TCP
+    channel, waiting while it is full until the deadline. The caller holds
+    the channel's lock: a frame's bytes are never interleaved."""
+    views = [memoryview(p).cast("B") for p in parts]
+    views = [v for v in views if v.nbytes]
+    off = 0
+    while views or (fd >= 0 and off < size):
+        try:
+            if views:
+                n = sock.sendmsg(views, [], _SEND_FLAGS)
+                while n and views:
+                    if n >= views[0].nbytes:
+                        n -= views[0].nbytes
+                        views.pop(0)
+                    else:
+                        views[0] = views[0][n:]
+                        n = 0
+                continue
+            n = os.sendfile(sock.fileno(), fd, off, size - off)
+            if n == 0:
+                raise ZiptrailError(op, f"the memfd for rank {rank} holds {off} of its {size} bytes")
+            off += n
+            continue
+        except BlockingIOError:
+            pass
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise PeerGoneError(op, f"rank {rank}'s direct channel closed: {e}", "PEER_GONE", rank=rank) from None
+        except OSError as e:
+            if sock.fileno() < 0:
+                raise ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)") from None
+            raise ZiptrailError(op, f"sending to rank {rank}: {e}") from None
+        wait = -1 if deadline is None else int((deadline - time.monotonic()) * 1000)
+        if deadline is not None and wait <= 0:
+            raise MessageTimeoutError(op, f"rank {rank} did not take the message in time (its inbox is full)",
+                                      "MSG_TIMEOUT")
+        p = select.poll()
+        try:
+            p.register(sock, select.POLLOUT)
+        except (ValueError, OSError):
+            raise ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)") from None
+        p.poll(wait)
 
-    __slots__ = ("sock", "lock", "inflight")
+
+class Sender:
+    """A direct channel's sending end, with its memfd credits; or, across
+    nodes (stream), a TCP channel."""
+
+    __slots__ = ("sock", "lock", "inflight", "stream", "cbuf")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.lock = threading.Lock()
-        self.inflight = 0  # memfd bytes sent and not credited (under lock)
+        # memfd bytes (a stream: frame bytes) sent and not credited (under lock)
+        self.inflight = 0
+        self.stream = sock.type == socket.SOCK_STREAM
+        self.cbuf = bytearray()  # a stream's credit bytes read (under lock)
 
     def send(self, rank: int, op: str, parts: list[Any], fd: int, size: int, deadline: float | None) -> None:
         """Writes one frame; a memfd one waits for credits first while the
-        receiver has not read MAX_INFLIGHT bytes of memfds."""
+        receiver has not read MAX_INFLIGHT bytes of memfds. On a TCP
+        channel a memfd frame goes inline: its header, then the memfd's
+        bytes."""
+        if self.stream:
+            if fd >= 0:
+                _, _, tag, _ = _HDR.unpack(bytes(parts[0]))
+                parts = [header(INLINE, tag, size)]
+                n = HEADER + size
+            else:
+                n = sum(memoryview(p).nbytes for p in parts)
+            if not self.lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+                raise MessageTimeoutError(op, f"rank {rank} did not take the message in time", "MSG_TIMEOUT")
+            try:
+                self._window(rank, op, n, deadline)
+                self.inflight += n
+                send_stream(self.sock, rank, op, parts, fd, size, None)  # whole: its receiver reads it
+            finally:
+                self.lock.release()
+            return
         if fd < 0:
             send_frame(self.sock, rank, op, parts, -1, deadline)
             return
@@ -188,6 +275,40 @@ class Sender:
             self.inflight += size
         finally:
             self.lock.release()
+
+    def _window(self, rank: int, op: str, n: int, deadline: float | None) -> None:
+        """Waits until a stream frame of n bytes may start, reading the
+        receiver's credits (under lock). Under STREAM_CREDIT_AT uncredited
+        bytes none can be on its way: nothing is read."""
+        while self.inflight >= STREAM_CREDIT_AT:
+            try:
+                got = self.sock.recv(64 * HEADER, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                got = None
+            except (ConnectionResetError, BrokenPipeError) as e:
+                raise PeerGoneError(op, f"rank {rank}'s direct channel closed: {e}", "PEER_GONE", rank=rank) from None
+            except OSError as e:
+                raise ZiptrailError(op, f"the direct channel to rank {rank}: {e}") from None
+            if got == b"":
+                raise PeerGoneError(op, f"rank {rank}'s direct channel closed", "PEER_GONE", rank=rank)
+            if got:
+                self.cbuf += got
+                while len(self.cbuf) >= HEADER:
+                    magic, kind, _, credit = _HDR.unpack_from(self.cbuf)
+                    if magic != MAGIC or kind != CREDIT or credit > self.inflight:
+                        raise DirectChannelError(op, f"rank {rank} sent a bad credit on its direct channel", rank=rank)
+                    self.inflight -= credit
+                    del self.cbuf[:HEADER]
+                continue
+            if self.inflight + n <= MAX_INFLIGHT:
+                return
+            wait_ms = -1 if deadline is None else int((deadline - time.monotonic()) * 1000)
+            if deadline is not None and wait_ms <= 0:
+                raise MessageTimeoutError(op, f"rank {rank} did not take the message in time (its inbox is full)",
+                                          "MSG_TIMEOUT")
+            p = select.poll()
+            p.register(self.sock, select.POLLIN)
+            p.poll(wait_ms)
 
     def _credit(self, rank: int, op: str, deadline: float | None) -> int:
         """Reads one credit frame of the receiver (under lock)."""
@@ -296,6 +417,113 @@ class FrameReader:
         finally:
             for fd in fds:
                 os.close(fd)
+
+
+class StreamReader:
+    """Reads a TCP channel's frames (one reader per channel): the same
+    frames as FrameReader's, inline only, off a byte stream."""
+
+    __slots__ = ("buf", "view", "start", "end", "body", "got", "size", "tag", "owed", "lock", "counted")
+
+    def __init__(self) -> None:
+        self.buf = bytearray(256 << 10)
+        self.view = memoryview(self.buf)
+        self.start = self.end = 0  # the unparsed bytes in buf
+        self.body: bytearray | None = None  # a large message being read
+        self.got = self.size = self.tag = 0
+        self.owed = 0  # frame bytes read and not credited (under lock)
+        self.lock = threading.Lock()
+        self.counted = False  # the frame at start is in owed already
+
+    def buffered(self) -> bool:
+        """A frame header is read and waiting: the next read needs no new
+        bytes from the socket (whose readiness will not say so)."""
+        return self.body is None and self.end - self.start >= HEADER
+
+    def credit(self, sock: socket.socket) -> None:
+        """Credits the sender what it is owed, once that is
+        STREAM_CREDIT_AT or more (the caller knows the inbox has room)."""
+        with self.lock:
+            if self.owed < STREAM_CREDIT_AT:
+                return
+            try:
+                sock.send(_HDR.pack(MAGIC, CREDIT, 0, self.owed), _SEND_FLAGS)
+            except OSError:
+                return
+            self.owed = 0
+
+    def read(self, sock: socket.socket) -> tuple[int, Any] | None:
+        """The next frame as (tag, bytes); None when nothing more is there
+        (non-blocking); EOFError when the sender closed its end (or broke
+        it inside a frame it had not finished sending); FrameError for a
+        protocol violation."""
+        while True:
+            if self.body is not None:
+                if self.got == self.size:
+                    body, self.body = self.body, None
+                    return self.tag, InlineObject(body)
+                if self.got == len(self.body):
+                    self.body.extend(bytes(min(len(self.body), self.size - self.got)))  # grows by doubling
+                mv = memoryview(self.body)
+                sub = mv[self.got:]
+                try:
+                    n = self._recv(sock, sub)
+                finally:
+                    sub.release()
+                    mv.release()
+                if n is None:
+                    return None
+                self.got += n
+                continue
+            if self.end - self.start >= HEADER:
+                magic, kind, tag, size = _HDR.unpack_from(self.buf, self.start)
+                if magic != MAGIC:
+                    raise FrameError(f"bad magic {magic:#x}")
+                if kind != INLINE:
+                    raise FrameError(f"frame kind {kind} on a TCP channel (only inline frames cross nodes)")
+                if size > MAX_MESSAGE:
+                    raise FrameError(f"a message of {size} bytes (at most {MAX_MESSAGE})")
+                if not self.counted:
+                    with self.lock:
+                        if self.owed >= STREAM_CREDIT_AT and self.owed + HEADER + size > MAX_INFLIGHT:
+                            raise FrameError(f"a frame of {size} bytes beyond the sender's window "
+                                             f"({self.owed} bytes not credited)")
+                        self.owed += HEADER + size
+                    self.counted = True
+                at = self.start + HEADER
+                have = self.end - at
+                if size <= have:
+                    self.start, self.counted = at + size, False
+                    return tag, InlineObject(self.view[at:at + size])
+                if HEADER + size > len(self.buf):  # larger than the buffer: a body of its own
+                    self.counted = False
+                    self.body = bytearray(min(size, STREAM_PREALLOC))
+                    self.body[:have] = self.view[at:self.end]
+                    self.got, self.size, self.tag = have, size, tag
+                    self.start = self.end = 0
+                    continue
+            if self.start and (self.start == self.end or self.end == len(self.buf)):
+                n = self.end - self.start  # the unparsed bytes to the front
+                self.buf[:n] = self.view[self.start:self.end]
+                self.start, self.end = 0, n
+            n = self._recv(sock, self.view[self.end:])
+            if n is None:
+                return None
+            self.end += n
+
+    def _recv(self, sock: socket.socket, into: memoryview) -> int | None:
+        """Bytes read into into; None when none are there; EOFError at the
+        end (a reset is the end too: the sender exited with unread data)."""
+        while True:
+            try:
+                n = sock.recv_into(into, 0, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return None
+            except ConnectionResetError:
+                raise EOFError from None
+            if n == 0:
+                raise EOFError
+            return n
 
 
 def _credit(sock: socket.socket, size: int) -> None:
@@ -408,7 +636,7 @@ def attach(path: str, session: str, group: str, rank: int, size: int, mailbox: b
     the group keeps mailboxes). NoAttach: an older sidecar."""
     s = _dial(path, "join", sock_timeout)
     try:
-        flags = (1 if mailbox else 0) | FLAG_LEND
+        flags = (1 if mailbox else 0) | FLAG_LEND | FLAG_TCP
         s.sendall(_request(_ATTACH, flags, session.encode(), group.encode(), rank, size, timeout_ms,
                            invocation.encode()))
         st, flags, reason, body, fds = read_response(s)
@@ -438,7 +666,7 @@ def open_direct(path: str, session: str, group: str, frm: int, to: int, op: str,
     s = _dial(path, op, sock_timeout)
     fds: list[int] = []
     try:
-        s.sendall(_request(_OPEN, 0, session.encode(), group.encode(), frm, to, 0))
+        s.sendall(_request(_OPEN, FLAG_TCP, session.encode(), group.encode(), frm, to, 0))
         st, flags, reason, body, fds = read_response(s)
     except TimeoutError:
         raise MessageTimeoutError(op, "no answer from the sidecar in time", "MSG_TIMEOUT") from None

@@ -51,6 +51,7 @@ func run(socket, session, group string, rank, size, peer uint32, n int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := localapi.NewMessageClient(localapi.MessageSocket(socket))
+	c.TCPChannels = true // a peer on another node: a TCP channel (directmsg.NewConn reads both)
 	defer c.Close()
 	mc, _, err := c.Attach(ctx, session, group, rank, size, false, "")
 	if err != nil {

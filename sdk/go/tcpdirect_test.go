@@ -1,0 +1,112 @@
+package ziptrail
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// TestTCPChannelsAcrossPods: two pods on different nodes (no node
+// directory between them) talk over direct TCP channels in both
+// directions; messages of every size arrive whole and in order; a
+// receiver that reads nothing holds its sender back (a send times out
+// before its frame starts: nothing is cut, nothing lost); a member that
+// leaves is PeerGone to the other, for its receives and its sends.
+func TestTCPChannelsAcrossPods(t *testing.T) {
+	op := testservers.StartOperator(t)
+	a, b := startPod(t, op, "ns", "pod-a"), startPod(t, op, "ns", "pod-b")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	gs := joinAll(t, ctx, []*sidecar{a, b}, "s1", "tcp", 2)
+	sizes := []int{0, 1, 100, 64 << 10, 200 << 10, 5 << 20, 70 << 20}
+	errs := eachMember(gs, func(g *Group) error {
+		other := 1 - g.Rank()
+		for i, n := range sizes {
+			if err := g.Send(ctx, other, int64(i), bytes.Repeat([]byte{byte(i + g.Rank())}, n)); err != nil {
+				return err
+			}
+		}
+		for i, n := range sizes {
+			m, err := g.Recv(ctx, other, AnyTag)
+			if err != nil {
+				return err
+			}
+			if m.Tag != int64(i) || !bytes.Equal(m.Bytes(), bytes.Repeat([]byte{byte(i + other)}, n)) {
+				t.Errorf("rank %d, message %d: tag %d, %d bytes", g.Rank(), i, m.Tag, len(m.Bytes()))
+			}
+			m.Close()
+		}
+		return nil
+	})
+	checkAll(t, "every size", errs)
+	pathsAre(t, gs, true, func(r int) int { return r })
+	for _, g := range gs {
+		g.att.mu.Lock()
+		ic := g.att.in[1-g.Rank()]
+		g.att.mu.Unlock()
+		if ic == nil || ic.c == nil || !ic.c.Stream() {
+			t.Fatalf("rank %d did not receive over a TCP channel", g.Rank())
+		}
+	}
+
+	// Back-pressure: rank 1 reads nothing until rank 0 is held back.
+	const size = 1 << 20
+	sent := 0
+	for ; sent < 400; sent++ {
+		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+		err := gs[0].Send(sctx, 1, 5, bytes.Repeat([]byte{byte(sent)}, size))
+		scancel()
+		if IsKind(err, KindTimeout) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sent == 400 {
+		t.Fatal("400 MiB sent to a receiver that reads nothing: no back-pressure")
+	}
+	t.Logf("held back after %d messages of 1 MiB", sent)
+	done := make(chan error, 1)
+	go func() {
+		for i := sent; i < sent+5; i++ {
+			if err := gs[0].Send(ctx, 1, 5, bytes.Repeat([]byte{byte(i)}, size)); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for i := range sent + 5 {
+		m, err := gs[1].Recv(ctx, 0, 5)
+		if err != nil || len(m.Bytes()) != size || m.Bytes()[0] != byte(i) || m.Bytes()[size-1] != byte(i) {
+			t.Fatalf("message %d after the hold: %v", i, err)
+		}
+		m.Close()
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// Rank 1 leaves: rank 0's receives from it and its sends to it fail
+	// with PeerGone.
+	if err := gs[1].Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gs[0].Recv(ctx, 1, AnyTag); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("recv from a rank that left: %v, want PeerGone", err)
+	}
+	var err error
+	for range 1000 {
+		if err = gs[0].Send(ctx, 1, 0, make([]byte, 60<<10)); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("send to a rank that left: %v, want PeerGone", err)
+	}
+}

@@ -13,6 +13,8 @@ var palette = map[string]string{
 	sysDirectProcs:                          "#7cc89a",
 	sysDirectRecycled:                       "#0a6e3c",
 	sysSidecars:                             "#2078dc",
+	sysTCP:                                  "#8c3cc8",
+	sysTCPProcs:                             "#c39be6",
 	sysSidecars + " (8 sending goroutines)": "#7ab0ec",
 	"Redis":                                 "#dc3c32",
 	"Redis (pipelined LPUSH)":               "#f0a01e",

@@ -82,6 +82,11 @@ const (
 	// sysDirectRecycled: the same, both ends joined WithRecycledBuffers.
 	sysDirectRecycled = "ziptrail same node (direct, 2 processes, recycled buffers)"
 	sysSidecars       = "ziptrail across nodes (sidecars)"
+	// sysTCP: pods on different nodes whose functions talk over direct
+	// TCP channels (docs/messaging.md, "Direct channels across nodes");
+	// sysTCPProcs: Fig. 7 with its two ends in two processes.
+	sysTCP      = "ziptrail across nodes (direct TCP)"
+	sysTCPProcs = "ziptrail across nodes (direct TCP, 2 processes)"
 )
 
 const (
@@ -189,7 +194,10 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 	}
 	op := testservers.StartOperator(tb)
 	rd := testservers.StartRedis(tb)
-	ps := &pods{tb: tb, op: op, bin: bin, env: sidecarEnv}
+	// The sidecar arm keeps its pairs on the sidecars' message streams;
+	// the TCP arm's functions talk over direct TCP channels.
+	ps := &pods{tb: tb, op: op, bin: bin, env: append(slices.Clone(sidecarEnv), "ZIPTRAIL_DIRECT_TCP=off")}
+	tps := &pods{tb: tb, op: op, bin: bin, env: sidecarEnv, prefix: "tcp-"}
 	nodeDir, err := os.MkdirTemp("", "zn") // socket paths are short
 	if err != nil {
 		return err
@@ -203,7 +211,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 	// ping-pongs use the first two. The direct arm's pods share a node
 	// directory (one node); the other arm's do not (every pair crosses
 	// the sidecars, as between nodes).
-	var pp, dp []*pod
+	var pp, dp, tp []*pod
 	for range 8 {
 		p, err := ps.start()
 		if err != nil {
@@ -214,10 +222,15 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 			return err
 		}
 		dp = append(dp, p)
+		if p, err = tps.start(); err != nil {
+			return err
+		}
+		tp = append(tp, p)
 	}
 	fmt.Fprintf(os.Stderr, "pods up (sidecar pids %d and %d carry the sidecar ping-pongs)\n", pp[0].pid(), pp[1].pid())
 	zt := &ztBench{pods: pp, ps: ps}
 	zd := &ztBench{pods: dp, ps: dps, tag: "direct-"}
+	ztc := &ztBench{pods: tp, ps: tps, tag: "tcp-"}
 	rb := newRedisBench(rd.Addr)
 	defer rb.close()
 	ctx := context.Background()
@@ -235,6 +248,9 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 		if err := zd.setupPair(ctx); err != nil {
 			return err
 		}
+		if err := ztc.setupPair(ctx); err != nil {
+			return err
+		}
 		for i, size := range fig7Sizes {
 			n := reps(fig7Reps[i], scale)
 			data := payload(size)
@@ -243,6 +259,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 				f     func(context.Context, []byte, int) ([]float64, error)
 				reset func(context.Context) error
 			}{{sysDirect, zd.pingPong, zd.setupPair}, {sysDirectProcs, zd.pingPongProcs, nil}, {sysDirectRecycled, zd.pingPongProcsRecycled, nil},
+				{sysTCP, ztc.pingPong, ztc.setupPair}, {sysTCPProcs, ztc.pingPongProcs, nil},
 				{sysSidecars, zt.pingPong, zt.setupPair}, {"Redis", rb.pingPong, nil}} {
 				rtts, err := attempt(ctx, "fig7 "+sys.name+" "+human(size), sys.reset, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, data, n) })
 				if err != nil {
@@ -282,13 +299,16 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 		if err := zd.setupPair(ctx); err != nil {
 			return err
 		}
+		if err := ztc.setupPair(ctx); err != nil {
+			return err
+		}
 		for i, count := range fig8Count {
 			n := reps(fig8Reps[i], scale)
 			for _, sys := range []struct {
 				name  string
 				f     func(context.Context, int, int) ([]float64, error)
 				reset func(context.Context) error
-			}{{sysDirect, zd.stream, zd.setupPair}, {sysSidecars, zt.stream, zt.setupPair}, {sysSidecars + " (8 sending goroutines)", zt.streamConcurrent, zt.setupPair},
+			}{{sysDirect, zd.stream, zd.setupPair}, {sysTCP, ztc.stream, ztc.setupPair}, {sysSidecars, zt.stream, zt.setupPair}, {sysSidecars + " (8 sending goroutines)", zt.streamConcurrent, zt.setupPair},
 				{"Redis", rb.stream(false), nil}, {"Redis (pipelined LPUSH)", rb.stream(true), nil}} {
 				if count == 1 && strings.HasSuffix(sys.name, "goroutines)") {
 					continue // one message: one sender
@@ -316,7 +336,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 			for _, sys := range []struct {
 				name string
 				f    func(context.Context, int, int) ([]float64, error)
-			}{{sysDirect, zd.allreduce}, {sysSidecars, zt.allreduce}, {"Redis", rb.allreduce}} {
+			}{{sysDirect, zd.allreduce}, {sysTCP, ztc.allreduce}, {sysSidecars, zt.allreduce}, {"Redis", rb.allreduce}} {
 				ts, err := attempt(ctx, fmt.Sprintf("allreduce %s %d", sys.name, members), nil, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, members, n) })
 				if err != nil {
 					return fmt.Errorf("allreduce %s %d: %w", sys.name, members, err)

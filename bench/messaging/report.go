@@ -39,14 +39,15 @@ func printTable(w io.Writer, results []Result) {
 		fmt.Fprintf(w, "\n%s\n\n", sectionTitles[sec])
 		switch sec {
 		case "fig7":
-			fmt.Fprintf(w, "| size | reps | %s one-way p50 | p99 | %s one-way p50 | p99 | %s one-way p50 | p99 | %s one-way p50 | p99 | Redis one-way p50 | p99 | Redis p50 / direct p50 (1 process; 2 processes; 2, recycled) |\n",
-				sysDirect, sysDirectProcs, sysDirectRecycled, sysSidecars)
-			fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+			fmt.Fprintln(w, "| size | system | reps | one-way p50 | p99 | Redis p50 / this p50 |")
+			fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|")
 			for _, c := range cases {
-				d, dp, dr := find(rows, c, sysDirect), find(rows, c, sysDirectProcs), find(rows, c, sysDirectRecycled)
-				z, rd := find(rows, c, sysSidecars), find(rows, c, "Redis")
-				fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s; %s; %s |\n", c, d.Reps, dur(d.P50), dur(d.P99), dur(dp.P50), dur(dp.P99),
-					dur(dr.P50), dur(dr.P99), dur(z.P50), dur(z.P99), dur(rd.P50), dur(rd.P99), ratio(rd.P50, d.P50), ratio(rd.P50, dp.P50), ratio(rd.P50, dr.P50))
+				rd := find(rows, c, "Redis")
+				for _, r := range rows {
+					if r.Case == c {
+						fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s |\n", c, r.System, r.Reps, dur(r.P50), dur(r.P99), ratio(rd.P50, r.P50))
+					}
+				}
 			}
 		case "fig8", "allreduce":
 			fmt.Fprintf(w, "| case | system | reps | p50 | p99 | vs %s (p50) |\n", sysDirect)

@@ -83,6 +83,9 @@ def member(inv):
     if mode == "collectives":
         with ziptrail.join("c", r, n, wait_all=True, timeout=300) as g:
             out["errors"] = collectives(g, r, n)
+            att = g._att  # each path this member's sends took: the sidecars, a socketpair, TCP
+            out["paths"] = {str(t): "sidecar" if o.sock is None else "tcp" if o.sock.stream else "unix"
+                            for t, o in (att._outs.items() if att is not None else ())}
         ziptrail.send_object("verdicts", "v%d" % r, json.dumps(out), metadata=done)
     elif mode == "kill":
         with ziptrail.join("k", r, n, wait_all=True, timeout=300) as g:
@@ -131,13 +134,14 @@ func groupWorkflow(name string, maxScale int32, cc int64) string {
 }
 
 type memberVerdict struct {
-	Rank   int      `json:"rank"`
-	Pod    string   `json:"pod"`
-	Errors []string `json:"errors"`
-	Sum    []int    `json:"sum"`
-	Gone   *int     `json:"gone"`
-	At     float64  `json:"at"`
-	Error  string   `json:"error"`
+	Rank   int               `json:"rank"`
+	Pod    string            `json:"pod"`
+	Paths  map[string]string `json:"paths"`
+	Errors []string          `json:"errors"`
+	Sum    []int             `json:"sum"`
+	Gone   *int              `json:"gone"`
+	At     float64           `json:"at"`
+	Error  string            `json:"error"`
 }
 
 func readVerdict(path string) (memberVerdict, error) {
@@ -177,7 +181,33 @@ var _ = Describe("direct messages between function instances", func() {
 			}
 			// With at most cc members per pod, the group spans pods.
 			Expect(len(pods(vs))).To(BeNumerically(">=", tc.minPods), "members' pods: %v", pods(vs))
-			AddReportEntry(fmt.Sprintf("collectives with %d members", tc.size), fmt.Sprintf("%d pods", len(pods(vs))))
+			// Every pair's path: ranks of one pod through their sidecar,
+			// pods on one node over a socketpair (TCP without the chart's
+			// sameNode), across nodes over TCP.
+			node := map[string]string{}
+			for p := range pods(vs) {
+				var pod corev1.Pod
+				Expect(k8s.Get(ctx, keyOf(ns, p), &pod)).To(Succeed())
+				node[p] = pod.Spec.NodeName
+			}
+			count := map[string]int{}
+			for _, v := range vs {
+				for to, path := range v.Paths {
+					var r int
+					_, _ = fmt.Sscan(to, &r)
+					w := vs[r]
+					want := []string{"tcp"}
+					switch {
+					case w.Pod == v.Pod:
+						want = []string{"sidecar"}
+					case node[w.Pod] == node[v.Pod]:
+						want = []string{"unix", "tcp"}
+					}
+					Expect(want).To(ContainElement(path), "rank %d (%s on %s) -> rank %d (%s on %s)", v.Rank, v.Pod, node[v.Pod], r, w.Pod, node[w.Pod])
+					count[path]++
+				}
+			}
+			AddReportEntry(fmt.Sprintf("collectives with %d members", tc.size), fmt.Sprintf("%d pods, paths %v", len(pods(vs)), count))
 		})
 	}
 

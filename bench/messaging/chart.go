@@ -15,6 +15,7 @@ var palette = map[string]string{
 	sysSidecars:                             "#2078dc",
 	sysTCP:                                  "#8c3cc8",
 	sysTCPProcs:                             "#c39be6",
+	sysTCPRecycled:                          "#5a1e8c",
 	sysSidecars + " (8 sending goroutines)": "#7ab0ec",
 	"Redis":                                 "#dc3c32",
 	"Redis (pipelined LPUSH)":               "#f0a01e",

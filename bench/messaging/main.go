@@ -85,8 +85,9 @@ const (
 	// sysTCP: pods on different nodes whose functions talk over direct
 	// TCP channels (docs/messaging.md, "Direct channels across nodes");
 	// sysTCPProcs: Fig. 7 with its two ends in two processes.
-	sysTCP      = "ziptrail across nodes (direct TCP)"
-	sysTCPProcs = "ziptrail across nodes (direct TCP, 2 processes)"
+	sysTCP         = "ziptrail across nodes (direct TCP)"
+	sysTCPProcs    = "ziptrail across nodes (direct TCP, 2 processes)"
+	sysTCPRecycled = "ziptrail across nodes (direct TCP, 2 processes, recycled buffers)"
 )
 
 const (
@@ -259,7 +260,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 				f     func(context.Context, []byte, int) ([]float64, error)
 				reset func(context.Context) error
 			}{{sysDirect, zd.pingPong, zd.setupPair}, {sysDirectProcs, zd.pingPongProcs, nil}, {sysDirectRecycled, zd.pingPongProcsRecycled, nil},
-				{sysTCP, ztc.pingPong, ztc.setupPair}, {sysTCPProcs, ztc.pingPongProcs, nil},
+				{sysTCP, ztc.pingPong, ztc.setupPair}, {sysTCPProcs, ztc.pingPongProcs, nil}, {sysTCPRecycled, ztc.pingPongProcsRecycled, nil},
 				{sysSidecars, zt.pingPong, zt.setupPair}, {"Redis", rb.pingPong, nil}} {
 				rtts, err := attempt(ctx, "fig7 "+sys.name+" "+human(size), sys.reset, func(ctx context.Context) ([]float64, error) { return sys.f(ctx, data, n) })
 				if err != nil {

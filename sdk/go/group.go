@@ -86,7 +86,7 @@ func WithInvocationID(id string) JoinOption {
 }
 
 // WithRecycledBuffers makes received messages of 16 KiB to 4 MiB that
-// came over a same-node direct channel use buffers that Message.Close
+// came over a direct channel (same node or TCP) use buffers that Message.Close
 // gives back for the next ones, instead of a new allocation each (and the
 // garbage collections that follow): for a member that receives many such
 // messages. With it, Bytes of every message is valid only until its

@@ -181,9 +181,9 @@ var _ = Describe("direct messages between function instances", func() {
 			}
 			// With at most cc members per pod, the group spans pods.
 			Expect(len(pods(vs))).To(BeNumerically(">=", tc.minPods), "members' pods: %v", pods(vs))
-			// Every pair's path: ranks of one pod through their sidecar,
-			// pods on one node over a socketpair (TCP without the chart's
-			// sameNode), across nodes over TCP.
+			// Every pair's path: across nodes over TCP; on one node (one
+			// pod too) over a socketpair with the chart's sameNode, else
+			// TCP between pods and the sidecar within one.
 			node := map[string]string{}
 			for p := range pods(vs) {
 				var pod corev1.Pod
@@ -199,7 +199,7 @@ var _ = Describe("direct messages between function instances", func() {
 					want := []string{"tcp"}
 					switch {
 					case w.Pod == v.Pod:
-						want = []string{"sidecar"}
+						want = []string{"unix", "sidecar"}
 					case node[w.Pod] == node[v.Pod]:
 						want = []string{"unix", "tcp"}
 					}

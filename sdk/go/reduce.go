@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // Reductions over the collectives' plumbing (collectives.go): a binomial
@@ -299,9 +300,25 @@ func fmtOf[T Number]() string {
 	return "i8"
 }
 
+// nativeLE: this machine stores numbers as the wire does (little-endian,
+// IEEE 754), so an array's bytes are its encoding: one copy, not a loop.
+var nativeLE = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// asBytes is s's memory as bytes (nativeLE only).
+func asBytes[T Number](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 8*len(s))
+}
+
 // encodeArray: 8 bytes per element, little-endian (IEEE 754 for float64).
 func encodeArray[T Number](s []T) []byte {
 	b := make([]byte, 8*len(s))
+	if nativeLE {
+		copy(b, asBytes(s))
+		return b
+	}
 	switch v := any(s).(type) {
 	case []float64:
 		for i, f := range v {
@@ -326,6 +343,10 @@ func decodeArray[T Number](f string, b []byte) ([]T, error) {
 		return nil, fmt.Errorf("an array of %d bytes (not a multiple of 8)", len(b))
 	}
 	out := make([]T, len(b)/8)
+	if nativeLE && f == want {
+		copy(asBytes(out), b)
+		return out, nil
+	}
 	switch v := any(out).(type) {
 	case []float64:
 		for i := range v {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync/atomic"
@@ -202,5 +203,42 @@ func TestStreamHostilePeers(t *testing.T) {
 	}
 	if !errors.Is(err, ErrFrame) {
 		t.Fatalf("after a forged credit: %v, want ErrFrame", err)
+	}
+}
+
+// BenchmarkStreamPingPong: one message each way over two TCP channels
+// (an echo at the other end), as bench/messaging's Fig. 7 does between
+// pods.
+func BenchmarkStreamPingPong(b *testing.B) {
+	for _, size := range []int{64, 64 << 10, 1 << 20, 16 << 20} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			t := &testing.T{}
+			s1, r1, _ := tcpPair(t)
+			s2, r2, _ := tcpPair(t)
+			defer func() { s1.Close(); r1.Close(); s2.Close(); r2.Close() }()
+			ctx := context.Background()
+			go func() {
+				for {
+					m, err := r1.Recv()
+					if err != nil {
+						return
+					}
+					if s2.Send(ctx, m.Tag, m.Data) != nil {
+						return
+					}
+				}
+			}()
+			data := fill(size, 1)
+			b.SetBytes(int64(2 * size))
+			b.ResetTimer()
+			for range b.N {
+				if err := s1.Send(ctx, 0, data); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := r2.Recv(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -16,12 +16,15 @@
 //     sees it) and death detection (SIGKILL a member's sidecar: until the
 //     others' blocked Recv from it returns PeerGone).
 //
-// ziptrail runs as two arms in the same run: "same node (direct)", eight
+// ziptrail runs as three arms in the same run: "same node (direct)", eight
 // pods sharing a node directory (as bench/dataplane -samenode), whose
 // functions talk over direct channels (docs/messaging.md, "Same-node
-// direct channels"), and "across nodes (sidecars)", eight pods without
-// one, whose messages cross both sidecars as between nodes. The
-// membership, death, floor and CPU cells use the sidecar arm.
+// direct channels"); "across nodes (direct TCP)", eight pods without one,
+// whose functions talk over TCP channels the sidecars open ("Direct
+// channels across nodes"); and "across nodes (sidecars)", eight pods with
+// those off (ZIPTRAIL_DIRECT_TCP=off), whose messages cross both
+// sidecars. The membership, death, floor and CPU cells use the sidecar
+// arm.
 //
 // It prints one table and writes JSON and an SVG chart.
 //

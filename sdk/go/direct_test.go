@@ -137,41 +137,50 @@ func TestDirectOrderAndBackPressure(t *testing.T) {
 	// Back-pressure: rank 1 reads nothing until rank 0 is held back, with
 	// memfds (bounded by credits).
 	for _, big := range []int{512 << 10, 9 << 20} {
-		sent := 0
-		for ; sent < 400; sent++ {
-			sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
-			err := gs[0].Send(sctx, 1, 5, bytes.Repeat([]byte{byte(sent)}, big))
-			scancel()
-			if IsKind(err, KindTimeout) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+		holdBack(t, ctx, gs[0], gs[1], big)
+	}
+}
+
+// holdBack: rank to (of group g) reads nothing until from's sends of
+// size-byte messages time out (no more than 400 of them); then 5 more
+// sends go while to reads every message, whole and in order.
+func holdBack(t *testing.T, ctx context.Context, from, to *Group, size int) {
+	t.Helper()
+	sent := 0
+	for ; sent < 400; sent++ {
+		sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
+		err := from.Send(sctx, to.Rank(), 5, bytes.Repeat([]byte{byte(sent)}, size))
+		scancel()
+		if IsKind(err, KindTimeout) {
+			break
 		}
-		if sent == 400 {
-			t.Fatalf("%d MiB sent to a receiver that reads nothing: no back-pressure", sent*big>>20)
-		}
-		t.Logf("%d-byte messages: held back after %d messages (%d MiB)", big, sent, sent*big>>20)
-		go func() {
-			for i := sent; i < sent+5; i++ {
-				if err := gs[0].Send(ctx, 1, 5, bytes.Repeat([]byte{byte(i)}, big)); err != nil {
-					done <- err
-					return
-				}
-			}
-			done <- nil
-		}()
-		for i := range sent + 5 {
-			m, err := gs[1].Recv(ctx, 0, 5)
-			if err != nil || len(m.Bytes()) != big || m.Bytes()[0] != byte(i) || m.Bytes()[big-1] != byte(i) {
-				t.Fatalf("message %d after the hold: %v", i, err)
-			}
-			m.Close()
-		}
-		if err := <-done; err != nil {
+		if err != nil {
 			t.Fatal(err)
 		}
+	}
+	if sent == 400 {
+		t.Fatalf("%d MiB sent to a receiver that reads nothing: no back-pressure", sent*size>>20)
+	}
+	t.Logf("%d-byte messages: held back after %d messages (%d MiB)", size, sent, sent*size>>20)
+	done := make(chan error, 1)
+	go func() {
+		for i := sent; i < sent+5; i++ {
+			if err := from.Send(ctx, to.Rank(), 5, bytes.Repeat([]byte{byte(i)}, size)); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for i := range sent + 5 {
+		m, err := to.Recv(ctx, from.Rank(), 5)
+		if err != nil || len(m.Bytes()) != size || m.Bytes()[0] != byte(i) || m.Bytes()[size-1] != byte(i) {
+			t.Fatalf("message %d after the hold: %v", i, err)
+		}
+		m.Close()
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -54,43 +54,7 @@ func TestTCPChannelsAcrossPods(t *testing.T) {
 	}
 
 	// Back-pressure: rank 1 reads nothing until rank 0 is held back.
-	const size = 1 << 20
-	sent := 0
-	for ; sent < 400; sent++ {
-		sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
-		err := gs[0].Send(sctx, 1, 5, bytes.Repeat([]byte{byte(sent)}, size))
-		scancel()
-		if IsKind(err, KindTimeout) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if sent == 400 {
-		t.Fatal("400 MiB sent to a receiver that reads nothing: no back-pressure")
-	}
-	t.Logf("held back after %d messages of 1 MiB", sent)
-	done := make(chan error, 1)
-	go func() {
-		for i := sent; i < sent+5; i++ {
-			if err := gs[0].Send(ctx, 1, 5, bytes.Repeat([]byte{byte(i)}, size)); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- nil
-	}()
-	for i := range sent + 5 {
-		m, err := gs[1].Recv(ctx, 0, 5)
-		if err != nil || len(m.Bytes()) != size || m.Bytes()[0] != byte(i) || m.Bytes()[size-1] != byte(i) {
-			t.Fatalf("message %d after the hold: %v", i, err)
-		}
-		m.Close()
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	holdBack(t, ctx, gs[0], gs[1], 1<<20)
 
 	// Rank 1 leaves: rank 0's receives from it and its sends to it fail
 	// with PeerGone.

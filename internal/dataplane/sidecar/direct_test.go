@@ -243,29 +243,12 @@ func TestDirectNodeSocketRefusesAttackers(t *testing.T) {
 	b.join(t, "s1", "g", 2, 3, false) // not attached
 	waitLive(t, ma, 3)
 	dir, uid := b.s.cfg.SameNode.Dir, b.s.cfg.SameNode.PodUID
-	seal := func(kr *ref.Keyring, key string) string {
-		tok, err := kr.Seal(ref.Record{Addr: a.s.addr(), Key: key, Expires: time.Now().Add(time.Minute), Reads: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tok
-	}
-	own, foreign := a.s.keys.Load(), other.s.keys.Load()
-	forger, err := ref.NewKeyring("ns-e", map[string][]byte{"k1": bytes.Repeat([]byte{0x42}, 32)}, "k1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	forged, good := groupAuths(t, a, other)
 	ctx, cancel := within(time.Minute)
 	defer cancel()
 	fds0 := openFDCount(t)
 	refused0 := openCounter(t, "refused_auth")
-	for name, auth := range map[string]string{
-		"no authenticator":        "",
-		"garbage":                 "not-a-token",
-		"forged":                  seal(forger, "msg\x00s1\x00g"),
-		"another namespace's key": seal(foreign, "msg\x00s1\x00g"),
-		"another group's":         seal(own, "msg\x00s1\x00other"),
-	} {
+	for name, auth := range forged {
 		f, err := directmsg.Open(ctx, dir, uid, directmsg.OpenRequest{Auth: auth, Session: "s1", Group: "g", From: 0, To: 1}, messaging.ErrNoDirect)
 		if f != nil || !errors.Is(err, directmsg.ErrRefused) {
 			t.Fatalf("%s: %v, %v; want refused", name, f, err)
@@ -274,7 +257,6 @@ func TestDirectNodeSocketRefusesAttackers(t *testing.T) {
 	if n := openCounter(t, "refused_auth"); n != refused0+5 {
 		t.Errorf("refused_auth %v -> %v, want +5", refused0, n)
 	}
-	good := seal(own, "msg\x00s1\x00g")
 	for name, q := range map[string]directmsg.OpenRequest{
 		"a rank not attached":          {Auth: good, Session: "s1", Group: "g", From: 0, To: 2},
 		"a rank this pod does not run": {Auth: good, Session: "s1", Group: "g", From: 1, To: 0},
@@ -330,6 +312,33 @@ func TestDirectNodeSocketRefusesAttackers(t *testing.T) {
 	if n := openFDCount(t); n > fds0 {
 		t.Fatalf("%d descriptors open after the attacks, %d before", n, fds0)
 	}
+}
+
+// groupAuths are the authenticators an attacker could present for group g
+// of session s1 in a's namespace, none valid (none, garbage, forged,
+// another namespace's key: other's, another group's), and a valid one,
+// as a's sidecar seals it.
+func groupAuths(t *testing.T, a, other *msgPod) (forged map[string]string, good string) {
+	t.Helper()
+	seal := func(kr *ref.Keyring, key string) string {
+		tok, err := kr.Seal(ref.Record{Addr: a.s.addr(), Key: key, Expires: time.Now().Add(time.Minute), Reads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	own, foreign := a.s.keys.Load(), other.s.keys.Load()
+	forger, err := ref.NewKeyring(a.ns, map[string][]byte{"k1": bytes.Repeat([]byte{0x42}, 32)}, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]string{
+		"no authenticator":        "",
+		"garbage":                 "not-a-token",
+		"forged":                  seal(forger, "msg\x00s1\x00g"),
+		"another namespace's key": seal(foreign, "msg\x00s1\x00g"),
+		"another group's":         seal(own, "msg\x00s1\x00other"),
+	}, seal(own, "msg\x00s1\x00g")
 }
 
 func validOpen(auth, session, group string, from, to uint32) []byte {

@@ -13,7 +13,6 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/directmsg"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
-	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 )
 
 // Direct channels across nodes (docs/messaging.md): a sender's sidecar
@@ -148,26 +147,9 @@ func TestTCPChannelsFromTheOutside(t *testing.T) {
 	}
 
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(b.s.cfg.DataplanePort))
-	seal := func(kr *ref.Keyring, key string) string {
-		tok, err := kr.Seal(ref.Record{Addr: a.s.addr(), Key: key, Expires: time.Now().Add(time.Minute), Reads: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tok
-	}
-	own, foreign := a.s.keys.Load(), other.s.keys.Load()
-	forger, err := ref.NewKeyring("ns-t", map[string][]byte{"k1": bytes.Repeat([]byte{0x42}, 32)}, "k1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	forged, good := groupAuths(t, a, other)
 	refused0 := tcpOpenCounter(t, "refused_auth")
-	for name, auth := range map[string]string{
-		"no authenticator":        "",
-		"garbage":                 "not-a-token",
-		"forged":                  seal(forger, "msg\x00s1\x00g"),
-		"another namespace's key": seal(foreign, "msg\x00s1\x00g"),
-		"another group's":         seal(own, "msg\x00s1\x00other"),
-	} {
+	for name, auth := range forged {
 		if st, _ := rawTCPOpen(t, addr, "", validOpen(auth, "s1", "g", 0, 1), false); st != 2 {
 			t.Fatalf("%s: status %d, want refused (2)", name, st)
 		}
@@ -175,7 +157,6 @@ func TestTCPChannelsFromTheOutside(t *testing.T) {
 	if n := tcpOpenCounter(t, "refused_auth"); n != refused0+5 {
 		t.Errorf("refused_auth %v -> %v, want +5", refused0, n)
 	}
-	good := seal(own, "msg\x00s1\x00g")
 	// A valid authenticator, but not from rank 0's address.
 	badPeer0 := tcpOpenCounter(t, "bad_peer")
 	if st, _ := rawTCPOpen(t, addr, "127.0.0.2", validOpen(good, "s1", "g", 0, 1), false); st != 2 {

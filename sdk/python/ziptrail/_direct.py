@@ -165,22 +165,33 @@ def send_frame(sock: socket.socket, rank: int, op: str, parts: list[Any], fd: in
             return
         except BlockingIOError:
             pass
-        except (BrokenPipeError, ConnectionResetError) as e:
-            raise PeerGoneError(op, f"rank {rank}'s direct channel closed: {e}", "PEER_GONE", rank=rank) from None
         except OSError as e:
-            if sock.fileno() < 0:
-                raise ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)") from None
-            raise ZiptrailError(op, f"sending to rank {rank}: {e}") from None
-        wait = -1 if deadline is None else int((deadline - time.monotonic()) * 1000)
-        if deadline is not None and wait <= 0:
-            raise MessageTimeoutError(op, f"rank {rank} did not take the message in time (its inbox is full)",
-                                      "MSG_TIMEOUT")
-        p = select.poll()
-        try:
-            p.register(sock, select.POLLOUT)
-        except (ValueError, OSError):
-            raise ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)") from None
-        p.poll(wait)
+            raise _send_failed(sock, rank, op, e) from None
+        _wait_writable(sock, rank, op, deadline)
+
+
+def _send_failed(sock: socket.socket, rank: int, op: str, e: OSError) -> ZiptrailError:
+    """The error of a send into a direct channel that failed: the receiver
+    gone, the channel closed under the send (the member ended), or other."""
+    if isinstance(e, (BrokenPipeError, ConnectionResetError)):
+        return PeerGoneError(op, f"rank {rank}'s direct channel closed: {e}", "PEER_GONE", rank=rank)
+    if sock.fileno() < 0:
+        return ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)")
+    return ZiptrailError(op, f"sending to rank {rank}: {e}")
+
+
+def _wait_writable(sock: socket.socket, rank: int, op: str, deadline: float | None) -> None:
+    """Waits until the channel takes bytes again, or the deadline."""
+    wait = -1 if deadline is None else int((deadline - time.monotonic()) * 1000)
+    if deadline is not None and wait <= 0:
+        raise MessageTimeoutError(op, f"rank {rank} did not take the message in time (its inbox is full)",
+                                  "MSG_TIMEOUT")
+    p = select.poll()
+    try:
+        p.register(sock, select.POLLOUT)
+    except (ValueError, OSError):
+        raise ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)") from None
+    p.poll(wait)
 
 
 def send_stream(sock: socket.socket, rank: int, op: str, parts: list[Any], fd: int, size: int,
@@ -210,22 +221,9 @@ def send_stream(sock: socket.socket, rank: int, op: str, parts: list[Any], fd: i
             continue
         except BlockingIOError:
             pass
-        except (BrokenPipeError, ConnectionResetError) as e:
-            raise PeerGoneError(op, f"rank {rank}'s direct channel closed: {e}", "PEER_GONE", rank=rank) from None
         except OSError as e:
-            if sock.fileno() < 0:
-                raise ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)") from None
-            raise ZiptrailError(op, f"sending to rank {rank}: {e}") from None
-        wait = -1 if deadline is None else int((deadline - time.monotonic()) * 1000)
-        if deadline is not None and wait <= 0:
-            raise MessageTimeoutError(op, f"rank {rank} did not take the message in time (its inbox is full)",
-                                      "MSG_TIMEOUT")
-        p = select.poll()
-        try:
-            p.register(sock, select.POLLOUT)
-        except (ValueError, OSError):
-            raise ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)") from None
-        p.poll(wait)
+            raise _send_failed(sock, rank, op, e) from None
+        _wait_writable(sock, rank, op, deadline)
 
 
 class Sender:

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/directmsg"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
@@ -44,14 +45,24 @@ type inMsg struct {
 	rec     *recycler // data is a recycled buffer to give back to rec
 }
 
-// inChan is a direct channel from a same-node sender.
+// inChan is a direct channel from a sender.
 type inChan struct {
 	c   *directmsg.Conn
 	eof bool
 	err error // the channel broke (a malformed frame): recv callers see it
 	// reported: an any-source receive returned err already.
 	reported bool
+	// ending: the view says the sender is gone and its TCP channel has
+	// not ended (endGone watches it); ended: endGone closed it, quiet
+	// (its close is the channel's end).
+	ending, ended bool
 }
+
+// goneGrace is how long a TCP channel whose sender the view says is gone
+// may take to end by itself (its FIN follows the sender's last frames)
+// before the receiver, once the channel is quiet, takes it for ended: a
+// sender whose node went away sends no FIN.
+const goneGrace = 100 * time.Millisecond
 
 // outChan is this member's path to one receiver: decided at the first
 // send; c nil means through the sidecars.
@@ -188,6 +199,12 @@ func (a *attached) readMember() {
 			a.mu.Lock()
 			if a.view == nil || p.View.Epoch > a.view.Epoch {
 				a.view = p.View
+				for _, r := range p.View.Gone {
+					if ic := a.in[int(r)]; ic != nil && ic.c != nil && ic.c.Stream() && !ic.eof && ic.err == nil && !ic.ending {
+						ic.ending = true
+						time.AfterFunc(goneGrace, func() { a.endGone(ic) })
+					}
+				}
 			}
 			a.changed()
 			a.mu.Unlock()
@@ -229,12 +246,30 @@ func (a *attached) readMember() {
 	}
 }
 
+// endGone ends the TCP channel ic of a sender the view says is gone once
+// it is quiet (nothing of a frame read, nothing in its socket), unless it
+// ended meanwhile; while bytes still come it looks again later (a node
+// gone in the middle of a frame: the keepalive ends the channel).
+func (a *attached) endGone(ic *inChan) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ic.eof || ic.err != nil || a.closed {
+		return
+	}
+	if !ic.c.Quiet() {
+		time.AfterFunc(goneGrace, func() { a.endGone(ic) })
+		return
+	}
+	ic.ended = true
+	_ = ic.c.Close() // readDirect's Recv fails: the channel's end
+}
+
 func (a *attached) readDirect(from int, ic *inChan) {
 	for {
 		m, err := ic.c.Recv()
 		if err != nil {
 			a.mu.Lock()
-			if errors.Is(err, io.EOF) {
+			if errors.Is(err, io.EOF) || ic.ended {
 				ic.eof = true
 			} else if !a.closed {
 				ic.err = &PeerError{Rank: from, Err: fmt.Errorf("direct channel dropped: %w", err)}
@@ -398,13 +433,22 @@ func (a *attached) path(ctx context.Context, op string, to int) (*directmsg.Conn
 	return oc.c, nil
 }
 
-// sendDirect writes one message into a direct channel.
+// sendDirect writes one message into a direct channel; to a rank the
+// view says is gone it fails with PeerGone (a peer whose node went away
+// still takes bytes into its socket, and a dead one may not have reset
+// the channel yet), as a send through the sidecars does.
 func (a *attached) sendDirect(ctx context.Context, op string, c *directmsg.Conn, to int, tag int64, data []byte) error {
+	a.mu.Lock()
+	v := a.view
+	a.mu.Unlock()
+	if v != nil && slices.Contains(v.Gone, uint32(to)) && !slices.Contains(v.Live, uint32(to)) {
+		return &Error{Kind: KindPeerGone, Op: op, Err: &PeerError{Rank: to, Err: fmt.Errorf("rank %d left or died (group %s)", to, a.g.name)}}
+	}
 	err := c.Send(ctx, tag, data)
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET):
+	case errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ETIMEDOUT):
 		return &Error{Kind: KindPeerGone, Op: op, Err: &PeerError{Rank: to, Err: fmt.Errorf("its direct channel closed: %w", err)}}
 	case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded):
 		return &Error{Kind: KindTimeout, Op: op, Err: fmt.Errorf("sending to rank %d: %w", to, context.Cause(ctx))}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -372,14 +373,20 @@ func init() {
 // it holds its direct channel: its sidecar sees the invocation fail, the
 // directory announces rank 0 gone, and the receiver, once it drained the
 // channel, gets PeerGone naming rank 0. Its pod on the same node (a
-// socketpair) and on another node (a TCP channel).
+// socketpair) and on another node (a TCP channel). Then as a node that
+// goes away (powered off, cut off): the sender's process frozen (SIGSTOP:
+// its socket sends no FIN) and its pod's sidecar SIGKILLed: the view says
+// rank 0 is gone, and the receiver takes the quiet TCP channel for ended.
 func TestDirectPeerKilled(t *testing.T) {
-	for _, across := range []bool{false, true} {
-		t.Run(map[bool]string{false: "same node", true: "across nodes"}[across], func(t *testing.T) { testDirectPeerKilled(t, across) })
+	for _, c := range []struct {
+		name           string
+		across, frozen bool
+	}{{"same node", false, false}, {"across nodes", true, false}, {"node gone", true, true}} {
+		t.Run(c.name, func(t *testing.T) { testDirectPeerKilled(t, c.across, c.frozen) })
 	}
 }
 
-func testDirectPeerKilled(t *testing.T, across bool) {
+func testDirectPeerKilled(t *testing.T, across, frozen bool) {
 	op := testservers.StartOperator(t)
 	dir := nodeDir(t)
 	bNode, bDir := "node-a", dir
@@ -436,16 +443,24 @@ func testDirectPeerKilled(t *testing.T, across bool) {
 	if ic == nil || ic.c == nil || ic.c.Stream() != across {
 		t.Fatalf("the message did not come over a direct channel (TCP: %v)", across)
 	}
-	if err := child.Process.Kill(); err != nil {
+	killed := time.Now()
+	if frozen {
+		if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		a.kill()
+	} else if err := child.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	killed := time.Now()
 	_, err = g1.Recv(ctx, 0, AnyTag)
 	var pe *PeerError
 	if !errors.Is(err, ErrPeerGone) || !errors.As(err, &pe) || pe.Rank != 0 {
 		t.Fatalf("recv after the kill: %v, want PeerGone naming rank 0", err)
 	}
 	t.Logf("PeerGone %v after the SIGKILL", time.Since(killed))
+	if err := g1.Send(ctx, 0, 1, []byte("anyone?")); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("send after the kill: %v, want PeerGone", err)
+	}
 }
 
 // listening waits until 127.0.0.1:port accepts a connection; false when

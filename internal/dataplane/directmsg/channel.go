@@ -50,6 +50,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -106,6 +107,7 @@ type Conn struct {
 	cmu      sync.Mutex      // a stream receiver's credits:
 	owed     uint64          //   frame bytes read and not credited (under cmu)
 	hold     func() bool     //   true while its inbox is over its cap
+	idle     atomic.Bool     //   Recv waits for a frame, none of it read
 	wmu      sync.Mutex
 	inflight uint64    // memfd bytes sent and not credited (under wmu)
 	unacked  []unacked // memfd frames not credited, oldest first (under wmu)

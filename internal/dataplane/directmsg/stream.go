@@ -184,7 +184,10 @@ func (c *Conn) recvStream() (Message, error) {
 		c.br = bufio.NewReaderSize(c.c, 64<<10)
 		c.hdr = make([]byte, HeaderSize)
 	}
-	if _, err := io.ReadFull(c.br, c.hdr); err != nil {
+	c.idle.Store(c.br.Buffered() == 0) // waiting for a frame: nothing of one read yet
+	_, err := io.ReadFull(c.br, c.hdr)
+	c.idle.Store(false)
+	if err != nil {
 		return Message{}, streamEnd(err)
 	}
 	kind, tag, size := c.hdr[4], int64(binary.LittleEndian.Uint64(c.hdr[5:])), binary.LittleEndian.Uint64(c.hdr[13:])
@@ -231,10 +234,30 @@ func (c *Conn) recvStream() (Message, error) {
 }
 
 // streamEnd is the error of a TCP channel's read that failed: its end
-// (closed, reset by a sender that exited, cut inside a frame) or another.
+// (closed, reset by a sender that exited, cut inside a frame, its node
+// silent past the keepalive) or another.
 func streamEnd(err error) error {
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.ETIMEDOUT) {
 		return io.EOF
 	}
 	return err
+}
+
+// Quiet, for a TCP channel's receiver: Recv waits for a frame's first
+// byte, and none is buffered or in the socket. A receiver whose view says
+// the sender is gone may then take the channel for ended (its node may be
+// gone without a FIN) and Close it: Recv returns an error, nothing read
+// is lost.
+func (c *Conn) Quiet() bool {
+	if !c.stream || !c.idle.Load() {
+		return false
+	}
+	rc, err := c.c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := -1
+	_ = rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	return n == 0 && c.idle.Load()
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -230,26 +231,40 @@ def handler(inv):
 """
 
 
-def test_peer_process_killed_is_peer_gone(pods: Pods):
-    """A same-node peer's function process is SIGKILLed while this member
-    waits for it: recv gets PeerGoneError naming it (its direct channel
-    ended and the view says it left), not a timeout."""
+@pytest.mark.parametrize("how", ["same-node", "across-nodes", "node-gone"])
+def test_peer_process_killed_is_peer_gone(pods: Pods, how: str):
+    """A peer's function process is SIGKILLed while this member waits for
+    it: recv gets PeerGoneError naming it (its direct channel ended and the
+    view says it left), not a timeout; so does a send to it. On the same
+    node (a socketpair), on another (a TCP channel), and as a node that
+    goes away: the peer frozen (SIGSTOP: its socket sends no FIN) and its
+    pod's sidecar SIGKILLed, so that only the view says it is gone."""
     a = pods.start(node="n1")
-    fn = pods.start(node="n1", function=VICTIM)
+    fn = pods.start(node="n1" if how == "same-node" else "n2", function=VICTIM)
     victim = pods.sidecars.procs[-1]
     g = a.client.join("kill", "g", 0, 2, timeout=LIMIT)
     out: list[Any] = []
-    call = threading.Thread(target=lambda: out.append(
-        a.client.invoke(fn.url, b"", session="kill", timeout=LIMIT)), daemon=True)
+
+    def invoke() -> None:  # its outcome is the victim's: killed, or its sidecar killed
+        try:
+            out.append(a.client.invoke(fn.url, b"", session="kill", timeout=LIMIT))
+        except Exception as e:  # noqa: BLE001
+            out.append(e)
+
+    call = threading.Thread(target=invoke, daemon=True)
     try:
         call.start()
         g._att.wait_view("join", lambda v: 1 in v.live, LIMIT)
         g.send(1, b"go", timeout=LIMIT)
         with g.recv(source=1, timeout=LIMIT) as m:
             assert bytes(m.data) == b"ready"
-        assert direct_opens(a) == 1  # the victim's channel to rank 0
-        victim.kill()
+        assert direct_opens(a, tcp=how != "same-node") == 1  # the victim's channel to rank 0
         t0 = time.monotonic()
+        if how == "node-gone":
+            victim.send_signal(signal.SIGSTOP)
+            fn.proc.kill()
+        else:
+            victim.kill()
         with pytest.raises(ziptrail.PeerGoneError) as e:
             g.recv(source=1, timeout=LIMIT)
         print(f"PeerGone {1000 * (time.monotonic() - t0):.0f} ms after SIGKILL")
@@ -259,6 +274,8 @@ def test_peer_process_killed_is_peer_gone(pods: Pods):
         assert e.value.rank == 1
     finally:
         g.leave()
+        if how == "node-gone":
+            victim.kill()
         call.join(LIMIT)
 
 

@@ -28,6 +28,11 @@ from .errors import (ClosedError, DirectChannelError, InvalidError, MessageTimeo
 
 #: The inbox's bound in bytes, as the sidecar's queue for a member.
 INBOX_CAP = 64 << 20
+#: How long a TCP channel whose sender the view says is gone may take to
+#: end by itself (its FIN follows the sender's last frames) before the
+#: reader, once the channel is quiet, takes it for ended: a sender whose
+#: node went away sends no FIN (the Go SDK's goneGrace).
+GONE_GRACE = 0.1
 # Frames read off one direct channel before the others get their turn.
 _BATCH = 64
 _CHUNK = 256 << 10
@@ -155,6 +160,9 @@ class Attached:
         # its cap (their senders' windows bound it; their credits wait).
         self._ssel = selectors.DefaultSelector()
         self._streams = 0
+        # TCP channels of senders the view says are gone: when to look
+        # whether they are quiet (the reader thread's own).
+        self._ending: dict[int, float] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
@@ -174,7 +182,8 @@ class Attached:
                     if self.closed:
                         return
                     over = self.bytes > INBOX_CAP
-                for key, _ in (self._ssel if over else self._sel).select():
+                timeout = max(0.0, min(self._ending.values()) - time.monotonic()) if self._ending else None
+                for key, _ in (self._ssel if over else self._sel).select(timeout):
                     if key.data is None:
                         try:
                             self._wake_r.recv(64)
@@ -182,6 +191,8 @@ class Attached:
                             pass
                     else:
                         key.data(key)
+                if self._ending:
+                    self._end_gone()
         except _Stop:
             pass
         finally:
@@ -296,7 +307,29 @@ class Attached:
         with self.cond:
             if self.view is None or v.epoch > self.view.epoch:
                 self.view = v
+                for r in v.gone:
+                    ic = self.ins.get(r)
+                    if ic is not None and ic.stream and ic.sock is not None and r not in self._ending:
+                        self._ending[r] = time.monotonic() + GONE_GRACE
             self.cond.notify_all()
+
+    def _end_gone(self) -> None:
+        """Ends the quiet TCP channels of senders the view says are gone,
+        once their grace passed (the reader thread: no frame is being read
+        meanwhile); a channel still bringing bytes is looked at again
+        later (a node gone inside a frame: the keepalive ends it)."""
+        now = time.monotonic()
+        for r, at in list(self._ending.items()):
+            ic = self.ins.get(r)
+            if ic is None or ic.sock is None or ic.eof or ic.err is not None:
+                del self._ending[r]
+            elif at <= now:
+                if ic.reader.quiet(ic.sock):
+                    del self._ending[r]
+                    self._drop_in(ic)
+                    self._add([], lambda ic=ic: setattr(ic, "eof", True))
+                else:
+                    self._ending[r] = now + GONE_GRACE
 
     def _add_in(self, frm: int, fd: int) -> None:
         try:
@@ -525,7 +558,12 @@ class Attached:
     def send_frame(self, op: str, to: int, sock: _direct.Sender, parts: list[Any], fd: int = -1,
                    timeout: float | None = None, size: int = 0) -> None:
         """Writes one frame (with fd, a memfd of size bytes) into the
-        direct channel to ``to``."""
+        direct channel to ``to``; to a rank the view says is gone it fails
+        with PeerGoneError (a peer whose node went away still takes bytes
+        into its socket), as a send through the sidecars does."""
+        v = self.view
+        if v is not None and to in v.gone and to not in v.live:
+            raise PeerGoneError(op, f"rank {to} left or died (group {self.name})", "PEER_GONE", rank=to)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             sock.send(to, op, parts, fd, size, deadline)

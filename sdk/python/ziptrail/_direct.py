@@ -48,6 +48,7 @@ import select
 import socket
 import stat
 import struct
+import termios
 import threading
 import time
 from typing import Any
@@ -173,7 +174,7 @@ def send_frame(sock: socket.socket, rank: int, op: str, parts: list[Any], fd: in
 def _send_failed(sock: socket.socket, rank: int, op: str, e: OSError) -> ZiptrailError:
     """The error of a send into a direct channel that failed: the receiver
     gone, the channel closed under the send (the member ended), or other."""
-    if isinstance(e, (BrokenPipeError, ConnectionResetError)):
+    if isinstance(e, (BrokenPipeError, ConnectionResetError, TimeoutError)):
         return PeerGoneError(op, f"rank {rank}'s direct channel closed: {e}", "PEER_GONE", rank=rank)
     if sock.fileno() < 0:
         return ZiptrailError(op, f"the direct channel to rank {rank} was closed (the member ended)")
@@ -433,6 +434,15 @@ class StreamReader:
         self.lock = threading.Lock()
         self.counted = False  # the frame at start is in owed already
 
+    def quiet(self, sock: socket.socket) -> bool:
+        """Nothing of a frame read and nothing in the socket (FIONREAD)."""
+        if self.body is not None or self.start != self.end:
+            return False
+        try:
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0] == 0
+        except OSError:
+            return False
+
     def buffered(self) -> bool:
         """A frame header is read and waiting: the next read needs no new
         bytes from the socket (whose readiness will not say so)."""
@@ -517,7 +527,7 @@ class StreamReader:
                 n = sock.recv_into(into, 0, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return None
-            except ConnectionResetError:
+            except (ConnectionResetError, TimeoutError):  # a reset, or its node silent past the keepalive
                 raise EOFError from None
             if n == 0:
                 raise EOFError

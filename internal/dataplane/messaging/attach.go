@@ -191,7 +191,7 @@ func (r *Router) OfferTCP(session, name string, from, to uint32, f *os.File) err
 	return r.offer(session, name, from, to, true, func() (*os.File, error) { return f, nil })
 }
 
-// offer queues the receiving end make returns for rank to's member
+// offer queues the receiving end newEnd returns for rank to's member
 // channel, when the pair may have a direct channel: rank to runs here
 // attached (and takes TCP channels, for tcp), not a mailbox group, the
 // sender live in the view (on this node, unless tcp).

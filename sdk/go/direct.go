@@ -188,7 +188,7 @@ func (a *attached) readMember() {
 			a.omu.Lock()
 			for _, oc := range a.out {
 				if c := oc.conn(); c != nil {
-					_ = c.Close()
+					_ = c.CloseSend()
 				}
 			}
 			a.omu.Unlock()
@@ -480,7 +480,7 @@ func (a *attached) close() {
 	a.omu.Lock()
 	for _, oc := range a.out {
 		if c := oc.conn(); c != nil {
-			_ = c.Close()
+			_ = c.CloseSend() // a TCP channel's last frames still go out
 		}
 	}
 	a.omu.Unlock()

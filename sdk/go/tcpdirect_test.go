@@ -56,10 +56,25 @@ func TestTCPChannelsAcrossPods(t *testing.T) {
 	// Back-pressure: rank 1 reads nothing until rank 0 is held back.
 	holdBack(t, ctx, gs[0], gs[1], 1<<20)
 
-	// Rank 1 leaves: rank 0's receives from it and its sends to it fail
-	// with PeerGone.
+	// Rank 1 sends 24 MiB and leaves at once: its last frames still
+	// arrive (a TCP socket closed with a credit unread would reset the
+	// connection and drop what it had not transmitted), then rank 0's
+	// receives from it and its sends to it fail with PeerGone.
+	const last = 24
+	for i := range last {
+		if err := gs[1].Send(ctx, 0, 9, bytes.Repeat([]byte{byte(i)}, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := gs[1].Leave(ctx); err != nil {
 		t.Fatal(err)
+	}
+	for i := range last {
+		m, err := gs[0].Recv(ctx, 1, 9)
+		if err != nil || len(m.Bytes()) != 1<<20 || m.Bytes()[0] != byte(i) {
+			t.Fatalf("message %d sent before the leave: %v", i, err)
+		}
+		m.Close()
 	}
 	if _, err := gs[0].Recv(ctx, 1, AnyTag); !errors.Is(err, ErrPeerGone) {
 		t.Fatalf("recv from a rank that left: %v, want PeerGone", err)

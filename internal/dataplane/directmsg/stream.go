@@ -51,6 +51,30 @@ const StreamCreditAt = MaxInflight / 2
 // streamFrame is a frame's bytes for the window.
 func streamFrame(size uint64) uint64 { return HeaderSize + size }
 
+// closeLinger bounds how long a TCP channel's sending end, closed, waits
+// for its receiver to read what was sent and close its end.
+const closeLinger = 30 * time.Second
+
+// CloseSend closes a channel's sending end without losing what it sent.
+// A TCP socket closed with unread bytes (a credit of its receiver's)
+// resets the connection, and the kernel drops the frames it had not
+// transmitted yet; so a TCP channel sends its FIN after every byte queued
+// and reads, discarding, the receiver's credits until the receiver closes
+// its end (at most closeLinger), then closes. Other channels: Close (a
+// socketpair's receiver reads past the reset, channel.go).
+func (c *Conn) CloseSend() error {
+	tc, ok := c.c.(*net.TCPConn)
+	if !c.stream || !ok || tc.CloseWrite() != nil {
+		return c.Close()
+	}
+	go func() {
+		_ = tc.SetReadDeadline(time.Now().Add(closeLinger))
+		_, _ = io.Copy(io.Discard, tc)
+		_ = c.Close()
+	}()
+	return nil
+}
+
 // Stream: the channel is a TCP connection across nodes.
 func (c *Conn) Stream() bool { return c.stream }
 

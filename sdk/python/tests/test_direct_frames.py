@@ -163,7 +163,7 @@ def test_stream_reader_takes_frames_of_every_size():
             s.sendall(_direct.header(_direct.INLINE, i, len(b)) + b[:7])
             s.sendall(b[7:])
             reader.credit(r)  # what the receiving member does while its inbox has room
-        s.close()
+        _direct.Sender(s).close()  # the FIN after the last frame, whatever credits come meanwhile
 
     t = threading.Thread(target=write)
     t.start()
@@ -253,5 +253,27 @@ def test_stream_sender_keeps_its_window():
     t.join()
     assert [tag for tag, _ in got] == list(range(sent + 1))
     assert all(b == bytes([i]) * size for i, (_, b) in enumerate(got[:sent])) and got[-1][1] == b"end"
+    s.close()
+    r.close()
+
+
+def test_stream_reader_waits_for_the_rest_of_a_frame():
+    """A frame begun but not whole is not 'buffered': the reader thread
+    would otherwise wake itself in a loop until its bytes come."""
+    s, r = tcp_pair()
+    reader = _direct.StreamReader()
+    s.sendall(H.pack(M, _direct.INLINE, 1, 3) + b"abc" + H.pack(M, _direct.INLINE, 2, 1000) + b"x" * 10)
+    got = read_all(reader, r, 1)
+    assert got == [(1, b"abc")]
+    import select
+    p = select.poll()
+    p.register(r, select.POLLIN)
+    while reader.end - reader.start < _direct.HEADER + 10:  # the second frame's first bytes, all of them
+        assert reader.read(r) is None
+        if reader.end - reader.start < _direct.HEADER + 10:
+            assert p.poll(60_000), "the frame's first bytes did not come"
+    assert not reader.buffered(), "a frame begun but not whole counted as buffered"
+    s.sendall(b"x" * 990)
+    assert read_all(reader, r, 1) == [(2, b"x" * 1000)]
     s.close()
     r.close()

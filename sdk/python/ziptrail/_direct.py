@@ -88,6 +88,9 @@ STREAM_PREALLOC = 64 << 20
 #: A stream sender under this many uncredited bytes may start a frame of
 #: any size; a receiver credits once it owes this many.
 STREAM_CREDIT_AT = MAX_INFLIGHT // 2
+#: How long a closed TCP channel's sending end waits for its receiver to
+#: read what was sent and close its end.
+CLOSE_LINGER = 30.0
 _FD_SPACE = socket.CMSG_SPACE(4 * 4)  # room for a few descriptors: more is a protocol error
 _SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
@@ -347,12 +350,34 @@ class Sender:
             except OSError:
                 pass
             return
+        if self.stream:
+            # A TCP socket closed with a credit unread resets the connection,
+            # and the kernel drops the frames it had not sent yet: send the
+            # FIN after them, and read the credits until the receiver closes
+            # its end (at most CLOSE_LINGER), then close.
+            try:
+                self.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                self.sock.close()
+                return
+            threading.Thread(target=self._linger, name="ziptrail-close", daemon=True).start()
+            return
         try:
             while self.sock.recv(HEADER + 1, socket.MSG_DONTWAIT):
                 pass
         except OSError:
             pass
         self.sock.close()
+
+    def _linger(self) -> None:
+        try:
+            self.sock.settimeout(CLOSE_LINGER)
+            while self.sock.recv(64 << 10):
+                pass
+        except OSError:
+            pass
+        finally:
+            self.sock.close()
 
 
 # --- receiving ----------------------------------------------------------------------
@@ -444,9 +469,12 @@ class StreamReader:
             return False
 
     def buffered(self) -> bool:
-        """A frame header is read and waiting: the next read needs no new
-        bytes from the socket (whose readiness will not say so)."""
-        return self.body is None and self.end - self.start >= HEADER
+        """A whole frame is read and waiting: the next read needs no new
+        bytes from the socket (whose readiness will not say so). A frame
+        begun but not whole waits for the socket (no turn of its own: the
+        reader would spin)."""
+        have = self.end - self.start
+        return self.body is None and have >= HEADER and _HDR.unpack_from(self.buf, self.start)[3] <= have - HEADER
 
     def credit(self, sock: socket.socket) -> None:
         """Credits the sender what it is owed, once that is

@@ -64,7 +64,10 @@ def test_same_node_pairs_send_over_direct_channels(pods: Pods):
     order; large ones come as sealed memfds mapped without a copy; no file
     passes through the shared-memory directories."""
     a, b = pods.start(node="n1"), pods.start(node="n1")
-    far = pods.start(node="n2")
+    # Rank 2 through the sidecars, as this test was written: with a direct
+    # TCP channel this all-to-all hung twice under load (stop 29's note);
+    # the TCP path has its own tests until that is found.
+    far = pods.start(node="n2", direct_tcp=False)
     n = 3000
     sizes = [0, 1, 64, 4096, 200_000, 130 * 1024, 2 * MiB]
     bodies = {size: os.urandom(size) for size in sizes}

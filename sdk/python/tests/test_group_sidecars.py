@@ -6,8 +6,10 @@ through the SDK, as a function would."""
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import os
+import sys
 import threading
 from array import array
 from typing import Any, Callable
@@ -41,6 +43,8 @@ def run_members(sidecars: list[Sidecar], n: int, fn: Callable[[ziptrail.Group], 
         before()
     for t in threads:
         t.join(LIMIT)
+        if t.is_alive():  # every thread's stack, for the hang's cause
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         assert not t.is_alive(), "a member hung"
     return out
 

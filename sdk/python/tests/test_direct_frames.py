@@ -219,8 +219,9 @@ def test_stream_sender_keeps_its_window():
     reader = _direct.StreamReader()
     size = 1 << 20
     sent = 0
+    import queue
     import threading
-    got: list[tuple[int, bytes]] = []
+    frames: queue.Queue[tuple[int, bytes]] = queue.Queue()
     stop = threading.Event()
 
     def drain() -> None:  # reads what arrives (it always reads), credits nothing
@@ -230,7 +231,7 @@ def test_stream_sender_keeps_its_window():
         while not stop.is_set():
             if p.poll(50):
                 while (f := reader.read(r)) is not None:
-                    got.append((f[0], bytes(f[1])))
+                    frames.put((f[0], bytes(f[1])))
 
     t = threading.Thread(target=drain)
     t.start()
@@ -246,9 +247,7 @@ def test_stream_sender_keeps_its_window():
     assert _direct.STREAM_CREDIT_AT // frame <= sent <= (_direct.MAX_INFLIGHT + size) // frame
     reader.credit(r)  # the inbox has room again
     sender.send(0, "send", [_direct.header(_direct.INLINE, sent, 3), b"end"], -1, 0, time.monotonic() + 30)
-    deadline = time.monotonic() + 60
-    while len(got) < sent + 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    got = [frames.get(timeout=60) for _ in range(sent + 1)]  # a bound against hangs
     stop.set()
     t.join()
     assert [tag for tag, _ in got] == list(range(sent + 1))

@@ -57,17 +57,16 @@ def open_fds() -> list[str]:
     return out
 
 
-def test_same_node_pairs_send_over_direct_channels(pods: Pods):
+@pytest.mark.parametrize("far_tcp", [True, False], ids=["far-tcp", "far-sidecars"])
+def test_same_node_pairs_send_over_direct_channels(pods: Pods, far_tcp: bool):
     """Two pods of one node and one of another: ranks 0 and 1 (same node)
     get direct channels both ways (the receivers' sidecars count them),
-    rank 2 goes through the sidecars. 3,000 messages per pair arrive in
-    order; large ones come as sealed memfds mapped without a copy; no file
+    rank 2 talks to them over direct TCP channels, or through the sidecars
+    (far_tcp). 3,000 messages per pair arrive in order; large ones come as
+    sealed memfds mapped without a copy between ranks 0 and 1; no file
     passes through the shared-memory directories."""
     a, b = pods.start(node="n1"), pods.start(node="n1")
-    # Rank 2 through the sidecars, as this test was written: with a direct
-    # TCP channel this all-to-all hung twice under load (stop 29's note);
-    # the TCP path has its own tests until that is found.
-    far = pods.start(node="n2", direct_tcp=False)
+    far = pods.start(node="n2", direct_tcp=far_tcp)
     n = 3000
     sizes = [0, 1, 64, 4096, 200_000, 130 * 1024, 2 * MiB]
     bodies = {size: os.urandom(size) for size in sizes}
@@ -107,6 +106,8 @@ def test_same_node_pairs_send_over_direct_channels(pods: Pods):
     ok(run_members([a, b, far], 3, synced(3, member), session="direct-p2p"))
     assert direct_opens(a) == 1 and direct_opens(b) == 1  # 1 -> 0 at a, 0 -> 1 at b
     assert direct_opens(far) == 0
+    # Over TCP, counted by the receiver: 2 -> 0 at a, 2 -> 1 at b, 0 -> 2 and 1 -> 2 at far.
+    assert [direct_opens(sc, tcp=True) for sc in (a, b, far)] == ([1, 1, 2] if far_tcp else [0, 0, 0])
     for sc in (a, b, far):
         assert shm_files(sc) == []
 

@@ -208,6 +208,35 @@ def test_point_to_point_over_tcp_channels(pods: Pods):
     assert res[0] == res[1] and res[0] > 0
 
 
+def test_tcp_bursts_from_two_senders_all_arrive(pods: Pods):
+    """Ranks 1 and 2 (other pods, as on other nodes) each burst 30,000
+    small messages at rank 0 over TCP channels, then stop: every one
+    arrives. Their frames come off the sockets many at a time, so the
+    reader keeps whole frames it read but did not deliver yet, which no
+    socket readiness announces; it once marked them with a byte on its
+    wake socket, and a turn that drained that socket for another wake lost
+    the mark: the last frames stayed in the reader's buffer and the
+    receiver waited for ever (a 3-rank all-to-all hung, stop 29)."""
+    scs = pods.start_many(3)
+    n = 30_000
+
+    def member(g: ziptrail.Group) -> Any:
+        if g.rank == 0:
+            nxt = {1: 0, 2: 0}
+            while nxt[1] < n or nxt[2] < n:
+                with g.recv(timeout=LIMIT) as m:
+                    assert bytes(m.data) == b"%d:%d" % (m.source, nxt[m.source]), f"from {m.source}"
+                    nxt[m.source] += 1
+            assert all(isinstance(ic.reader, ziptrail._direct.StreamReader) for ic in g._att.ins.values())
+        else:
+            for i in range(n):
+                g.send(0, b"%d:%d" % (g.rank, i))
+        g.barrier()
+        return None
+
+    ok(run_members(scs, 3, member, session="tcp-bursts"))
+
+
 @pytest.mark.parametrize("collective", ["allreduce", "barrier", "alltoall"])
 def test_sidecar_sigkilled_mid_collective(pods: Pods, collective: str):
     """A member's pod is SIGKILLed while the others are in a collective:

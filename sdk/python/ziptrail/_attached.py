@@ -163,6 +163,11 @@ class Attached:
         # TCP channels of senders the view says are gone: when to look
         # whether they are quiet (the reader thread's own).
         self._ending: dict[int, float] = {}
+        # TCP channels whose reader holds whole frames already read off the
+        # socket, whose readiness will not say so: read again next turn
+        # (the reader thread's own; not a wake byte, which the same turn
+        # could drain).
+        self._again: dict[int, tuple[_In, Callable[[selectors.SelectorKey | None], None]]] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
@@ -183,7 +188,8 @@ class Attached:
                         return
                     over = self.bytes > INBOX_CAP
                 timeout = max(0.0, min(self._ending.values()) - time.monotonic()) if self._ending else None
-                for key, _ in (self._ssel if over else self._sel).select(timeout):
+                again, self._again = self._again, {}
+                for key, _ in (self._ssel if over else self._sel).select(0 if again else timeout):
                     if key.data is None:
                         try:
                             self._wake_r.recv(64)
@@ -191,6 +197,9 @@ class Attached:
                             pass
                     else:
                         key.data(key)
+                for ic, read in again.values():
+                    if ic.sock is not None:  # not dropped meanwhile
+                        read(None)
                 if self._ending:
                     self._end_gone()
         except _Stop:
@@ -351,8 +360,8 @@ class Attached:
             self._ssel.register(s, selectors.EVENT_READ, read)
             self._streams += 1
 
-    def _reader(self, frm: int, ic: _In) -> Callable[[selectors.SelectorKey], None]:
-        def read(key: selectors.SelectorKey) -> None:
+    def _reader(self, frm: int, ic: _In) -> Callable[[selectors.SelectorKey | None], None]:
+        def read(key: selectors.SelectorKey | None) -> None:
             items: list[tuple[int, int, Any, int]] = []
             room = INBOX_CAP - self.bytes  # read without the lock: the reader is the only one to add
             if ic.stream:
@@ -383,10 +392,7 @@ class Attached:
                 if self.bytes <= INBOX_CAP:
                     ic.reader.credit(ic.sock)
                 if ic.reader.buffered():  # frames already read off the socket: another turn soon
-                    try:
-                        self._wake_w.send(b"x", socket.MSG_DONTWAIT)
-                    except OSError:
-                        pass
+                    self._again[frm] = (ic, read)
         return read
 
     def _drop_in(self, ic: _In) -> None:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,6 +30,8 @@ import (
 	"github.com/ziptrail/ziptrail/controllers"
 	"github.com/ziptrail/ziptrail/internal/checkpoint"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/sessions"
 	"github.com/ziptrail/ziptrail/internal/sharding"
 	"github.com/ziptrail/ziptrail/internal/testservers"
 )
@@ -226,6 +229,41 @@ func (c *shardedCluster) owner(ns, name string) *replica {
 		}
 	}
 	return nil
+}
+
+// waitSession waits for session id of workflow ns/name to end on the
+// replica serving the workflow, following its bucket should it move on
+// (a Lease the new owner could not renew in time on a loaded machine):
+// the sharded engine's Wait then ends with gateway.ErrEngineMoving.
+func (c *shardedCluster) waitSession(ctx context.Context, ns, name, id string) (*replica, sessions.Session, error) {
+	var moves []string
+	for {
+		r := c.owner(ns, name)
+		if r != nil {
+			s, err := r.engine.Sessions().Wait(ctx, id)
+			if err == nil || ctx.Err() != nil || !(errors.Is(err, gateway.ErrEngineMoving) || errors.Is(err, sessions.ErrNotFound)) {
+				if err != nil {
+					err = fmt.Errorf("%w (on %s; moves seen: %v)", err, r.id, moves)
+				}
+				return r, s, err
+			}
+			moves = append(moves, fmt.Sprintf("%s: %v", r.id, err))
+		}
+		select {
+		case <-ctx.Done():
+			return r, sessions.Session{}, fmt.Errorf("no replica serves %s/%s: %w (moves seen: %v)", ns, name, ctx.Err(), moves)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// sessionEvents is session s's progress log, one event a line.
+func sessionEvents(s sessions.Session) string {
+	var b strings.Builder
+	for _, e := range s.Events {
+		fmt.Fprintf(&b, "\t%s %s %s\n", e.Time.Format("15:04:05.000"), e.Kind, e.Message)
+	}
+	return b.String()
 }
 
 // settled waits until the live replicas serve every bucket, each holding

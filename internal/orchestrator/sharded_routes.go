@@ -115,9 +115,20 @@ type shardedSessions struct{ s *Sharded }
 
 // find is the registry holding session id.
 func (ss shardedSessions) find(id string) (*sessions.Registry, error) {
-	for _, o := range ss.s.orchestrators() {
-		if _, err := o.sessions.Get(id); err == nil {
-			return o.sessions, nil
+	sh, err := ss.findShard(id)
+	if err != nil {
+		return nil, err
+	}
+	return sh.o.sessions, nil
+}
+
+// findShard is the shard whose registry holds session id.
+func (ss shardedSessions) findShard(id string) (*shard, error) {
+	ss.s.mu.RLock()
+	defer ss.s.mu.RUnlock()
+	for _, sh := range ss.s.shards {
+		if _, err := sh.o.sessions.Get(id); err == nil {
+			return sh, nil
 		}
 	}
 	return nil, sessions.ErrNotFound
@@ -140,12 +151,30 @@ func (ss shardedSessions) List(namespace, workflow string) []sessions.Session {
 	return out
 }
 
+// Wait waits for session id to end, or for its bucket to leave this
+// replica: then it returns the session as last seen here with
+// gateway.ErrEngineMoving, at once, so that a caller waiting through the
+// gateway asks again (and is routed to the new owner) instead of waiting
+// out its timeout on a copy nothing updates any more.
 func (ss shardedSessions) Wait(ctx context.Context, id string) (sessions.Session, error) {
-	r, err := ss.find(id)
+	sh, err := ss.findShard(id)
 	if err != nil {
 		return sessions.Session{}, err
 	}
-	return r.Wait(ctx, id)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-sh.done: // Demote, or a newer owner's claim, stopped the bucket's engine
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	s, err := sh.o.sessions.Wait(wctx, id)
+	if err != nil && ctx.Err() == nil {
+		return s, fmt.Errorf("session %s: %w", id, gateway.ErrEngineMoving)
+	}
+	return s, err
 }
 
 func (ss shardedSessions) Watch(id string) (sessions.Session, <-chan struct{}, error) {

@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/sessions"
 	"github.com/ziptrail/ziptrail/internal/testservers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
@@ -226,6 +228,16 @@ func failover(t *testing.T, crash bool) {
 	for _, r := range others {
 		before[r] = r.engine.OwnedBuckets()
 	}
+	// A wait on the owner (a gateway's ?wait=) ends when the owner gives
+	// the bucket up, telling its caller to ask again, rather than at its
+	// timeout on a copy of the session nothing updates any more.
+	oldWait := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		defer cancel()
+		_, err := owner.engine.Sessions().Wait(wctx, id)
+		oldWait <- err
+	}()
 	killedAt := time.Now()
 	victimBucket := probe.BucketOf(ns, victim)
 	if crash {
@@ -234,17 +246,29 @@ func failover(t *testing.T, crash bool) {
 		owner.stop()
 	}
 	closeOnce.Do(func() { close(killed) })
+	select {
+	case err := <-oldWait:
+		if !errors.Is(err, gateway.ErrEngineMoving) {
+			t.Errorf("a wait on the old owner ended with %v, want ErrEngineMoving", err)
+		}
+	case <-time.After(time.Minute): // a bound against a hang
+		t.Errorf("a wait on the old owner did not end when it gave up the bucket")
+	}
 	var heir *replica
 	waitForLong(t, 2*time.Minute, "another replica to serve "+victim, func() bool { heir = c.owner(ns, victim); return heir != nil })
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	s, err := heir.engine.Sessions().Wait(wctx, id)
+	ended, s, err := c.waitSession(wctx, ns, victim, id)
 	if err != nil {
-		t.Fatalf("session %s on %s: %v", id, heir.id, err)
+		t.Fatalf("session %s (heir %s): %v", id, heir.id, err)
+	}
+	if ended != heir {
+		t.Logf("%s moved on from %s to %s before the session ended", victimBucket, heir.id, ended.id)
+		heir = ended
 	}
 	takenAt := time.Now()
 	if s.State != sessions.Completed {
-		t.Fatalf("session %s: %s %s", id, s.State, s.Error)
+		t.Fatalf("session %s on %s: %s %s; its events there:\n%s", id, heir.id, s.State, s.Error, sessionEvents(s))
 	}
 	r, err := heir.engine.Results().OpenResult(ctx, ns, s.Result)
 	if err != nil {

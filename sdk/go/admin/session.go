@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -139,6 +140,18 @@ func (c *Client) Watch(ctx context.Context, id string) iter.Seq2[Event, error] {
 // gateway caps a wait anyway); the loop then asks again.
 const waitSlice = time.Minute
 
+// movingPause is the first pause before asking again about a session whose
+// workflow's engine is moving between operator replicas (doubling to 1s).
+const movingPause = 50 * time.Millisecond
+
+// engineMoving: the gateway could not answer because the workflow's engine
+// bucket is changing owners (gateway.ErrEngineMoving); asking again soon
+// reaches the new owner.
+func engineMoving(err error) bool {
+	st := status.Convert(err)
+	return st.Code() == codes.Unavailable && strings.Contains(st.Message(), gateway.ErrEngineMoving.Error())
+}
+
 // Wait blocks until the session ends and returns its output. A failed
 // session is an ErrFunctionFailed carrying its error, an expired one an
 // ErrExpired; ctx ending first is an ErrTimeout.
@@ -147,14 +160,32 @@ func (c *Client) Wait(ctx context.Context, id string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	pause := movingPause
 	for {
 		slice := waitSlice
 		if dl, ok := ctx.Deadline(); ok {
 			slice = min(slice, time.Until(dl))
 		}
+		asked := time.Now()
 		r, err := gw.WaitSession(ctx, &gatewayv1.WaitSessionRequest{Namespace: c.Namespace, Id: id, TimeoutMs: max(slice.Milliseconds(), 1)})
-		if err != nil {
+		if err != nil && !engineMoving(err) {
 			return nil, gatewayError(ctx, "wait session", err)
+		}
+		if err != nil || (r.GetSession().GetState() == Running && time.Since(asked) < slice/2) {
+			// The workflow's engine is moving to another operator replica
+			// (docs/sharding.md), or moved while this call waited: ask
+			// again in a moment, when the gateway routes to its new owner.
+			select {
+			case <-ctx.Done():
+				return nil, gatewayError(ctx, "wait session", ctx.Err())
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, time.Second)
+			if err != nil {
+				continue
+			}
+		} else {
+			pause = movingPause
 		}
 		s := session(r.GetSession())
 		switch s.State {

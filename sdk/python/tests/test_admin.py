@@ -6,12 +6,13 @@ Ready at the URL of a Python function server this module runs)."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -242,3 +243,46 @@ def test_plan_with_and_without_calibration(admin: Admin, control_plane):
         assert calibrated.seconds != plan.seconds  # three times the start-up time
     finally:
         core.delete_namespaced_config_map("ziptrail-shuffle-calibration", "ziptrail-system")
+
+
+def test_result_asks_again_while_the_engine_moves():
+    """A gateway answers as while the session's workflow's engine moves
+    between operator replicas: 503 (ErrEngineMoving), then 202 at once (the
+    wait on the old owner ended with the move), then the result. The client
+    asks again each time, in a moment, and returns the result; another 503
+    is the caller's at once."""
+    calls: list[str] = []
+    moving = ("the workflow's engine is moving to another operator replica: "
+              "workflow default/w (engine bucket b): no owner yet")
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            calls.append(self.path)
+            n = len(calls)
+            sid = self.path.split("/")[5]
+            if sid == "other-1":
+                code, body = 503, json.dumps({"error": "the gateway is shutting down"}).encode()
+            elif n <= 2:
+                code, body = 503, json.dumps({"error": moving}).encode()
+            elif n == 3:
+                code, body = 202, json.dumps({"id": sid, "state": "Running"}).encode()
+            else:
+                code, body = 200, b"done"
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        s = Sessions(f"http://127.0.0.1:{srv.server_address[1]}", token="t")
+        assert s.result("w-1", timeout=60) == b"done"
+        assert len(calls) == 4 and all("/sessions/w-1/result?wait=" in c for c in calls)
+        with pytest.raises(ziptrail.UnavailableError, match="shutting down"):
+            s.result("other-1", timeout=60)
+    finally:
+        srv.shutdown()

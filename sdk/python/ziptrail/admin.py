@@ -486,15 +486,31 @@ class Sessions:
         to ``out`` (a binary file) as it arrives, in chunks: a result of any
         size passes without being held in memory. Returns its size."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        pause = _MOVING_PAUSE
         while True:
             wait = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
             url = self._path("sessions", session_id, "result") + f"?wait={wait:.3f}s"
-            with self._open("result", "GET", url, timeout=wait + self.timeout) as r:
-                if r.status == 200:
-                    return _copy(r, out, int(r.headers.get("Content-Length", "-1")), session_id)
-                r.read()
+            asked = time.monotonic()
+            try:
+                with self._open("result", "GET", url, timeout=wait + self.timeout) as r:
+                    if r.status == 200:
+                        return _copy(r, out, int(r.headers.get("Content-Length", "-1")), session_id)
+                    r.read()
+                early = time.monotonic() - asked < wait / 2
+            except UnavailableError as e:
+                if _ENGINE_MOVING not in e.message:
+                    raise
+                early = True
             if deadline is not None and time.monotonic() >= deadline:
                 raise ZiptrailTimeoutError("result", f"session {session_id} still running after {timeout}s")
+            if early:
+                # The workflow's engine is moving to another operator replica
+                # (docs/sharding.md), or moved while the gateway waited: ask
+                # again in a moment, when the gateway routes to its new owner.
+                time.sleep(pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(2 * pause, 1.0)
+            else:
+                pause = _MOVING_PAUSE
 
     def plan(self, size: int, fast_capacity: int = 0, *, pod_memory: int = 0, min_worker_memory: int = 0,
              max_worker_memory: int = 0, max_parallelism: int = 0, objective: str = "", budget: float | None = None,
@@ -569,6 +585,13 @@ def _copy(src: Any, out: BinaryIO, size: int, session_id: str) -> int:
     if size >= 0 and n != size:
         raise UnavailableError("result", f"result of session {session_id} cut off after {n} of {size} bytes")
     return n
+
+
+#: What a gateway's 503 says while a workflow's engine changes operator
+#: replicas (internal/gateway ErrEngineMoving), and the first pause before
+#: asking again (doubling to 1 s).
+_ENGINE_MOVING = "the workflow's engine is moving to another operator replica"
+_MOVING_PAUSE = 0.05
 
 
 def _gateway_error(op: str, code: int, message: str) -> ZiptrailError:

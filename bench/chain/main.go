@@ -16,7 +16,12 @@
 // sends the next invocation itself; see arms.go). Results go to
 // <-out>/chain.json.
 //
-//	go run ./bench/chain [-lengths 2,4,100] [-sessions 20] [-ring 1000 -ring-functions 10] [-delegate off|on|both] [-rounds 2]
+// -floor (default 2000) first measures what one step cannot go below:
+// invocations of a warm function sent as the dispatcher sends them, through
+// the ingress, the activator and queue-proxy-zl, without a session
+// (floor.go).
+//
+//	go run ./bench/chain [-lengths 2,4,100] [-sessions 20] [-ring 1000 -ring-functions 10] [-delegate off|on|both] [-rounds 2] [-floor 2000]
 package main
 
 import (
@@ -66,6 +71,7 @@ func main() {
 	n := flag.Int("sessions", 20, "measured sessions per chain and arm")
 	ring := flag.Int("ring", 0, "also run a chain of this many steps around a ring of functions (0: no)")
 	ringFunctions := flag.Int("ring-functions", 10, "functions (pods) in the ring")
+	floorN := flag.Int("floor", 2000, "also measure this many invocations of a warm function sent as the dispatcher sends them, without a session (floor.go; 0: no)")
 	delegate := flag.String("delegate", "both", "who fires Immediate and ByName triggers: off (the engine), on (the producers' sidecars, delegated firing) or both, alternating on one cluster")
 	rounds := flag.Int("rounds", 2, "with -delegate both: blocks per arm, alternating (off, on, on, off, ...), each after a switch and a warm-up session")
 	warmup := flag.Duration("warmup", 5*time.Second, "warm-up sessions run at least this long at the start of each block")
@@ -95,7 +101,7 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(config{lengths: *lengths, sessions: *n, ring: *ring, ringFunctions: *ringFunctions, arms: arms, rounds: max(1, *rounds), out: *out, warmup: *warmup,
+	if err := run(config{lengths: *lengths, sessions: *n, ring: *ring, ringFunctions: *ringFunctions, floor: *floorN, arms: arms, rounds: max(1, *rounds), out: *out, warmup: *warmup,
 		profileDir: *profileDir, perf: *perf, stateDir: *keep}); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "chain:", err)
@@ -107,6 +113,7 @@ type config struct {
 	lengths                string
 	sessions, ring, rounds int
 	ringFunctions          int
+	floor                  int
 	arms                   []bool // delegation off and/or on
 	out, profileDir        string
 	stateDir               string
@@ -154,6 +161,13 @@ func run(cfg config) error {
 	}
 	rep := report{Host: hostInfo(), Sessions: cfg.sessions, Rounds: cfg.rounds}
 	fmt.Println("| chain | firing | sessions | p50 | p95 | per step (p50) | delegated firings a session |\n|---|---|---|---|---|---|---|")
+	if cfg.floor > 0 {
+		rows, err := floor(ctx, c, cfg.floor)
+		if err != nil {
+			return err
+		}
+		rep.Results = append(rep.Results, rows...)
+	}
 	for _, ls := range strings.Split(cfg.lengths, ",") {
 		if ls == "" {
 			continue

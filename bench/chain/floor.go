@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ziptrail/ziptrail/controllers"
+	"github.com/ziptrail/ziptrail/internal/dispatch"
+	"github.com/ziptrail/ziptrail/internal/dispatch/call"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/localcluster"
+)
+
+// The Knative floor: what one step costs before any of ziptrail's
+// orchestration. A step of a chain is at least one invocation through
+// Knative's data path; -floor sends n invocations, one after another, to a
+// warm function of a deployed workflow the way the operator's dispatcher
+// sends them (the same envelope, headers, HTTP client and dial to the
+// cluster-local ingress), but from this process and with no session
+// behind them: no gateway, no engine decision, no trigger, no reports
+// awaited. Each goes ingress -> Knative's activator (in the path as for
+// every function: same autoscaler settings) -> queue-proxy-zl (which
+// decodes the envelope and passes it on) -> the Python SDK's function
+// server (which decodes it, runs the echo handler and answers) and back.
+// A chain's per-step time minus this floor is what ziptrail's
+// orchestration adds.
+
+// floor deploys a one-function workflow and measures n invocations of its
+// function on each path; its rows have Steps 1 and Firing "none". Besides
+// the path a step takes, two shorter ones for the decomposition: straight
+// to the pod's queue-proxy-zl (no ingress, no activator), and straight to
+// the function server (no Knative at all).
+func floor(ctx context.Context, c *localcluster.Cluster, n int) ([]row, error) {
+	wf := chainWorkflow(1)
+	wf.Name = "floor"
+	t := time.Now()
+	if err := c.Client.Create(ctx, wf); err != nil {
+		return nil, err
+	}
+	defer func() { _ = c.Client.Delete(context.Background(), wf) }()
+	if err := waitReady(ctx, c.Client, wf, 10*time.Minute); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "%s: ready in %s\n", wf.Name, time.Since(t).Round(time.Millisecond))
+	svc := controllers.ServiceName(wf.Name, "f0")
+	u, err := dispatch.ServiceResolver{Reader: c.Client}.URL(ctx, wf.Namespace, svc)
+	if err != nil {
+		return nil, err
+	}
+	pods, err := c.FunctionPods(ctx, wf.Namespace, svc)
+	if err != nil || len(pods) == 0 || pods[0].Status.PodIP == "" {
+		return nil, fmt.Errorf("the pod of %s: %v (%d pods)", svc, err, len(pods))
+	}
+	ip := pods[0].Status.PodIP
+	paths := []struct{ label, dial string }{
+		// As dispatch.New dials the ingress for every request.
+		{"Knative floor: ingress, activator, queue-proxy-zl, function", strings.TrimPrefix(c.Knative.IngressLocalURL, "http://")},
+		// For the decomposition only: no step is sent these ways.
+		{"without ingress and activator: queue-proxy-zl, function", net.JoinHostPort(ip, "8012")},
+		{"the function server alone", net.JoinHostPort(ip, "8080")},
+	}
+	var rows []row
+	for _, p := range paths {
+		r, err := floorPath(ctx, p.label, p.dial, u.String(), wf.Namespace, wf.Name, svc, n)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+// floorPath measures n invocations sent to url over connections dialed to
+// dial, after a warm-up.
+func floorPath(ctx context.Context, label, dial, url, ns, wfName, svc string, n int) (row, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return dialer.DialContext(ctx, network, dial)
+	}
+	defer tr.CloseIdleConnections()
+	opts := call.Options{Client: &http.Client{Transport: tr, Timeout: time.Minute}, MaxTries: 1,
+		URL: func(context.Context, *invocation.Envelope) (string, error) { return url, nil }}
+	opts.Defaults()
+	one := func(i int) (time.Duration, error) {
+		env := &invocation.Envelope{Namespace: ns, Workflow: wfName, Function: svc, Session: "floor-000000000000",
+			Invocation: fmt.Sprintf("f0-%d", i), Attempt: 1,
+			Objects: []invocation.Object{{Bucket: "in", Key: "x", Size: 1, Inline: []byte("x")}}}
+		t := time.Now()
+		res := call.Send(ctx, &opts, env)
+		lat := time.Since(t)
+		if res.Err != nil || res.Status != http.StatusOK || string(res.Body) != "x" {
+			return 0, fmt.Errorf("%s: invocation %d: status %d, body %q, %v", label, i, res.Status, res.Body, res.Err)
+		}
+		return lat, nil
+	}
+	for i := 0; i < max(50, n/10); i++ { // warm-up: connections, the activator's view of the pod
+		if _, err := one(-i); err != nil {
+			return row{}, err
+		}
+	}
+	var ls []time.Duration
+	for i := 0; i < n; i++ {
+		l, err := one(i)
+		if err != nil {
+			return row{}, err
+		}
+		ls = append(ls, l)
+	}
+	r := row{Chain: label, Steps: 1, Firing: "none", Sessions: n}
+	for _, l := range ls {
+		r.LatenciesMs = append(r.LatenciesMs, ms(l))
+	}
+	sorted := slices.Clone(ls)
+	slices.Sort(sorted)
+	p50, p95 := percentile(sorted, 0.50), percentile(sorted, 0.95)
+	r.P50Ms, r.P95Ms, r.StepP50 = ms(p50), ms(p95), ms(p50)
+	fmt.Printf("| %s | %s | %d | %s | %s | %s | – |\n", r.Chain, r.Firing, n, p50.Round(10*time.Microsecond), p95.Round(10*time.Microsecond),
+		p50.Round(10*time.Microsecond))
+	return r, nil
+}

@@ -113,15 +113,11 @@ func schedule(arms []bool, rounds int) []bool {
 // returns in its response; a function's plain return value goes to its
 // dependency buckets through the engine).
 func measure(ctx context.Context, c *localcluster.Cluster, cfg config, wf *v1alpha1.Workflow, label string, steps, delegable int, input, want string) ([]row, error) {
-	t := time.Now()
-	if err := c.Client.Create(ctx, wf); err != nil {
+	remove, err := deploy(ctx, c, wf)
+	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = c.Client.Delete(context.Background(), wf) }()
-	if err := waitReady(ctx, c.Client, wf, 10*time.Minute); err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(os.Stderr, "%s: %d functions ready in %s\n", wf.Name, len(wf.Spec.Functions), time.Since(t).Round(time.Millisecond))
+	defer remove()
 	one := func() (time.Duration, int, error) {
 		d0 := delegatedFirings()
 		t := time.Now()
@@ -246,4 +242,20 @@ func startProfiles(cfg config, name string) (func(), error) {
 			_ = perf.Wait()
 		}
 	}, nil
+}
+
+// deploy creates wf and waits until it is Ready; the returned function
+// deletes it.
+func deploy(ctx context.Context, c *localcluster.Cluster, wf *v1alpha1.Workflow) (func(), error) {
+	t := time.Now()
+	if err := c.Client.Create(ctx, wf); err != nil {
+		return nil, err
+	}
+	remove := func() { _ = c.Client.Delete(context.Background(), wf) }
+	if err := waitReady(ctx, c.Client, wf, 10*time.Minute); err != nil {
+		remove()
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "%s: %d functions ready in %s\n", wf.Name, len(wf.Spec.Functions), time.Since(t).Round(time.Millisecond))
+	return remove, nil
 }

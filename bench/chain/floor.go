@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -39,15 +38,11 @@ import (
 func floor(ctx context.Context, c *localcluster.Cluster, n int) ([]row, error) {
 	wf := chainWorkflow(1)
 	wf.Name = "floor"
-	t := time.Now()
-	if err := c.Client.Create(ctx, wf); err != nil {
+	remove, err := deploy(ctx, c, wf)
+	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = c.Client.Delete(context.Background(), wf) }()
-	if err := waitReady(ctx, c.Client, wf, 10*time.Minute); err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(os.Stderr, "%s: ready in %s\n", wf.Name, time.Since(t).Round(time.Millisecond))
+	defer remove()
 	svc := controllers.ServiceName(wf.Name, "f0")
 	u, err := dispatch.ServiceResolver{Reader: c.Client}.URL(ctx, wf.Namespace, svc)
 	if err != nil {

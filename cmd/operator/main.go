@@ -154,7 +154,7 @@ func run(c config) error {
 	keys := &control.SecretKeys{Client: mgr.GetClient()}
 	inputs := orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: advertise, Cap: c.inputStoreBytes})
 	opts := orchestrator.Options{
-		Resolver:    dispatch.ServiceResolver{Reader: mgr.GetClient()},
+		Resolver:    &dispatch.CachedResolver{Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()}},
 		Ingress:     c.ingress,
 		Checkpoint:  store,
 		Concurrency: c.concurrency,

@@ -522,7 +522,7 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		}
 	}()
 	opts := orchestrator.Options{
-		Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()},
+		Resolver: &dispatch.CachedResolver{Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()}},
 		// Invocations go to the functions' cluster-local URLs
 		// (<service>.<namespace>.svc.cluster.local), which Knative routes
 		// through the cluster-local gateway.

@@ -41,20 +41,7 @@ func (g *movingGateway) WaitSession(ctx context.Context, req *gatewayv1.WaitSess
 
 func TestWaitAsksAgainWhileTheEngineMoves(t *testing.T) {
 	g := &movingGateway{}
-	gs := grpc.NewServer()
-	gatewayv1.RegisterGatewayServer(gs, g)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs.Serve(ln) }()
-	defer gs.Stop()
-	c, err := New(&rest.Config{Host: "http://127.0.0.1:1"}, Options{Namespace: "ns", Gateway: ln.Addr().String(), GatewayToken: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-
+	c := clientOf(t, g)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	res, err := c.Wait(ctx, "w-1")
@@ -66,22 +53,28 @@ func TestWaitAsksAgainWhileTheEngineMoves(t *testing.T) {
 	}
 
 	// Other errors reach the caller at once (a gateway that cannot wait).
-	gs2 := grpc.NewServer()
-	gatewayv1.RegisterGatewayServer(gs2, &gatewayv1.UnimplementedGatewayServer{})
-	ln2, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gs2.Serve(ln2) }()
-	defer gs2.Stop()
-	c2, err := New(&rest.Config{Host: "http://127.0.0.1:1"}, Options{Namespace: "ns", Gateway: ln2.Addr().String(), GatewayToken: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	_, err = c2.Wait(ctx, "w-1")
+	_, err = clientOf(t, &gatewayv1.UnimplementedGatewayServer{}).Wait(ctx, "w-1")
 	var zerr *ziptrail.Error
 	if !errors.As(err, &zerr) || ctx.Err() != nil {
 		t.Fatalf("Wait on a gateway that cannot wait: %v, want a ziptrail error at once", err)
 	}
+}
+
+// clientOf is a Client of namespace ns whose gateway is srv, served on a
+// loopback port until the test ends (no API server: sessions only).
+func clientOf(t *testing.T, srv gatewayv1.GatewayServer) *Client {
+	gs := grpc.NewServer()
+	gatewayv1.RegisterGatewayServer(gs, srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	c, err := New(&rest.Config{Host: "http://127.0.0.1:1"}, Options{Namespace: "ns", Gateway: ln.Addr().String(), GatewayToken: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }

@@ -3,10 +3,13 @@
 How it is measured: the function runs in its own process (``serve``
 behind a real queue-proxy-zl). It reads the whole object — SHA-256 over
 every byte, so every page is touched — and then reports its peak resident
-set size: ``VmHWM`` from /proc/self/status (the kernel's high-water mark of
-VmRSS) and ``ru_maxrss`` from ``getrusage(RUSAGE_SELF)`` (which can read a
-little higher: it also remembers the forked parent's image before exec).
-Both must stay under the bound.
+set size: ``VmHWM`` from /proc/self/status, the kernel's high-water mark of
+VmRSS of the function's own memory since its exec, which the bound applies
+to. ``ru_maxrss`` from ``getrusage(RUSAGE_SELF)`` is printed but not
+bounded: at exec the kernel folds the old memory's high-water mark into it,
+and a child that Python's subprocess started with vfork had the parent's
+memory — pytest's, whose peak includes the previous case's 1 GiB buffer.
+It read 1.31 and 1.41 GiB in two CI runs while VmHWM read 1.04 GiB.
 
 What "no copy" means: the object is a file in the pod's shared memory,
 mapped into the function. Touching every page of that mapping counts the
@@ -102,4 +105,4 @@ def test_1gib_input_is_not_copied(big_pods, path):
         assert out["vmhwm"] >= 1.9 * GiB, out  # a copy is visible to this measurement
         return
     assert out["kind"] in ("memoryview", "MappedObject")
-    assert GiB <= out["vmhwm"] < 1.3 * GiB and out["ru_maxrss"] < 1.3 * GiB, out
+    assert GiB <= out["vmhwm"] < 1.3 * GiB, out

@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -185,24 +185,38 @@ func measure(ctx context.Context, c *localcluster.Cluster, cfg config, wf *v1alp
 	}
 	var rows []row
 	for _, on := range cfg.arms {
-		ls := lat[on]
-		r := row{Chain: label, Steps: steps, Firing: armName(on), Sessions: len(ls), DelegatedMin: slices.Min(deleg[on]), DelegatedMax: slices.Max(deleg[on])}
-		for _, l := range ls {
-			r.LatenciesMs = append(r.LatenciesMs, ms(l))
-		}
-		sorted := slices.Clone(ls)
-		sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
-		p50, p95 := percentile(sorted, 0.50), percentile(sorted, 0.95)
-		r.P50Ms, r.P95Ms, r.StepP50 = ms(p50), ms(p95), ms(p50/time.Duration(steps))
+		r := latencyRow(label, armName(on), steps, lat[on])
+		r.DelegatedMin, r.DelegatedMax = slices.Min(deleg[on]), slices.Max(deleg[on])
 		dl := fmt.Sprint(r.DelegatedMin)
 		if r.DelegatedMax != r.DelegatedMin {
 			dl += fmt.Sprintf("–%d", r.DelegatedMax)
 		}
-		fmt.Printf("| %s | %s | %d | %s | %s | %s | %s |\n", label, r.Firing, len(ls), p50.Round(10*time.Microsecond), p95.Round(10*time.Microsecond),
-			(p50 / time.Duration(steps)).Round(10*time.Microsecond), dl)
+		r.print(dl)
 		rows = append(rows, r)
 	}
 	return rows, nil
+}
+
+// latencyRow is the row of measurements ls (in the order run) of steps
+// invocations each.
+func latencyRow(label, firing string, steps int, ls []time.Duration) row {
+	r := row{Chain: label, Steps: steps, Firing: firing, Sessions: len(ls)}
+	for _, l := range ls {
+		r.LatenciesMs = append(r.LatenciesMs, ms(l))
+	}
+	sorted := slices.Clone(ls)
+	slices.Sort(sorted)
+	p50, p95 := percentile(sorted, 0.50), percentile(sorted, 0.95)
+	r.P50Ms, r.P95Ms, r.StepP50 = ms(p50), ms(p95), ms(p50/time.Duration(steps))
+	return r
+}
+
+// print writes r as a line of the table, last its delegated-firings cell.
+func (r row) print(delegated string) {
+	d := func(v float64) time.Duration {
+		return (time.Duration(math.Round(v*1000)) * time.Microsecond).Round(10 * time.Microsecond)
+	}
+	fmt.Printf("| %s | %s | %d | %s | %s | %s | %s |\n", r.Chain, r.Firing, r.Sessions, d(r.P50Ms), d(r.P95Ms), d(r.StepP50), delegated)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -108,15 +107,7 @@ func floorPath(ctx context.Context, label, dial, url, ns, wfName, svc string, n 
 		}
 		ls = append(ls, l)
 	}
-	r := row{Chain: label, Steps: 1, Firing: "none", Sessions: n}
-	for _, l := range ls {
-		r.LatenciesMs = append(r.LatenciesMs, ms(l))
-	}
-	sorted := slices.Clone(ls)
-	slices.Sort(sorted)
-	p50, p95 := percentile(sorted, 0.50), percentile(sorted, 0.95)
-	r.P50Ms, r.P95Ms, r.StepP50 = ms(p50), ms(p95), ms(p50)
-	fmt.Printf("| %s | %s | %d | %s | %s | %s | – |\n", r.Chain, r.Firing, n, p50.Round(10*time.Microsecond), p95.Round(10*time.Microsecond),
-		p50.Round(10*time.Microsecond))
+	r := latencyRow(label, "none", 1, ls)
+	r.print("–")
 	return r, nil
 }

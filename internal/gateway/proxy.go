@@ -10,7 +10,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"regexp"
-	"sort"
 	"strings"
 
 	"github.com/ziptrail/ziptrail/internal/sessions"
@@ -157,7 +156,7 @@ func (h *Handler) listEverywhere(w http.ResponseWriter, r *http.Request, ns stri
 		}
 		list = append(list, more...)
 	}
-	sort.Slice(list, func(i, j int) bool { return list[i].Started.Before(list[j].Started) })
+	sessions.SortNewestFirst(list) // as one replica lists them
 	if list == nil {
 		list = []sessions.Session{}
 	}

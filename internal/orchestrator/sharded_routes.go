@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
@@ -147,7 +146,7 @@ func (ss shardedSessions) List(namespace, workflow string) []sessions.Session {
 	for _, o := range ss.s.orchestrators() {
 		out = append(out, o.sessions.List(namespace, workflow)...)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
+	sessions.SortNewestFirst(out) // as one registry lists them
 	return out
 }
 

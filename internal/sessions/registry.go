@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 )
@@ -210,7 +209,7 @@ func (r *Registry) Watch(id string) (Session, <-chan struct{}, error) {
 }
 
 // List returns the sessions of a namespace (all namespaces when empty),
-// newest first.
+// newest first (SortNewestFirst).
 func (r *Registry) List(namespace, workflow string) []Session {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -222,7 +221,7 @@ func (r *Registry) List(namespace, workflow string) []Session {
 			out = append(out, s)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Started.After(out[j].Started) })
+	SortNewestFirst(out)
 	return out
 }
 

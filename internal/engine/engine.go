@@ -22,6 +22,7 @@ type Engine struct {
 	// TombstoneTTL is how long an ended session is remembered so that late
 	// events for it fire nothing.
 	TombstoneTTL time.Duration
+	pool         *Pool // what sessions hold, per namespace (limits.go)
 }
 
 type shard struct {
@@ -48,7 +49,7 @@ func New(shards int) *Engine {
 	if shards <= 0 {
 		shards = 64
 	}
-	e := &Engine{shards: make([]shard, shards), seed: maphash.MakeSeed(), TombstoneTTL: time.Hour}
+	e := &Engine{shards: make([]shard, shards), seed: maphash.MakeSeed(), TombstoneTTL: time.Hour, pool: NewPool(Limits{})}
 	for i := range e.shards {
 		e.shards[i] = shard{sessions: map[string]*session{}, ended: map[string]time.Time{}}
 	}
@@ -111,7 +112,8 @@ func (e *Engine) shard(session string) *shard {
 }
 
 // StartSession begins a session of a workflow and invokes its entry
-// function with the input (as an object of the pseudo-bucket "input").
+// function with the input (as an object of the pseudo-bucket "input"). A
+// start the engine's limits refuse fails with a *LimitError.
 func (e *Engine) StartSession(wfName, id string, input Object, now time.Time) ([]Action, error) {
 	wf := e.workflow(wfName)
 	if wf == nil {
@@ -128,7 +130,6 @@ func (e *Engine) StartSession(wfName, id string, input Object, now time.Time) ([
 	}
 	s := &session{id: id, wf: wfName, started: now, deadline: now.Add(wf.spec.SessionDeadline),
 		states: map[string]*State{}, seen: map[string]string{}, invocations: map[string]*invState{}}
-	sh.sessions[id] = s
 	input.Session = id
 	if input.Bucket == "" {
 		input.Bucket = "input"
@@ -136,6 +137,10 @@ func (e *Engine) StartSession(wfName, id string, input Object, now time.Time) ([
 	if input.Key == "" {
 		input.Key = "input"
 	}
+	if err := e.admit(s, objectBytes(&input)); err != nil {
+		return nil, err
+	}
+	sh.sessions[id] = s
 	return []Action{s.invoke(wf, wf.spec.Entry, "", []Object{input}, "")}, nil
 }
 
@@ -179,6 +184,12 @@ func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action 
 	if wf.spec.Delegate && strings.HasPrefix(base, s.id+".d") {
 		early = obj.Producer
 	}
+	if !dup {
+		// A new object is counted before anything keeps it (limits.go).
+		if err := e.charge(s, 1, objectBytes(&obj)); err != nil {
+			return e.failLimit(sh, s, err, now)
+		}
+	}
 	done := s.count(base, name, dup, first, early)
 	var out []Action
 	if !dup { // else a resend, or a late duplicate from a re-execution
@@ -210,7 +221,7 @@ func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action 
 		// has finished only now.
 		out = append(out, s.notify(wf, SourceEvent{Function: done.Function, Invocation: base, Finished: true}, now)...)
 	}
-	return out
+	return e.settle(sh, s, now, out)
 }
 
 func (s *session) notify(wf *workflow, ev SourceEvent, now time.Time) []Action {
@@ -247,6 +258,7 @@ func (s *session) fireDelegated(out []Action, wf *workflow, t *trigger, obj *Obj
 // end garbage-collects a session and leaves a tombstone.
 func (e *Engine) end(sh *shard, s *session, now time.Time) []Action {
 	delete(sh.sessions, s.id)
+	e.release(s)
 	sh.ended[s.id] = now.Add(e.TombstoneTTL)
 	return []Action{{Kind: ActDropObjects, Workflow: s.wf, Session: s.id}}
 }
@@ -302,6 +314,11 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 	}
 	inv := s.invocations[ev.Invocation]
 	if inv == nil {
+		// An invocation the engine did not issue (a sidecar's delegated
+		// firing, or made up): counted before it is kept (limits.go).
+		if err := e.charge(s, 1, int64(len(ev.Invocation)+len(ev.Function)+len(ev.Args))); err != nil {
+			return e.failLimit(sh, s, err, now)
+		}
 		inv = &invState{Function: ev.Function}
 		s.track(ev.Invocation, inv)
 	}

@@ -27,6 +27,12 @@ type session struct {
 	// asking about them on every event cost O(1), not O(invocations).
 	byFn             map[string]*fnCount
 	running, failing int // invocations running / failed (see running)
+	// What the session holds, counted against the limits (limits.go):
+	// objects and bytes charged, those owed by the event being handled,
+	// and its namespace's usage (nil once released).
+	objects, bytes         int64
+	debtObjects, debtBytes int64
+	ns                     *usage
 }
 
 // fnCount counts one function's invocations.
@@ -147,6 +153,7 @@ func (s *session) count(base, name string, dup bool, firstBy, early string) *inv
 	if inv == nil && early != "" {
 		inv = &invState{Function: early} // made by a sidecar, claimed later
 		s.track(base, inv)
+		s.owe(1, int64(len(base)+len(early)))
 	}
 	if inv == nil {
 		return nil // not dispatched here: nothing waits for its outputs
@@ -160,6 +167,7 @@ func (s *session) count(base, name string, dup bool, firstBy, early string) *inv
 			return nil
 		}
 		s.seen[k] = base
+		s.owe(1, int64(len(k)))
 	}
 	s.change(inv, func() { inv.Got++ })
 	if inv.Finished && !inv.Failed && inv.Got == inv.Sent {

@@ -30,6 +30,11 @@ type SessionSnapshot struct {
 	Seen        []string             `json:"seen,omitempty"`   // accepted bucket/keys of no known invocation
 	SeenBy      map[string]string    `json:"seenBy,omitempty"` // the others, with the invocation that sent them
 	Invocations map[string]*invState `json:"invocations,omitempty"`
+	// Objects and Bytes are what the session holds, as its limits count
+	// it (limits.go); absent in snapshots written before they were kept
+	// (Restore counts the accepted keys then).
+	Objects int64 `json:"objects,omitempty"`
+	Bytes   int64 `json:"bytes,omitempty"`
 }
 
 const snapshotVersion = 1
@@ -43,7 +48,7 @@ func (e *Engine) Snapshot() *Snapshot {
 		sh.mu.Lock()
 		for _, s := range sh.sessions {
 			ss := SessionSnapshot{ID: s.id, Workflow: s.wf, Started: s.started, Deadline: s.deadline, Seq: s.seq,
-				States: map[string]*State{}, Invocations: map[string]*invState{}}
+				States: map[string]*State{}, Invocations: map[string]*invState{}, Objects: s.objects, Bytes: s.bytes}
 			for k, inv := range s.seen {
 				if inv == "" {
 					ss.Seen = append(ss.Seen, k)
@@ -91,7 +96,10 @@ func UnmarshalSnapshot(data []byte) (*Snapshot, error) {
 }
 
 // Restore replaces the engine's sessions with a snapshot's. Sessions of
-// workflows not (yet) loaded are kept and expire at their deadline.
+// workflows not (yet) loaded are kept and expire at their deadline. What
+// the restored sessions hold is counted in the engine's pool whatever its
+// limits (they were admitted before); the sessions replaced give back
+// theirs.
 func (e *Engine) Restore(snap *Snapshot) error {
 	if snap.Version != snapshotVersion {
 		return fmt.Errorf("engine: snapshot version %d, want %d", snap.Version, snapshotVersion)
@@ -99,6 +107,9 @@ func (e *Engine) Restore(snap *Snapshot) error {
 	for i := range e.shards {
 		sh := &e.shards[i]
 		sh.mu.Lock()
+		for _, s := range sh.sessions {
+			e.release(s)
+		}
 		sh.sessions = map[string]*session{}
 		sh.ended = map[string]time.Time{}
 		sh.mu.Unlock()
@@ -118,6 +129,11 @@ func (e *Engine) Restore(snap *Snapshot) error {
 		for k, inv := range ss.SeenBy {
 			s.seen[k] = inv
 		}
+		s.objects, s.bytes = max(ss.Objects, int64(len(s.seen))), ss.Bytes
+		s.ns = e.pool.usage(namespaceOf(s.wf))
+		s.ns.sessions.Add(1)
+		s.ns.objects.Add(s.objects)
+		s.ns.bytes.Add(s.bytes)
 		sh := e.shard(s.id)
 		sh.mu.Lock()
 		sh.sessions[s.id] = s

@@ -78,6 +78,10 @@ type Action struct {
 	// (it reported so, or the invocation reported its start): the caller
 	// records it as sent and does not send it again.
 	Delegated bool `json:"delegated,omitempty"`
+	// Limit names the limit that ended the session of an
+	// ActSessionFailed (LimitObjectsPerSession, ...; limits.go); empty
+	// for every other failure.
+	Limit string `json:"limit,omitempty"`
 }
 
 // Finish is how an invocation ended.

@@ -31,7 +31,7 @@ lint: ## gofmt and go vet.
 	go vet ./...
 
 .PHONY: test
-test: deps lint test-go test-python ## Install deps, then run every test suite against real servers.
+test: deps lint test-go test-python fuzz-short ## Install deps, then run every test suite against real servers.
 
 # The race detector writes its reports to files (GORACE log_path), printed
 # again after the run: a long run's log is often read from its end.
@@ -41,6 +41,12 @@ test-go:
 	GORACE="log_path=$$races/report $${GORACE:-}" go test $(GO_TEST_FLAGS) ./... || rc=$$?; \
 	for f in "$$races"/report.*; do [[ -f $$f ]] || continue; echo "--- data race report $${f##*/} (pid):"; cat "$$f"; done; \
 	rm -rf "$$races"; exit $$rc
+
+.PHONY: fuzz fuzz-short
+fuzz: ## Every fuzz target for FUZZTIME each (default 10m): decoders of outside input (hack/fuzz.sh).
+	$(DEPS_ENV); FUZZTIME=$${FUZZTIME:-10m} hack/fuzz.sh
+fuzz-short: ## Every fuzz target for 5 s (part of make test).
+	$(DEPS_ENV); FUZZTIME=5s hack/fuzz.sh
 
 .PHONY: test-python
 test-python: ## Python SDK and examples tests (pytest) in the cached venv.

@@ -31,7 +31,7 @@ type producer struct {
 	store *store.Store
 }
 
-func startProducer(t *testing.T) *producer {
+func startProducer(t testing.TB) *producer {
 	t.Helper()
 	keys := map[string][]byte{"k1": bytes.Repeat([]byte{7}, 32)}
 	kr, err := ref.NewKeyring(testNS, keys, "k1")
@@ -52,7 +52,7 @@ func startProducer(t *testing.T) *producer {
 
 // put stores an object that expires at exp and returns its reference
 // (valid for an hour: the object's TTL is what keep-alive extends).
-func (p *producer) put(t *testing.T, id string, exp time.Time) string {
+func (p *producer) put(t testing.TB, id string, exp time.Time) string {
 	t.Helper()
 	if err := p.store.Put(context.Background(), store.Meta{ID: id, Bucket: "b", Key: id, Expires: exp}, []byte("payload-"+id)); err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func (k *ticker) isStopped() bool { k.mu.Lock(); defer k.mu.Unlock(); return k.s
 
 // metrics returns Metrics on a manual reader and a function that sums a
 // counter by attribute value.
-func testMetrics(t *testing.T) (*Metrics, func(name, attr, value string) int64) {
+func testMetrics(t testing.TB) (*Metrics, func(name, attr, value string) int64) {
 	t.Helper()
 	reader := sdkmetric.NewManualReader()
 	m, err := NewMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))

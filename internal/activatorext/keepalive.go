@@ -80,6 +80,9 @@ func (p *Periodic) KeepAlive(ctx context.Context, namespace string, refs []strin
 	live := append([]string(nil), refs...)
 	ticks, stopTicker := p.tick(p.interval())
 	go func() {
+		// References are user input: whatever they make the extender do
+		// must not end the activator, which serves the whole cluster.
+		defer recovered(ctx, p.Metrics, "keepalive")
 		defer close(done)
 		defer stopTicker()
 		for {

@@ -35,6 +35,7 @@ type Metrics struct {
 	extends           metric.Int64Counter
 	wait              metric.Float64Histogram
 	decisions         metric.Int64Counter
+	panics            metric.Int64Counter
 }
 
 // NewMetrics creates the instruments on mp (nil: a no-op provider).
@@ -62,6 +63,10 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		metric.WithDescription("Destination choices for requests with ziptrail headers, by decision")); err != nil {
 		return nil, err
 	}
+	if ms.panics, err = m.Int64Counter("ziptrail.activator.panics",
+		metric.WithDescription("Panics recovered on goroutines that handle requests' ziptrail headers, by where (each is a defect; the process lives on)")); err != nil {
+		return nil, err
+	}
 	return &ms, nil
 }
 
@@ -86,5 +91,11 @@ func (m *Metrics) waited(ctx context.Context, d time.Duration) {
 func (m *Metrics) decision(ctx context.Context, d string) {
 	if m != nil {
 		m.decisions.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(attribute.String("decision", d)))
+	}
+}
+
+func (m *Metrics) panicked(ctx context.Context, where string) {
+	if m != nil {
+		m.panics.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(attribute.String("where", where)))
 	}
 }

@@ -89,6 +89,12 @@ func (d *DataPlaneExtender) Extend(ctx context.Context, namespace, r string, unt
 		// Rotation, or a forgery: only a read begun after this call
 		// started can tell.
 		c, readAt, rerr := d.keys(ctx, namespace, asked)
+		if c == nil {
+			// This call's time ended while it waited for another caller's
+			// read (it has no client then): retryable, like any unknown
+			// key id not yet read for. Never use a nil client (issue 31).
+			return fmt.Errorf("%v; the keys of namespace %s could not be read again: %v: retrying later", err, namespace, rerr)
+		}
 		if ok, err = c.Extend(ctx, r, until); errors.Is(err, ref.ErrUnknownKey) && (rerr != nil || readAt.Before(asked)) {
 			return fmt.Errorf("%v, as of the keys read at %s (read again %v after it at the earliest): retrying later",
 				err, readAt.UTC().Format(time.RFC3339), d.minReread())

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
+	"github.com/ziptrail/ziptrail/internal/recovery"
 )
 
 // The fast path's member channel and direct channels (docs/messaging.md,
@@ -94,6 +95,7 @@ func (s *Server) serveAttach(c net.Conn, r *bufio.Reader, w *bufio.Writer, q *ms
 	// closed its end (or broke the protocol).
 	lend := q.flags&flagLendFiles != 0
 	go func() {
+		defer recovery.Recover("queue-proxy-zl", "direct channel releases")
 		defer func() {
 			cancel()
 			_ = c.SetWriteDeadline(time.Now()) // a write blocked on a function that is gone

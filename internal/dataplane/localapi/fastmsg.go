@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
+	"github.com/ziptrail/ziptrail/internal/recovery"
 )
 
 // The messaging fast path (docs/messaging.md, "The function's socket"):
@@ -68,7 +69,10 @@ func (s *Server) ServeMessages(ln net.Listener) error {
 			}
 			return err
 		}
-		wg.Go(func() { s.serveMessageConn(c) })
+		wg.Go(func() {
+			defer recovery.Recover("queue-proxy-zl", "local messages conn")
+			s.serveMessageConn(c)
+		})
 	}
 }
 
@@ -325,6 +329,7 @@ func (s *Server) startMessage(q *msgRequest, respond func(*msgResponse)) func() 
 			}
 			giveBack := q.flags&flagReturnFile != 0
 			go func() {
+				defer recovery.Recover("queue-proxy-zl", "local messages send file")
 				defer cancel()
 				respond(sendResponse(s.sendFile(ctx, rt, out, string(q.payload), giveBack)))
 			}()

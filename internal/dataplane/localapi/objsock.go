@@ -19,6 +19,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/recovery"
 )
 
 // The object socket (docs/samenode.md, "Objects as descriptors"): a
@@ -146,6 +147,7 @@ func (s *Server) ServeObjects(ln *net.UnixListener) error {
 		s.objConns[c] = struct{}{}
 		s.mu.Unlock()
 		wg.Go(func() {
+			defer recovery.Recover("queue-proxy-zl", "object socket conn")
 			defer func() {
 				s.mu.Lock()
 				delete(s.objConns, c)

@@ -33,6 +33,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
+	"github.com/ziptrail/ziptrail/internal/recovery"
 )
 
 // Server implements the local API for one pod.
@@ -122,7 +123,8 @@ func Listen(socket string) (net.Listener, error) {
 // Serve answers calls on ln until Stop.
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
-	s.grpcSrv = grpc.NewServer(grpc.ChainUnaryInterceptor(observe))
+	s.grpcSrv = grpc.NewServer(grpc.ChainUnaryInterceptor(recovery.UnaryInterceptor("queue-proxy-zl"), observe),
+		grpc.ChainStreamInterceptor(recovery.StreamInterceptor("queue-proxy-zl")))
 	sidecarv1.RegisterSidecarServer(s.grpcSrv, s)
 	srv := s.grpcSrv
 	s.mu.Unlock()

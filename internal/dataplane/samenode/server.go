@@ -12,6 +12,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/recovery"
 )
 
 // DefaultMaxConns bounds the connections a producer serves at once.
@@ -119,6 +120,7 @@ func (s *Server) Serve(ln *net.UnixListener) error {
 			return nil
 		}
 		go func() {
+			defer recovery.Recover("queue-proxy-zl", "same-node conn")
 			defer func() { <-s.slots }()
 			defer s.track(c, false)
 			defer c.Close()

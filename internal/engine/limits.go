@@ -97,7 +97,10 @@ type Pool struct {
 	ns     map[string]*usage
 }
 
-type usage struct{ sessions, objects, bytes atomic.Int64 }
+type usage struct {
+	sessions, objects, bytes atomic.Int64
+	detached                 bool // a released session's own, in no pool
+}
 
 // NewPool returns a pool enforcing l.
 func NewPool(l Limits) *Pool {
@@ -230,15 +233,31 @@ func (e *Engine) settle(sh *shard, s *session, now time.Time, out []Action) []Ac
 	return out
 }
 
-// release gives back what an ended session held.
+// release gives back what an ended session held. The session counts on
+// in an account of its own (if anything more reaches it).
 func (e *Engine) release(s *session) {
-	if s.ns == nil {
+	if s.ns == nil || s.ns.detached {
 		return
 	}
 	s.ns.sessions.Add(-1)
 	s.ns.objects.Add(-s.objects)
 	s.ns.bytes.Add(-s.bytes)
-	s.ns = nil
+	s.ns = &usage{detached: true}
+}
+
+// Release gives back to the pool what every running session holds,
+// leaving the sessions in place (for a last Snapshot): the engine stops
+// serving (an operator replica gave its bucket up; the next owner's
+// engine counts them when it restores them).
+func (e *Engine) Release() {
+	for i := range e.shards {
+		sh := &e.shards[i]
+		sh.mu.Lock()
+		for _, s := range sh.sessions {
+			e.release(s)
+		}
+		sh.mu.Unlock()
+	}
 }
 
 // failLimit ends a session a limit refused, dropping the actions its event

@@ -237,6 +237,20 @@ func TestLimitPoolSharedAndRestored(t *testing.T) {
 	if got := pool.Usage("a"); got.Sessions != 3 || got.Objects < 5 {
 		t.Errorf("after restoring an old snapshot the pool holds %+v, want 3 sessions and s1's 5 keys at least", got)
 	}
+	// An engine that stops serving (its bucket moves) gives back what its
+	// sessions hold, and keeps them for its last snapshot.
+	e2.Release()
+	if got := pool.Usage("a"); got.Sessions != 1 {
+		t.Errorf("after the other engine released its two sessions the pool holds %+v, want s1 only", got)
+	}
+	if n := len(e2.Snapshot().Sessions); n != 2 {
+		t.Errorf("the released engine's snapshot holds %d sessions, want 2", n)
+	}
+	e2.ObjectReady("a/wf", obj("s2", "late", nil), t0) // nothing more reaches the pool
+	e2.Tick(t0.Add(2 * time.Hour))
+	if got := pool.Usage("a"); got.Sessions != 1 {
+		t.Errorf("the released engine's sessions ending changed the pool: %+v", got)
+	}
 }
 
 // A namespace's sidecars flooding the engine with objects: what the engine

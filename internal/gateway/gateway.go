@@ -93,7 +93,9 @@ type Handler struct {
 	// Owners, when set, send requests about workflows another operator
 	// replica serves to that replica (proxy.go).
 	Owners Owners
-	mux    *http.ServeMux
+	// Limit bounds each namespace's rate of requests (limits.go); nil: none.
+	Limit *RateLimit
+	mux   *http.ServeMux
 }
 
 // New wires the routes.
@@ -132,7 +134,7 @@ func (h *Handler) allow(ctx context.Context, token string, a Attributes) error {
 	if _, err := h.Auth.Authorize(ctx, token, a); err != nil {
 		return authError(err)
 	}
-	return nil
+	return h.Limit.allow(a)
 }
 
 func (h *Handler) allowHTTP(w http.ResponseWriter, r *http.Request, a Attributes) bool {
@@ -141,6 +143,7 @@ func (h *Handler) allowHTTP(w http.ResponseWriter, r *http.Request, a Attributes
 		if ae.Code == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="ziptrail session gateway"`)
 		}
+		retryAfter(w, ae.Code, err)
 		writeError(w, ae.Code, "%s", ae.Msg)
 		return false
 	}
@@ -192,6 +195,7 @@ func (h *Handler) start(w http.ResponseWriter, r *http.Request) {
 		if code == http.StatusServiceUnavailable {
 			w.Header().Set("Retry-After", "5")
 		}
+		retryAfter(w, code, err)
 		writeError(w, code, "%v", err)
 		return
 	}
@@ -217,6 +221,8 @@ func startStatus(err error) int {
 		return http.StatusLengthRequired
 	case errors.Is(err, ErrInputsFull), errors.Is(err, ErrEngineMoving):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, ErrLimit):
+		return http.StatusTooManyRequests
 	}
 	return http.StatusInternalServerError
 }
@@ -268,6 +274,7 @@ func (h *Handler) session(w http.ResponseWriter, r *http.Request) (sessions.Sess
 		if code == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="ziptrail session gateway"`)
 		}
+		retryAfter(w, code, err)
 		writeError(w, code, "%v", err)
 		return s, false
 	}

@@ -34,6 +34,11 @@ type InputsOptions struct {
 	// Cap bounds the bytes held for all running sessions together; a start
 	// that does not fit is refused (gateway.ErrInputsFull). Default 256 MiB.
 	Cap int64
+	// PerNamespace bounds the bytes held for one namespace's sessions
+	// (Limits.InputBytesPerNamespace): a start beyond it is refused with a
+	// *gateway.LimitError (429), so one namespace cannot take the whole
+	// Cap. Zero: Cap only.
+	PerNamespace int64
 	// MaxAge bounds how long an input is held when its session never ends
 	// here (e.g. the operator lost leadership); default 1h.
 	MaxAge time.Duration
@@ -53,12 +58,13 @@ type Inputs struct {
 	mu   sync.Mutex
 	used int64                // reserved by starts in progress + held
 	held map[string]heldInput // session -> its input
+	byNS map[string]int64     // used, per namespace
 }
 
 type heldInput struct {
-	id      string
-	size    int64
-	expires time.Time
+	id, namespace string
+	size          int64
+	expires       time.Time
 }
 
 // NewInputs returns an input store; Serve serves it.
@@ -72,7 +78,7 @@ func NewInputs(opts InputsOptions) *Inputs {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	in := &Inputs{opts: opts, keys: &keyrings{src: opts.Keys}, store: store.New(opts.Cap, opts.Now), held: map[string]heldInput{}}
+	in := &Inputs{opts: opts, keys: &keyrings{src: opts.Keys}, store: store.New(opts.Cap, opts.Now), held: map[string]heldInput{}, byNS: map[string]int64{}}
 	in.server = &pull.Server{Store: in.store, Now: opts.Now, OpenRef: in.open}
 	return in
 }
@@ -116,12 +122,12 @@ func (in *Inputs) hold(ctx context.Context, namespace, session string, r io.Read
 	if err != nil {
 		return engine.Object{}, err
 	}
-	if err := in.reserve(size); err != nil {
+	if err := in.reserve(namespace, size); err != nil {
 		return engine.Object{}, err
 	}
 	data := make([]byte, size)
 	if _, err := io.ReadFull(r, data); err != nil {
-		in.unreserve(size)
+		in.unreserve(namespace, size)
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			err = fmt.Errorf("the input ended before its announced %d bytes: %w", size, err)
 		}
@@ -131,22 +137,22 @@ func (in *Inputs) hold(ctx context.Context, namespace, session string, r io.Read
 	exp := in.opts.Now().Add(in.opts.MaxAge)
 	meta := store.Meta{ID: id, Session: session, Bucket: "input", Key: "input", Reads: math.MaxUint32, Expires: exp}
 	if err := in.store.Put(ctx, meta, data); err != nil {
-		in.unreserve(size)
+		in.unreserve(namespace, size)
 		return engine.Object{}, err
 	}
 	rf, err := nk.kr.Seal(ref.Record{Addr: in.opts.Addr, Key: id, Expires: exp, Reads: math.MaxUint32})
 	if err != nil {
 		in.store.Remove(id)
-		in.unreserve(size)
+		in.unreserve(namespace, size)
 		return engine.Object{}, err
 	}
 	in.mu.Lock()
-	in.held[session] = heldInput{id: id, size: size, expires: exp}
+	in.held[session] = heldInput{id: id, namespace: namespace, size: size, expires: exp}
 	in.mu.Unlock()
 	return engine.Object{Bucket: "input", Key: "input", Size: size, Ref: rf}, nil
 }
 
-func (in *Inputs) reserve(n int64) error {
+func (in *Inputs) reserve(namespace string, n int64) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	now := in.opts.Now()
@@ -155,18 +161,39 @@ func (in *Inputs) reserve(n int64) error {
 			in.dropLocked(s, h)
 		}
 	}
+	if max, have := in.opts.PerNamespace, in.byNS[namespace]; max > 0 && have+n > max {
+		return &gateway.LimitError{Limit: gateway.LimitInputBytesPerNamespace, Namespace: namespace, RetryAfter: 5 * time.Second,
+			Msg: fmt.Sprintf("namespace %s holds %d bytes of session inputs in the operator's input store and this input needs %d more, "+
+				"the limit %s is %d: retry when its sessions finish, or put large data into a bucket", namespace, have, n, gateway.LimitInputBytesPerNamespace, max)}
+	}
 	if in.used+n > in.opts.Cap {
 		return fmt.Errorf("%w: %d bytes of %d held for running sessions, this input needs %d; retry when sessions finish, or raise --input-store-bytes",
 			gateway.ErrInputsFull, in.used, in.opts.Cap, n)
 	}
 	in.used += n
+	in.byNS[namespace] += n
 	return nil
 }
 
-func (in *Inputs) unreserve(n int64) {
+func (in *Inputs) unreserve(namespace string, n int64) {
 	in.mu.Lock()
 	in.used -= n
+	in.less(namespace, n)
 	in.mu.Unlock()
+}
+
+// less takes n from namespace's bytes (under in.mu).
+func (in *Inputs) less(namespace string, n int64) {
+	if in.byNS[namespace] -= n; in.byNS[namespace] <= 0 {
+		delete(in.byNS, namespace)
+	}
+}
+
+// UsedBy is the bytes held or being received for namespace's sessions.
+func (in *Inputs) UsedBy(namespace string) int64 {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.byNS[namespace]
 }
 
 // Drop frees a session's input (its session ended).
@@ -181,6 +208,7 @@ func (in *Inputs) Drop(session string) {
 func (in *Inputs) dropLocked(session string, h heldInput) {
 	in.store.Remove(h.id)
 	in.used -= h.size
+	in.less(h.namespace, h.size)
 	delete(in.held, session)
 }
 

@@ -81,6 +81,16 @@ type Options struct {
 	// pods' sidecars, which fire them themselves (delegate.go); off: the
 	// engine fires every trigger.
 	Delegate bool
+	// Limits are the per-namespace limits of the engine's sessions
+	// (limits.go); zero: none. The input store's and the gateway's are
+	// set on them (InputsOptions.PerNamespace, gateway.RateLimit).
+	Limits Limits
+	// LimitEvents, when set, records refusals by a limit as Kubernetes
+	// Events on the workflow.
+	LimitEvents *LimitEvents
+	// pool accounts the engine's sessions per namespace: one for every
+	// bucket's orchestrator of a Sharded (nil: New makes one).
+	pool *engine.Pool
 }
 
 // Orchestrator connects the engine to the rest of the operator.
@@ -168,6 +178,10 @@ func New(opts Options) (*Orchestrator, error) {
 	o.sessions.Now = opts.Now
 	o.sessions.Checkpointed = opts.Checkpoint != nil
 	o.engine.TombstoneTTL = tombstoneTTL
+	if opts.pool == nil {
+		opts.pool = engine.NewPool(opts.Limits.Engine())
+	}
+	o.engine.SetPool(opts.pool)
 	d, err := dispatch.New(dispatch.Options{Resolver: opts.Resolver, Ingress: opts.Ingress, Concurrency: opts.Concurrency,
 		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult, ProducerNode: o.producerNode})
 	if err != nil {
@@ -191,6 +205,10 @@ func (o *Orchestrator) Engine() *engine.Engine { return o.engine }
 // and checkpoints until ctx ends.
 func (o *Orchestrator) Run(ctx context.Context) error {
 	o.runCtx = ctx
+	// Stopped, its sessions no longer count against the namespaces'
+	// limits of the replica (a sharded bucket moves on, restored and
+	// counted by its next owner).
+	defer o.engine.Release()
 	if err := o.restore(ctx); err != nil {
 		return err
 	}
@@ -317,12 +335,16 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	if !info.ready {
 		return "", fmt.Errorf("%w: %s: %s", gateway.ErrWorkflowNotReady, key, info.notReady)
 	}
+	// Refused before the input is read (StartSession decides for good).
+	if err := o.engine.Pool().CheckStart(namespace); err != nil {
+		return "", o.startRefused(key, err)
+	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	id := name + "-" + hex.EncodeToString(b[:])
 	in, err := o.readInput(ctx, namespace, id, input, size)
 	if err != nil {
-		return "", err
+		return "", o.startRefused(key, err)
 	}
 	if in.Ref == "" {
 		in.Inline = nonNil(in.Inline)
@@ -334,6 +356,10 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	acts, err := o.engine.StartSession(key, id, in, o.opts.Now())
 	if err != nil {
 		o.dropInput(id)
+		if le := (*engine.LimitError)(nil); errors.As(err, &le) {
+			o.sessions.Forget(id) // it never ran
+			return "", o.startRefused(key, err)
+		}
 		_ = o.sessions.Finish(id, sessions.Failed, nil, err.Error())
 		return "", err
 	}
@@ -373,6 +399,9 @@ func (o *Orchestrator) execute(acts []engine.Action) {
 		case engine.ActSessionFailed:
 			// The engine has ended it: nothing more runs, its objects go.
 			_ = o.sessions.Finish(a.Session, sessions.Failed, nil, a.Reason)
+			if a.Limit != "" {
+				o.limitRefused(a.Workflow, a.Limit, "FailSession", fmt.Sprintf("session %s failed: %s", a.Session, a.Reason))
+			}
 			sessionsEnded.WithLabelValues(string(sessions.Failed)).Inc()
 			o.changed(a.Workflow)
 		case engine.ActDropObjects:
@@ -517,10 +546,14 @@ func (o *Orchestrator) invocationFailed(key string, env *invocation.Envelope, fn
 	o.execute(o.engine.FunctionEnded(key, env.Session, fn, env.Invocation, engine.Finish{Failed: true, Error: err.Error()}, now))
 }
 
-func (o *Orchestrator) objectReady(key string, obj engine.Object, now time.Time) {
+// objectReady hands an object to the engine; an error when a limit
+// refused it (its session failed).
+func (o *Orchestrator) objectReady(key string, obj engine.Object, now time.Time) error {
 	_ = o.sessions.Update(obj.Session, func(s *sessions.Session) { s.Objects++ })
 	objectsReady.Inc()
-	o.execute(o.engine.ObjectReady(key, obj, now))
+	acts := o.engine.ObjectReady(key, obj, now)
+	o.execute(acts)
+	return limitFailure(acts, obj.Session, fmt.Sprintf("object %s/%s", obj.Bucket, obj.Key))
 }
 
 func sizeOf(ob invocation.Object) int64 {
@@ -549,15 +582,15 @@ func (o *Orchestrator) ObjectReady(_ context.Context, from control.Identity, ev 
 	if from.Node != "" && ev.Ref != "" {
 		o.producers.remember(from.Namespace, ev.Ref, from.Node)
 	}
-	o.objectReady(key, engine.Object{Bucket: ev.Bucket, Key: ev.Key, Session: ev.Session, Size: ev.Size, Ref: ev.Ref, Inline: ev.Inline,
+	return o.objectReady(key, engine.Object{Bucket: ev.Bucket, Key: ev.Key, Session: ev.Session, Size: ev.Size, Ref: ev.Ref, Inline: ev.Inline,
 		Metadata: ev.Metadata, Producer: ev.ProducerFunction, Invocation: ev.InvocationId, FiredLocally: ev.FiredLocally}, o.opts.Now())
-	return nil
 }
 
 // FunctionStarted implements control.Events.
 func (o *Orchestrator) FunctionStarted(_ context.Context, from control.Identity, ev *controlv1.FunctionStarted) error {
-	o.execute(o.engine.FunctionStarted(Key(from.Namespace, from.Workflow), ev.Session, ev.Function, ev.InvocationId, ev.Args, o.opts.Now()))
-	return nil
+	acts := o.engine.FunctionStarted(Key(from.Namespace, from.Workflow), ev.Session, ev.Function, ev.InvocationId, ev.Args, o.opts.Now())
+	o.execute(acts)
+	return limitFailure(acts, ev.Session, "start of invocation "+ev.InvocationId)
 }
 
 // FunctionFinished implements control.Events.

@@ -17,6 +17,7 @@ import (
 	"github.com/ziptrail/ziptrail/controllers"
 	"github.com/ziptrail/ziptrail/internal/checkpoint"
 	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/engine"
 )
 
 // Buckets is the ownership of engine buckets (sharding.Set).
@@ -99,6 +100,11 @@ func NewSharded(opts ShardedOptions) (*Sharded, error) {
 	}
 	if opts.LoadTimeout <= 0 {
 		opts.LoadTimeout = 10 * time.Second
+	}
+	if opts.pool == nil {
+		// One account of every bucket's sessions: the limits per
+		// namespace hold across the buckets this replica serves.
+		opts.pool = engine.NewPool(opts.Limits.Engine())
 	}
 	return &Sharded{opts: opts, changes: make(chan event.TypedGenericEvent[*v1alpha1.Workflow], 1024),
 		shards: map[string]*shard{}, seq: map[string]*sync.Mutex{}, started: make(chan struct{})}, nil

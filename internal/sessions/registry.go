@@ -109,6 +109,21 @@ func (r *Registry) Start(id, namespace, workflow string) error {
 	return nil
 }
 
+// Forget removes a running session that never ran (its start was refused
+// after it was recorded); an ended or unknown one is left alone.
+func (r *Registry) Forget(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.running[id]
+	if !ok {
+		return
+	}
+	delete(r.running, id)
+	delete(r.sessions, id)
+	close(e.changed)
+	r.version++
+}
+
 // Update applies fn to a session and wakes its waiters.
 func (r *Registry) Update(id string, fn func(*Session)) error {
 	r.mu.Lock()

@@ -59,6 +59,7 @@ type config struct {
 	podWebhook                                       podWebhookConfig
 	shard                                            shardConfig
 	delegate                                         bool
+	limits                                           orchestrator.Limits
 }
 
 func main() {
@@ -94,6 +95,8 @@ func main() {
 		"reporting to the engine, which stays the authority (docs/design.md, 'Delegated firing')")
 	podWebhookFlags(&c.podWebhook)
 	shardFlags(&c.shard)
+	c.limits = orchestrator.DefaultLimits() // docs/limits.md
+	c.limits.Flags(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -152,7 +155,10 @@ func run(c config) error {
 		return err
 	}
 	keys := &control.SecretKeys{Client: mgr.GetClient()}
-	inputs := orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: advertise, Cap: c.inputStoreBytes})
+	inputs := orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: advertise, Cap: c.inputStoreBytes,
+		PerNamespace: c.limits.InputBytesPerNamespace})
+	// Refusals by a per-namespace limit, as Events on the workflow.
+	limitEvents := &orchestrator.LimitEvents{Recorder: mgr.GetEventRecorder("ziptrail-limits"), Reader: mgr.GetClient()}
 	opts := orchestrator.Options{
 		Resolver:    &dispatch.CachedResolver{Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()}},
 		Ingress:     c.ingress,
@@ -162,6 +168,8 @@ func run(c config) error {
 		Keys:        keys,
 		Inputs:      inputs,
 		Delegate:    c.delegate,
+		Limits:      c.limits,
+		LimitEvents: limitEvents,
 	}
 	var eng *engine
 	if c.shard.buckets > 0 {
@@ -201,7 +209,12 @@ func run(c config) error {
 		S3AccessKey: c.s3AccessKey, S3SecretKey: c.s3SecretKey, S3Bucket: c.s3Bucket, S3Tls: c.s3TLS}
 	eng.connect(srv)
 	gwh := &gateway.Handler{Starter: eng.starter, Sessions: eng.sessions, Results: eng.results,
-		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}, MaxInput: c.maxInputBytes}
+		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}, MaxInput: c.maxInputBytes, Limit: c.limits.RateLimit()}
+	if gwh.Limit != nil {
+		gwh.Limit.Refused = func(ns, wf string, err *gateway.LimitError) {
+			limitEvents.Record(ns, wf, err.Limit, "Request", err.Msg)
+		}
+	}
 	gwg := &gateway.GRPC{}
 	if p := eng.sharded; p != nil {
 		// A sidecar of another replica's workflow is redirected there (after

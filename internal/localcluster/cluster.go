@@ -512,7 +512,10 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		cl.Close()
 		return err
 	}
-	inputs := orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: c.InputsAddr})
+	// The per-namespace limits at the chart's defaults (docs/limits.md).
+	limits := orchestrator.DefaultLimits()
+	limitEvents := &orchestrator.LimitEvents{Recorder: mgr.GetEventRecorder("ziptrail-limits"), Reader: mgr.GetClient()}
+	inputs := orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: c.InputsAddr, PerNamespace: limits.InputBytesPerNamespace})
 	go func() { _ = inputs.Serve(inputsLn) }()
 	started := false
 	defer func() {
@@ -532,7 +535,9 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		Inputs:  inputs,
 		// Delegated firing (docs/design.md), as the chart's
 		// engine.delegateTriggers.
-		Delegate: c.opts.DelegateTriggers,
+		Delegate:    c.opts.DelegateTriggers,
+		Limits:      limits,
+		LimitEvents: limitEvents,
 	}
 	if c.tiers.redis != nil {
 		opts.Checkpoint = &checkpoint.Store{Client: c.tiers.redis, Key: "ziptrail:engine"}
@@ -601,10 +606,15 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 			return err
 		}
 	}
+	rate := limits.RateLimit() // the gateway's requests per namespace
+	rate.Refused = func(ns, wf string, err *gateway.LimitError) {
+		limitEvents.Record(ns, wf, err.Limit, "Request", err.Msg)
+	}
 	// The shuffle planner reads the calibration where the chart's operator
 	// would: `ziptrail calibrate --configmap ziptrail-system/…` on this cluster.
 	c.gw.Store(gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
 		Auth:        &gateway.KubeAuth{Client: mgr.GetClient()},
-		Calibration: &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: SystemNamespace}}))
+		Calibration: &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: SystemNamespace},
+		Limit:       rate}))
 	return nil
 }

@@ -146,6 +146,12 @@ func (le *LimitEvents) Record(namespace, workflow, limit, action, msg string) {
 	}
 	le.last[key] = now
 	le.mu.Unlock()
+	// Off the caller's path (the engine's): finding the workflow may wait
+	// for the manager's cache.
+	go le.emit(namespace, workflow, limit, action, msg)
+}
+
+func (le *LimitEvents) emit(namespace, workflow, limit, action, msg string) {
 	wf := &v1alpha1.Workflow{}
 	wf.Namespace, wf.Name = namespace, workflow
 	if le.Reader != nil {

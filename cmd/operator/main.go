@@ -241,9 +241,9 @@ func run(c config) error {
 		return err
 	}
 	if err := add(func(ctx context.Context) error {
-		gs := grpc.NewServer(control.ServerOptions()...)
+		gs := grpc.NewServer(srv.ServerOptions()...) // keepalive, and the guard (control.DefaultLimits)
 		controlv1.RegisterControlServer(gs, srv)
-		return serveUntil(ctx, c.controlAddr, gs.Serve, func() { gs.GracefulStop() })
+		return serveUntil(ctx, c.controlAddr, func(ln net.Listener) error { return gs.Serve(srv.Listener(ln)) }, func() { gs.GracefulStop() })
 	}); err != nil {
 		return err
 	}
@@ -267,9 +267,9 @@ func run(c config) error {
 		return err
 	}
 	if err := add(func(ctx context.Context) error {
-		gs := grpc.NewServer(gwg.ServerOptions()...)
+		gs := grpc.NewServer(gwg.ServerOptions()...) // the guard (gateway.DefaultGRPCLimits) and the routing
 		gatewayv1.RegisterGatewayServer(gs, gwg)
-		return serveUntil(ctx, c.gatewayGRPCAddr, gs.Serve, func() { gs.GracefulStop() })
+		return serveUntil(ctx, c.gatewayGRPCAddr, func(ln net.Listener) error { return gs.Serve(gwg.Listener(ln)) }, func() { gs.GracefulStop() })
 	}); err != nil {
 		return err
 	}

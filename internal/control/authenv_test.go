@@ -36,6 +36,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/control/guard/guardtest"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 )
 
@@ -52,6 +53,7 @@ type authEnv struct {
 	reviews *countingClient
 	cl      controlv1.ControlClient
 	addr    string
+	read    *guardtest.CountingListener // bytes the server read from its connections
 }
 
 // countingClient counts the TokenReviews the server asks for.
@@ -88,7 +90,11 @@ func (r *scopedRecorder) FunctionStarted(_ context.Context, _ control.Identity, 
 	return nil
 }
 
-func newAuthEnv(t *testing.T) *authEnv {
+func newAuthEnv(t *testing.T) *authEnv { return newAuthEnvWith(t, nil) }
+
+// newAuthEnvWith is newAuthEnv whose server configure completes before it
+// serves (e.g. its Limits).
+func newAuthEnvWith(t *testing.T, configure func(*authEnv)) *authEnv {
 	t.Helper()
 	ctrllog.SetLogger(logr.Discard()) // controller-runtime's client logs nothing worth reading here
 	env, err := controlplane.Start()
@@ -116,13 +122,18 @@ func newAuthEnv(t *testing.T) *authEnv {
 	a.reviews = &countingClient{Client: a.k8s}
 	a.srv.Auth = &control.TokenReviewer{Client: a.reviews}
 	a.srv.KeyReaders = []string{"system:serviceaccount:knative-serving:activator"}
-	gs := grpc.NewServer()
+	if configure != nil {
+		configure(a)
+	}
+	// Served as cmd/operator serves it.
+	gs := grpc.NewServer(a.srv.ServerOptions()...)
 	controlv1.RegisterControlServer(gs, a.srv)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = gs.Serve(ln) }()
+	a.read = &guardtest.CountingListener{Listener: ln}
+	go func() { _ = gs.Serve(a.srv.Listener(a.read)) }()
 	t.Cleanup(gs.Stop)
 	a.addr = ln.Addr().String()
 	cc, err := grpc.NewClient(a.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -152,11 +152,13 @@ func FuzzControlMessages(f *testing.F) {
 		f.Fatal(err)
 	}
 	chk := &checker{}
-	gs := grpc.NewServer()
 	srv := control.NewServer(chk, staticKeys{})
 	srv.Auth = &testAuth{}
+	// Served as cmd/operator serves it: the token checked in the tap,
+	// the guard's limits on every stream.
+	gs := grpc.NewServer(srv.ServerOptions()...)
 	controlv1.RegisterControlServer(gs, srv)
-	go gs.Serve(ln)
+	go gs.Serve(srv.Listener(ln))
 	f.Cleanup(gs.Stop)
 	// The fuzzer is the pod of fuzzHello: its token is that pod's.
 	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/control/guard"
 	"github.com/ziptrail/ziptrail/internal/directory"
 )
 
@@ -95,7 +96,12 @@ type Server struct {
 	StreamGrace time.Duration
 	// Route, when set, sends a sidecar whose workflow another operator
 	// replica owns there (route.go); nil serves every stream here.
-	Route      Router
+	Route Router
+	// Limits bound the callers of the server's port (limits.go); zero
+	// fields take DefaultLimits. Set them before ServerOptions is called.
+	Limits     guard.Limits
+	guardOnce  sync.Once
+	guard      *guard.Guard
 	groupsOnce sync.Once
 
 	mu       sync.RWMutex
@@ -158,7 +164,7 @@ func (s *Server) live(pod string) bool {
 // Connect serves one sidecar's stream until it ends.
 func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	ctx := stream.Context()
-	caller, err := s.authenticate(ctx)
+	caller, err := s.caller(ctx)
 	if err != nil {
 		return err
 	}
@@ -429,7 +435,7 @@ func (s *Server) refuse(c *conn, seq uint64, session, invocation string, finishe
 // GetKeys returns a namespace's reference keys to an allow-listed reader
 // (KeyReaders) or to a pod of that namespace.
 func (s *Server) GetKeys(ctx context.Context, req *controlv1.GetKeysRequest) (*controlv1.Keys, error) {
-	caller, err := s.authenticate(ctx)
+	caller, err := s.caller(ctx)
 	if err != nil {
 		return nil, err
 	}

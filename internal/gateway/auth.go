@@ -14,6 +14,8 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ziptrail/ziptrail/internal/control/guard"
 )
 
 // The resource the gateway authorizes against: verbs on the sessions
@@ -54,6 +56,27 @@ type Authorizer interface {
 	Authorize(ctx context.Context, token string, a Attributes) (user string, err error)
 }
 
+// TokenAuthenticator is an Authorizer that also verifies a token alone.
+// The gRPC gateway verifies a call's token with it before it reads the
+// call's message (grpc.go); the Authorizer then takes the user found from
+// the call's context (Verified) instead of reviewing the token again.
+// KubeAuth is one.
+type TokenAuthenticator interface {
+	Authorizer
+	// Authenticate returns the token's user, or an *AuthError.
+	Authenticate(ctx context.Context, token string) (authnv1.UserInfo, error)
+}
+
+// Verified is the user the gRPC gateway's tap found token to be, for the
+// call of ctx (ok false when it did not verify that token).
+func Verified(ctx context.Context, token string) (authnv1.UserInfo, bool) {
+	id, ok := guard.IdentityOf[tokenIdentity](ctx)
+	if !ok || id.token != token || token == "" {
+		return authnv1.UserInfo{}, false
+	}
+	return id.user, true
+}
+
 // AuthError is a refused request: Code is 401 (no or bad credentials), 403
 // (authenticated but not allowed) or 503 (the API server could not decide).
 type AuthError struct {
@@ -92,17 +115,29 @@ type cached[T any] struct {
 	expires time.Time
 }
 
-// Authorize implements Authorizer.
+var errNoToken = &AuthError{Code: http.StatusUnauthorized, Msg: "the session gateway needs Kubernetes credentials: send a bearer token " +
+	"(Authorization: Bearer <token>), e.g. your kubeconfig's token or one from `kubectl create token <serviceaccount>`"}
+
+// Authorize implements Authorizer. A token the gRPC gateway verified for
+// this call (Verified) is not reviewed again.
 func (k *KubeAuth) Authorize(ctx context.Context, token string, a Attributes) (string, error) {
-	if token == "" {
-		return "", &AuthError{Code: http.StatusUnauthorized, Msg: "the session gateway needs Kubernetes credentials: send a bearer token " +
-			"(Authorization: Bearer <token>), e.g. your kubeconfig's token or one from `kubectl create token <serviceaccount>`"}
-	}
-	u, err := k.authenticate(ctx, token)
-	if err != nil {
-		return "", err
+	u, ok := Verified(ctx, token)
+	if !ok {
+		var err error
+		if u, err = k.Authenticate(ctx, token); err != nil {
+			return "", err
+		}
 	}
 	return u.Username, k.authorize(ctx, u, a)
+}
+
+// Authenticate implements TokenAuthenticator: a TokenReview, its answer
+// (an accepted or a rejected token) cached as Authorize's are.
+func (k *KubeAuth) Authenticate(ctx context.Context, token string) (authnv1.UserInfo, error) {
+	if token == "" {
+		return authnv1.UserInfo{}, errNoToken
+	}
+	return k.authenticate(ctx, token)
 }
 
 func (k *KubeAuth) now() time.Time {

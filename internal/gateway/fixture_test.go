@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"net"
@@ -29,6 +30,8 @@ import (
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/control/guard"
+	"github.com/ziptrail/ziptrail/internal/control/guard/guardtest"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/dataplane/sidecar"
 	"github.com/ziptrail/ziptrail/internal/gateway"
@@ -56,6 +59,15 @@ type fixture struct {
 
 	controlAddr string
 	grpcAddr    string // gRPC gateway
+	// grpcRead counts the bytes the gRPC gateway read from its
+	// connections.
+	grpcRead *guardtest.CountingListener
+	// grpcLimits, set by newFixture's configure, are the gRPC gateway's
+	// limits (zero: its defaults).
+	grpcLimits guard.Limits
+	// maxInput, set by newFixture's configure, is the gateway's input
+	// limit (zero: the const maxInput).
+	maxInput int64
 }
 
 // newFixture starts everything; configure, when set, completes the
@@ -112,13 +124,13 @@ func fixtureOn(t testing.TB, cfg *rest.Config, configure func(*fixture, *orchest
 	ctl := control.NewServer(f.orch, f.keys)
 	ctl.Auth = &control.TokenReviewer{Client: f.k8s}
 	f.orch.SetControl(ctl)
-	cs := grpc.NewServer()
+	cs := grpc.NewServer(ctl.ServerOptions()...)
 	controlv1.RegisterControlServer(cs, ctl)
 	cl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = cs.Serve(cl) }()
+	go func() { _ = cs.Serve(ctl.Listener(cl)) }()
 	t.Cleanup(cs.Stop)
 	f.controlAddr = cl.Addr().String()
 	ctx, stop := context.WithCancel(context.Background())
@@ -131,7 +143,7 @@ func fixtureOn(t testing.TB, cfg *rest.Config, configure func(*fixture, *orchest
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
-	g := &gateway.GRPC{H: h}
+	g := &gateway.GRPC{H: h, Limits: f.grpcLimits}
 	f.g = g
 	gs := grpc.NewServer(g.ServerOptions()...)
 	gatewayv1.RegisterGatewayServer(gs, g)
@@ -139,7 +151,8 @@ func fixtureOn(t testing.TB, cfg *rest.Config, configure func(*fixture, *orchest
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = gs.Serve(ln) }()
+	f.grpcRead = &guardtest.CountingListener{Listener: ln}
+	go func() { _ = gs.Serve(g.Listener(f.grpcRead)) }()
 	t.Cleanup(gs.Stop)
 	f.grpcAddr = ln.Addr().String()
 	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -154,7 +167,7 @@ func fixtureOn(t testing.TB, cfg *rest.Config, configure func(*fixture, *orchest
 
 // newGateway builds the gateway as cmd/operator does.
 func newGateway(f *fixture) *gateway.Handler {
-	return gateway.New(&gateway.Handler{Starter: f.orch, Sessions: f.orch.Sessions(), Results: f.orch.Results(), Auth: &gateway.KubeAuth{Client: f.k8s}, MaxInput: maxInput})
+	return gateway.New(&gateway.Handler{Starter: f.orch, Sessions: f.orch.Sessions(), Results: f.orch.Results(), Auth: &gateway.KubeAuth{Client: f.k8s}, MaxInput: cmp.Or(f.maxInput, maxInput)})
 }
 
 // maxInput is the gateway's input limit in these tests.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -14,7 +15,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+	authnv1 "k8s.io/api/authentication/v1"
 
+	"github.com/ziptrail/ziptrail/internal/control/guard"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
@@ -27,36 +30,117 @@ const MaxInlineResult = 1 << 20
 const resultChunk = 256 << 10
 
 // GRPC serves the gateway over gRPC with the same semantics as the HTTP API.
-// The server must accept messages of Handler.MaxInput plus a little (see
-// ServerOptions).
+// Serve it with its ServerOptions on its Listener: every call is then
+// authenticated before its message is read, and its callers are bounded
+// by Limits (internal/control/guard).
 type GRPC struct {
 	gatewayv1.UnimplementedGatewayServer
 	H *Handler
 	// Owners, when set, forward calls about workflows another operator
 	// replica serves to its gRPC gateway (grpcproxy.go).
 	Owners Owners
+	// Limits bound the gateway's callers; zero fields take
+	// DefaultGRPCLimits (MaxRecvMsgSize: MaxStartMessage). Set them before
+	// ServerOptions is called.
+	Limits guard.Limits
+
+	guardOnce sync.Once
+	guard     *guard.Guard
 
 	connsMu sync.Mutex
 	conns   map[string]*grpc.ClientConn
 }
 
-// ServerOptions are the grpc.Server options the gateway needs: inputs up
-// to Handler.MaxInput arrive in one StartSession message, and a call
-// without a bearer token is refused before its message is read (so nobody
-// anonymous makes the server take in such messages).
-func (g *GRPC) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(int(g.H.MaxInput) + 1<<20), grpc.InTapHandle(requireBearer),
-		grpc.UnaryInterceptor(g.unaryRoute), grpc.StreamInterceptor(g.streamRoute)}
+// DefaultGRPCLimits are the gRPC gateway's limits where GRPC.Limits leaves
+// them zero:
+//   - 1024 connections, of which 64 may have authenticated no call yet
+//     (and for at most 10 s); the HTTP/2 handshake within 5 s;
+//   - a token verified within 5 s (TokenReview, cached by KubeAuth);
+//   - 100 calls at once per connection, headers up to 64 KiB;
+//   - a call's message whole within 60 s of the call's start: a
+//     64 MiB input (the chart's limit) needs at least about 1.1 MB/s;
+//     slower clients put large data into a bucket and pass its key;
+//   - client pings at most every 10 s.
+//
+// MaxRecvMsgSize is MaxStartMessage: the largest StartSession the gateway
+// accepts.
+var DefaultGRPCLimits = guard.Limits{
+	MaxConns: 1024, MaxUnauthConns: 64, AuthTimeout: 10 * time.Second,
+	HandshakeTimeout: 5 * time.Second, ReviewTimeout: 5 * time.Second,
+	MaxStreams: 100, MaxHeaderBytes: 64 << 10, RecvTimeout: time.Minute, MinPingInterval: 10 * time.Second,
 }
 
-// requireBearer runs before a call's message is read.
-func requireBearer(ctx context.Context, info *tap.Info) (context.Context, error) {
+// startOverhead bounds what a StartSessionRequest holds besides its input:
+// the namespace (≤ 63 bytes) and workflow (≤ 253) fields, the input's
+// tag and length (≤ 336 bytes in all).
+const startOverhead = 1 << 10
+
+// MaxStartMessage is the largest StartSession message the gateway reads,
+// and thus the largest message of any call: an input of H.MaxInput (the
+// HTTP gateway's limit too) with the longest names. A larger one is
+// refused with ResourceExhausted before it is read.
+func (g *GRPC) MaxStartMessage() int { return int(g.H.MaxInput) + startOverhead }
+
+func (g *GRPC) guardian() *guard.Guard {
+	g.guardOnce.Do(func() {
+		l := g.Limits.Or(DefaultGRPCLimits)
+		if l.MaxRecvMsgSize == 0 {
+			l.MaxRecvMsgSize = g.MaxStartMessage()
+		}
+		g.guard = guard.New("gateway", l, g.authenticate)
+	})
+	return g.guard
+}
+
+// ServerOptions are the grpc.Server options the gateway needs: its guard
+// (a call is authenticated before its message is read; connections,
+// streams, message sizes and receive times bounded by Limits), then its
+// routing to the owner replica (grpcproxy.go).
+func (g *GRPC) ServerOptions() []grpc.ServerOption {
+	return append(g.guardian().ServerOptions(),
+		grpc.ChainUnaryInterceptor(g.unaryRoute), grpc.ChainStreamInterceptor(g.streamRoute))
+}
+
+// Listener wraps the gateway's listener: connections capped, and those
+// that authenticate no call closed (Limits). Serve the server with it.
+func (g *GRPC) Listener(ln net.Listener) net.Listener { return g.guardian().Listener(ln) }
+
+// tokenIdentity is who the tap found a call's token to be.
+type tokenIdentity struct {
+	token string
+	user  authnv1.UserInfo
+}
+
+// authenticate runs in the server's tap, before the call exists or its
+// message is read: no bearer token, or one the API server rejects, and
+// the call is refused without the server taking in its message. The user
+// found travels in the call's context, so the handler only authorizes
+// (SubjectAccessReview, per namespace: the namespace is in the message).
+// An Authorizer that cannot verify a token alone (not a
+// TokenAuthenticator) leaves the handler to authenticate.
+func (g *GRPC) authenticate(ctx context.Context, info *tap.Info) (any, error) {
+	var tok string
 	for _, v := range info.Header.Get("authorization") {
-		if bearer(v) != "" {
-			return ctx, nil
+		if tok = bearer(v); tok != "" {
+			break
 		}
 	}
-	return ctx, status.Error(codes.Unauthenticated, "the session gateway needs Kubernetes credentials: send a bearer token (authorization: Bearer <token>)")
+	if tok == "" {
+		return nil, status.Error(codes.Unauthenticated, "the session gateway needs Kubernetes credentials: send a bearer token (authorization: Bearer <token>)")
+	}
+	if g.H.Auth == nil {
+		return nil, status.Error(codes.Unavailable, "the session gateway has no authorizer configured")
+	}
+	ta, ok := g.H.Auth.(TokenAuthenticator)
+	if !ok {
+		return nil, nil
+	}
+	u, err := ta.Authenticate(ctx, tok)
+	if err != nil {
+		ae := authError(err)
+		return nil, status.Error(grpcCode(ae.Code), ae.Msg)
+	}
+	return tokenIdentity{token: tok, user: u}, nil
 }
 
 func toProto(s sessions.Session) *gatewayv1.Session {

@@ -584,9 +584,9 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		cl.Close()
 		return err
 	}
-	gs := grpc.NewServer(control.ServerOptions()...)
+	gs := grpc.NewServer(srv.ServerOptions()...)
 	controlv1.RegisterControlServer(gs, srv)
-	go func() { _ = gs.Serve(cl) }()
+	go func() { _ = gs.Serve(srv.Listener(cl)) }()
 	var gen int64
 	if opts.Checkpoint != nil {
 		if _, gen, _, err = opts.Checkpoint.Load(ctx); err != nil {

@@ -168,7 +168,7 @@ func grpcCode(httpCode int) codes.Code {
 		return codes.NotFound
 	case http.StatusConflict, http.StatusLengthRequired:
 		return codes.FailedPrecondition
-	case http.StatusRequestEntityTooLarge:
+	case http.StatusRequestEntityTooLarge, http.StatusTooManyRequests:
 		return codes.ResourceExhausted
 	case http.StatusServiceUnavailable, http.StatusBadGateway:
 		return codes.Unavailable

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,9 +12,15 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
@@ -158,5 +165,29 @@ func TestStartOverLimitIs429(t *testing.T) {
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "5" ||
 		e.Error != "namespace team-a has 1000 running sessions, the limit sessionsPerNamespace is 1000" {
 		t.Fatalf("start over the limit: %s, Retry-After %q, %q", resp.Status, resp.Header.Get("Retry-After"), e.Error)
+	}
+}
+
+// TestStartOverLimitIsResourceExhausted: over gRPC, the same refusal is
+// RESOURCE_EXHAUSTED with the limit's message.
+func TestStartOverLimitIsResourceExhausted(t *testing.T) {
+	g := &gateway.GRPC{H: &gateway.Handler{Starter: limitedStarter{}, Sessions: sessions.NewRegistry(), Auth: tokenAuth{}, MaxInput: 1 << 20}}
+	srv := grpc.NewServer(g.ServerOptions()...)
+	gatewayv1.RegisterGatewayServer(srv, g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(g.Listener(ln)) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer good")
+	_, err = gatewayv1.NewGatewayClient(conn).StartSession(ctx, &gatewayv1.StartSessionRequest{Namespace: "team-a", Workflow: "wf", Input: []byte("in")})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "the limit sessionsPerNamespace is 1000") {
+		t.Fatalf("start over the limit: %v, want ResourceExhausted naming sessionsPerNamespace", err)
 	}
 }

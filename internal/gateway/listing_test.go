@@ -27,7 +27,7 @@ func (allowAll) Authorize(context.Context, string, gateway.Attributes) (string, 
 type peersAt []string
 
 func (peersAt) Route(context.Context, string, string) (string, string, error) { return "", "b0", nil }
-func (p peersAt) Peers(context.Context) ([]string, error)                      { return p, nil }
+func (p peersAt) Peers(context.Context) ([]string, error)                     { return p, nil }
 
 // TestReplicasListingAgreesWithOneRegistry: a namespace's sessions spread
 // over two replicas are listed through either in the order one registry

@@ -54,6 +54,16 @@ func Counter(component, where string) prometheus.Counter {
 	return recovered.WithLabelValues(component, where)
 }
 
+// AsError ends a panic in progress as the Internal error of a call that
+// has no interceptor around it (a gRPC tap handle): defer it directly,
+// with the address of the function's error result.
+func AsError(component, where string, err *error) {
+	if v := recover(); v != nil {
+		report(component, where, v)
+		*err = errInternal(where)
+	}
+}
+
 // errInternal is what a caller whose call panicked gets: no stack, no
 // detail of the defect.
 func errInternal(method string) error {

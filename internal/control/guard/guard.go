@@ -43,6 +43,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/ziptrail/ziptrail/internal/recovery"
 )
 
 // Limits bound a server's callers. A zero field takes the server's
@@ -168,8 +170,11 @@ func (g *Guard) count(event string) { events.WithLabelValues(g.name, event).Inc(
 // server's own with the Chain options too, after these, so the receive
 // clock stops before they run.
 func (g *Guard) ServerOptions() []grpc.ServerOption {
+	// Recovery first: a panic a caller's message reaches ends its call,
+	// never the operator (every tenant's control stream and gateway).
 	opts := []grpc.ServerOption{grpc.InTapHandle(g.tap),
-		grpc.ChainUnaryInterceptor(g.unary), grpc.ChainStreamInterceptor(g.stream)}
+		grpc.ChainUnaryInterceptor(recovery.UnaryInterceptor("operator"), g.unary),
+		grpc.ChainStreamInterceptor(recovery.StreamInterceptor("operator"), g.stream)}
 	if g.l.MaxStreams > 0 {
 		opts = append(opts, grpc.MaxConcurrentStreams(uint32(g.l.MaxStreams)))
 	}
@@ -189,7 +194,10 @@ func (g *Guard) ServerOptions() []grpc.ServerOption {
 }
 
 // tap authenticates a call before it exists (see the package comment).
-func (g *Guard) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+func (g *Guard) tap(ctx context.Context, info *tap.Info) (_ context.Context, err error) {
+	// The tap runs on the connection's reader goroutine, outside any
+	// interceptor.
+	defer recovery.AsError("operator", "tap "+info.FullMethodName, &err)
 	rctx, cancel := ctx, context.CancelFunc(func() {})
 	if g.l.ReviewTimeout > 0 {
 		rctx, cancel = context.WithTimeout(ctx, g.l.ReviewTimeout)

@@ -48,6 +48,11 @@ func report(component, where string, v any) {
 	log.Printf("%s: recovered a panic in %s (a defect; only its connection or call ends): %v\n%s", component, where, v, debug.Stack())
 }
 
+// Collector is the counter of recovered panics, for a process that serves
+// another registry than Prometheus's default (the operator serves
+// controller-runtime's).
+func Collector() prometheus.Collector { return recovered }
+
 // Counter is the count of panics recovered for component and where
 // (tests read it with prometheus/testutil).
 func Counter(component, where string) prometheus.Counter {

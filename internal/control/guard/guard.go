@@ -160,7 +160,11 @@ var (
 	}, []string{"server", "state"})
 )
 
-func init() { metrics.Registry.MustRegister(events, gauges) }
+func init() {
+	// The operator serves controller-runtime's registry: its recovered
+	// panics are counted there too.
+	metrics.Registry.MustRegister(events, gauges, recovery.Collector())
+}
 
 func (g *Guard) count(event string) { events.WithLabelValues(g.name, event).Inc() }
 
@@ -197,7 +201,7 @@ func (g *Guard) ServerOptions() []grpc.ServerOption {
 func (g *Guard) tap(ctx context.Context, info *tap.Info) (_ context.Context, err error) {
 	// The tap runs on the connection's reader goroutine, outside any
 	// interceptor.
-	defer recovery.AsError("operator", "tap "+info.FullMethodName, &err)
+	defer recovery.AsError("operator", "tap", &err) // (the method is the caller's, unauthenticated: not a label)
 	rctx, cancel := ctx, context.CancelFunc(func() {})
 	if g.l.ReviewTimeout > 0 {
 		rctx, cancel = context.WithTimeout(ctx, g.l.ReviewTimeout)

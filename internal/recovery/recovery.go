@@ -43,6 +43,10 @@ func Go(component, where string, fn func()) {
 	}()
 }
 
+// Report logs and counts a panic the caller recovered itself (it has
+// cleanup to do that only a panic needs).
+func Report(component, where string, v any) { report(component, where, v) }
+
 func report(component, where string, v any) {
 	recovered.WithLabelValues(component, where).Inc()
 	log.Printf("%s: recovered a panic in %s (a defect; only its connection or call ends): %v\n%s", component, where, v, debug.Stack())

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/recovery"
 )
 
 // Fallback reads objects from storage tiers (tier.Chain implements it).
@@ -121,6 +122,18 @@ func (s *Server) Serve(ln net.Listener) error {
 // serveConn tells a message stream from a pull stream by its first four
 // bytes, then serves it; anything else is closed.
 func (s *Server) serveConn(nc net.Conn) {
+	// Any pod may connect to the data port: a panic its bytes reach ends
+	// its connection, never the sidecar.
+	var stream, tracked bool
+	defer func() {
+		if v := recover(); v != nil {
+			recovery.Report("queue-proxy-zl", "data port conn", v)
+			nc.Close()
+			if tracked {
+				s.untrack(stream, nc)
+			}
+		}
+	}()
 	var first [4]byte
 	_ = nc.SetReadDeadline(time.Now().Add(s.headerTimeout()))
 	if _, err := io.ReadFull(nc, first[:]); err != nil {
@@ -128,33 +141,27 @@ func (s *Server) serveConn(nc net.Conn) {
 		return
 	}
 	_ = nc.SetReadDeadline(time.Time{})
+	serve, limit := s.servePulls, s.maxConns()
 	switch {
 	case s.Streams != nil && first == s.StreamMagic:
-		if !s.track(true, nc, 0) {
-			nc.Close()
-			return
-		}
-		s.Streams(nc)
-		s.untrack(true, nc)
+		stream, serve, limit = true, s.Streams, 0
 	case s.Opens != nil && first == s.OpenMagic:
-		if !s.track(false, nc, s.maxConns()) {
-			refusedConns.Inc()
-			nc.Close()
-			return
-		}
-		s.Opens(nc)
-		s.untrack(false, nc)
+		serve = s.Opens
 	case first == StreamMagic:
-		if !s.track(false, nc, s.maxConns()) {
-			refusedConns.Inc()
-			nc.Close()
-			return
-		}
-		s.servePulls(nc)
-		s.untrack(false, nc)
 	default:
 		nc.Close()
+		return
 	}
+	if !s.track(stream, nc, limit) {
+		if !stream {
+			refusedConns.Inc()
+		}
+		nc.Close()
+		return
+	}
+	tracked = true
+	serve(nc)
+	s.untrack(stream, nc)
 }
 
 // track registers a connection (false when closed, or limit reached).

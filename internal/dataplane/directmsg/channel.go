@@ -181,7 +181,8 @@ func header(kind byte, tag int64, size uint64) []byte {
 
 // Send writes one message, waiting while the receiver's socket is full
 // (back-pressure), until ctx's deadline.
-func (c *Conn) Send(ctx context.Context, tag int64, data []byte) error {
+func (c *Conn) Send(ctx context.Context, tag int64, data []byte) (err error) {
+	defer c.recoverFrame(&err) // the receiver's credits are a peer's bytes
 	if len(data) > MaxMessage {
 		return fmt.Errorf("message of %d bytes: at most %d", len(data), MaxMessage)
 	}
@@ -386,8 +387,10 @@ type Message struct {
 }
 
 // Recv reads the next message; io.EOF when the sender's end closed.
-// Recv is not safe for concurrent use.
-func (c *Conn) Recv() (Message, error) {
+// Recv is not safe for concurrent use. A panic reading a frame (a peer's
+// bytes the code did not expect) closes the channel: ErrFrame.
+func (c *Conn) Recv() (m Message, err error) {
+	defer c.recoverFrame(&err)
 	if c.stream {
 		return c.recvStream()
 	}

@@ -187,8 +187,12 @@ func (b *Broker) allowed(c *net.UnixConn) bool {
 	return cred.Uid == uint32(os.Geteuid())
 }
 
+// serve answers one sender sidecar's requests on c. A panic (a peer's
+// bytes the code did not expect) closes c, counted (result "panic") and
+// logged: the sidecar goes on.
 func (b *Broker) serve(c *net.UnixConn) {
 	defer c.Close()
+	defer recovered(opens, "a request on the node messaging socket")
 	if !b.allowed(c) {
 		opens.WithLabelValues("bad_peer").Inc()
 		return

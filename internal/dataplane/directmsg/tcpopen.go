@@ -53,7 +53,7 @@ func channelOptions(c *net.TCPConn) {
 }
 
 // tcpOpens counts the data-plane port's opens by result: direct,
-// nodirect, refused_auth, refused_malformed, bad_peer.
+// nodirect, refused_auth, refused_malformed, bad_peer, panic.
 var tcpOpens = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "ziptrail_messages_direct_tcp_opens_total",
 	Help: "Requests for a direct channel across nodes on this pod's data-plane port, by result.",
@@ -75,8 +75,11 @@ type TCPBroker struct {
 }
 
 // Serve answers the open on nc, whose magic the data-plane listener read.
+// A panic (a peer's bytes the code did not expect) closes nc, counted
+// (result "panic") and logged: the sidecar goes on.
 func (b *TCPBroker) Serve(nc net.Conn) {
 	defer nc.Close()
+	defer recovered(tcpOpens, fmt.Sprint("the direct-channel open from ", nc.RemoteAddr()))
 	tc, ok := nc.(*net.TCPConn)
 	if !ok {
 		tcpOpens.WithLabelValues("bad_peer").Inc()

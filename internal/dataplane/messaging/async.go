@@ -66,7 +66,7 @@ func (r *Router) SendFunc(o Outgoing, timeout time.Duration, fn func(mailboxed b
 		}
 	}
 	stopAfter = context.AfterFunc(ctx, giveUp)
-	id, err := ps.send(auth, &msg, nil, func(st Status, err error) {
+	id, err := ps.send(ctx, auth, &msg, nil, func(st Status, err error) {
 		if done, err := r.delivered(ctx, o, st, err); done {
 			finish(false, err)
 			return
@@ -74,6 +74,10 @@ func (r *Router) SendFunc(o Outgoing, timeout time.Duration, fn func(mailboxed b
 		slow(&attempt{st, err}) // not there, or unreachable: retried as Send does
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			finish(false, r.timeout(ctx, o)) // the stream was full until the send's end
+			return stop
+		}
 		slow(&attempt{0, err})
 		return stop
 	}
@@ -135,6 +139,7 @@ func (r *Router) RecvFunc(session, name string, rank uint32, f Filter, timeout t
 	}
 	w := &waiter{f: f, fn: fn}
 	mb.waiters = append(mb.waiters, w)
+	mb.roomChanged() // a stream reader may hold back what it waits for
 	if timeout > 0 {
 		w.deadline = r.deadlines.add(time.Now().Add(timeout), func() {
 			r.endWait(mb, w, fmt.Errorf("%w: receiving as rank %d of group %s: %v", ErrTimeout, rank, name, context.DeadlineExceeded))

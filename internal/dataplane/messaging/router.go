@@ -28,6 +28,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
@@ -67,6 +68,15 @@ type Config struct {
 	// QueueBytes caps one member's queued message bytes (default 64 MiB):
 	// past it, deliveries wait.
 	QueueBytes int64
+	// MaxStreams caps the message streams from other sidecars this one
+	// serves at once (0: $ZIPTRAIL_MSG_STREAMS_MAX, else 1024, about 70
+	// MiB of buffers at most): past it, a new stream is closed right
+	// after its magic, counted and logged (its sender tries again).
+	MaxStreams int
+	// HandshakeTimeout bounds the wait for a new stream's first message
+	// header after its magic (0: $ZIPTRAIL_MSG_STREAM_HANDSHAKE_TIMEOUT,
+	// else 5 s): a peer that sends the magic and then nothing is closed.
+	HandshakeTimeout time.Duration
 	// GoneGrace bounds how long a send waits for the directory to confirm
 	// that a receiver whose sidecar failed is gone (default 1 s).
 	GoneGrace time.Duration
@@ -162,6 +172,8 @@ type Router struct {
 	left   chan struct{} // closed and replaced whenever a member ends
 	// streams are the message streams to other sidecars.
 	streams Streams
+	// serving counts the streams from other sidecars served (MaxStreams).
+	serving atomic.Int64
 	// deadlines end the function socket's waiting sends and receives.
 	deadlines deadlines
 }
@@ -190,6 +202,11 @@ type member struct {
 	bytes      int64
 	wake       chan struct{} // closed and replaced when the inbox or state changes
 	closed     bool
+	// Back-pressure on the streams from other sidecars (inbox.go, admit):
+	reserved int64         // bytes of messages admitted, being read
+	parked   int           // stream readers waiting for room
+	room     chan struct{} // closed and replaced when they may have it (nil until one waits)
+	wants    []*want       // blocking receives (Recv) waiting
 	// waiters are the receives waiting without a goroutine (RecvFunc),
 	// oldest first; a message that one of them takes skips the inbox.
 	waiters []*waiter
@@ -204,6 +221,12 @@ func New(cfg Config) *Router {
 	}
 	if cfg.GoneGrace <= 0 {
 		cfg.GoneGrace = time.Second
+	}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = envInt("ZIPTRAIL_MSG_STREAMS_MAX", defaultMaxStreams)
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = envDuration("ZIPTRAIL_MSG_STREAM_HANDSHAKE_TIMEOUT", defaultHandshakeTimeout)
 	}
 	return &Router{cfg: cfg, groups: map[gkey]*group{}, joins: map[string]chan *controlv1.GroupJoinResult{}, auth: map[gkey]sealed{},
 		left: make(chan struct{})}
@@ -492,6 +515,7 @@ func (r *Router) drop(k gkey, rank uint32, m *member) bool {
 		msg.discard() // unread: nobody will map it
 	}
 	m.inbox, m.bytes = nil, 0
+	m.roomChanged()
 	if m.att != nil {
 		for _, d := range m.att.directs {
 			_ = d.f.Close()

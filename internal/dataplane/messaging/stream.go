@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/streamio"
@@ -23,9 +24,11 @@ import (
 // file to the socket with sendfile, and from the socket into a new
 // shared-memory file at the receiver, so neither sidecar copies it
 // through its heap. The receiver answers each message with a status
-// (queued, not here, foreign) once it has queued it, or once its full
-// queue has room again (back-pressure); answers may come out of order and
-// carry the message's id.
+// (queued, not here, foreign, refused) once it has queued it; answers
+// carry the message's id. A message for a member whose inbox is full is
+// not read until the inbox has room: the receiver stops reading the
+// stream, and TCP's flow control holds the sender back (back-pressure,
+// inbox.go).
 //
 //	header: u32 length of the rest of the header, u8 type (1), u8 flags,
 //	        u16 auth, session and group lengths, u32 from, u32 to, i64 tag,
@@ -142,17 +145,43 @@ func same(prev string, b []byte) string {
 
 // --- sender side ------------------------------------------------------------
 
-// Streams keeps one message stream per peer address.
+// Streams keeps one message stream per peer address. No lock is held
+// across a network call: a dial runs on a goroutine of its own, one per
+// address at a time; the deliveries to that address wait for it, each
+// until its own context ends, and deliveries to other peers, over their
+// open streams, go on meanwhile (issue 31: one unreachable peer stalled
+// every delivery of the pod for as long as its dial lasted).
 type Streams struct {
 	mu    sync.Mutex
 	peers map[string]*peerStream
+	dials map[string]*dialing // under way
+	// base is the dials' context: Close cancels it (and a new one is made
+	// for later dials).
+	base context.Context
+	stop context.CancelFunc
 }
 
+// dialing is a dial under way; done is closed once p or err is set.
+type dialing struct {
+	done chan struct{}
+	p    *peerStream
+	err  error
+}
+
+// dialTimeout bounds one dial: a peer whose SYNs vanish (its node gone)
+// is dialed again by the delivery's next try instead of waiting for the
+// kernel's retransmissions (about two minutes).
+const dialTimeout = 10 * time.Second
+
 type peerStream struct {
-	conn    net.Conn
-	raw     io.ReadWriter // conn's raw reads and writes (Raw)
-	wmu     sync.Mutex
-	wbuf    []byte // under wmu
+	conn net.Conn
+	raw  io.ReadWriter   // conn's raw reads and writes (Raw)
+	rc   syscall.RawConn // conn's descriptor (nil: none, writes go through conn)
+	// wslot is the write slot: one frame at a time, taken by a send
+	// that may give up waiting for it (its context ends).
+	wslot   chan struct{}
+	wbuf    []byte      // under wslot
+	fw      frameWriter // under wslot
 	mu      sync.Mutex
 	nextID  uint64
 	waiting map[uint64]answerFunc
@@ -164,17 +193,74 @@ type peerStream struct {
 // ended before it came.
 type answerFunc func(Status, error)
 
+func (p *peerStream) isDead() bool {
+	select {
+	case <-p.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// peer is the open stream to addr, dialed when there is none: the dial
+// is shared with the other deliveries to addr; this one waits for it
+// until ctx ends.
 func (s *Streams) peer(ctx context.Context, addr string) (*peerStream, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if p := s.peers[addr]; p != nil {
-		select {
-		case <-p.dead:
-			delete(s.peers, addr)
-		default:
+		if !p.isDead() {
+			s.mu.Unlock()
 			return p, nil
 		}
+		delete(s.peers, addr)
 	}
+	d := s.dials[addr]
+	if d == nil {
+		if s.dials == nil {
+			s.dials = map[string]*dialing{}
+		}
+		if s.base == nil {
+			s.base, s.stop = context.WithCancel(context.Background())
+		}
+		d = &dialing{done: make(chan struct{})}
+		s.dials[addr] = d
+		go s.dial(s.base, addr, d)
+	}
+	s.mu.Unlock()
+	select {
+	case <-d.done:
+		return d.p, d.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %s: waiting for its stream: %w", ErrUnreachable, addr, context.Cause(ctx))
+	}
+}
+
+// dial opens a stream to addr for the deliveries waiting on d.
+func (s *Streams) dial(base context.Context, addr string, d *dialing) {
+	ctx, cancel := context.WithTimeout(base, dialTimeout)
+	defer cancel()
+	p, err := dialPeer(ctx, addr)
+	s.mu.Lock()
+	if s.dials[addr] == d {
+		delete(s.dials, addr)
+	}
+	if err == nil && base.Err() != nil {
+		// Closed meanwhile.
+		p.broken()
+		p, err = nil, fmt.Errorf("%w: %s: the streams were closed", ErrUnreachable, addr)
+	}
+	if err == nil {
+		if s.peers == nil {
+			s.peers = map[string]*peerStream{}
+		}
+		s.peers[addr] = p
+	}
+	d.p, d.err = p, err
+	close(d.done)
+	s.mu.Unlock()
+}
+
+func dialPeer(ctx context.Context, addr string) (*peerStream, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -183,15 +269,15 @@ func (s *Streams) peer(ctx context.Context, addr string) (*peerStream, error) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	// Four bytes into a new socket: never blocks.
 	if _, err := c.Write(StreamMagic[:]); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
 	}
-	p := &peerStream{conn: c, raw: Raw(c), waiting: map[uint64]answerFunc{}, dead: make(chan struct{})}
-	if s.peers == nil {
-		s.peers = map[string]*peerStream{}
+	p := &peerStream{conn: c, raw: Raw(c), wslot: make(chan struct{}, 1), waiting: map[uint64]answerFunc{}, dead: make(chan struct{})}
+	if sc, ok := c.(syscall.Conn); ok {
+		p.rc, _ = sc.SyscallConn()
 	}
-	s.peers[addr] = p
 	go p.answers(addr)
 	return p, nil
 }
@@ -201,26 +287,31 @@ func (s *Streams) peer(ctx context.Context, addr string) (*peerStream, error) {
 func (s *Streams) live(addr string) *peerStream {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p := s.peers[addr]; p != nil {
-		select {
-		case <-p.dead:
-		default:
-			return p
-		}
+	if p := s.peers[addr]; p != nil && !p.isDead() {
+		return p
 	}
 	return nil
 }
 
 // answers reads the peer's answers until the stream ends, and hands each
 // to its delivery's answerFunc right here: a waiting function's sidecar
-// answers it from this goroutine, with no hand-off to another.
+// answers it from this goroutine, with no hand-off to another. A panic
+// (the peer's bytes, or a delivery's answerFunc) ends the stream, not
+// the sidecar.
 func (p *peerStream) answers(addr string) {
+	var err error
+	defer func() {
+		if v := recover(); v != nil {
+			recovered("answers", fmt.Sprintf("the answers of %s's message stream", addr), v)
+			err = fmt.Errorf("panic: %v", v)
+		}
+		p.end(addr, err)
+	}()
 	r := bufio.NewReader(p.raw)
 	var b [answerLen]byte
-	var err error
 	for {
 		if _, err = io.ReadFull(r, b[:]); err != nil {
-			break
+			return
 		}
 		id := binary.LittleEndian.Uint64(b[:])
 		p.mu.Lock()
@@ -231,6 +322,10 @@ func (p *peerStream) answers(addr string) {
 			fn(Status(b[8]), nil)
 		}
 	}
+}
+
+// end marks the stream dead and fails the deliveries still waiting.
+func (p *peerStream) end(addr string, err error) {
 	p.mu.Lock()
 	p.err = err
 	close(p.dead)
@@ -250,13 +345,21 @@ func (p *peerStream) broken() { p.conn.Close() }
 // start) and registers fn for its answer. fn is called once, from the
 // stream's reader, unless send returns an error or forget(id) returns
 // true.
-func (p *peerStream) send(auth string, m *Message, file *os.File, fn answerFunc) (uint64, error) {
+//
+// A send waits for the stream's write slot, and for room in its socket,
+// until ctx ends: a receiver that stops reading (its member's inbox is
+// full) holds its senders back through TCP's flow control. One that
+// gives up before writing a byte leaves the stream whole (an error
+// wrapping ctx's cause; the receiver never saw the message). One whose
+// frame is cut (written in part when ctx ended) breaks the stream: a
+// frame cannot be taken back. The deliveries waiting on it then fail
+// with ErrUnreachable, and are tried again on a new stream (the receiver
+// drops a message it had, by its sender's number).
+func (p *peerStream) send(ctx context.Context, auth string, m *Message, file *os.File, fn answerFunc) (uint64, error) {
 	p.mu.Lock()
-	select {
-	case <-p.dead:
+	if p.isDead() {
 		p.mu.Unlock()
 		return 0, fmt.Errorf("%w: the stream ended", ErrUnreachable)
-	default:
 	}
 	p.nextID++
 	id := p.nextID
@@ -266,18 +369,48 @@ func (p *peerStream) send(auth string, m *Message, file *os.File, fn answerFunc)
 	if file == nil {
 		w.size = uint64(len(m.Data))
 	}
-	p.wmu.Lock()
-	err := writeMessage(p.conn, p.raw, &p.wbuf, &w, m.Data, file)
-	p.wmu.Unlock()
-	if err != nil {
-		p.broken()
-		if p.forget(id) {
-			return 0, fmt.Errorf("%w: %v", ErrUnreachable, err)
-		}
-		// The reader took it first: fn gets ErrUnreachable from there.
+	var n int64
+	err := p.lockWrite(ctx)
+	if err == nil {
+		n, err = p.writeMessage(ctx, &w, m.Data, file)
+		p.unlockWrite()
 	}
-	return id, nil
+	if err == nil {
+		return id, nil
+	}
+	clean := n == 0 && ctx.Err() != nil // gave up before the frame's first byte
+	forgot := p.forget(id)
+	if !clean {
+		p.broken()
+	}
+	if !forgot {
+		return id, nil // the reader took it first: fn gets ErrUnreachable from there
+	}
+	if clean {
+		return 0, fmt.Errorf("the stream to the receiver's sidecar was full until the send's end: %w", context.Cause(ctx))
+	}
+	return 0, fmt.Errorf("%w: %v", ErrUnreachable, err)
 }
+
+// lockWrite takes the write slot, waiting until ctx ends or the stream
+// does.
+func (p *peerStream) lockWrite(ctx context.Context) error {
+	select {
+	case p.wslot <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case p.wslot <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-p.dead:
+		return fmt.Errorf("%w: the stream ended", ErrUnreachable)
+	}
+}
+
+func (p *peerStream) unlockWrite() { <-p.wslot }
 
 // forget drops a delivery's answerFunc: true when it had not been called
 // (and now will not be).
@@ -290,7 +423,7 @@ func (p *peerStream) forget(id uint64) bool {
 }
 
 // Deliver sends one message (body: data, or size bytes of file from its
-// start) and waits for the receiver's answer.
+// start) and waits for the receiver's answer, until ctx ends.
 func (s *Streams) Deliver(ctx context.Context, addr, auth string, m Message, file *os.File) (Status, error) {
 	p, err := s.peer(ctx, addr)
 	if err != nil {
@@ -301,7 +434,7 @@ func (s *Streams) Deliver(ctx context.Context, addr, auth string, m Message, fil
 		err error
 	}
 	ch := make(chan answer, 1)
-	id, err := p.send(auth, &m, file, func(st Status, err error) { ch <- answer{st, err} })
+	id, err := p.send(ctx, auth, &m, file, func(st Status, err error) { ch <- answer{st, err} })
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", addr, err)
 	}
@@ -317,43 +450,16 @@ func (s *Streams) Deliver(ctx context.Context, addr, auth string, m Message, fil
 	}
 }
 
-// joinMax bounds the bodies copied behind their header into one write
-// (larger ones go out with writev, or sendfile from their file).
-const joinMax = 4 << 10
-
-// writeMessage writes a message, a small one in one raw write; buf is
-// the stream's scratch buffer (under its write lock), grown as needed.
-func writeMessage(c net.Conn, raw io.Writer, buf *[]byte, w *wire, data []byte, file *os.File) error {
-	if file == nil && len(data) <= joinMax {
-		b := append(w.appendHeader((*buf)[:0]), data...)
-		*buf = b
-		_, err := raw.Write(b)
-		return err
-	}
-	h := w.header()
-	if file == nil {
-		bufs := net.Buffers{h, data}
-		_, err := bufs.WriteTo(c)
-		return err
-	}
-	if _, err := c.Write(h); err != nil {
-		return err
-	}
-	if _, err := file.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	// *net.TCPConn reads from an *os.File with sendfile(2).
-	n, err := io.Copy(c, io.LimitReader(file, int64(w.size)))
-	if err == nil && uint64(n) != w.size {
-		err = fmt.Errorf("file ended after %d of %d bytes", n, w.size)
-	}
-	return err
-}
-
-// Close ends every stream.
+// Close ends every stream, and the dials under way (their deliveries
+// fail with ErrUnreachable). Later deliveries dial again.
 func (s *Streams) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.stop != nil {
+		s.stop()
+		s.base, s.stop = nil, nil
+	}
+	clear(s.dials) // their goroutines end by themselves
 	for a, p := range s.peers {
 		p.conn.Close()
 		delete(s.peers, a)
@@ -364,47 +470,82 @@ func (s *Streams) Close() {
 
 // ServeStream reads messages from one peer's stream (after its magic)
 // until it ends, and queues them for this pod's members.
+//
+// The stream is refused (closed at once, counted and logged) when this
+// sidecar already serves MaxStreams of them, and closed when its first
+// header has not come within HandshakeTimeout of its magic. A message
+// for a member whose inbox is full is not read until the inbox has room
+// (admit): the reader stops reading the stream, and TCP's flow control
+// holds the sender back. A panic (a peer's bytes the code did not
+// expect) ends this stream, not the sidecar.
 func (r *Router) ServeStream(c net.Conn) {
 	defer c.Close()
+	if !r.openStream(c) {
+		return
+	}
+	defer r.closeStream()
+	var mb *member // the member whose inbox keeps room for the message being read
+	var size uint64
+	defer func() {
+		if v := recover(); v != nil {
+			recovered("stream", fmt.Sprintf("the message stream from %s", c.RemoteAddr()), v)
+			// The room kept for the message goes back, unless the panic
+			// left the router's lock taken (then nothing would help).
+			if mb != nil && r.mu.TryLock() {
+				r.unreserveLocked(mb, size)
+				mb.roomChanged()
+				r.mu.Unlock()
+			}
+		}
+	}()
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	_ = c.SetReadDeadline(time.Now().Add(r.handshakeTimeout()))
 	raw := Raw(c)
 	br := bufio.NewReaderSize(raw, 64<<10)
 	var hr headerReader
-	var wmu sync.Mutex
 	answer := func(id uint64, st Status) {
 		var b [answerLen]byte
 		binary.LittleEndian.PutUint64(b[:], id)
 		b[8] = byte(st)
-		wmu.Lock()
 		_, _ = raw.Write(b[:])
-		wmu.Unlock()
 	}
 	authOK := map[authID]time.Time{} // this stream's checked authenticators
-	for {
+	for first := true; ; first = false {
 		w, err := hr.read(br)
 		if err != nil {
+			if first && errors.Is(err, os.ErrDeadlineExceeded) {
+				streamsRefused.WithLabelValues("handshake_timeout").Inc()
+				logLimited("handshake", "message stream from %s closed: no message header within %v of its magic", c.RemoteAddr(), r.handshakeTimeout())
+			}
 			return
+		}
+		if first {
+			_ = c.SetReadDeadline(time.Time{})
 		}
 		st := r.check(authOK, &w)
+		if st == Queued {
+			if st, mb, err = r.admit(c, &w); err != nil {
+				return
+			}
+			size = w.size
+		}
 		m := Message{Session: w.session, Group: w.group, From: w.from, To: w.to, Tag: w.tag, Seq: w.seq, Size: w.size}
-		if st, err = r.readBody(br, c, &m, st); err != nil {
+		st, err = r.readBody(br, c, &m, st)
+		switch {
+		case err != nil:
+			r.unreserveFailed(mb, size)
 			return
-		}
-		if st != Queued {
+		case st != Queued:
+			r.unreserve(mb, size)
+			mb = nil
 			answer(w.id, st)
 			continue
 		}
-		st, wait := r.accept(m)
-		if wait == nil {
-			answer(w.id, st)
-			continue
-		}
-		go func(id uint64) {
-			_ = wait(context.Background())
-			answer(id, st)
-		}(w.id)
+		held := mb
+		mb = nil
+		answer(w.id, r.accept(m, held))
 	}
 }
 
@@ -446,6 +587,14 @@ func (r *Router) readBody(br *bufio.Reader, c net.Conn, m *Message, st Status) (
 		return discard(st)
 	}
 	if m.Size <= uint64(r.cfg.inlineMax()) || r.cfg.NewFile == nil {
+		switch {
+		case m.Size > maxInMemory:
+			return discard(Refused)
+		case m.Size > memPrealloc:
+			var err error
+			m.Data, err = readGrowing(br, int(m.Size))
+			return Queued, err
+		}
 		m.Data = GetBuf(int(m.Size)) // back to the pool once a function has it (localapi's fast path)
 		return Queued, streamio.ReadFull(br, c, m.Data)
 	}
@@ -463,4 +612,29 @@ func (r *Router) readBody(br *bufio.Reader, c net.Conn, m *Message, st Status) (
 	}
 	m.Path, m.File = f.Path(), f
 	return Queued, nil
+}
+
+// A body kept in memory (no object directory: Config.NewFile nil) is
+// allocated up to memPrealloc at its header and grown as its bytes come
+// beyond that, so a peer cannot make the sidecar allocate what it did not
+// send; one over maxInMemory is refused.
+const (
+	memPrealloc = 16 << 20
+	maxInMemory = 1 << 30
+)
+
+func readGrowing(br *bufio.Reader, size int) ([]byte, error) {
+	data := make([]byte, 0, memPrealloc)
+	for len(data) < size {
+		if len(data) == cap(data) {
+			data = slices.Grow(data, min(len(data), size-len(data)))
+		}
+		n := min(cap(data), size) - len(data)
+		k, err := io.ReadFull(br, data[len(data):len(data)+n])
+		data = data[:len(data)+k]
+		if err != nil {
+			return nil, err
+		}
+	}
+	return data, nil
 }

@@ -46,7 +46,7 @@ test-go:
 fuzz: ## Every fuzz target for FUZZTIME each (default 10m): decoders of outside input (hack/fuzz.sh).
 	$(DEPS_ENV); FUZZTIME=$${FUZZTIME:-10m} hack/fuzz.sh
 fuzz-short: ## Every fuzz target for 5 s (part of make test).
-	$(DEPS_ENV); FUZZTIME=5s hack/fuzz.sh
+	$(DEPS_ENV); FUZZTIME=5s FUZZMINIMIZETIME=1s hack/fuzz.sh
 
 .PHONY: test-python
 test-python: ## Python SDK and examples tests (pytest) in the cached venv.

@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"net"
 	"net/http"
 	"strconv"
@@ -60,6 +61,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 func (s *Sidecar) MetricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(storeCollector{s})
+	reg.MustRegister(messaging.Collectors()...) // messages received, mailboxed, refused as foreign
 	return promhttp.HandlerFor(prometheus.Gatherers{reg, prometheus.DefaultGatherer}, promhttp.HandlerOpts{})
 }
 

@@ -5,7 +5,7 @@
 # testdata/fuzz/FuzzX/ for a regression seed).
 #
 #   hack/fuzz.sh                  # FUZZTIME=10m each (make fuzz)
-#   FUZZTIME=5s hack/fuzz.sh      # the short run of `make test`
+#   FUZZTIME=5s FUZZMINIMIZETIME=1s hack/fuzz.sh   # the short run of `make test` (make fuzz-short)
 #   hack/fuzz.sh FuzzOpen         # only targets matching the pattern
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

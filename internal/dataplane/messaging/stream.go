@@ -489,12 +489,19 @@ func (r *Router) ServeStream(c net.Conn) {
 	defer func() {
 		if v := recover(); v != nil {
 			recovered("stream", fmt.Sprintf("the message stream from %s", c.RemoteAddr()), v)
-			// The room kept for the message goes back, unless the panic
-			// left the router's lock taken (then nothing would help).
-			if mb != nil && r.mu.TryLock() {
-				r.unreserveLocked(mb, size)
-				mb.roomChanged()
-				r.mu.Unlock()
+			// The room kept for the message goes back. On a goroutine of
+			// its own: if the panic left the router's lock taken, that
+			// goroutine waits for ever (as every other user of the lock
+			// would) and this stream's cleanup still runs; a TryLock
+			// here would also fail, and leak the room, whenever another
+			// goroutine merely held the lock at that moment.
+			if mb != nil {
+				go func(mb *member, size uint64) {
+					r.mu.Lock()
+					defer r.mu.Unlock()
+					r.unreserveLocked(mb, size)
+					mb.roomChanged()
+				}(mb, size)
 			}
 		}
 	}()

@@ -19,6 +19,10 @@ import (
 const (
 	defaultMaxStreams       = 1024
 	defaultHandshakeTimeout = 5 * time.Second
+	// A sidecar opens one stream to each other sidecar it sends to
+	// (another only to replace a broken one): a source address with more
+	// is holding places of the cap that other pods' streams need.
+	defaultMaxStreamsPerPeer = 64
 )
 
 func envInt(name string, def int) int {
@@ -40,8 +44,22 @@ func (r *Router) handshakeTimeout() time.Duration { return r.cfg.HandshakeTimeou
 // openStream counts a new stream from another sidecar: false (the stream
 // refused, counted and logged) when MaxStreams are served already.
 func (r *Router) openStream(c net.Conn) bool {
+	peer := peerHost(c)
+	r.peersMu.Lock()
+	if r.peers[peer] >= r.cfg.MaxStreamsPerPeer {
+		r.peersMu.Unlock()
+		streamsRefused.WithLabelValues("peer_limit").Inc()
+		logLimited("peer_limit", "message stream from %s refused: %d streams from that address served already (ZIPTRAIL_MSG_STREAMS_PER_PEER)", c.RemoteAddr(), r.cfg.MaxStreamsPerPeer)
+		return false
+	}
+	if r.peers == nil {
+		r.peers = map[string]int{}
+	}
+	r.peers[peer]++
+	r.peersMu.Unlock()
 	if n := r.serving.Add(1); n > int64(r.cfg.MaxStreams) {
 		r.serving.Add(-1)
+		r.dropPeer(peer)
 		streamsRefused.WithLabelValues("limit").Inc()
 		logLimited("limit", "message stream from %s refused: %d streams served already (ZIPTRAIL_MSG_STREAMS_MAX)", c.RemoteAddr(), r.cfg.MaxStreams)
 		return false
@@ -50,9 +68,30 @@ func (r *Router) openStream(c net.Conn) bool {
 	return true
 }
 
-func (r *Router) closeStream() {
+func (r *Router) closeStream(c net.Conn) {
 	r.serving.Add(-1)
+	r.dropPeer(peerHost(c))
 	streamsOpen.Dec()
+}
+
+func (r *Router) dropPeer(peer string) {
+	r.peersMu.Lock()
+	defer r.peersMu.Unlock()
+	if r.peers[peer]--; r.peers[peer] <= 0 {
+		delete(r.peers, peer)
+	}
+}
+
+// peerHost is the address a stream comes from, without its port.
+func peerHost(c net.Conn) string {
+	a := c.RemoteAddr()
+	if a == nil {
+		return ""
+	}
+	if h, _, err := net.SplitHostPort(a.String()); err == nil {
+		return h
+	}
+	return a.String()
 }
 
 // hungUp: the peer of c closed its end (or c was closed here). A stream

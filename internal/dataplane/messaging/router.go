@@ -77,6 +77,10 @@ type Config struct {
 	// header after its magic (0: $ZIPTRAIL_MSG_STREAM_HANDSHAKE_TIMEOUT,
 	// else 5 s): a peer that sends the magic and then nothing is closed.
 	HandshakeTimeout time.Duration
+	// MaxStreamsPerPeer caps the streams served at once from one source
+	// address (0: $ZIPTRAIL_MSG_STREAMS_PER_PEER, else 64), so that one
+	// pod cannot hold the places of MaxStreams that others need.
+	MaxStreamsPerPeer int
 	// GoneGrace bounds how long a send waits for the directory to confirm
 	// that a receiver whose sidecar failed is gone (default 1 s).
 	GoneGrace time.Duration
@@ -174,6 +178,9 @@ type Router struct {
 	streams Streams
 	// serving counts the streams from other sidecars served (MaxStreams).
 	serving atomic.Int64
+	// peers counts them by source address (MaxStreamsPerPeer).
+	peersMu sync.Mutex
+	peers   map[string]int
 	// deadlines end the function socket's waiting sends and receives.
 	deadlines deadlines
 }
@@ -224,6 +231,9 @@ func New(cfg Config) *Router {
 	}
 	if cfg.MaxStreams <= 0 {
 		cfg.MaxStreams = envInt("ZIPTRAIL_MSG_STREAMS_MAX", defaultMaxStreams)
+	}
+	if cfg.MaxStreamsPerPeer <= 0 {
+		cfg.MaxStreamsPerPeer = envInt("ZIPTRAIL_MSG_STREAMS_PER_PEER", defaultMaxStreamsPerPeer)
 	}
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = envDuration("ZIPTRAIL_MSG_STREAM_HANDSHAKE_TIMEOUT", defaultHandshakeTimeout)

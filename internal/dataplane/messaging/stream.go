@@ -483,7 +483,7 @@ func (r *Router) ServeStream(c net.Conn) {
 	if !r.openStream(c) {
 		return
 	}
-	defer r.closeStream()
+	defer r.closeStream(c)
 	var mb *member // the member whose inbox keeps room for the message being read
 	var size uint64
 	defer func() {

@@ -429,6 +429,27 @@ func TestMessageStreamLimits(t *testing.T) {
 		}
 		send(4) // the established stream still delivers
 	})
+	t.Run("over the cap from one address", func(t *testing.T) {
+		t.Setenv("ZIPTRAIL_MSG_STREAM_HANDSHAKE_TIMEOUT", "1m")
+		t.Setenv("ZIPTRAIL_MSG_STREAMS_PER_PEER", "3")
+		rcv, _, send := pods(t)
+		refused := metric(t, "ziptrail_messages_streams_refused_total", "reason", "peer_limit")
+		send(5) // the sender's stream: 1 of 3 from 127.0.0.1
+		// A pod that opens streams and sends nothing holds 2 more places;
+		// the next is refused, whatever the global cap.
+		ends := make(chan error, 3)
+		for range 3 {
+			c := raw(t, rcv.addr)
+			go func() { ends <- closed(c) }()
+		}
+		if err := <-ends; err != nil {
+			t.Fatalf("of three streams over two free places of one address: %v", err)
+		}
+		if got := metric(t, "ziptrail_messages_streams_refused_total", "reason", "peer_limit"); got != refused+1 {
+			t.Errorf("refused streams counted %v, want %v", got, refused+1)
+		}
+		send(6) // the established stream still delivers
+	})
 }
 
 func isReset(err error) bool {

@@ -105,7 +105,8 @@ func (g gw) call(method, path, body string) (int, string, error) {
 		return 0, "", fmt.Errorf("%w: %v", errRetry, err)
 	}
 	switch resp.StatusCode {
-	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout,
+		http.StatusTooManyRequests: // a per-namespace limit: Retry-After says when
 		return resp.StatusCode, string(data), fmt.Errorf("%w: %d %s", errRetry, resp.StatusCode, data)
 	}
 	return resp.StatusCode, string(data), nil

@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/control/guard/guardtest"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/sessions"
@@ -475,30 +476,16 @@ func gatewayGRPC() *grpc.ClientConn {
 	return conn
 }
 
-// encoded is a gRPC request message encoded once: the flood's clients send
-// the same bytes again and again without marshalling (or copying) 60 MiB a
-// call in this process, which shares the machine's cores with B's
-// sessions. An attacker on another machine pays that, not the cluster.
-type encoded []byte
-
-// floodCodec sends an encoded message as it is and decodes answers as
-// protobuf.
-type floodCodec struct{}
-
-func (floodCodec) Marshal(v any) ([]byte, error) {
-	if e, ok := v.(encoded); ok {
-		return e, nil
-	}
-	return proto.Marshal(v.(proto.Message))
-}
-func (floodCodec) Unmarshal(data []byte, v any) error {
-	return proto.Unmarshal(data, v.(proto.Message))
-}
-func (floodCodec) Name() string { return "proto" }
+// The flood's clients send a request message encoded once, again and
+// again, without marshalling (or copying) 60 MiB a call in this process,
+// which shares the machine's cores with B's sessions (an attacker on
+// another machine pays that, not the cluster): guardtest.RawCodec sends
+// the bytes as they are.
+type encoded = []byte
 
 // startSession sends an encoded StartSessionRequest.
 func startSession(ctx context.Context, conn *grpc.ClientConn, req encoded) error {
-	return conn.Invoke(ctx, gatewayv1.Gateway_StartSession_FullMethodName, req, &gatewayv1.Session{}, grpc.ForceCodec(floodCodec{}))
+	return conn.Invoke(ctx, gatewayv1.Gateway_StartSession_FullMethodName, req, &gatewayv1.Session{}, grpc.ForceCodec(guardtest.RawCodec{}))
 }
 
 func encode(m proto.Message) encoded {

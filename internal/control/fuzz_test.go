@@ -15,26 +15,9 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/control/guard/guardtest"
 	"github.com/ziptrail/ziptrail/internal/controlclient"
 )
-
-// rawCodec sends frames as given (bytes) and decodes the operator's answers
-// as protobuf: the fuzzer writes what a sidecar could put on the wire, the
-// server decodes it exactly as it decodes a real sidecar's messages.
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) ([]byte, error) {
-	switch m := v.(type) {
-	case []byte:
-		return m, nil
-	case proto.Message:
-		return proto.Marshal(m)
-	}
-	return nil, fmt.Errorf("cannot send %T", v)
-}
-
-func (rawCodec) Unmarshal(data []byte, v any) error { return proto.Unmarshal(data, v.(proto.Message)) }
-func (rawCodec) Name() string                       { return "proto" }
 
 // checker receives what the server delivers and notes every event the
 // engine's side could not rely on.
@@ -174,7 +157,7 @@ func FuzzControlMessages(f *testing.F) {
 		hello, msgs := split(data)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		st, err := cc.NewStream(ctx, desc, method, grpc.ForceCodec(rawCodec{}))
+		st, err := cc.NewStream(ctx, desc, method, grpc.ForceCodec(guardtest.RawCodec{}))
 		if err != nil {
 			t.Fatal(err)
 		}

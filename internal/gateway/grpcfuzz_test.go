@@ -15,25 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ziptrail/ziptrail/internal/control/guard/guardtest"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 )
-
-// wireCodec sends request messages as the fuzzer wrote them (bytes) and
-// decodes the gateway's answers as protobuf.
-type wireCodec struct{}
-
-func (wireCodec) Marshal(v any) ([]byte, error) {
-	switch m := v.(type) {
-	case []byte:
-		return m, nil
-	case proto.Message:
-		return proto.Marshal(m)
-	}
-	return nil, fmt.Errorf("cannot send %T", v)
-}
-
-func (wireCodec) Unmarshal(data []byte, v any) error { return proto.Unmarshal(data, v.(proto.Message)) }
-func (wireCodec) Name() string                       { return "proto" }
 
 // wireMethods are the gateway's methods, with a message of each request
 // type to check that the fuzzer's bytes decode as it (gRPC answers bytes
@@ -62,7 +46,7 @@ var wireMethods = []struct {
 func FuzzGatewayGRPCWire(f *testing.F) {
 	e := newFuzzEnv(f)
 	cc, err := grpc.NewClient(e.f.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodec(wireCodec{}), grpc.MaxCallRecvMsgSize(8<<20), grpc.MaxCallSendMsgSize(16<<20)))
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(guardtest.RawCodec{}), grpc.MaxCallRecvMsgSize(8<<20), grpc.MaxCallSendMsgSize(16<<20)))
 	if err != nil {
 		f.Fatal(err)
 	}

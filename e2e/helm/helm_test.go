@@ -636,10 +636,12 @@ var _ = Describe("helm install charts/ziptrail on the local cluster", Ordered, f
 	})
 })
 
-func waitWorkflowReady(name string) {
+func waitWorkflowReady(name string) { waitWorkflowReadyIn(wfNS, name) }
+
+func waitWorkflowReadyIn(ns, name string) {
 	Eventually(func(g Gomega) {
 		wf := &v1alpha1.Workflow{}
-		g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: wfNS, Name: name}, wf)).To(Succeed())
+		g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, wf)).To(Succeed())
 		c := meta.FindStatusCondition(wf.Status.Conditions, "Ready")
 		g.Expect(c).NotTo(BeNil())
 		g.Expect(c.Status).To(Equal(metav1.ConditionTrue), "%s: %s", c.Reason, c.Message)

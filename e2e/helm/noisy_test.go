@@ -242,20 +242,6 @@ func restarts(p corev1.Pod) int32 {
 	return n
 }
 
-func waitWorkflowReadyIn(ns, name string) {
-	Eventually(func(g Gomega) {
-		wf := &v1alpha1.Workflow{}
-		g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, wf)).To(Succeed())
-		ready := false
-		for _, c := range wf.Status.Conditions {
-			if c.Type == v1alpha1.ConditionReady {
-				ready = c.Status == metav1.ConditionTrue
-			}
-		}
-		g.Expect(ready).To(BeTrue(), "workflow %s/%s Ready: %v", ns, name, wf.Status.Conditions)
-	}, "4m").Should(Succeed())
-}
-
 // holdWorkflow keeps its sessions running for a minute: A's running
 // sessions reach their limit at once.
 func holdWorkflow() v1alpha1.WorkflowSpec {

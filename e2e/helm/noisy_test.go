@@ -283,20 +283,19 @@ func wordCountRun(ns string, text []byte) (time.Duration, sessionRun, error) {
 	t := time.Now()
 	r := runSession(ns, "wordcount", string(text))
 	d := time.Since(t)
-	d, err := checkCount(r, d, text)
-	return d, r, err
+	return d, r, checkCount(r, text)
 }
 
-func checkCount(r sessionRun, d time.Duration, text []byte) (time.Duration, error) {
+func checkCount(r sessionRun, text []byte) error {
 	if r.status != http.StatusOK || r.session.State != sessions.Completed {
-		return d, fmt.Errorf("session %s: %d %s %.200s", r.session.ID, r.status, r.session.State, r.result)
+		return fmt.Errorf("session %s: %d %s %.200s", r.session.ID, r.status, r.session.State, r.result)
 	}
 	var got struct {
 		Total    int `json:"total"`
 		Distinct int `json:"distinct"`
 	}
 	if err := json.Unmarshal([]byte(r.result), &got); err != nil {
-		return d, fmt.Errorf("session %s: result %.200s: %v", r.session.ID, r.result, err)
+		return fmt.Errorf("session %s: result %.200s: %v", r.session.ID, r.result, err)
 	}
 	words := wordRE.FindAllString(strings.ToLower(string(text)), -1)
 	distinct := map[string]bool{}
@@ -304,9 +303,9 @@ func checkCount(r sessionRun, d time.Duration, text []byte) (time.Duration, erro
 		distinct[w] = true
 	}
 	if got.Total != len(words) || got.Distinct != len(distinct) {
-		return d, fmt.Errorf("session %s counted %d words (%d distinct), want %d (%d)", r.session.ID, got.Total, got.Distinct, len(words), len(distinct))
+		return fmt.Errorf("session %s counted %d words (%d distinct), want %d (%d)", r.session.ID, got.Total, got.Distinct, len(words), len(distinct))
 	}
-	return d, nil
+	return nil
 }
 
 // wordCounts runs n word-count sessions of ns one after another; every one

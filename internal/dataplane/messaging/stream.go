@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -187,6 +188,9 @@ type peerStream struct {
 	waiting map[uint64]answerFunc
 	dead    chan struct{}
 	err     error
+	// cut: this side broke the stream (broken); dead closes once the
+	// reader sees it, but no send may take the stream meanwhile.
+	cut atomic.Bool
 }
 
 // answerFunc gets a delivery's answer, or ErrUnreachable when the stream
@@ -194,6 +198,9 @@ type peerStream struct {
 type answerFunc func(Status, error)
 
 func (p *peerStream) isDead() bool {
+	if p.cut.Load() {
+		return true
+	}
 	select {
 	case <-p.dead:
 		return true
@@ -338,8 +345,13 @@ func (p *peerStream) end(addr string, err error) {
 	}
 }
 
-// broken drops the stream: answers() sees it and closes dead.
-func (p *peerStream) broken() { p.conn.Close() }
+// broken drops the stream: answers() sees it and closes dead; from now
+// on the stream counts as dead, so the next delivery dials a new one
+// rather than write into this one before its reader has noticed.
+func (p *peerStream) broken() {
+	p.cut.Store(true)
+	p.conn.Close()
+}
 
 // send writes one message (body: data, or size bytes of file from its
 // start) and registers fn for its answer. fn is called once, from the

@@ -127,11 +127,13 @@ func (s *Server) serveConn(nc net.Conn) {
 	var stream, tracked bool
 	defer func() {
 		if v := recover(); v != nil {
-			recovery.Report("queue-proxy-zl", "data port conn", v)
-			nc.Close()
+			// Its slot first: the peer may connect again the moment it
+			// sees the close.
 			if tracked {
 				s.untrack(stream, nc)
 			}
+			recovery.Report("queue-proxy-zl", "data port conn", v)
+			nc.Close()
 		}
 	}()
 	var first [4]byte

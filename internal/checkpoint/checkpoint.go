@@ -6,9 +6,12 @@ package checkpoint
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -20,20 +23,38 @@ var ErrStale = errors.New("checkpoint: a newer snapshot exists; this writer is n
 type Store struct {
 	Client *redis.Client
 	Key    string // e.g. "ziptrail:engine:snapshot"
+	// Writer names this writer in what it stores (default: random, one
+	// per Store), so that a retried write whose first attempt landed reads
+	// as done rather than as another writer's (ErrStale).
+	Writer   string
+	initOnce sync.Once
 }
 
-// save writes data at generation gen only if the stored generation is older.
+func (s *Store) writer() string {
+	s.initOnce.Do(func() {
+		if s.Writer == "" {
+			var b [12]byte
+			_, _ = rand.Read(b[:])
+			s.Writer = hex.EncodeToString(b[:])
+		}
+	})
+	return s.Writer
+}
+
+// save writes data at generation gen only if the stored generation is
+// older, or is this writer's own (a retry of a write that landed).
 var save = redis.NewScript(`
 local cur = tonumber(redis.call('HGET', KEYS[1], 'gen') or '-1')
+if cur == tonumber(ARGV[1]) and redis.call('HGET', KEYS[1], 'writer') == ARGV[3] then return 1 end
 if cur >= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'data', ARGV[2])
+redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'data', ARGV[2], 'writer', ARGV[3])
 return 1
 `)
 
 // Save stores data as generation gen (monotonic per writer, e.g. a counter
 // seeded from Load's generation).
 func (s *Store) Save(ctx context.Context, gen int64, data []byte) error {
-	ok, err := save.Run(ctx, s.Client, []string{s.Key}, gen, data).Int()
+	ok, err := save.Run(ctx, s.Client, []string{s.Key}, gen, data, s.writer()).Int()
 	if err != nil {
 		return fmt.Errorf("checkpoint: save: %w", err)
 	}

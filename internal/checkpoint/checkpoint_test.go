@@ -24,11 +24,13 @@ func TestSaveLoadAndFencing(t *testing.T) {
 	if err != nil || !found || gen != 2 || string(data) != "two\x00binary" {
 		t.Fatalf("load: %q %d %v %v", data, gen, found, err)
 	}
-	// A deposed leader still at generation 2 cannot overwrite.
-	if err := s.Save(ctx, 2, []byte("stale")); !errors.Is(err, ErrStale) {
+	// A deposed leader (another writer) still at generation 2 cannot
+	// overwrite.
+	deposed := &Store{Client: s.Client, Key: s.Key}
+	if err := deposed.Save(ctx, 2, []byte("stale")); !errors.Is(err, ErrStale) {
 		t.Errorf("same generation: %v, want ErrStale", err)
 	}
-	if err := s.Save(ctx, 1, []byte("older")); !errors.Is(err, ErrStale) {
+	if err := deposed.Save(ctx, 1, []byte("older")); !errors.Is(err, ErrStale) {
 		t.Errorf("older generation: %v, want ErrStale", err)
 	}
 	if data, _, _, _ := s.Load(ctx); string(data) != "two\x00binary" {

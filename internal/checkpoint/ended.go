@@ -42,13 +42,18 @@ const chunkRecords = 1000
 // ARGV[1]), applies the records (KEYS[2] hash, KEYS[3] expiries), drops
 // expired ones, and stores the snapshot when ARGV[2] is '1'.
 //
-// ARGV: gen, '1'|'0', snapshot, now (ms), #puts, then id, value, expiry
-// (ms) per put, then the ids to delete.
+// ARGV: gen, '1'|'0', snapshot, now (ms), writer, #puts, then id, value,
+// expiry (ms) per put, then the ids to delete.
+//
+// The writer's own generation already stored answers 1 without a change:
+// that write landed, and this is its retry (a reply lost to a timeout
+// while Redis was paused, which the client sends again).
 var write = redis.NewScript(`
 local cur = tonumber(redis.call('HGET', KEYS[1], 'gen') or '-1')
+if cur == tonumber(ARGV[1]) and redis.call('HGET', KEYS[1], 'writer') == ARGV[5] then return 1 end
 if cur >= tonumber(ARGV[1]) then return 0 end
-local nput = tonumber(ARGV[5])
-local i = 6
+local nput = tonumber(ARGV[6])
+local i = 7
 for _ = 1, nput do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i+1])
   redis.call('ZADD', KEYS[3], ARGV[i+2], ARGV[i])
@@ -72,7 +77,7 @@ if nput > 0 then
   end
 end
 if ARGV[2] == '1' then
-  redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'data', ARGV[3])
+  redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'data', ARGV[3], 'writer', ARGV[5])
 end
 return 1
 `)
@@ -95,7 +100,7 @@ func (s *Store) Write(ctx context.Context, gen int64, w Write, now time.Time) er
 	keys := []string{s.Key, s.endedKey(), s.endedExpKey()}
 	put, del := w.Put, w.Delete
 	for {
-		args := []any{gen, "0", "", now.UnixMilli(), 0}
+		args := []any{gen, "0", "", now.UnixMilli(), s.writer(), 0}
 		n, size := 0, 0
 		for n < len(put) && n < chunkRecords && (n == 0 || size+len(put[n].Data) <= ChunkBytes) {
 			r := put[n]
@@ -103,7 +108,7 @@ func (s *Store) Write(ctx context.Context, gen int64, w Write, now time.Time) er
 			size += len(r.Data)
 			n++
 		}
-		args[4] = n
+		args[5] = n
 		put = put[n:]
 		last := len(put) == 0
 		if last {

@@ -30,14 +30,15 @@ func TestEndedRecords(t *testing.T) {
 		t.Fatalf("snapshot %q %d %v %v", data, gen, found, err)
 	}
 
-	// A writer at the stored generation or below (a demoted owner) writes
-	// nothing: no record, no deletion, no snapshot.
+	// A writer at the stored generation or below (a demoted owner: another
+	// writer) writes nothing: no record, no deletion, no snapshot.
+	deposed := &Store{Client: s.Client, Key: s.Key}
 	for _, g := range []int64{5, 4} {
-		err := s.Write(ctx, g, Write{Snapshot: []byte("stale"), Put: []Record{rec("x1", 10, time.Hour)}, Delete: []string{"a1"}}, now)
+		err := deposed.Write(ctx, g, Write{Snapshot: []byte("stale"), Put: []Record{rec("x1", 10, time.Hour)}, Delete: []string{"a1"}}, now)
 		if !errors.Is(err, ErrStale) {
 			t.Errorf("write at generation %d: %v, want ErrStale", g, err)
 		}
-		if err := s.Write(ctx, g, Write{Put: []Record{rec("y1", 10, time.Hour)}}, now); !errors.Is(err, ErrStale) {
+		if err := deposed.Write(ctx, g, Write{Put: []Record{rec("y1", 10, time.Hour)}}, now); !errors.Is(err, ErrStale) {
 			t.Errorf("records alone at generation %d: %v, want ErrStale", g, err)
 		}
 		if err := s.Check(ctx, g); !errors.Is(err, ErrStale) {

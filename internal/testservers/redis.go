@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -87,5 +88,24 @@ func waitUntil(t TB, what string, ready func() bool) {
 			t.Fatalf("%s did not become ready", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Pause stops the redis-server process (SIGSTOP), as a stalled node or a
+// long GC pause would: connections stay open and requests queue unanswered.
+// Resume (or the test's cleanup) continues it.
+func (r *Redis) Pause(t TB) {
+	t.Helper()
+	if err := r.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.cmd.Process.Signal(syscall.SIGCONT) })
+}
+
+// Resume continues a paused redis-server (SIGCONT).
+func (r *Redis) Resume(t TB) {
+	t.Helper()
+	if err := r.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
 	}
 }

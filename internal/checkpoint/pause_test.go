@@ -1,0 +1,52 @@
+package checkpoint
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// A write that timed out while Redis was paused is retried by the client
+// (go-redis retries a timed-out command on a new connection) and both the
+// first attempt and its retry land once Redis resumes: the retry finds its
+// own generation stored. That is the writer's own save, not a newer
+// owner's: it must not read as ErrStale (issue 32, defect 7: a 10 s
+// pause ended the engine with "a newer snapshot exists" though no other
+// replica existed).
+func TestAWriteRetriedAcrossAPauseIsNotStale(t *testing.T) {
+	r := testservers.StartRedis(t)
+	cl := redis.NewClient(&redis.Options{Addr: r.Addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: 3,
+		MinRetryBackoff: 100 * time.Millisecond, MaxRetryBackoff: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = cl.Close() })
+	s := &Store{Client: cl, Key: "ziptrail:test"}
+	ctx := context.Background()
+	if err := s.Write(ctx, 1, Write{Snapshot: []byte("one")}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	r.Pause(t)
+	done := make(chan error, 1)
+	go func() { done <- s.Write(ctx, 2, Write{Snapshot: []byte("two")}, time.Now()) }()
+	// Long enough for the first attempt to time out and a retry to be
+	// sent; the last retry's answer arrives after the resume.
+	time.Sleep(450 * time.Millisecond)
+	r.Resume(t)
+	if err := <-done; err != nil {
+		t.Fatalf("a write retried across a pause: %v", err)
+	}
+	if err := s.Check(ctx, 3); err != nil {
+		t.Fatalf("check after the write: %v", err)
+	}
+	data, gen, _, err := s.Load(ctx)
+	if err != nil || gen != 2 || string(data) != "two" {
+		t.Fatalf("load: %q gen %d: %v", data, gen, err)
+	}
+	// Another writer at the same generation is still refused.
+	other := &Store{Client: cl, Key: "ziptrail:test"}
+	if err := other.Write(ctx, 2, Write{Snapshot: []byte("other")}, time.Now()); err == nil {
+		t.Fatal("another writer at a stored generation: accepted")
+	}
+}

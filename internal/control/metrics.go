@@ -26,6 +26,10 @@ var (
 		Name: "ziptrail_control_group_views_sent_total",
 		Help: "Messaging-group membership views pushed to sidecars (one per pod per change).",
 	})
+	unackedEvents = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "ziptrail_control_events_awaiting_save",
+		Help: "Sidecar events applied but not acknowledged yet: an event is acknowledged once a checkpoint holds it (the sidecar keeps it until then).",
+	})
 	tokenReviews = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ziptrail_control_token_reviews_total",
 		Help: "Token checks of the control service, by result: authenticated, rejected, error (TokenReview failed), cached (answered from the cache).",
@@ -50,7 +54,7 @@ func rejected(reason string) { rejections.WithLabelValues(reason).Inc() }
 
 func init() {
 	// The operator's /metrics endpoint serves controller-runtime's registry.
-	metrics.Registry.MustRegister(connectedSidecars, eventErrors, groupViews, rejections, tokenReviews)
+	metrics.Registry.MustRegister(connectedSidecars, unackedEvents, eventErrors, groupViews, rejections, tokenReviews)
 	for _, r := range []string{ReasonNoAuthenticator, ReasonNoToken, ReasonUnauthenticated, ReasonReviewUnavailable, ReasonNotPodBound,
 		ReasonForeignNamespace, ReasonForeignPod, ReasonForeignSession, ReasonForeignInvocation, ReasonKeysForbidden} {
 		rejections.WithLabelValues(r) // export zeros, so alerts on rate() see the series from the start

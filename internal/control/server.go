@@ -58,6 +58,18 @@ type Events interface {
 	FunctionFinished(ctx context.Context, from Identity, ev *controlv1.FunctionFinished) error
 }
 
+// Durability is implemented by Events whose effects are saved after they
+// are applied (the orchestrator's checkpoints). An event is acknowledged
+// to its sidecar only once the channel Saved returns for it is closed (nil:
+// at once); until then the sidecar keeps it and sends it again to
+// whichever owner it connects to next, so that a crash of the operator
+// loses no acknowledged event. Saved is called right after the event was
+// applied, on the stream's goroutine: what it returns covers everything
+// applied for from's workflow so far.
+type Durability interface {
+	Saved(from Identity) <-chan struct{}
+}
+
 // KeySource returns a namespace's reference keys, creating them if needed.
 type KeySource interface {
 	Keys(ctx context.Context, namespace string) (*controlv1.Keys, error)
@@ -69,6 +81,7 @@ type Server struct {
 	events Events
 	keys   KeySource
 	scope  SessionScope // nil when events does not implement it
+	dur    Durability   // nil when events does not implement it
 	// Auth verifies every caller's token. A server without one refuses
 	// every call (there is no unauthenticated mode).
 	Auth Authenticator
@@ -118,8 +131,11 @@ type conn struct {
 	out     chan *controlv1.OperatorMessage
 	gone    chan struct{}
 	once    sync.Once
-	acked   atomic.Uint64 // highest seq processed
 	ackWake chan struct{}
+	// pending are the events processed but not acknowledged yet, in seq
+	// order, each with what its acknowledgement waits for (Durability).
+	pendMu  sync.Mutex
+	pending []pendingAck
 	// moved is closed (once, with redirect set) when the stream's bucket
 	// moved away (Server.Moved): the sender sends redirect and ends it.
 	moved    chan struct{}
@@ -129,12 +145,67 @@ type conn struct {
 
 func (c *conn) close() { c.once.Do(func() { close(c.gone) }) }
 
+// pendingAck is a processed event waiting for its acknowledgement.
+type pendingAck struct {
+	seq   uint64
+	saved <-chan struct{} // nil: nothing to wait for
+}
+
+// processed notes that the event seq was handled; its acknowledgement
+// waits for saved.
+func (c *conn) processed(seq uint64, saved <-chan struct{}) {
+	c.pendMu.Lock()
+	c.pending = append(c.pending, pendingAck{seq: seq, saved: saved})
+	c.pendMu.Unlock()
+	unackedEvents.Inc()
+	select {
+	case c.ackWake <- struct{}{}:
+	default:
+	}
+}
+
+// ackable pops the leading events whose saves are done and returns the
+// highest of their seqs (0: none), and what the next one waits for.
+func (c *conn) ackable() (seq uint64, next <-chan struct{}) {
+	c.pendMu.Lock()
+	defer c.pendMu.Unlock()
+	i := 0
+	for ; i < len(c.pending); i++ {
+		p := c.pending[i]
+		if p.saved != nil {
+			select {
+			case <-p.saved:
+			default:
+				next = p.saved
+			}
+		}
+		if next != nil {
+			break
+		}
+		seq = p.seq
+	}
+	c.pending = c.pending[i:]
+	unackedEvents.Sub(float64(i))
+	return seq, next
+}
+
+// dropPending forgets the unacknowledged events of an ended stream (the
+// sidecar sends them again on its next one).
+func (c *conn) dropPending() {
+	c.pendMu.Lock()
+	n := len(c.pending)
+	c.pending = nil
+	c.pendMu.Unlock()
+	unackedEvents.Sub(float64(n))
+}
+
 // NewServer returns a server that delivers events to ev and keys from keys.
 // Set Auth before serving: without it every call is refused.
 func NewServer(ev Events, keys KeySource) *Server {
 	s := &Server{events: ev, keys: keys, SendTimeout: 5 * time.Second, conns: map[*conn]struct{}{},
 		podConns: map[string]int{}, owners: newOwners(), bySID: map[uint64]*conn{}}
 	s.scope, _ = ev.(SessionScope)
+	s.dur, _ = ev.(Durability)
 	return s
 }
 
@@ -248,6 +319,7 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 		}
 		s.mu.Unlock()
 		c.close()
+		c.dropPending()
 		s.streamEnded(c)
 	}()
 
@@ -264,7 +336,9 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 	sendErr := make(chan error, 1)
 	go func() {
 		var sentAck uint64
+		var saved <-chan struct{} // what the next acknowledgement waits for
 		for {
+			ack := false
 			select {
 			case m := <-c.out:
 				if err := stream.Send(m); err != nil {
@@ -273,15 +347,9 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 					return
 				}
 			case <-c.ackWake:
-				// Acks are coalesced: one message confirms everything so far.
-				if seq := c.acked.Load(); seq > sentAck {
-					if err := stream.Send(&controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Ack{Ack: &controlv1.Ack{Seq: seq}}}); err != nil {
-						sendErr <- err
-						c.close()
-						return
-					}
-					sentAck = seq
-				}
+				ack = true
+			case <-saved: // nil: never
+				ack = true
 			case <-c.moved:
 				if err := stream.Send(&controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Redirect{Redirect: c.redirect}}); err != nil {
 					sendErr <- err
@@ -294,6 +362,20 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 				return
 			case <-ctx.Done():
 				return
+			}
+			if ack {
+				// Acks are coalesced: one message confirms everything
+				// saved so far.
+				var seq uint64
+				seq, saved = c.ackable()
+				if seq > sentAck {
+					if err := stream.Send(&controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Ack{Ack: &controlv1.Ack{Seq: seq}}}); err != nil {
+						sendErr <- err
+						c.close()
+						return
+					}
+					sentAck = seq
+				}
 			}
 		}
 	}()
@@ -313,11 +395,11 @@ func (s *Server) Connect(stream controlv1.Control_ConnectServer) error {
 				return
 			}
 			if m.Seq > 0 {
-				c.acked.Store(m.Seq)
-				select {
-				case c.ackWake <- struct{}{}:
-				default:
+				var saved <-chan struct{}
+				if s.dur != nil {
+					saved = s.dur.Saved(c.id)
 				}
+				c.processed(m.Seq, saved)
 			}
 		}
 	}()

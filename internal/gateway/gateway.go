@@ -219,7 +219,7 @@ func startStatus(err error) int {
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, ErrLengthRequired):
 		return http.StatusLengthRequired
-	case errors.Is(err, ErrInputsFull), errors.Is(err, ErrEngineMoving):
+	case errors.Is(err, ErrInputsFull), errors.Is(err, ErrEngineMoving), errors.Is(err, ErrNotSaved):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, ErrLimit):
 		return http.StatusTooManyRequests

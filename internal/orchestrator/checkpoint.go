@@ -112,7 +112,11 @@ func (o *Orchestrator) save(ctx context.Context, force bool) error {
 	}
 	if !force && cp.saved && ver == cp.savedVer && sver == cp.savedSession && len(cp.pending) == 0 && len(cp.gone) == 0 {
 		cp.written = 0
-		return o.opts.Checkpoint.Check(ctx, o.gen+1)
+		if err := o.opts.Checkpoint.Check(ctx, o.gen+1); err != nil {
+			return err
+		}
+		o.covered(ver) // still this writer's: what it saved last holds
+		return nil
 	}
 	snap := o.engine.Snapshot()
 	var w checkpoint.Write
@@ -163,6 +167,7 @@ func (o *Orchestrator) save(ctx context.Context, force bool) error {
 	clear(cp.pending)
 	clear(cp.gone)
 	cp.saved, cp.savedVer, cp.savedSession = true, ver, sver
+	o.covered(ver)
 	cp.written = written + int64(len(data))
 	checkpointBytes.Set(float64(len(data)))
 	checkpointWritten.Add(float64(cp.written))

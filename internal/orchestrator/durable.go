@@ -16,19 +16,22 @@ import (
 // takes every waiting request and saves once for all of them.
 
 // durable waits until a checkpoint saved after this call (so holding what
-// the caller changed) is written. Without checkpoints, or before Run
-// serves, there is nothing to wait for. The save's refusal because
-// another replica owns the bucket now is the caller's error (the session
-// will not run here: 503, retry on the new owner); other failures are
-// logged and the next periodic save retries, as for any change.
+// the caller changed) is written. Without checkpoints there is nothing to
+// wait for; before Run serves, the wait starts once it does. The save's
+// refusal because another replica owns the bucket now, or its failure
+// (the checkpoint store unreachable), is the caller's error: the session
+// will not be found by the next owner, so it is not acknowledged (503,
+// the start is safe to send again).
 func (o *Orchestrator) durable(ctx context.Context) error {
 	if o.opts.Checkpoint == nil {
 		return nil
 	}
 	select {
 	case <-o.serving:
-	default:
-		return nil // restoring: the claim's save follows and holds it
+	case <-o.stopped:
+		return o.stoppedErr()
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	done := make(chan error, 1)
 	select {
@@ -44,7 +47,7 @@ func (o *Orchestrator) durable(ctx context.Context) error {
 			return fmt.Errorf("%w: %v", gateway.ErrEngineMoving, err)
 		}
 		if err != nil {
-			o.opts.Log.Error(err, "checkpoint a started session; the next save retries")
+			return fmt.Errorf("%w: the checkpoint store: %v", gateway.ErrNotSaved, err)
 		}
 		return nil
 	case <-o.stopped:

@@ -136,6 +136,8 @@ type Orchestrator struct {
 	deleg delegations // delegated triggers per workflow (delegate.go)
 
 	cp checkpointState // what the incremental saves keep (checkpoint.go)
+	// waiters are the events' acknowledgements waiting for a save (acks.go).
+	waiters saveWaiters
 	// saveNow asks Run's loop for a save now (a started session waits
 	// for it: durable.go); serving is closed while Run serves.
 	saveNow             chan chan error
@@ -209,11 +211,14 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	// limits of the replica (a sharded bucket moves on, restored and
 	// counted by its next owner).
 	defer o.engine.Release()
+	defer o.stopOnce.Do(func() { close(o.stopped) })
 	if err := o.restore(ctx); err != nil {
+		o.lastSave = err // a start waiting for the first save is not held
 		return err
 	}
 	if o.opts.Claim && o.opts.Checkpoint != nil {
 		if err := o.save(ctx, true); err != nil {
+			o.lastSave = err
 			return fmt.Errorf("orchestrator: claim the checkpoint: %w", err)
 		}
 	}
@@ -221,7 +226,6 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		o.opts.OnStarted()
 	}
 	o.serveOnce.Do(func() { close(o.serving) })
-	defer o.stopOnce.Do(func() { close(o.stopped) })
 	o.dispatcher.Start(ctx)
 	go o.feed(ctx)
 	tick := time.NewTicker(o.opts.TickInterval)

@@ -1,0 +1,162 @@
+package orchestrator
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/checkpoint"
+	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/controlclient"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// podTokens is an Authenticator for tests about the stream, not its
+// authentication: token "pod:<ns>:<pod>" is that pod's.
+type podTokens struct{}
+
+func (podTokens) Authenticate(_ context.Context, token string) (control.Caller, error) {
+	p := strings.Split(token, ":")
+	if len(p) != 3 || p[0] != "pod" {
+		return control.Caller{}, status.Error(codes.Unauthenticated, "not a test token")
+	}
+	return control.Caller{Username: "system:serviceaccount:" + p[1] + ":fn", Namespace: p[1], ServiceAccount: "fn", Pod: p[2], PodUID: p[1] + "-" + p[2]}, nil
+}
+
+type keys32 struct{}
+
+func (keys32) Keys(context.Context, string) (*controlv1.Keys, error) {
+	return &controlv1.Keys{ActiveKeyId: "k1", Keys: []*controlv1.Key{{Id: "k1", Secret: make([]byte, 32)}}}, nil
+}
+
+// ackRig is an operator (orchestrator and control server on addr) that the
+// test can crash: its checkpoint store has its own Redis connection, which
+// a crash closes before anything else, so nothing is saved after it.
+type ackRig struct {
+	o      *Orchestrator
+	rc     *redis.Client
+	gs     *grpc.Server
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startAckRig(t *testing.T, addr, redisAddr string, wf *v1alpha1.Workflow, fns *testservers.Functions, interval time.Duration) *ackRig {
+	t.Helper()
+	r := &ackRig{rc: redis.NewClient(&redis.Options{Addr: redisAddr}), done: make(chan error, 1)}
+	var err error
+	r.o, err = New(Options{Resolver: fns, Log: logr.Discard(), CheckpointInterval: interval,
+		Checkpoint: &checkpoint.Store{Client: r.rc, Key: "ziptrail:test:acks"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := control.NewServer(r.o, keys32{})
+	srv.Auth = podTokens{}
+	r.o.SetControl(srv)
+	if err := r.o.SetWorkflow(wf, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	var ctx context.Context
+	ctx, r.cancel = context.WithCancel(context.Background())
+	go func() { r.done <- r.o.Run(ctx) }()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.gs = grpc.NewServer()
+	controlv1.RegisterControlServer(r.gs, srv)
+	go func() { _ = r.gs.Serve(ln) }()
+	t.Cleanup(r.crash)
+	return r
+}
+
+// crash stops the operator as a SIGKILL would, as far as the checkpoint
+// goes: nothing more is saved.
+func (r *ackRig) crash() {
+	_ = r.rc.Close()
+	r.gs.Stop()
+	r.cancel()
+	<-r.done
+	r.done <- nil // a second crash returns at once
+}
+
+// TestAcknowledgedEventsSurviveACrash is issue 32's defect 2: the control
+// server acknowledged an event as soon as the engine had applied it in
+// memory, the sidecar forgot it, and an operator crash before the next
+// save lost it for good. Now the acknowledgement waits for a checkpoint
+// that holds the event; an event not acknowledged is sent again to the
+// next operator, which applies it.
+func TestAcknowledgedEventsSurviveACrash(t *testing.T) {
+	rs := testservers.StartRedis(t)
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "acc"}, Spec: v1alpha1.WorkflowSpec{
+		Entry: "entry", OutputBucket: "out", SessionDeadline: &metav1.Duration{Duration: time.Minute},
+		Functions: []v1alpha1.FunctionSpec{{Name: "entry"}, {Name: "sink"}},
+		Triggers:  []v1alpha1.NamedTrigger{immediate("acc", "acc", "sink")},
+	}}
+	fns := &testservers.Functions{}
+	fns.Add(t, "acc-entry", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	var sinks atomic.Int32
+	fns.Add(t, "acc-sink", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { sinks.Add(1) }))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(testservers.FreePort(t)))
+
+	// The first operator saves only when asked (a start): the event
+	// below is applied and never saved by it.
+	first := startAckRig(t, addr, rs.Addr, wf, fns, time.Hour)
+	id, err := first.o.StartSession(context.Background(), "ns", "acc", []byte("in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := controlclient.NewClient(addr, func() (string, error) { return "pod:ns:entry-1", nil },
+		&controlv1.Hello{Namespace: "ns", Pod: "entry-1", Workflow: "acc", Function: "entry"}, controlclient.Commands{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = cl.Run(ctx) }()
+	if err := cl.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
+		Session: id, Bucket: "acc", Key: "k1", Inline: []byte("x"), ProducerFunction: "entry", InvocationId: id + ".0"}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the event applied by the first operator", func() bool { return sinks.Load() == 1 })
+	// Whatever the first operator acknowledges, it acknowledges soon
+	// after applying: give it that chance before the crash.
+	for deadline := time.Now().Add(time.Second); cl.Unacked() > 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	acked := cl.Unacked() == 0
+	first.crash()
+
+	second := startAckRig(t, addr, rs.Addr, wf, fns, 20*time.Millisecond)
+	waitFor(t, "the session restored", func() bool {
+		select {
+		case err := <-second.done:
+			t.Fatalf("second operator: %v", err)
+		default:
+		}
+		_, err := second.o.Sessions().Get(id)
+		return err == nil
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for sinks.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if sinks.Load() < 2 {
+		t.Fatalf("the event the first operator applied (acknowledged before the crash: %v) never reached the second one: lost", acked)
+	}
+	if acked {
+		t.Error("the first operator acknowledged an event no checkpoint held")
+	}
+	// The second one saves every 20 ms: its acknowledgement comes.
+	waitFor(t, "the acknowledgement after a save", func() bool { return cl.Unacked() == 0 })
+}

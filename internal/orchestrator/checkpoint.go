@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -88,6 +89,15 @@ func (o *Orchestrator) periodicSave(ctx context.Context) error {
 	return err
 }
 
+// saveFailing is the last save's error while saves fail (nil once one
+// succeeds).
+func (o *Orchestrator) saveFailing() error {
+	if e := o.failing.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
 // touch notes a change of the engine or the trigger counts, after it.
 func (o *Orchestrator) touch() { o.cp.ver.Add(1) }
 
@@ -96,7 +106,17 @@ func (o *Orchestrator) touch() { o.cp.ver.Add(1) }
 // sessions that ended meanwhile, all fenced by the generation. With
 // nothing changed it writes nothing, unless force (a claim), and only
 // checks that no newer owner saved.
-func (o *Orchestrator) save(ctx context.Context, force bool) error {
+func (o *Orchestrator) save(ctx context.Context, force bool) (err error) {
+	ctx, cancel := context.WithTimeout(ctx, o.opts.SaveTimeout)
+	defer cancel()
+	defer func() {
+		if err != nil && !errors.Is(err, checkpoint.ErrStale) {
+			checkpointFailures.Inc()
+			o.failing.Store(&err)
+		} else {
+			o.failing.Store(nil)
+		}
+	}()
 	cp := &o.cp
 	if cp.pending == nil {
 		cp.pending, cp.gone = map[string]sessions.Session{}, map[string]bool{}

@@ -30,6 +30,10 @@ var (
 		Name: "ziptrail_engine_checkpoint_written_bytes_total",
 		Help: "Bytes the engine's checkpoints wrote to Redis: snapshots and ended sessions' records.",
 	})
+	checkpointFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_engine_checkpoint_failures_total",
+		Help: "Engine checkpoints that failed (the checkpoint store unreachable or too slow): while saves fail, starts are answered 503 and sidecars keep their events; the next tick retries.",
+	})
 	checkpointSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ziptrail_engine_checkpoint_seconds",
 		Help:    "Time of the engine's periodic checkpoints that wrote something (encoding and the write to Redis); the next one waits at least this long divided by the operator's checkpoint share (default 0.05).",
@@ -38,5 +42,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(sessionsEnded, objectsReady, reexecutions, speculativeCopies, checkpointBytes, checkpointWritten, checkpointSeconds)
+	metrics.Registry.MustRegister(sessionsEnded, objectsReady, reexecutions, speculativeCopies, checkpointBytes, checkpointWritten, checkpointSeconds, checkpointFailures)
 }

@@ -16,6 +16,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -43,6 +44,10 @@ type Options struct {
 	TickInterval time.Duration
 	// CheckpointInterval is how often state is saved; default 1s.
 	CheckpointInterval time.Duration
+	// SaveTimeout bounds one save (default 5s): a checkpoint store that
+	// does not answer (paused, partitioned) holds the engine's loop no
+	// longer; the save is retried at the next tick while sessions run on.
+	SaveTimeout time.Duration
 	// CheckpointMaxShare bounds the share of the time the periodic saves
 	// take: after a save that took d, the next one waits at least
 	// d/CheckpointMaxShare. A save's cost follows the running sessions'
@@ -138,6 +143,8 @@ type Orchestrator struct {
 	cp checkpointState // what the incremental saves keep (checkpoint.go)
 	// waiters are the events' acknowledgements waiting for a save (acks.go).
 	waiters saveWaiters
+	// failing is the last save's error while saves fail (saveFailing).
+	failing atomic.Pointer[error]
 	// saveNow asks Run's loop for a save now (a started session waits
 	// for it: durable.go); serving is closed while Run serves.
 	saveNow             chan chan error
@@ -160,6 +167,9 @@ func New(opts Options) (*Orchestrator, error) {
 	}
 	if opts.CheckpointInterval <= 0 {
 		opts.CheckpointInterval = time.Second
+	}
+	if opts.SaveTimeout <= 0 {
+		opts.SaveTimeout = 5 * time.Second
 	}
 	if opts.CheckpointMaxShare <= 0 || opts.CheckpointMaxShare > 1 {
 		opts.CheckpointMaxShare = DefaultCheckpointMaxShare
@@ -343,6 +353,11 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	if err := o.engine.Pool().CheckStart(namespace); err != nil {
 		return "", o.startRefused(key, err)
 	}
+	// The checkpoint store failing, a start could not be saved: refused
+	// at once, before anything runs (503).
+	if err := o.saveFailing(); err != nil {
+		return "", fmt.Errorf("%w: the checkpoint store: %v", gateway.ErrNotSaved, err)
+	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	id := name + "-" + hex.EncodeToString(b[:])
@@ -370,6 +385,11 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	o.changed(key)
 	o.execute(acts)
 	if err := o.durable(ctx); err != nil {
+		if errors.Is(err, gateway.ErrNotSaved) {
+			// Its client is told it did not start (503): nothing of it
+			// runs on.
+			o.execute(o.engine.FailSession(id, err.Error(), o.opts.Now()))
+		}
 		return "", err
 	}
 	return id, nil

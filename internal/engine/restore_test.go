@@ -73,3 +73,52 @@ func TestEmptyInlineSurvivesSnapshot(t *testing.T) {
 		t.Fatalf("the empty object came back without contents: %#v (snapshot %s)", o, data)
 	}
 }
+
+// A new owner never hands out an invocation id its predecessor handed out
+// after the snapshot it restored (issue 32, defect 3): the predecessor's
+// invocation may still report, and its events would be taken for the new
+// one's (or refused as another pod's). Twice restored from the same
+// snapshot without a save in between, the ids still do not meet, as long
+// as the jump is saved (the orchestrator's claim) before ids are issued.
+func TestRestoredSessionsNeverReuseInvocationIDs(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	old := single(t, TriggerSpec{Name: "next", Bucket: "b", Primitive: Immediate, Targets: []string{"f"}})
+	if _, err := old.StartSession(wfName, "s1", Object{Bucket: "in", Key: "x"}, t0); err != nil {
+		t.Fatal(err)
+	}
+	snap := old.Snapshot()
+	seen := map[string]string{}
+	issue := func(e *Engine, who, key string) {
+		t.Helper()
+		for _, a := range e.ObjectReady(wfName, Object{Bucket: "b", Key: key, Session: "s1"}, t0.Add(time.Second)) {
+			if a.Kind != ActInvoke {
+				continue
+			}
+			if prev, ok := seen[a.Invocation]; ok {
+				t.Fatalf("invocation id %s handed out by %s and again by %s", a.Invocation, prev, who)
+			}
+			seen[a.Invocation] = who
+		}
+	}
+	issue(old, "the old owner after its last save", "k1")
+	next := New(0)
+	if err := next.SetWorkflow(old.workflow(wfName).spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := next.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	claimed := next.Snapshot() // the claim's save
+	issue(next, "the next owner", "k2")
+	third := New(0)
+	if err := third.SetWorkflow(old.workflow(wfName).spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := third.Restore(claimed); err != nil {
+		t.Fatal(err)
+	}
+	issue(third, "the owner after it", "k3")
+	if len(seen) != 3 {
+		t.Fatalf("ids: %v", seen)
+	}
+}

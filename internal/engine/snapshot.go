@@ -101,6 +101,22 @@ func UnmarshalSnapshot(data []byte) (*Snapshot, error) {
 // limits (they were admitted before); the sessions replaced give back
 // theirs.
 func (e *Engine) Restore(snap *Snapshot) error {
+	return e.restore(snap)
+}
+
+// SeqBlock is how far a restored session's invocation counter jumps: the
+// previous owner may have handed out ids after the snapshot it saved last,
+// and their events may still arrive (a sidecar's retained FunctionFinished,
+// a late response). A restored session counts on from the next multiple
+// of SeqBlock above the snapshot's counter, so no id is ever handed out
+// twice as long as an owner issues fewer than SeqBlock invocations of a
+// session between two saves, and its successor saves the jump (a claim)
+// before it issues any.
+const SeqBlock = 1 << 20
+
+func restoredSeq(seq int) int { return (seq/SeqBlock + 1) * SeqBlock }
+
+func (e *Engine) restore(snap *Snapshot) error {
 	if snap.Version != snapshotVersion {
 		return fmt.Errorf("engine: snapshot version %d, want %d", snap.Version, snapshotVersion)
 	}
@@ -115,7 +131,7 @@ func (e *Engine) Restore(snap *Snapshot) error {
 		sh.mu.Unlock()
 	}
 	for _, ss := range snap.Sessions {
-		s := &session{id: ss.ID, wf: ss.Workflow, started: ss.Started, deadline: ss.Deadline, seq: ss.Seq,
+		s := &session{id: ss.ID, wf: ss.Workflow, started: ss.Started, deadline: ss.Deadline, seq: restoredSeq(ss.Seq),
 			states: ss.States, seen: make(map[string]string, len(ss.Seen)+len(ss.SeenBy)), invocations: map[string]*invState{}}
 		if s.states == nil {
 			s.states = map[string]*State{}

@@ -234,6 +234,7 @@ func (o *Orchestrator) restore(ctx context.Context) error {
 	o.counts.restore(st.Triggers)
 	o.gen = max(gen, o.opts.Generation<<32)
 	o.cp.saved = false
+	o.restored = true
 	o.opts.Log.Info("restored checkpoint", "generation", gen, "sessions", len(st.Engine.Sessions), "ended", len(ended))
 	return nil
 }

@@ -151,6 +151,7 @@ type Orchestrator struct {
 	serving, stopped    chan struct{}
 	serveOnce, stopOnce sync.Once
 	lastSave            error // Run's last save, read once stopped is closed
+	restored            bool  // restore found a checkpoint
 }
 
 type workflowInfo struct {
@@ -226,7 +227,11 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		o.lastSave = err // a start waiting for the first save is not held
 		return err
 	}
-	if o.opts.Claim && o.opts.Checkpoint != nil {
+	// A restored checkpoint is claimed before anything is served: the
+	// previous owner's late saves are refused from then on, and the
+	// sessions' invocation counters, moved past what it may have handed
+	// out (engine.SeqBlock), are saved before this owner hands out any.
+	if (o.opts.Claim || o.restored) && o.opts.Checkpoint != nil {
 		if err := o.save(ctx, true); err != nil {
 			o.lastSave = err
 			return fmt.Errorf("orchestrator: claim the checkpoint: %w", err)

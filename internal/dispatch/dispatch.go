@@ -64,6 +64,9 @@ type Dispatcher struct {
 	queue  []*invocation.Envelope // waiting for a worker, oldest first
 	queued int64                  // their estimated bytes
 	wake   chan struct{}          // signalled when the queue may have work
+	// drain is closed by Drain: workers take nothing more (drain.go).
+	drain     chan struct{}
+	drainOnce sync.Once
 }
 
 // ErrQueueFull means the dispatcher is saturated: the functions do not keep
@@ -116,7 +119,7 @@ func New(opts Options) (*Dispatcher, error) {
 		c.Transport = tr
 		opts.Client = &c
 	}
-	d := &Dispatcher{opts: opts, wake: make(chan struct{}, 1)}
+	d := &Dispatcher{opts: opts, wake: make(chan struct{}, 1), drain: make(chan struct{})}
 	d.call = call.Options{Client: opts.Client, MaxTries: opts.MaxTries, BaseBackoff: opts.BaseBackoff, MaxBackoff: opts.MaxBackoff,
 		MaxBody: opts.MaxBody, ProducerNode: opts.ProducerNode, OnRetry: retries.Inc,
 		URL: func(ctx context.Context, env *invocation.Envelope) (string, error) {
@@ -136,12 +139,13 @@ func (d *Dispatcher) Start(ctx context.Context) {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			for ctx.Err() == nil {
+			for ctx.Err() == nil && !d.isDraining() {
 				env := d.next()
 				if env == nil {
 					select {
 					case <-ctx.Done():
 					case <-d.wake:
+					case <-d.drain:
 					}
 					continue
 				}

@@ -44,6 +44,10 @@ type Options struct {
 	TickInterval time.Duration
 	// CheckpointInterval is how often state is saved; default 1s.
 	CheckpointInterval time.Duration
+	// DrainTimeout bounds how long a graceful stop (shutdown, a demoted
+	// bucket) waits for the calls in flight before the last save; default
+	// 10s.
+	DrainTimeout time.Duration
 	// SaveTimeout bounds one save (default 5s): a checkpoint store that
 	// does not answer (paused, partitioned) holds the engine's loop no
 	// longer; the save is retried at the next tick while sessions run on.
@@ -169,6 +173,9 @@ func New(opts Options) (*Orchestrator, error) {
 	if opts.CheckpointInterval <= 0 {
 		opts.CheckpointInterval = time.Second
 	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 10 * time.Second
+	}
 	if opts.SaveTimeout <= 0 {
 		opts.SaveTimeout = 5 * time.Second
 	}
@@ -241,7 +248,15 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		o.opts.OnStarted()
 	}
 	o.serveOnce.Do(func() { close(o.serving) })
-	o.dispatcher.Start(ctx)
+	// The calls to functions outlive ctx by the drain (a graceful stop),
+	// and no longer: a superseded owner (ErrStale) cuts them at once.
+	dctx, cut := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		o.dispatcher.Drain()
+		cut()
+		o.dispatcher.Wait()
+	}()
+	o.dispatcher.Start(dctx)
 	go o.feed(ctx)
 	tick := time.NewTicker(o.opts.TickInterval)
 	defer tick.Stop()
@@ -252,7 +267,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			o.dispatcher.Wait()
+			o.drain(cut)
 			o.keys.close()
 			if o.opts.Checkpoint != nil {
 				// A last save so a clean handover loses nothing.
@@ -283,6 +298,25 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 			o.sessions.Prune()
 			o.releaseResults(false)
 		}
+	}
+}
+
+// drain ends a graceful stop's calls: nothing more is dispatched, the
+// calls in flight have DrainTimeout to be answered (their outcomes reach
+// the engine, and the last save), then the rest are cut (their sidecars
+// report their outcomes to the next owner).
+func (o *Orchestrator) drain(cut context.CancelFunc) {
+	o.dispatcher.Drain()
+	done := make(chan struct{})
+	go func() { o.dispatcher.Wait(); close(done) }()
+	t := time.NewTimer(o.opts.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		o.opts.Log.Info("drain: calls still in flight were cut off; their sidecars report them to the next owner", "after", o.opts.DrainTimeout)
+		cut()
+		<-done
 	}
 }
 

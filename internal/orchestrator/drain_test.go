@@ -1,0 +1,72 @@
+package orchestrator
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/ziptrail/ziptrail/internal/checkpoint"
+	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
+)
+
+// TestAGracefulStopDrainsCallsInFlight is issue 32's defect 1: a graceful
+// stop (shutdown, a demoted bucket, a rollout) cancelled the dispatcher's
+// calls to functions; the response was dropped, and the next owner found
+// the invocation still running, for ever without a re-execution rule.
+// Now a graceful stop dispatches nothing more and waits (bounded) for the
+// calls in flight; their outcomes are in its last save.
+func TestAGracefulStopDrainsCallsInFlight(t *testing.T) {
+	rs := testservers.StartRedis(t)
+	store := &checkpoint.Store{Client: rs.Client, Key: "ziptrail:test:drain"}
+	wf := testWorkflow("drain", "entry", "entry")
+	fns := &testservers.Functions{}
+	running := make(chan struct{}, 1)
+	var cancelled atomic.Bool
+	fns.Add(t, "drain-entry", ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+		running <- struct{}{}
+		select {
+		case <-time.After(300 * time.Millisecond):
+		case <-ctx.Done():
+			cancelled.Store(true)
+			return nil, ctx.Err()
+		}
+		return nil, ziptrail.SendObject(ctx, "output", "result", []byte("done"), nil)
+	}))
+	start := func() (*Orchestrator, context.CancelFunc, chan error) {
+		o, err := New(Options{Resolver: fns, Log: logr.Discard(), Checkpoint: store, CheckpointInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := o.SetWorkflow(wf, true, ""); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- o.Run(ctx) }()
+		return o, cancel, done
+	}
+	first, stop, done := start()
+	id, err := first.StartSession(context.Background(), "ns", "drain", []byte("in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	stop() // a graceful stop while the call runs
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if cancelled.Load() {
+		t.Error("the graceful stop cancelled the function's call")
+	}
+	second, stop2, done2 := start()
+	defer func() { stop2(); <-done2 }()
+	waitFor(t, "the session restored", func() bool { _, err := second.Sessions().Get(id); return err == nil })
+	if s, _ := second.Sessions().Get(id); s.State != sessions.Completed {
+		t.Fatalf("after a graceful handover, session %s is %s: the call in flight was lost with the first owner", id, s.State)
+	}
+}

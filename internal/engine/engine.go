@@ -339,6 +339,7 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 		failed := fin.Failed && !inv.Succeeded
 		s.change(inv, func() {
 			inv.Finished, inv.Failed = true, failed
+			inv.Args = nil
 			if !fin.Failed {
 				inv.Sent = max(inv.Sent, fin.Outputs)
 				inv.Succeeded = true
@@ -356,6 +357,9 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 		// A resent start, or a re-execution's: nothing new to time.
 		ev.Repeat = inv.Started
 		inv.Started = true
+		if !inv.Finished && len(ev.Args) > 0 && rawID == ev.Invocation {
+			inv.Args = ev.Args
+		}
 		if live, ok := inv.Reruns[rawID]; ok && !live {
 			// A resent start of a re-execution that ended.
 		} else if slices.Contains(inv.Copies, rawID) && inv.Finished && !inv.Failed && !s.awaited(ev.Invocation) {

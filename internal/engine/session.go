@@ -61,6 +61,10 @@ type invState struct {
 	OrigEnded bool            `json:"origEnded,omitempty"`
 	// Upstream are the invocations whose outputs fired it (SourceEvent.Upstream).
 	Upstream []string `json:"upstream,omitempty"`
+	// Args are what it was started with (FunctionStarted's), kept while
+	// it has not finished: a new owner sends it again from them when no
+	// outcome of it arrives (Engine.InFlight).
+	Args []byte `json:"args,omitempty"`
 }
 
 // upstreamOf lists, once each and in order, the base invocations that

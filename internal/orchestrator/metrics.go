@@ -34,6 +34,10 @@ var (
 		Name: "ziptrail_engine_checkpoint_failures_total",
 		Help: "Engine checkpoints that failed (the checkpoint store unreachable or too slow): while saves fail, starts are answered 503 and sidecars keep their events; the next tick retries.",
 	})
+	redispatched = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_engine_redispatched_total",
+		Help: "Invocations a new owner sent again after a restore because nothing was heard of them (same id and idempotency key).",
+	})
 	checkpointSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ziptrail_engine_checkpoint_seconds",
 		Help:    "Time of the engine's periodic checkpoints that wrote something (encoding and the write to Redis); the next one waits at least this long divided by the operator's checkpoint share (default 0.05).",
@@ -42,5 +46,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(sessionsEnded, objectsReady, reexecutions, speculativeCopies, checkpointBytes, checkpointWritten, checkpointSeconds, checkpointFailures)
+	metrics.Registry.MustRegister(sessionsEnded, objectsReady, reexecutions, speculativeCopies, checkpointBytes, checkpointWritten, checkpointSeconds, checkpointFailures, redispatched)
 }

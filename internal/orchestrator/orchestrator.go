@@ -44,6 +44,10 @@ type Options struct {
 	TickInterval time.Duration
 	// CheckpointInterval is how often state is saved; default 1s.
 	CheckpointInterval time.Duration
+	// RedispatchAfter is how long after a restore an invocation in flight
+	// of which nothing was heard is sent again (redispatch.go); default
+	// DefaultRedispatchAfter.
+	RedispatchAfter time.Duration
 	// DrainTimeout bounds how long a graceful stop (shutdown, a demoted
 	// bucket) waits for the calls in flight before the last save; default
 	// 10s.
@@ -147,6 +151,9 @@ type Orchestrator struct {
 	cp checkpointState // what the incremental saves keep (checkpoint.go)
 	// waiters are the events' acknowledgements waiting for a save (acks.go).
 	waiters saveWaiters
+	// restoredCalls are the restored invocations in flight nothing was
+	// heard of yet (redispatch.go).
+	restoredCalls restoredCalls
 	// failing is the last save's error while saves fail (saveFailing).
 	failing atomic.Pointer[error]
 	// saveNow asks Run's loop for a save now (a started session waits
@@ -172,6 +179,9 @@ func New(opts Options) (*Orchestrator, error) {
 	}
 	if opts.CheckpointInterval <= 0 {
 		opts.CheckpointInterval = time.Second
+	}
+	if opts.RedispatchAfter <= 0 {
+		opts.RedispatchAfter = DefaultRedispatchAfter
 	}
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 10 * time.Second
@@ -244,6 +254,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 			return fmt.Errorf("orchestrator: claim the checkpoint: %w", err)
 		}
 	}
+	o.noteRestored()
 	if o.opts.OnStarted != nil {
 		o.opts.OnStarted()
 	}
@@ -264,8 +275,12 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	defer save.Stop()
 	prune := time.NewTicker(time.Minute)
 	defer prune.Stop()
+	redispatch := time.NewTimer(o.opts.RedispatchAfter) // restoredCalls
+	defer redispatch.Stop()
 	for {
 		select {
+		case <-redispatch.C:
+			o.redispatch()
 		case <-ctx.Done():
 			o.drain(cut)
 			o.keys.close()
@@ -520,13 +535,7 @@ func (o *Orchestrator) invoke(a engine.Action) {
 		delegatedFirings.Inc() // the producer's sidecar sent it
 		return
 	}
-	o.outMu.Lock()
-	o.outbox = append(o.outbox, env)
-	o.outMu.Unlock()
-	select {
-	case o.outSig <- struct{}{}:
-	default:
-	}
+	o.queue(env)
 }
 
 // feed moves decided invocations into the dispatcher's bounded queue.
@@ -577,6 +586,7 @@ func (o *Orchestrator) onResult(res dispatch.Result) {
 	if res.Err != nil && o.runCtx != nil && o.runCtx.Err() != nil {
 		return // stopping: its response is lost with this orchestrator, as in a crash
 	}
+	o.heard(env.Invocation)
 	if res.Err != nil {
 		o.invocationFailed(key, env, fn, res.Err, now)
 		return
@@ -642,6 +652,7 @@ func (o *Orchestrator) ObjectReady(_ context.Context, from control.Identity, ev 
 	if o.workflow(key) == nil {
 		return fmt.Errorf("unknown workflow %s", key)
 	}
+	o.heard(ev.InvocationId)
 	if from.Node != "" && ev.Ref != "" {
 		o.producers.remember(from.Namespace, ev.Ref, from.Node)
 	}
@@ -651,6 +662,7 @@ func (o *Orchestrator) ObjectReady(_ context.Context, from control.Identity, ev 
 
 // FunctionStarted implements control.Events.
 func (o *Orchestrator) FunctionStarted(_ context.Context, from control.Identity, ev *controlv1.FunctionStarted) error {
+	o.heard(ev.InvocationId)
 	acts := o.engine.FunctionStarted(Key(from.Namespace, from.Workflow), ev.Session, ev.Function, ev.InvocationId, ev.Args, o.opts.Now())
 	o.execute(acts)
 	return limitFailure(acts, ev.Session, "start of invocation "+ev.InvocationId)
@@ -658,6 +670,7 @@ func (o *Orchestrator) FunctionStarted(_ context.Context, from control.Identity,
 
 // FunctionFinished implements control.Events.
 func (o *Orchestrator) FunctionFinished(_ context.Context, from control.Identity, ev *controlv1.FunctionFinished) error {
+	o.heard(ev.InvocationId)
 	f := engine.Finish{Failed: ev.Failed, Error: ev.Error, Outputs: int(min(ev.OutputsSent, invocation.MaxOutputsSent))}
 	key, now := Key(from.Namespace, from.Workflow), o.opts.Now()
 	if ev.ReturnValue != nil && !ev.Failed {

@@ -1,0 +1,47 @@
+package engine
+
+import "strings"
+
+// InFlight is an invocation the engine issued that has not finished.
+type InFlight struct {
+	Workflow, Session, Function, Invocation string
+	// Args are what it was started with (FunctionStarted's), from which
+	// its envelope is built again.
+	Args []byte
+}
+
+// InFlight lists the invocations the engine itself issued (not a sidecar's
+// delegated firings, nor re-executions, which have their own rules) that
+// have started and not finished: after a restore, those whose outcome
+// never arrives are sent again by their new owner, under the same id.
+func (e *Engine) InFlight() []InFlight {
+	var out []InFlight
+	for i := range e.shards {
+		sh := &e.shards[i]
+		sh.mu.Lock()
+		for _, s := range sh.sessions {
+			for id, inv := range s.invocations {
+				if inv.Finished || !inv.Started || len(inv.Args) == 0 || strings.HasPrefix(id, s.id+".d") {
+					continue
+				}
+				out = append(out, InFlight{Workflow: s.wf, Session: s.id, Function: inv.Function, Invocation: id, Args: inv.Args})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
+// Outstanding reports whether the invocation of a running session has not
+// finished (false once it has, or when the session ended).
+func (e *Engine) Outstanding(session, invocation string) bool {
+	sh := e.shard(session)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s := sh.sessions[session]
+	if s == nil {
+		return false
+	}
+	inv := s.invocations[invocation]
+	return inv != nil && !inv.Finished
+}

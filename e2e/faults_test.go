@@ -16,6 +16,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"github.com/redis/go-redis/v9"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
@@ -308,5 +309,47 @@ def handle(inv):
 		Expect(runs(gate, "c")).To(Equal(2), "c ran twice: the run lost with the old operator and its re-execution")
 		s := getSession(Default, ns, id)
 		Expect(s.Invocations).To(Equal(6), "split, a, b, c twice, join once")
+	})
+
+	// Issue 32: an operator whose engine stops (here: its checkpoint
+	// fenced by a newer generation, as another owner's would be) comes
+	// back, as the kubelet restarts a pod whose process exited; sessions
+	// started after it work.
+	It("restarts an operator whose engine stopped", func() {
+		Expect(cluster.RedisAddr).NotTo(BeEmpty(), "the local cluster has no Redis for engine checkpoints: install redis-server")
+		ns := newNamespace()
+		wf := &v1alpha1.Workflow{
+			ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: ns},
+			Spec: withBuckets(v1alpha1.WorkflowSpec{Entry: "echo", Functions: []v1alpha1.FunctionSpec{pyFunction("echo", `
+def handle(inv):
+    ziptrail.send_object("output", "result", b"echo:" + inv.objects[0].bytes())
+    return b""`)}}),
+		}
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		waitWorkflowReady(wf)
+		Expect(sessionResult(ns, startSession(ns, "echo", "one"))).To(Equal("echo:one"))
+
+		before := cluster.OperatorRestarts()
+		rc := redis.NewClient(&redis.Options{Addr: cluster.RedisAddr})
+		DeferCleanup(rc.Close)
+		gen, err := rc.HGet(ctx, "ziptrail:engine", "gen").Int64()
+		Expect(err).NotTo(HaveOccurred())
+		// Another writer's newer generation: the engine's next save is
+		// refused, and it stops.
+		Expect(rc.HSet(ctx, "ziptrail:engine", "gen", gen+1000, "writer", "e2e-intruder").Err()).To(Succeed())
+		Eventually(cluster.OperatorRestarts).WithTimeout(2*time.Minute).WithPolling(100*time.Millisecond).Should(BeNumerically(">", before),
+			"the operator's engine stopped and nobody restarted it")
+		var id string
+		Eventually(func(g Gomega) {
+			resp, err := gw.Post(fmt.Sprintf("%s/v1/namespaces/%s/workflows/echo/sessions", gatewayURL(), ns), "application/octet-stream", strings.NewReader("two"))
+			g.Expect(err).NotTo(HaveOccurred())
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			g.Expect(resp.StatusCode).To(Equal(http.StatusCreated), string(body))
+			var s sessions.Session
+			g.Expect(json.Unmarshal(body, &s)).To(Succeed())
+			id = s.ID
+		}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		Expect(sessionResult(ns, id)).To(Equal("echo:two"))
 	})
 })

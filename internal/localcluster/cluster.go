@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -143,7 +144,11 @@ type Cluster struct {
 	GatewayToken string
 	InputsAddr   string // large session inputs, on the host address
 
+	// opMu guards operator, which the supervisor replaces (supervise).
+	opMu     sync.Mutex
 	operator *operatorRun
+	down     bool // Down began: the supervisor restarts nothing
+	restarts atomic.Int64
 	gw       atomic.Pointer[gateway.Handler]
 	gateway  *http.Server
 	tiers    *tierServers
@@ -155,6 +160,9 @@ type Cluster struct {
 type runner struct {
 	cancel context.CancelFunc
 	done   chan error
+	// ended is closed when the manager has stopped, err saying why.
+	ended chan struct{}
+	err   error
 }
 
 func (r *runner) stop() error {
@@ -169,7 +177,7 @@ func (r *runner) stop() error {
 // engine, control stream. It can be stopped and replaced, as a rolling
 // update of the operator's Deployment would.
 type operatorRun struct {
-	runner
+	*runner
 	orch    *orchestrator.Orchestrator
 	control *grpc.Server
 	srv     *control.Server
@@ -368,7 +376,10 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		controlLn.Close()
 		return nil, fmt.Errorf("pod webhook: %w", err)
 	}
-	if err := c.startOperator(ctx, controlLn); err != nil {
+	c.opMu.Lock()
+	err = c.startOperator(ctx, controlLn)
+	c.opMu.Unlock()
+	if err != nil {
 		return nil, err
 	}
 	if err := c.writeState(); err != nil {
@@ -408,8 +419,12 @@ func newManager(cfg *rest.Config) (ctrl.Manager, error) {
 
 func start(ctx context.Context, mgr ctrl.Manager) *runner {
 	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r := &runner{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- mgr.Start(mctx) }()
+	r := &runner{cancel: cancel, done: make(chan error, 1), ended: make(chan struct{})}
+	go func() {
+		r.err = mgr.Start(mctx)
+		close(r.ended)
+		r.done <- r.err
+	}()
 	return r
 }
 
@@ -424,19 +439,61 @@ func (c *Cluster) writeState() error {
 // Orchestrator is the running operator's trigger engine adapter.
 // Nil on a cluster without the in-process operator (Options.NoOperator).
 func (c *Cluster) Orchestrator() *orchestrator.Orchestrator {
-	if c.operator == nil {
-		return nil
+	if op := c.op(); op != nil {
+		return op.orch
 	}
-	return c.operator.orch
+	return nil
 }
+
+// op is the running operator (nil while it restarts, or without one).
+func (c *Cluster) op() *operatorRun {
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	return c.operator
+}
+
+// supervise restarts the operator when its manager stops on its own (its
+// trigger engine failed, say): as the kubelet restarts a Deployment's pod
+// whose process exited. A stop by stopOperator is not restarted.
+func (c *Cluster) supervise(op *operatorRun) {
+	<-op.ended
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	if c.operator != op {
+		return // stopped on purpose (Down, RestartOperator)
+	}
+	fmt.Fprintf(c.opts.Log, "==> the operator stopped (%v); restarting it, as the kubelet would\n", op.err)
+	_ = c.stopOperator()
+	for backoff := time.Second; ; backoff = min(2*backoff, 30*time.Second) {
+		ln, err := net.Listen("tcp", c.ControlAddr)
+		if err == nil {
+			if err = c.startOperator(context.Background(), ln); err == nil {
+				c.restarts.Add(1)
+				return
+			}
+		}
+		fmt.Fprintf(c.opts.Log, "==> restarting the operator: %v; again in %s\n", err, backoff)
+		time.Sleep(backoff)
+		if c.down {
+			return
+		}
+	}
+}
+
+// OperatorRestarts is how many times the operator was restarted because it
+// stopped on its own (supervise).
+func (c *Cluster) OperatorRestarts() int64 { return c.restarts.Load() }
 
 // Down stops the operator, the gateway, the tiers and the Kubernetes
 // cluster (which stops Knative's pods and the functions' with it).
 func (c *Cluster) Down(ctx context.Context) error {
 	var errs []error
+	c.opMu.Lock()
+	c.down = true
 	if c.operator != nil {
 		errs = append(errs, c.stopOperator())
 	}
+	c.opMu.Unlock()
 	if c.gateway != nil {
 		errs = append(errs, c.gateway.Close())
 	}
@@ -465,8 +522,12 @@ func (c *Cluster) RestartOperator(ctx context.Context) error {
 	if c.RedisAddr == "" {
 		return errors.New("localcluster: restarting the operator needs Redis for the engine checkpoint (redis-server is not installed)")
 	}
-	if err := c.stopOperator(); err != nil {
-		return err
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	if c.operator != nil {
+		if err := c.stopOperator(); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", c.ControlAddr)
 	if err != nil {
@@ -594,7 +655,8 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 			return fmt.Errorf("read the engine checkpoint: %w", err)
 		}
 	}
-	c.operator = &operatorRun{runner: *start(ctx, mgr), orch: orch, control: gs, srv: srv, inputs: inputs}
+	c.operator = &operatorRun{runner: start(ctx, mgr), orch: orch, control: gs, srv: srv, inputs: inputs}
+	go c.supervise(c.operator)
 	started = true
 	if opts.Checkpoint != nil {
 		// The engine restores the checkpoint before it saves its first one;

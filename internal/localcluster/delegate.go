@@ -45,12 +45,13 @@ func (c *Cluster) SetDelegateTriggers(ctx context.Context, on bool, namespace st
 	if c.opts.DelegateTriggers == on {
 		return nil
 	}
-	before := len(c.operator.srv.Sidecars(namespace))
+	before := len(c.op().srv.Sidecars(namespace))
 	c.opts.DelegateTriggers = on
 	if err := c.RestartOperator(ctx); err != nil {
 		return err
 	}
 	return waitFor(ctx, fmt.Sprintf("%d sidecars of namespace %s to reconnect to the operator", before, namespace), func() bool {
-		return c.operator != nil && len(c.operator.srv.Sidecars(namespace)) >= before
+		op := c.op()
+		return op != nil && len(op.srv.Sidecars(namespace)) >= before
 	})
 }

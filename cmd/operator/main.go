@@ -60,6 +60,7 @@ type config struct {
 	shard                                            shardConfig
 	delegate                                         bool
 	limits                                           orchestrator.Limits
+	drainTimeout, redispatchAfter, saveTimeout       time.Duration
 }
 
 func main() {
@@ -93,6 +94,11 @@ func main() {
 	flag.Int64Var(&c.maxInputBytes, "max-input-bytes", 64<<20, "largest session input the gateway accepts (413 beyond)")
 	flag.BoolVar(&c.delegate, "delegate-triggers", false, "let producers' sidecars fire their workflow's Immediate and ByName triggers themselves, "+
 		"reporting to the engine, which stays the authority (docs/design.md, 'Delegated firing')")
+	flag.DurationVar(&c.drainTimeout, "engine-drain-timeout", 10*time.Second, "on a graceful stop (rollout, upgrade, a demoted bucket), how long calls in flight may take before the last save "+
+		"(keep it under the pod's terminationGracePeriodSeconds)")
+	flag.DurationVar(&c.redispatchAfter, "engine-redispatch-after", orchestrator.DefaultRedispatchAfter, "after a restore, how long to wait for news of an invocation in flight "+
+		"before sending it again with the same idempotency key")
+	flag.DurationVar(&c.saveTimeout, "checkpoint-save-timeout", 5*time.Second, "bound of one checkpoint save; while saves fail, starts are answered 503")
 	podWebhookFlags(&c.podWebhook)
 	shardFlags(&c.shard)
 	c.limits = orchestrator.DefaultLimits() // docs/limits.md
@@ -170,6 +176,10 @@ func run(c config) error {
 		Delegate:    c.delegate,
 		Limits:      c.limits,
 		LimitEvents: limitEvents,
+		// docs/guarantees.md
+		DrainTimeout:    c.drainTimeout,
+		RedispatchAfter: c.redispatchAfter,
+		SaveTimeout:     c.saveTimeout,
 	}
 	var eng *engine
 	if c.shard.buckets > 0 {

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -29,7 +30,19 @@ type Write struct {
 	Snapshot []byte
 	Put      []Record
 	Delete   []string
+	// Claim makes the write conditional on the stored generation being
+	// From (-1: none stored), the one the writer restored: a new owner's
+	// first save. Another owner's save landing between the load and the
+	// claim (a previous owner that does not know yet) fails it with
+	// ErrChanged: the writer restores again, and nothing that owner saved
+	// (and acknowledged) is lost.
+	Claim bool
+	From  int64
 }
+
+// ErrChanged means a claim found another generation stored than the one
+// restored: load again.
+var ErrChanged = errors.New("checkpoint: another owner saved since the checkpoint was loaded; load it again")
 
 // ChunkBytes bounds the record bytes sent in one script call: a backlog
 // (e.g. every ended session of a checkpoint an older version wrote) goes
@@ -42,7 +55,8 @@ const chunkRecords = 1000
 // ARGV[1]), applies the records (KEYS[2] hash, KEYS[3] expiries), drops
 // expired ones, and stores the snapshot when ARGV[2] is '1'.
 //
-// ARGV: gen, '1'|'0', snapshot, now (ms), writer, #puts, then id, value,
+// ARGV: gen, '1'|'0', snapshot, now (ms), writer, expected generation
+// ('' for none: else 2 when another is stored), #puts, then id, value,
 // expiry (ms) per put, then the ids to delete.
 //
 // The writer's own generation already stored answers 1 without a change:
@@ -52,8 +66,9 @@ var write = redis.NewScript(`
 local cur = tonumber(redis.call('HGET', KEYS[1], 'gen') or '-1')
 if cur == tonumber(ARGV[1]) and redis.call('HGET', KEYS[1], 'writer') == ARGV[5] then return 1 end
 if cur >= tonumber(ARGV[1]) then return 0 end
-local nput = tonumber(ARGV[6])
-local i = 7
+if ARGV[6] ~= '' and cur ~= tonumber(ARGV[6]) then return 2 end
+local nput = tonumber(ARGV[7])
+local i = 8
 for _ = 1, nput do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i+1])
   redis.call('ZADD', KEYS[3], ARGV[i+2], ARGV[i])
@@ -100,7 +115,11 @@ func (s *Store) Write(ctx context.Context, gen int64, w Write, now time.Time) er
 	keys := []string{s.Key, s.endedKey(), s.endedExpKey()}
 	put, del := w.Put, w.Delete
 	for {
-		args := []any{gen, "0", "", now.UnixMilli(), s.writer(), 0}
+		expect := ""
+		if w.Claim {
+			expect = strconv.FormatInt(w.From, 10)
+		}
+		args := []any{gen, "0", "", now.UnixMilli(), s.writer(), expect, 0}
 		n, size := 0, 0
 		for n < len(put) && n < chunkRecords && (n == 0 || size+len(put[n].Data) <= ChunkBytes) {
 			r := put[n]
@@ -108,7 +127,7 @@ func (s *Store) Write(ctx context.Context, gen int64, w Write, now time.Time) er
 			size += len(r.Data)
 			n++
 		}
-		args[5] = n
+		args[6] = n
 		put = put[n:]
 		last := len(put) == 0
 		if last {
@@ -126,8 +145,11 @@ func (s *Store) Write(ctx context.Context, gen int64, w Write, now time.Time) er
 		if err != nil {
 			return fmt.Errorf("checkpoint: write: %w", err)
 		}
-		if ok == 0 {
+		switch ok {
+		case 0:
 			return ErrStale
+		case 2:
+			return ErrChanged
 		}
 		if last {
 			return nil

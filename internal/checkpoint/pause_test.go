@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -48,5 +49,45 @@ func TestAWriteRetriedAcrossAPauseIsNotStale(t *testing.T) {
 	other := &Store{Client: cl, Key: "ziptrail:test"}
 	if err := other.Write(ctx, 2, Write{Snapshot: []byte("other")}, time.Now()); err == nil {
 		t.Fatal("another writer at a stored generation: accepted")
+	}
+}
+
+// A new owner's claim is conditional on the generation it restored: a
+// previous owner's save landing between the new owner's load and its
+// claim (it does not know yet that it lost the bucket, and acknowledged
+// what that save holds) fails the claim instead of being overwritten.
+func TestAClaimFailsWhenAnotherOwnerSavedSinceTheLoad(t *testing.T) {
+	r := testservers.StartRedis(t)
+	ctx := context.Background()
+	old := &Store{Client: r.Client, Key: "ziptrail:test"}
+	if err := old.Write(ctx, 1<<32+1, Write{Snapshot: []byte("one")}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	next := &Store{Client: r.Client, Key: "ziptrail:test"}
+	_, loaded, _, err := next.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The previous owner saves once more (and acknowledges what it holds).
+	if err := old.Write(ctx, 1<<32+2, Write{Snapshot: []byte("two")}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := next.Write(ctx, 2<<32, Write{Snapshot: []byte("claim"), Claim: true, From: loaded}, time.Now()); !errors.Is(err, ErrChanged) {
+		t.Fatalf("a claim over a save made since its load: %v, want ErrChanged", err)
+	}
+	data, gen, _, _ := next.Load(ctx)
+	if string(data) != "two" {
+		t.Fatalf("after the refused claim: %q", data)
+	}
+	if err := next.Write(ctx, 2<<32, Write{Snapshot: []byte("claim"), Claim: true, From: gen}, time.Now()); err != nil {
+		t.Fatalf("a claim over what it loaded: %v", err)
+	}
+	if err := old.Write(ctx, 1<<32+3, Write{Snapshot: []byte("late")}, time.Now()); !errors.Is(err, ErrStale) {
+		t.Fatalf("the previous owner after the claim: %v, want ErrStale", err)
+	}
+	// A first claim over nothing stored expects -1.
+	empty := &Store{Client: r.Client, Key: "ziptrail:test:empty"}
+	if err := empty.Write(ctx, 5, Write{Snapshot: []byte("x"), Claim: true, From: -1}, time.Now()); err != nil {
+		t.Fatal(err)
 	}
 }

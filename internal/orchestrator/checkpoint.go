@@ -65,6 +65,9 @@ type checkpointState struct {
 	written      int64                       // bytes written by the last save
 	// next is when the next periodic save may start (CheckpointMaxShare).
 	next time.Time
+	// loaded is the generation restore found stored (-1: none); the
+	// claim's save is conditional on it (checkpoint.Write.Claim).
+	loaded int64
 }
 
 // DefaultCheckpointMaxShare is Options.CheckpointMaxShare's default: the
@@ -178,6 +181,9 @@ func (o *Orchestrator) save(ctx context.Context, force bool) (err error) {
 		return err
 	}
 	w.Snapshot = data
+	if force {
+		w.Claim, w.From = true, cp.loaded
+	}
 	// The generation moves on even if the write fails: it may have been
 	// applied (a lost reply), and a retry at the same one would be refused.
 	o.gen++
@@ -199,6 +205,9 @@ func (o *Orchestrator) restore(ctx context.Context) error {
 	if o.opts.Checkpoint == nil {
 		return nil
 	}
+	clear(o.cp.pending)
+	clear(o.cp.gone)
+	o.cp.loaded = -1
 	data, gen, found, err := o.opts.Checkpoint.Load(ctx)
 	if base := o.opts.Generation << 32; err == nil && o.gen < base {
 		o.gen = base
@@ -206,6 +215,7 @@ func (o *Orchestrator) restore(ctx context.Context) error {
 	if err != nil || !found {
 		return err
 	}
+	o.cp.loaded = gen
 	var st state
 	if err := json.Unmarshal(data, &st); err != nil {
 		return fmt.Errorf("orchestrator: corrupt checkpoint: %w", err)

@@ -240,19 +240,9 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	// counted by its next owner).
 	defer o.engine.Release()
 	defer o.stopOnce.Do(func() { close(o.stopped) })
-	if err := o.restore(ctx); err != nil {
+	if err := o.restoreAndClaim(ctx); err != nil {
 		o.lastSave = err // a start waiting for the first save is not held
 		return err
-	}
-	// A restored checkpoint is claimed before anything is served: the
-	// previous owner's late saves are refused from then on, and the
-	// sessions' invocation counters, moved past what it may have handed
-	// out (engine.SeqBlock), are saved before this owner hands out any.
-	if (o.opts.Claim || o.restored) && o.opts.Checkpoint != nil {
-		if err := o.save(ctx, true); err != nil {
-			o.lastSave = err
-			return fmt.Errorf("orchestrator: claim the checkpoint: %w", err)
-		}
 	}
 	o.noteRestored()
 	if o.opts.OnStarted != nil {
@@ -313,6 +303,32 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 			o.sessions.Prune()
 			o.releaseResults(false)
 		}
+	}
+}
+
+// restoreAndClaim restores the checkpoint and claims it before anything is
+// served: the previous owner's late saves are refused from then on, and the
+// sessions' invocation counters, moved past what it may have handed out
+// (engine.SeqBlock), are saved before this owner hands out any. The claim
+// holds only if nothing was saved since the load (a previous owner that
+// does not know yet it lost the bucket, and acknowledged what it saved):
+// else the checkpoint is loaded again.
+func (o *Orchestrator) restoreAndClaim(ctx context.Context) error {
+	for try := 1; ; try++ {
+		if err := o.restore(ctx); err != nil {
+			return err
+		}
+		if !(o.opts.Claim || o.restored) || o.opts.Checkpoint == nil {
+			return nil
+		}
+		err := o.save(ctx, true)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, checkpoint.ErrChanged) || try == 5 {
+			return fmt.Errorf("orchestrator: claim the checkpoint: %w", err)
+		}
+		o.opts.Log.Info("the checkpoint changed between its load and the claim (a previous owner saved): loading it again")
 	}
 }
 

@@ -56,7 +56,7 @@ const chunkRecords = 1000
 // expired ones, and stores the snapshot when ARGV[2] is '1'.
 //
 // ARGV: gen, '1'|'0', snapshot, now (ms), writer, expected generation
-// (” for none: else 2 when another is stored), #puts, then id, value,
+// (empty for none; else 2 when another is stored), #puts, then id, value,
 // expiry (ms) per put, then the ids to delete.
 //
 // The writer's own generation already stored answers 1 without a change:

@@ -53,25 +53,31 @@ type Client struct {
 	opts     []grpc.DialOption
 	// Log receives connection errors (the client retries them itself).
 	Log func(error)
+	// QueueLimit bounds the events kept until the operator acknowledges
+	// them (it does once a saved checkpoint holds them); default 65,536.
+	// Send waits up to QueueWait (default 30s) for room, then fails with
+	// ErrQueueFull: the sender is held back while the operator cannot save.
+	QueueLimit int
+	QueueWait  time.Duration
 
 	mu        sync.Mutex
 	unacked   []*controlv1.SidecarMessage // in seq order
 	seq       uint64
 	wake      chan struct{}
-	maxQueue  int
+	room      chan struct{} // closed (and replaced) when acks free room
 	connected bool
 }
 
 // ErrQueueFull is returned by Send when the operator has been unreachable
 // long enough for the bounded queue to fill.
-var ErrQueueFull = errors.New("control: event queue full, operator unreachable")
+var ErrQueueFull = errors.New("control: event queue full, the operator has not acknowledged")
 
 // NewClient returns a client for the operator at addr (host:port). Every
 // stream it opens presents token's current token (FileToken re-reads the
 // projected token file, which the kubelet rotates); the operator scopes
 // the stream to that token's namespace and pod.
 func NewClient(addr string, token TokenSource, hello *controlv1.Hello, commands Commands, opts ...grpc.DialOption) *Client {
-	return &Client{addr: addr, token: token, hello: hello, commands: commands, opts: dialOptions(token, opts), wake: make(chan struct{}, 1), maxQueue: 65536}
+	return &Client{addr: addr, token: token, hello: hello, commands: commands, opts: dialOptions(token, opts), wake: make(chan struct{}, 1), room: make(chan struct{})}
 }
 
 // dialOptions are opts (default: no TLS) plus the token as per-call
@@ -83,12 +89,33 @@ func dialOptions(token TokenSource, opts []grpc.DialOption) []grpc.DialOption {
 	return append(append([]grpc.DialOption(nil), opts...), grpc.WithPerRPCCredentials(PerRPCCredentials(token)))
 }
 
-// Send queues an event for the operator.
+// Send queues an event for the operator; with QueueLimit events not
+// acknowledged yet, it waits for room (QueueWait at most).
 func (c *Client) Send(m *controlv1.SidecarMessage) error {
+	limit, wait := c.QueueLimit, c.QueueWait
+	if limit <= 0 {
+		limit = 65536
+	}
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	var timer *time.Timer
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.unacked) >= c.maxQueue {
-		return ErrQueueFull
+	for len(c.unacked) >= limit {
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		}
+		room := c.room
+		c.mu.Unlock()
+		select {
+		case <-room:
+		case <-timer.C:
+			c.mu.Lock()
+			return fmt.Errorf("%w: %d events wait for the operator's acknowledgement (it acknowledges what a saved checkpoint holds)", ErrQueueFull, len(c.unacked))
+		}
+		c.mu.Lock()
 	}
 	c.seq++
 	m.Seq = c.seq
@@ -260,6 +287,10 @@ func (c *Client) ack(seq uint64) {
 		i++
 	}
 	c.unacked = append(c.unacked[:0:0], c.unacked[i:]...)
+	if i > 0 {
+		close(c.room)
+		c.room = make(chan struct{})
+	}
 }
 
 // Unacked is the number of events the operator has not confirmed yet.

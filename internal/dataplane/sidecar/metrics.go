@@ -42,18 +42,25 @@ var (
 	objectsDesc  = prometheus.NewDesc("ziptrail_store_objects", "Objects held in pod memory.", nil, nil)
 	bytesDesc    = prometheus.NewDesc("ziptrail_store_bytes", "Object bytes held in pod memory.", nil, nil)
 	capacityDesc = prometheus.NewDesc("ziptrail_store_capacity_bytes", "The pod's object memory cap.", nil, nil)
+	unackedDesc  = prometheus.NewDesc("ziptrail_sidecar_events_unacknowledged", "Events reported to the operator and kept until it acknowledges them (once a saved checkpoint holds them).", nil, nil)
 )
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- objectsDesc
 	ch <- bytesDesc
 	ch <- capacityDesc
+	ch <- unackedDesc
 }
 
 func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(objectsDesc, prometheus.GaugeValue, float64(c.s.Store.Len()))
 	ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.GaugeValue, float64(c.s.Store.Used()))
 	ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, float64(c.s.cfg.MemoryLimit))
+	unacked := 0
+	if c.s.ctl != nil {
+		unacked = c.s.ctl.Unacked()
+	}
+	ch <- prometheus.MustNewConstMetric(unackedDesc, prometheus.GaugeValue, float64(unacked))
 }
 
 // MetricsHandler serves the data plane's metrics: this sidecar's store

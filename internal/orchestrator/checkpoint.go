@@ -28,6 +28,9 @@ type state struct {
 	// trigger, so a new leader continues them; absent in checkpoints
 	// written before they were kept (they start at 0 then).
 	Triggers map[string]map[string]triggerCount `json:"triggers,omitempty"`
+	// Unsent are the invocations a graceful stop left queued, never sent:
+	// the next owner sends them at once (redispatch.go).
+	Unsent []string `json:"unsent,omitempty"`
 }
 
 type resultIO struct {
@@ -170,7 +173,7 @@ func (o *Orchestrator) save(ctx context.Context, force bool) (err error) {
 		w.Delete = append(w.Delete, id)
 	}
 	o.sessions.DropEnded(snap.Tombstones) // in their records
-	st := state{Engine: snap, Sessions: o.sessions.Running(), Results: map[string]resultIO{}, Triggers: o.counts.export()}
+	st := state{Engine: snap, Sessions: o.sessions.Running(), Results: map[string]resultIO{}, Triggers: o.counts.export(), Unsent: o.unsent}
 	for _, s := range st.Sessions {
 		if s.Result != nil {
 			st.Results[s.ID] = resultIO{Inline: s.Result.Inline, Ref: s.Result.Ref}
@@ -242,6 +245,7 @@ func (o *Orchestrator) restore(ctx context.Context) error {
 	}
 	o.sessions.Import(list)
 	o.counts.restore(st.Triggers)
+	o.restoredUnsent = st.Unsent
 	o.gen = max(gen, o.opts.Generation<<32)
 	o.cp.saved = false
 	o.restored = true

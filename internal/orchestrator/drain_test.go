@@ -23,8 +23,12 @@ import (
 func TestAGracefulStopDrainsCallsInFlight(t *testing.T) {
 	rs := testservers.StartRedis(t)
 	store := &checkpoint.Store{Client: rs.Client, Key: "ziptrail:test:drain"}
-	wf := testWorkflow("drain", "entry", "entry")
+	wf := testWorkflow("drain", "entry", "entry", "second")
+	wf.Spec.Triggers = append(wf.Spec.Triggers, immediate("next", "next", "second"))
 	fns := &testservers.Functions{}
+	fns.Add(t, "drain-second", ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+		return nil, ziptrail.SendObject(ctx, "output", "result", append([]byte("second:"), inv.Objects[0].Bytes()...), nil)
+	}))
 	running := make(chan struct{}, 1)
 	var cancelled atomic.Bool
 	fns.Add(t, "drain-entry", ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
@@ -35,10 +39,10 @@ func TestAGracefulStopDrainsCallsInFlight(t *testing.T) {
 			cancelled.Store(true)
 			return nil, ctx.Err()
 		}
-		return nil, ziptrail.SendObject(ctx, "output", "result", []byte("done"), nil)
+		return nil, ziptrail.SendObject(ctx, "next", "x", []byte("done"), nil)
 	}))
 	start := func() (*Orchestrator, context.CancelFunc, chan error) {
-		o, err := New(Options{Resolver: fns, Log: logr.Discard(), Checkpoint: store, CheckpointInterval: time.Hour})
+		o, err := New(Options{Resolver: fns, Log: logr.Discard(), Checkpoint: store, CheckpointInterval: time.Hour, RedispatchAfter: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,8 +69,12 @@ func TestAGracefulStopDrainsCallsInFlight(t *testing.T) {
 	}
 	second, stop2, done2 := start()
 	defer func() { stop2(); <-done2 }()
+	// The call in flight finished in the first owner's drain; the one it
+	// fired was left queued, and the second owner sends it at once.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	waitFor(t, "the session restored", func() bool { _, err := second.Sessions().Get(id); return err == nil })
-	if s, _ := second.Sessions().Get(id); s.State != sessions.Completed {
-		t.Fatalf("after a graceful handover, session %s is %s: the call in flight was lost with the first owner", id, s.State)
+	if s, err := second.Sessions().Wait(ctx, id); err != nil || s.State != sessions.Completed {
+		t.Fatalf("after a graceful handover, session %s is %s (%v): the call in flight, or the one it fired, was lost with the first owner", id, s.State, err)
 	}
 }

@@ -154,6 +154,9 @@ type Orchestrator struct {
 	// restoredCalls are the restored invocations in flight nothing was
 	// heard of yet (redispatch.go).
 	restoredCalls restoredCalls
+	// unsent are the invocations a graceful stop left queued (its last
+	// save records them); restoredUnsent are those a restore found.
+	unsent, restoredUnsent []string
 	// failing is the last save's error while saves fail (saveFailing).
 	failing atomic.Pointer[error]
 	// saveNow asks Run's loop for a save now (a started session waits
@@ -259,6 +262,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	}()
 	o.dispatcher.Start(dctx)
 	go o.feed(ctx)
+	o.sendUnsent()
 	tick := time.NewTicker(o.opts.TickInterval)
 	defer tick.Stop()
 	save := time.NewTicker(o.opts.CheckpointInterval)
@@ -273,6 +277,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 			o.redispatch()
 		case <-ctx.Done():
 			o.drain(cut)
+			o.unsent = o.queuedIDs()
 			o.keys.close()
 			if o.opts.Checkpoint != nil {
 				// A last save so a clean handover loses nothing.

@@ -61,6 +61,11 @@ func (o *Orchestrator) redispatch() {
 	list := r.pending
 	r.pending = nil
 	r.mu.Unlock()
+	o.send(list, "no outcome arrived after the operator restored the session")
+}
+
+// send sends the restored invocations again, those still outstanding.
+func (o *Orchestrator) send(list map[string]engine.InFlight, why string) {
 	for _, c := range list {
 		if !o.engine.Outstanding(c.Session, c.Invocation) {
 			continue
@@ -72,11 +77,45 @@ func (o *Orchestrator) redispatch() {
 			o.opts.Log.Error(err, "redispatch", "session", c.Session, "invocation", c.Invocation)
 			continue
 		}
-		o.sessions.Log(c.Session, "Redispatched", "%s (%s): no outcome arrived after the operator restored the session; sent again with the same idempotency key",
-			c.Function, c.Invocation)
+		o.sessions.Log(c.Session, "Redispatched", "%s (%s): %s; sent again with the same idempotency key", c.Function, c.Invocation, why)
 		redispatched.Inc()
 		o.queue(env)
 	}
+}
+
+// queuedIDs are the invocations decided and never sent: in the outbox, or
+// queued in the dispatcher (after a drain).
+func (o *Orchestrator) queuedIDs() []string {
+	o.outMu.Lock()
+	ids := make([]string, 0, len(o.outbox))
+	for _, env := range o.outbox {
+		ids = append(ids, env.Invocation)
+	}
+	o.outMu.Unlock()
+	for _, env := range o.dispatcher.Pending() {
+		ids = append(ids, env.Invocation)
+	}
+	return ids
+}
+
+// sendUnsent sends at once the restored invocations the previous owner's
+// graceful stop left queued: nothing can be heard of them.
+func (o *Orchestrator) sendUnsent() {
+	if len(o.restoredUnsent) == 0 {
+		return
+	}
+	r := &o.restoredCalls
+	r.mu.Lock()
+	now := map[string]engine.InFlight{}
+	for _, id := range o.restoredUnsent {
+		if c, ok := r.pending[id]; ok {
+			now[id] = c
+			delete(r.pending, id)
+		}
+	}
+	r.mu.Unlock()
+	o.restoredUnsent = nil
+	o.send(now, "the previous owner's graceful stop left it queued")
 }
 
 // queue hands an envelope to the feed.

@@ -48,12 +48,17 @@ func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- objectsDesc
 	ch <- bytesDesc
 	ch <- capacityDesc
+	ch <- recordsDesc
+	ch <- recordBytesDesc
 }
 
 func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(objectsDesc, prometheus.GaugeValue, float64(c.s.Store.Len()))
 	ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.GaugeValue, float64(c.s.Store.Used()))
 	ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, float64(c.s.cfg.MemoryLimit))
+	keys, bytes := c.s.records.usage()
+	ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, float64(keys))
+	ch <- prometheus.MustNewConstMetric(recordBytesDesc, prometheus.GaugeValue, float64(bytes))
 }
 
 // MetricsHandler serves the data plane's metrics: this sidecar's store

@@ -165,7 +165,7 @@ type tried struct {
 	header  http.Header
 	body    []byte
 	err     error
-	written bool // the request was written whole at least once: it may have reached the function
+	written bool // the request had a connection: it may have reached the function
 }
 
 func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []byte, first bool) (t tried) {
@@ -185,15 +185,14 @@ func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []by
 		t.err = resolveError{fmt.Errorf("resolve %s/%s: %w", env.Namespace, env.Function, err)}
 		return t
 	}
-	// The trace's callbacks run on the transport's goroutines, possibly
-	// after Do returned: written is read once Do is done with the request.
-	var written atomic.Bool
-	rctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
-		if i.Err == nil {
-			written.Store(true)
-		}
-		wrote(i.Err == nil)
-	}})
+	// Nothing can have reached the function before the transport had a
+	// connection (GotConn runs on Do's goroutine, before anything is
+	// written); once it had one, only an answer proves anything.
+	var connected atomic.Bool
+	rctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn:      func(httptrace.GotConnInfo) { connected.Store(true) },
+		WroteRequest: func(i httptrace.WroteRequestInfo) { wrote(i.Err == nil) },
+	})
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, u, bytes.NewReader(body))
 	if err != nil {
 		wrote(false)
@@ -217,7 +216,7 @@ func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []by
 		}
 	}
 	resp, err := opts.Client.Do(req)
-	t.written = written.Load()
+	t.written = connected.Load()
 	if err != nil {
 		wrote(false)
 		t.err = err
@@ -239,7 +238,7 @@ func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []by
 
 // Retry reasons (RetryReason), the label of the dispatcher's retry metric.
 const (
-	RetryNotSent      = "not_sent"      // the request was never written whole: it cannot have reached the function
+	RetryNotSent      = "not_sent"      // the request never had a connection: it cannot have reached the function
 	RetryRefused      = "refused"       // nothing listens (connection refused)
 	RetryDNS          = "dns"           // the name did not resolve
 	RetryResolve      = "resolve"       // the service's URL is not known yet
@@ -250,8 +249,9 @@ const (
 
 // RetryReason says why a failed try may be sent again ("" when it may
 // not). Safe to retry is what provably did not reach the function — a
-// request never written whole (dial errors, connection refused, DNS, an
-// unknown URL) and 502, 503 or 429 answered before it (by Knative's
+// request that never had a connection (written false: dial errors,
+// connection refused, DNS, an unknown URL) and 502, 503 or 429 answered
+// before it (by Knative's
 // activator, ingress or queue-proxy overload: an answer without the
 // request's idempotency key, which the function's sidecar puts on every
 // answer it gives) — and, when the receiver honours the idempotency key

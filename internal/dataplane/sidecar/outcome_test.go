@@ -231,3 +231,50 @@ func TestOutcomeOutlivesItsCaller(t *testing.T) {
 		t.Fatalf("resend: %d %s; the function ran %d times, cancelled %d", resp.StatusCode, out, runs, cancelled)
 	}
 }
+
+// TestCutAnswerIsReportedFailedAndNotRunAgain: the user container's answer
+// breaks off mid-body (it crashed). The function ran and its outcome is
+// unknown: the end is reported failed (the engine's re-execution rules
+// decide, under a new key) and a duplicate of the key is refused (409),
+// not run again.
+func TestCutAnswerIsReportedFailedAndNotRunAgain(t *testing.T) {
+	ev := &endsEvents{ends: make(chan *controlv1.FunctionFinished, 16)}
+	s := workflowSidecar(t, controlServer(t, ev), "p", "work")
+	var mu sync.Mutex
+	runs := 0
+	u := behindProxy(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		runs++
+		mu.Unlock()
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		_, _ = conn.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort"))
+		_ = conn.Close()
+	}))
+	env := invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-work", Session: "s1", Invocation: "s1.4"}
+	body, _ := json.Marshal(env)
+	if resp, err := http.Post(u, invocation.ContentType, bytes.NewReader(body)); err == nil {
+		b, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if rerr == nil && resp.StatusCode == http.StatusOK {
+			t.Fatalf("a cut answer arrived whole: %d %q", resp.StatusCode, b)
+		}
+	}
+	select {
+	case f := <-ev.ends:
+		if f.InvocationId != "s1.4" || !f.Failed {
+			t.Fatalf("reported end %v", f)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("no end reported for a cut answer")
+	}
+	resp, out := post(t, u, env)
+	mu.Lock()
+	defer mu.Unlock()
+	if resp.StatusCode != http.StatusConflict || resp.Header.Get(hdrReplay) != "1" || runs != 1 {
+		t.Fatalf("duplicate: %d %s; the function ran %d times", resp.StatusCode, out, runs)
+	}
+}

@@ -445,8 +445,12 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 		}
 		recorded := false
 		defer func() {
-			if !recorded { // a panic below: the key ran, its answer is unknown
+			if !recorded {
+				// A panic below (the function's answer was cut): the key
+				// ran and its answer is unknown; its end is reported
+				// failed, for the engine's re-execution rules.
 				s.records.finish(rec, nil, time.Now())
+				s.reportOutcome(env, http.StatusBadGateway, nil, nil, 0, "the function's answer was cut off")
 			}
 		}()
 		s.reportStarted(env)

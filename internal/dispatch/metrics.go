@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 )
 
 var (
@@ -34,6 +36,10 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(latency, inflight, retries, queueFull, queued)
+	for _, r := range []string{call.RetryNotSent, call.RetryRefused, call.RetryDNS, call.RetryResolve, call.RetryUnavailable,
+		call.RetryLostResponse, call.RetryGateway} {
+		retries.WithLabelValues(r) // exported from 0
+	}
 }
 
 func observe(r Result) {

@@ -50,7 +50,14 @@ var (
 	recordBytesDesc = prometheus.NewDesc("ziptrail_idempotency_record_bytes", "Bytes of the recorded outcomes.", nil, nil)
 )
 
-func init() { prometheus.MustRegister(replays, evictions) }
+func init() {
+	prometheus.MustRegister(replays, evictions)
+	for _, a := range []string{"replayed", "waited", "unrecorded"} {
+		replays.WithLabelValues(a) // exported from 0
+	}
+	evictions.WithLabelValues("cap")
+	evictions.WithLabelValues("ttl")
+}
 
 // outcome is what the caller of one delivery got.
 type outcome struct {

@@ -1,9 +1,13 @@
 // Package dispatch turns the trigger engine's invoke decisions into HTTP
 // requests to the functions' Knative URLs, so Knative's activator and
 // autoscaler stay in charge of where and when they run. Concurrency is
-// bounded; transport errors and Knative's transient statuses are retried with
-// backoff; a function that answers with an error is reported, not retried:
-// re-execution is the engine's decision. Invocations waiting for a worker
+// bounded. Every request carries its invocation's idempotency key; only
+// what is safe is retried, with backoff (call.RetryReason): what provably
+// did not reach the function, Knative's transient statuses from before it,
+// and — to a service whose sidecar answered with the key before, so
+// honours it — a delivery whose answer was lost. A timed-out call and a
+// function that answers with an error are reported, not retried:
+// re-execution is the engine's decision, under a new key. Invocations waiting for a worker
 // are bounded in number and bytes: past that, an invocation fails at once
 // with ErrQueueFull (reported like any failure, so its session learns)
 // instead of piling up in memory.
@@ -39,7 +43,7 @@ type Options struct {
 	Concurrency int           // requests in flight at most; default 64
 	Queue       int           // invocations waiting for a worker at most; default 65536
 	QueueBytes  int64         // their (estimated) bytes at most; default 256 MiB
-	MaxTries    int           // attempts per invocation for transient failures; default 5
+	MaxTries    int           // attempts per invocation for failures safe to retry; default 5
 	BaseBackoff time.Duration // first retry delay; default 50ms, doubled each try
 	MaxBackoff  time.Duration // default 5s
 	MaxBody     int64         // response bytes kept; default 1 MiB
@@ -121,7 +125,8 @@ func New(opts Options) (*Dispatcher, error) {
 	}
 	d := &Dispatcher{opts: opts, wake: make(chan struct{}, 1), drain: make(chan struct{})}
 	d.call = call.Options{Client: opts.Client, MaxTries: opts.MaxTries, BaseBackoff: opts.BaseBackoff, MaxBackoff: opts.MaxBackoff,
-		MaxBody: opts.MaxBody, ProducerNode: opts.ProducerNode, OnRetry: retries.Inc,
+		MaxBody: opts.MaxBody, ProducerNode: opts.ProducerNode, Receivers: &call.Receivers{},
+		OnRetry: func(reason string) { retries.WithLabelValues(reason).Inc() },
 		URL: func(ctx context.Context, env *invocation.Envelope) (string, error) {
 			u, err := opts.Resolver.URL(ctx, env.Namespace, env.Function)
 			if err != nil {

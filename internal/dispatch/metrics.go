@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 )
 
 var (
@@ -17,10 +19,11 @@ var (
 		Name: "ziptrail_invocations_in_flight",
 		Help: "Invocations being sent or awaiting a response.",
 	})
-	retries = prometheus.NewCounter(prometheus.CounterOpts{
+	retries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ziptrail_invocation_retries_total",
-		Help: "Retries after transport errors or transient statuses.",
-	})
+		Help: "Retries of invocations, by reason: not_sent, refused, dns, resolve (the request cannot have reached the function), " +
+			"unavailable (Knative's 502/503/429 before the function), lost_response and gateway_timeout (the receiver honours the idempotency key).",
+	}, []string{"reason"})
 	queueFull = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ziptrail_invocation_queue_full_total",
 		Help: "Invocations refused because the dispatch queue was full.",
@@ -33,6 +36,10 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(latency, inflight, retries, queueFull, queued)
+	for _, r := range []string{call.RetryNotSent, call.RetryRefused, call.RetryDNS, call.RetryResolve, call.RetryUnavailable,
+		call.RetryLostResponse, call.RetryGateway} {
+		retries.WithLabelValues(r) // exported from 0
+	}
 }
 
 func observe(r Result) {

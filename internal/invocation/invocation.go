@@ -82,6 +82,11 @@ type Envelope struct {
 	// operator over its control stream, since the operator does not read
 	// the response.
 	Delegated bool `json:"delegated,omitempty"`
+	// IdempotencyKey is the invocation's key (Key: session, invocation
+	// id, attempt), for side effects the function makes outside ziptrail;
+	// the receiving sidecar sets it from the other fields before the
+	// function sees the envelope, whatever the sender wrote.
+	IdempotencyKey string `json:"idempotencyKey,omitempty"`
 }
 
 // Refs lists the references among the objects.

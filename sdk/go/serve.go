@@ -23,10 +23,17 @@ type Invocation struct {
 	Session   string
 	ID        string
 	Attempt   int
-	Trigger   string
-	Group     string // DynamicGroup's group
-	Args      []byte
-	Objects   []*Object
+	// IdempotencyKey identifies this execution of the invocation:
+	// "<session>/<invocation>/<attempt>". Every delivery of it carries the
+	// same key (ziptrail delivers invocations at least once; the pod's
+	// sidecar answers a duplicate that reaches it from its record), and a
+	// re-execution has a new one. Use it to make side effects outside
+	// ziptrail (a database write, a payment, a message) happen once.
+	IdempotencyKey string
+	Trigger        string
+	Group          string // DynamicGroup's group
+	Args           []byte
+	Objects        []*Object
 }
 
 // Object returns the input with the given bucket and key, or nil.
@@ -88,7 +95,10 @@ func FunctionHandler(handler Handler) http.Handler {
 			return
 		}
 		inv := &Invocation{Namespace: env.Namespace, Workflow: env.Workflow, Function: env.Function, Session: env.Session,
-			ID: env.Invocation, Attempt: env.Attempt, Trigger: env.Trigger, Group: env.Group, Args: env.Args}
+			ID: env.Invocation, Attempt: env.Attempt, IdempotencyKey: env.IdempotencyKey, Trigger: env.Trigger, Group: env.Group, Args: env.Args}
+		if inv.IdempotencyKey == "" { // no sidecar set it: the same derivation
+			inv.IdempotencyKey = env.Key()
+		}
 		defer func() { unmapAll(inv.Objects) }()
 		for _, o := range env.Objects {
 			obj, err := openObject(dir, o)

@@ -71,6 +71,13 @@ type Config struct {
 	// one is taken for gone and the object read from the tiers. Zero
 	// fields: pull's defaults (10 s, 30 s, 30 s).
 	PullTimeouts pull.Timeouts
+	// IdempotencyMaxKeys and IdempotencyMaxBytes cap the outcomes this
+	// sidecar records by idempotency key (idempotency.go): past either,
+	// the oldest are freed (ziptrail_idempotency_evictions_total).
+	// Defaults 65536 keys and 64 MiB ($ZIPTRAIL_IDEMPOTENCY_MAX_KEYS,
+	// $ZIPTRAIL_IDEMPOTENCY_MAX_BYTES).
+	IdempotencyMaxKeys  int
+	IdempotencyMaxBytes int64
 
 	// envErrs are the variables FromEnv could not use: Start refuses
 	// to run with them (Validate).
@@ -132,6 +139,8 @@ func FromEnv() Config {
 	c.BackupTimeout = time.Duration(envInt("ZIPTRAIL_BACKUP_TIMEOUT_SECONDS", 25)) * time.Second
 	c.MaxOutputsBytes = int64(envInt("ZIPTRAIL_MAX_OUTPUTS_BYTES", invocation.MaxEnvelopeBytes))
 	c.PullTimeouts, c.envErrs = pullTimeoutsFromEnv()
+	c.IdempotencyMaxKeys = envInt("ZIPTRAIL_IDEMPOTENCY_MAX_KEYS", defaultRecordKeys)
+	c.IdempotencyMaxBytes = int64(envInt("ZIPTRAIL_IDEMPOTENCY_MAX_BYTES", defaultRecordBytes))
 	c.PutTimeout = 30 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("ZIPTRAIL_PUT_TIMEOUT")); err == nil && d > 0 {
 		c.PutTimeout = d

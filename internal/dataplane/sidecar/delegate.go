@@ -41,6 +41,9 @@ const maxDelegatedReturn = 1 << 20
 type delegator struct {
 	byBucket atomic.Pointer[map[string][]*controlv1.DelegatedTrigger]
 	clients  sync.Map // ingress ("" for none) -> *http.Client, kept-alive connections
+	// receivers are the targets whose sidecars answered with their
+	// idempotency key: a lost answer of theirs is sent again (call.Send).
+	receivers call.Receivers
 }
 
 // setDelegations replaces the triggers this sidecar fires (nil: none).
@@ -127,7 +130,7 @@ func (s *Sidecar) sendDelegated(env *invocation.Envelope, t *controlv1.Delegated
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sent := make(chan bool, 1)
-	opts := call.Options{Client: s.deleg.client(t.Ingress), Wrote: func(ok bool) { sent <- ok },
+	opts := call.Options{Client: s.deleg.client(t.Ingress), Wrote: func(ok bool) { sent <- ok }, Receivers: &s.deleg.receivers,
 		URL: func(context.Context, *invocation.Envelope) (string, error) { return t.Url, nil }}
 	if node := s.cfg.SameNode.Node; node != "" {
 		opts.ProducerNode = func(*invocation.Envelope) string { return node }
@@ -177,12 +180,22 @@ func (s *Sidecar) reportStarted(env *invocation.Envelope) {
 		Session: env.Session, Function: strings.TrimPrefix(env.Function, env.Workflow+"-"), InvocationId: env.Invocation, Args: args}}})
 }
 
-// reportDelegated reports the outcome of an invocation a producer's
-// sidecar sent (env.Delegated) over this sidecar's control stream, as the
-// operator's dispatcher would from the response: its objects, then that
-// it finished, with its return value. code is the function's status; outs
-// its outputs (nil: ret is its whole response).
-func (s *Sidecar) reportDelegated(env *invocation.Envelope, code int, outs *invocation.Outputs, ret []byte, sentLocally int, failure string) {
+// reportOutcome reports the outcome of an invocation over this sidecar's
+// control stream, as the operator's dispatcher would from the response:
+// its objects, then that it finished, with its return value. code is the
+// function's status; outs its outputs (nil: ret is its whole response).
+// For an invocation a producer's sidecar sent (env.Delegated) it is the
+// only report; for one the engine dispatched it is a second one, so that
+// an operator whose HTTP client lost the response learns the outcome
+// (the engine applies whichever comes first): one whose return value is
+// too large to report here is left to the response.
+func (s *Sidecar) reportOutcome(env *invocation.Envelope, code int, outs *invocation.Outputs, ret []byte, sentLocally int, failure string) {
+	if s.ctl == nil {
+		return
+	}
+	if !env.Delegated && code == http.StatusOK && failure == "" && (outs != nil && len(outs.Return) > maxDelegatedReturn || outs == nil && len(ret) > maxDelegatedReturn) {
+		return
+	}
 	fn := strings.TrimPrefix(env.Function, env.Workflow+"-")
 	fin := &controlv1.FunctionFinished{Session: env.Session, Function: fn, InvocationId: env.Invocation}
 	switch {

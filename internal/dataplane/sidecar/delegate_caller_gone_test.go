@@ -39,8 +39,7 @@ func (e *endEvents) FunctionFinished(ctx context.Context, id control.Identity, e
 // behind a reverse proxy, as the user container is behind queue-proxy: it
 // is not cancelled, and the consumer's sidecar reports its start, its
 // output and a successful end — the engine counts the firing as done, so
-// cancelling it would lose the outputs. A plain (engine-dispatched)
-// invocation still ends with its caller.
+// cancelling it would lose the outputs.
 func TestDelegatedInvocationOutlivesItsCaller(t *testing.T) {
 	ev := &endEvents{}
 	addr := controlServer(t, ev)
@@ -53,12 +52,8 @@ func TestDelegatedInvocationOutlivesItsCaller(t *testing.T) {
 		_, _ = io.Copy(io.Discard, r.Body) // as a function reads its envelope
 		inv := r.Header.Get(invocation.HeaderInvocation)
 		running <- inv
-		wait := release
-		if inv != "s1.dgone" {
-			wait = nil // a plain invocation runs until its caller goes
-		}
 		select {
-		case <-wait:
+		case <-release:
 		case <-r.Context().Done():
 			cancelled.Store(inv, true)
 			return
@@ -110,26 +105,14 @@ func TestDelegatedInvocationOutlivesItsCaller(t *testing.T) {
 		}
 	}
 
-	// The delegated invocation's caller goes away; then a plain one's,
-	// whose function is cancelled (the engine re-executes it by its
-	// rules): by then the first cancellation has gone the same way.
+	// The delegated invocation's caller goes away (a plain one's too:
+	// TestOutcomeOutlivesItsCaller).
 	call("s1.dgone", true)
-	call("s1.plain", false)
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if _, ok := cancelled.Load("s1.plain"); ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a plain invocation's function was not cancelled when its caller went away")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	close(release)
+	waitFor("s1.dgone", []string{"started", "object", "finished"})
 	if _, ok := cancelled.Load("s1.dgone"); ok {
 		t.Fatal("the delegated invocation's function was cancelled with its caller")
 	}
-	close(release)
-	waitFor("s1.dgone", []string{"started", "object", "finished"})
 	if n := ev.failed.Load(); n != 0 {
 		t.Errorf("the delegated invocation was reported failed (%d)", n)
 	}

@@ -3,9 +3,11 @@ package sidecar
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,8 +25,12 @@ type delegEvents struct {
 	objects  []*controlv1.ObjectReady
 	finished []*controlv1.FunctionFinished
 	started  []*controlv1.FunctionStarted
-	got      chan struct{}
-	deleg    *controlv1.Delegations
+	// What the producer's sidecar reports of its own, engine-dispatched
+	// invocation (every invocation's outcome is reported): set aside.
+	own     []string
+	ownEnds chan string // the producer's own ends, when set
+	got     chan struct{}
+	deleg   *controlv1.Delegations
 }
 
 func (e *delegEvents) note(f func()) {
@@ -34,6 +40,12 @@ func (e *delegEvents) note(f func()) {
 	e.got <- struct{}{}
 }
 func (e *delegEvents) ObjectReady(_ context.Context, _ control.Identity, ev *controlv1.ObjectReady) error {
+	if ev.ProducerFunction == "entry" {
+		e.mu.Lock()
+		e.own = append(e.own, "object "+ev.InvocationId+" "+ev.Bucket+"/"+ev.Key)
+		e.mu.Unlock()
+		return nil
+	}
 	e.note(func() { e.objects = append(e.objects, ev) })
 	return nil
 }
@@ -42,6 +54,15 @@ func (e *delegEvents) FunctionStarted(_ context.Context, _ control.Identity, ev 
 	return nil
 }
 func (e *delegEvents) FunctionFinished(_ context.Context, _ control.Identity, ev *controlv1.FunctionFinished) error {
+	if ev.Function == "entry" {
+		e.mu.Lock()
+		e.own = append(e.own, fmt.Sprintf("finished %s failed=%v outputs=%d", ev.InvocationId, ev.Failed, ev.OutputsSent))
+		e.mu.Unlock()
+		if e.ownEnds != nil {
+			e.ownEnds <- ev.InvocationId
+		}
+		return nil
+	}
 	e.note(func() { e.finished = append(e.finished, ev) })
 	return nil
 }
@@ -65,7 +86,7 @@ func (e *delegEvents) Welcome(id control.Identity) []*controlv1.OperatorMessage 
 // the arguments a re-execution needs), its outputs and its end, with its
 // return value, over its own control stream.
 func TestDelegatedFiring(t *testing.T) {
-	ev := &delegEvents{got: make(chan struct{}, 64)}
+	ev := &delegEvents{got: make(chan struct{}, 64), ownEnds: make(chan string, 64)}
 	addr := controlServer(t, ev)
 
 	run := func(pod, fn string) *Sidecar { return workflowSidecar(t, addr, pod, fn) }
@@ -193,5 +214,29 @@ func TestDelegatedFiring(t *testing.T) {
 		if len(o.FiredLocally) != 0 {
 			t.Errorf("a re-execution fired %s/%s itself: %v", o.Bucket, o.Key, o.FiredLocally)
 		}
+	}
+
+	// The producer's sidecar reported its own invocations' outcomes too:
+	// their four objects (with what it fired), then their ends.
+	for _, want := range []string{"s1.0", "s1.0.r1"} {
+		select {
+		case got := <-ev.ownEnds:
+			if got != want {
+				t.Fatalf("the producer reported the end of %s, want %s", got, want)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("the producer's sidecar never reported the end of %s", want)
+		}
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	var own []string
+	for _, l := range ev.own {
+		if strings.Contains(l, " s1.0 ") || strings.HasSuffix(l, "s1.0") {
+			own = append(own, l)
+		}
+	}
+	if len(own) != 5 || own[4] != "finished s1.0 failed=false outputs=4" {
+		t.Errorf("the producer reported %q of its own invocation, want its 4 objects and its end", own)
 	}
 }

@@ -50,6 +50,8 @@ func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- bytesDesc
 	ch <- capacityDesc
 	ch <- unackedDesc
+	ch <- recordsDesc
+	ch <- recordBytesDesc
 }
 
 func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -61,6 +63,9 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 		unacked = c.s.ctl.Unacked()
 	}
 	ch <- prometheus.MustNewConstMetric(unackedDesc, prometheus.GaugeValue, float64(unacked))
+	keys, bytes := c.s.records.usage()
+	ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, float64(keys))
+	ch <- prometheus.MustNewConstMetric(recordBytesDesc, prometheus.GaugeValue, float64(bytes))
 }
 
 // MetricsHandler serves the data plane's metrics: this sidecar's store

@@ -74,6 +74,8 @@ type Sidecar struct {
 
 	deleg delegator // the triggers this sidecar fires itself (delegate.go)
 
+	records *records // outcomes by idempotency key (idempotency.go)
+
 	// The tiers in use: the Config's, or the operator's (setTiers).
 	redis    atomic.Pointer[tier.Redis]
 	s3       atomic.Pointer[tier.S3]
@@ -83,7 +85,7 @@ type Sidecar struct {
 // New prepares a sidecar; Start runs its servers.
 func New(cfg Config) *Sidecar {
 	s := &Sidecar{cfg: cfg, Store: store.New(cfg.MemoryLimit, nil), ready: make(chan struct{}), backedUp: make(chan struct{}),
-		stopped: make(chan struct{})}
+		stopped: make(chan struct{}), records: newRecords(cfg.IdempotencyMaxKeys, cfg.IdempotencyMaxBytes, cfg.ObjectTTL)}
 	if cfg.Redis != nil {
 		s.redis.Store(cfg.Redis)
 		s.Store.Spill = s.spill
@@ -219,7 +221,12 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				GroupView:       s.msgs.View,
 				GroupJoinResult: s.msgs.JoinResult,
 				Delegations:     s.setDelegations,
-				Drop:            func(d *controlv1.DropObjects) { s.Store.DropSession(d.Session) },
+				Drop: func(d *controlv1.DropObjects) {
+					s.Store.DropSession(d.Session)
+					if len(d.Keys) == 0 { // the session is collected: its keys can come no more
+						s.records.drop(d.Session)
+					}
+				},
 				KeepAlive: func(k *controlv1.KeepAlive) {
 					for _, r := range k.Refs {
 						if kr := s.keys.Load(); kr != nil {
@@ -271,6 +278,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 				return
 			case <-t.C:
 				s.Store.Sweep()
+				s.records.sweep(time.Now())
 				s.sweepSameNode()
 			}
 		}
@@ -421,12 +429,39 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		// The key is this sidecar's to derive (idempotency.go): the
+		// function gets it, and every answer echoes it, which tells the
+		// caller this sidecar answers a duplicate from its record.
+		key := env.Key()
+		env.IdempotencyKey = key
+		w.Header().Set(invocation.HeaderIdempotencyKey, key)
+		rec, out, unrecorded, err := s.records.acquire(r.Context(), env.Session, key)
+		if err != nil {
+			return // its caller left while it waited for the delivery that runs the key
+		}
+		if rec == nil {
+			replay(w, key, out, unrecorded)
+			return
+		}
+		recorded := false
+		defer func() {
+			if !recorded {
+				// A panic below (the function's answer was cut): the key
+				// ran and its answer is unknown; its end is reported
+				// failed, for the engine's re-execution rules.
+				s.records.finish(rec, nil, time.Now())
+				s.reportOutcome(env, http.StatusBadGateway, nil, nil, 0, "the function's answer was cut off")
+			}
+		}()
 		s.reportStarted(env)
 		ctx, cancel := s.invocationContext(r, env)
 		defer cancel()
 		files, err := s.resolve(ctx, env)
 		defer removeAll(files) // the function is done with its inputs
 		if err != nil {
+			// The function did not run: a later delivery of the key may.
+			recorded = true
+			s.records.abandon(rec)
 			// 424: the invocation cannot run without its inputs; the
 			// header names the error class for the caller's SDK.
 			if reason := localapi.ReasonOf(err); reason != "" {
@@ -437,6 +472,8 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 		}
 		body, err := json.Marshal(env)
 		if err != nil {
+			recorded = true
+			s.records.abandon(rec)
 			http.Error(w, "ziptrail: encode the envelope: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -444,22 +481,23 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 		r2.Body = io.NopCloser(bytes.NewReader(body))
 		r2.ContentLength = int64(len(body))
 		r2.Header.Set("Content-Length", strconv.Itoa(len(body)))
-		s.serveFunction(w, r2, next, env)
+		rw := &recorder{w: w}
+		s.serveFunction(rw, r2, next, env)
+		recorded = true
+		s.records.finish(rec, rw.outcome(), time.Now())
 		// The invocation's group memberships end with it.
 		s.msgs.InvocationEnded(env.Invocation, ctx.Err() != nil)
 	})
 }
 
-// invocationContext is the context an invocation runs in: its request's.
-// A delegated invocation's (its outcome is this sidecar's to report) does
-// not end when its caller, the producer's sidecar, goes away — the
-// producer's pod may be terminated once its outputs are safe — but at
-// the revision's timeout: cancelling it would lose the outputs of a
-// firing the engine counts as done.
+// invocationContext is the context an invocation runs in: not its
+// request's, since an outcome must not depend on its caller's connection
+// (the operator's HTTP client may go away on a restart or a handover, a
+// delegated invocation's producer pod may be terminated once its outputs
+// are safe), but one that ends at the revision's timeout. The function
+// finishes, its outcome is recorded under its idempotency key and, with a
+// control stream, reported to whichever operator owns the session.
 func (s *Sidecar) invocationContext(r *http.Request, env *invocation.Envelope) (context.Context, context.CancelFunc) {
-	if !env.Delegated || s.ctl == nil {
-		return r.Context(), func() {}
-	}
 	timeout := s.cfg.RevisionTimeout
 	if timeout <= 0 {
 		timeout = 300 * time.Second
@@ -470,9 +508,13 @@ func (s *Sidecar) invocationContext(r *http.Request, env *invocation.Envelope) (
 // serveFunction runs the function's handler, streaming its response or,
 // for outputs, buffering (bounded) and rewriting it.
 func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next http.Handler, env *invocation.Envelope) {
-	// A delegated invocation's outcome is this sidecar's to report: the
-	// operator does not read the response (delegate.go).
-	report := env.Delegated && s.ctl != nil
+	// Every invocation's outcome is reported over the control stream: a
+	// delegated one's because the operator does not read its response
+	// (delegate.go), an engine-dispatched one's so that the operator that
+	// owns the session learns it even when the HTTP client that sent it
+	// is gone (a restart, a handover); the engine applies the outcome
+	// once, whichever arrives first.
+	report := s.ctl != nil
 	ow := &outputsWriter{w: w, ctx: r.Context(), limit: s.maxOutputs(), budget: s.outputsBudget(), wait: s.putTimeout(), all: report,
 		// Objects the function sent through the local API are reported on
 		// their own: the response says how many, so none is missed.
@@ -499,7 +541,7 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next htt
 		w.Header().Del("Content-Type")
 		http.Error(w, msg, code)
 		if report {
-			s.reportDelegated(env, code, nil, nil, 0, msg)
+			s.reportOutcome(env, code, nil, nil, 0, msg)
 		}
 	}
 	if !ow.buffering {
@@ -507,7 +549,7 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next htt
 			ow.WriteHeader(http.StatusOK)
 		}
 		if report {
-			s.reportDelegated(env, ow.code, nil, nil, 0, "")
+			s.reportOutcome(env, ow.code, nil, nil, 0, "")
 		}
 		return
 	}
@@ -523,7 +565,7 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next htt
 	if !invocation.IsOutputs(w.Header().Get("Content-Type")) { // a delegated invocation's plain return value
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(ow.buf.Bytes())
-		s.reportDelegated(env, http.StatusOK, nil, ow.buf.Bytes(), sentLocally, "")
+		s.reportOutcome(env, http.StatusOK, nil, ow.buf.Bytes(), sentLocally, "")
 		return
 	}
 	outs, err := invocation.DecodeOutputs(ow.buf.Bytes())
@@ -553,7 +595,7 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next htt
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(out)
 	if report {
-		s.reportDelegated(env, http.StatusOK, outs, nil, sentLocally, "")
+		s.reportOutcome(env, http.StatusOK, outs, nil, sentLocally, "")
 	}
 }
 

@@ -15,10 +15,14 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/invocation"
@@ -38,7 +42,7 @@ type Result struct {
 // Options configure Send; zero values take the defaults.
 type Options struct {
 	Client      *http.Client
-	MaxTries    int           // attempts for transient failures; default 5
+	MaxTries    int           // attempts for failures that are safe to retry; default 5
 	BaseBackoff time.Duration // first retry delay; default 50ms, doubled each try
 	MaxBackoff  time.Duration // default 5s
 	MaxBody     int64         // response bytes kept; default 1 MiB
@@ -51,8 +55,39 @@ type Options struct {
 	// whole (the function may run from then on), or with false when that
 	// try failed before.
 	Wrote func(bool)
-	// OnRetry, when set, is called before every retry.
-	OnRetry func()
+	// OnRetry, when set, is called before every retry with its reason
+	// (see RetryReason).
+	OnRetry func(reason string)
+	// Receivers, when set, learns which services answer with their
+	// idempotency key (their sidecars honour it): a failure after the
+	// request was written is retried only for those.
+	Receivers *Receivers
+}
+
+// Receivers remembers the services (namespace/service) whose answers
+// echoed the request's idempotency key: their sidecars answer a duplicate
+// delivery from their record instead of running the function again. Safe
+// for concurrent use; the zero value is ready.
+type Receivers struct{ m sync.Map }
+
+// Honours reports whether env's service answered with its key before.
+func (r *Receivers) Honours(env *invocation.Envelope) bool {
+	if r == nil {
+		return false
+	}
+	_, ok := r.m.Load(env.Namespace + "/" + env.Function)
+	return ok
+}
+
+// learn notes that env's service echoed its key.
+func (r *Receivers) learn(env *invocation.Envelope, h http.Header) {
+	if r == nil || h == nil || h.Get(invocation.HeaderIdempotencyKey) != env.Key() {
+		return
+	}
+	k := env.Namespace + "/" + env.Function
+	if _, ok := r.m.Load(k); !ok {
+		r.m.Store(k, struct{}{})
+	}
 }
 
 // Defaults fills the zero values of opts.
@@ -74,10 +109,13 @@ func (o *Options) Defaults() {
 	}
 }
 
-// Send sends env, retrying transport errors and Knative's transient
-// statuses; a function that answers with an error is reported in Err, not
-// retried (re-execution is the engine's decision). opts must have had
-// Defaults applied.
+// Send sends env with its idempotency key, retrying only what is safe (see
+// RetryReason): what provably did not reach the function, Knative's
+// answers from before the function, and — to a service whose sidecar
+// honours idempotency keys — a delivery whose answer was lost. A function
+// that answers with an error, and a call that timed out, are reported in
+// Err, not retried (re-execution is the engine's decision, under a new
+// key). opts must have had Defaults applied.
 func Send(ctx context.Context, opts *Options, env *invocation.Envelope) Result {
 	start := time.Now()
 	res := Result{Envelope: env}
@@ -91,13 +129,15 @@ func Send(ctx context.Context, opts *Options, env *invocation.Envelope) Result {
 	}
 	backoff := opts.BaseBackoff
 	for res.Tries = 1; ; res.Tries++ {
-		status, header, respBody, err := try(ctx, opts, env, body, res.Tries == 1)
-		res.Status, res.Header, res.Body, res.Err = status, header, respBody, err
-		if !Transient(status, err) || res.Tries >= opts.MaxTries || ctx.Err() != nil {
+		tr := try(ctx, opts, env, body, res.Tries == 1)
+		res.Status, res.Header, res.Body, res.Err = tr.status, tr.header, tr.body, tr.err
+		opts.Receivers.learn(env, tr.header)
+		reason := RetryReason(env, tr.status, tr.header, tr.err, tr.written, opts.Receivers.Honours(env))
+		if reason == "" || res.Tries >= opts.MaxTries || ctx.Err() != nil {
 			break
 		}
 		if opts.OnRetry != nil {
-			opts.OnRetry()
+			opts.OnRetry(reason)
 		}
 		// Full jitter keeps retries of a burst from arriving together.
 		wait := time.Duration(rand.Int64N(int64(backoff)) + 1)
@@ -119,7 +159,16 @@ func Send(ctx context.Context, opts *Options, env *invocation.Envelope) Result {
 	return res
 }
 
-func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []byte, first bool) (int, http.Header, []byte, error) {
+// tried is the outcome of one try.
+type tried struct {
+	status  int
+	header  http.Header
+	body    []byte
+	err     error
+	written bool // the request had a connection: it may have reached the function
+}
+
+func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []byte, first bool) (t tried) {
 	wrote := func(bool) {}
 	if first && opts.Wrote != nil {
 		once := false
@@ -133,22 +182,31 @@ func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []by
 	u, err := opts.URL(ctx, env)
 	if err != nil {
 		wrote(false)
-		return 0, nil, nil, fmt.Errorf("resolve %s/%s: %w", env.Namespace, env.Function, err)
+		t.err = resolveError{fmt.Errorf("resolve %s/%s: %w", env.Namespace, env.Function, err)}
+		return t
 	}
-	rctx := ctx
-	if first && opts.Wrote != nil {
-		rctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) { wrote(i.Err == nil) }})
-	}
+	// Nothing can have reached the function before the transport had a
+	// connection (GotConn runs on Do's goroutine, before anything is
+	// written); once it had one, only an answer proves anything.
+	var connected atomic.Bool
+	rctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn:      func(httptrace.GotConnInfo) { connected.Store(true) },
+		WroteRequest: func(i httptrace.WroteRequestInfo) { wrote(i.Err == nil) },
+	})
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, u, bytes.NewReader(body))
 	if err != nil {
 		wrote(false)
-		return 0, nil, nil, err
+		t.err = err
+		return t
 	}
 	req.Header.Set("Content-Type", invocation.ContentType)
 	req.Header.Set(invocation.HeaderSession, env.Session)
 	req.Header.Set(invocation.HeaderInvocation, env.Invocation)
 	req.Header.Set(invocation.HeaderFunction, env.Function)
 	req.Header.Set(invocation.HeaderAttempt, strconv.Itoa(env.Attempt))
+	if key := env.Key(); validHeaderValue(key) {
+		req.Header.Set(invocation.HeaderIdempotencyKey, key)
+	}
 	if refs := env.Refs(); len(refs) > 0 {
 		req.Header.Set(invocation.HeaderRefs, strings.Join(refs, ","))
 	}
@@ -158,37 +216,101 @@ func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []by
 		}
 	}
 	resp, err := opts.Client.Do(req)
+	t.written = connected.Load()
 	if err != nil {
 		wrote(false)
-		return 0, nil, nil, err
+		t.err = err
+		return t
 	}
+	t.written = true
 	wrote(true) // a response: the request arrived
 	defer resp.Body.Close()
+	t.status, t.header = resp.StatusCode, resp.Header
 	data, err := io.ReadAll(io.LimitReader(resp.Body, opts.MaxBody+1))
 	if err == nil && int64(len(data)) > opts.MaxBody {
-		err = permanentError{fmt.Errorf("response of %s/%s exceeds %d bytes: send large outputs as objects", env.Namespace, env.Function, opts.MaxBody)}
+		t.err = permanentError{fmt.Errorf("response of %s/%s exceeds %d bytes: send large outputs as objects", env.Namespace, env.Function, opts.MaxBody)}
 		_, _ = io.Copy(io.Discard, resp.Body)
-		return resp.StatusCode, resp.Header, nil, err
+		return t
 	}
-	return resp.StatusCode, resp.Header, data, err
+	t.body, t.err = data, err
+	return t
 }
 
-// Transient says whether a failure is the platform's (retry) rather than the
-// function's (report): no response at all, or the statuses Knative's
-// activator and ingress use while a revision is starting or overloaded.
-func Transient(status int, err error) bool {
+// Retry reasons (RetryReason), the label of the dispatcher's retry metric.
+const (
+	RetryNotSent      = "not_sent"      // the request never had a connection: it cannot have reached the function
+	RetryRefused      = "refused"       // nothing listens (connection refused)
+	RetryDNS          = "dns"           // the name did not resolve
+	RetryResolve      = "resolve"       // the service's URL is not known yet
+	RetryUnavailable  = "unavailable"   // 502, 503 or 429 from Knative's activator, ingress or queue-proxy, before the function
+	RetryLostResponse = "lost_response" // the answer was lost; the receiver honours the idempotency key
+	RetryGateway      = "gateway_timeout"
+)
+
+// RetryReason says why a failed try may be sent again ("" when it may
+// not). Safe to retry is what provably did not reach the function — a
+// request that never had a connection (written false: dial errors,
+// connection refused, DNS, an unknown URL) and 502, 503 or 429 answered
+// before it (by Knative's
+// activator, ingress or queue-proxy overload: an answer without the
+// request's idempotency key, which the function's sidecar puts on every
+// answer it gives) — and, when the receiver honours the idempotency key
+// (honoured), a delivery whose answer was lost or timed out at a gateway:
+// its sidecar answers the duplicate from its record or waits for the run
+// in progress. A timeout of the call itself is never retried: it is
+// reported as a failure for the engine's re-execution rules, which run
+// a new attempt under a new key. env may be nil (no key known).
+func RetryReason(env *invocation.Envelope, status int, header http.Header, err error, written, honoured bool) string {
 	var perm permanentError
-	if errors.As(err, &perm) {
-		return false
+	if errors.As(err, &perm) || errors.Is(err, context.Canceled) {
+		return ""
 	}
 	if err != nil {
-		return true
+		if !written {
+			var dns *net.DNSError
+			switch {
+			case errors.As(err, new(resolveError)):
+				return RetryResolve
+			case errors.Is(err, syscall.ECONNREFUSED):
+				return RetryRefused
+			case errors.As(err, &dns):
+				return RetryDNS
+			}
+			return RetryNotSent
+		}
+		if isTimeout(err) {
+			return ""
+		}
+		if honoured {
+			return RetryLostResponse
+		}
+		return ""
 	}
+	echoed := env != nil && header != nil && header.Get(invocation.HeaderIdempotencyKey) == env.Key()
 	switch status {
-	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests:
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusTooManyRequests:
+		if !echoed {
+			return RetryUnavailable
+		}
+	case http.StatusGatewayTimeout:
+		if honoured && !echoed {
+			return RetryGateway
+		}
+	}
+	return ""
+}
+
+// resolveError is a URL that could not be resolved: nothing was sent.
+type resolveError struct{ error }
+
+func (r resolveError) Unwrap() error { return r.error }
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
-	return false
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // permanentError is a failure that a retry cannot fix.

@@ -56,6 +56,17 @@ class Invocation:
     group: str = ""
     args: bytes = b""
     objects: list[Object] = field(default_factory=list)
+    #: This execution's idempotency key, ``"<session>/<invocation>/<attempt>"``
+    #: (Go: ``Invocation.IdempotencyKey``). Every delivery of the execution
+    #: carries the same key — ziptrail delivers invocations at least once,
+    #: and the pod's sidecar answers a duplicate that reaches it from its
+    #: record — and a re-execution has a new one: use it to make side
+    #: effects outside ziptrail (a database write, a payment) happen once.
+    idempotency_key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.idempotency_key:
+            self.idempotency_key = idempotency_key(self.session, self.id, self.attempt)
 
     def object(self, bucket: str, key: str) -> Object | None:
         for o in self.objects:
@@ -66,6 +77,12 @@ class Invocation:
     def close(self) -> None:
         for o in self.objects:
             o.close()
+
+
+def idempotency_key(session: str, invocation: str, attempt: int) -> str:
+    """The idempotency key of one execution of an invocation (Go:
+    ``invocation.IdempotencyKey``)."""
+    return f"{session}/{invocation}/{attempt}"
 
 
 #: Names the sidecar gives the inputs it pulls into the object directory:
@@ -146,7 +163,7 @@ def decode(body: bytes, shm_dir: str | None = None) -> Invocation:
     if not isinstance(objects, list):
         raise _bad(f"objects must be a list, not {type(objects).__name__}")
     inv = Invocation(function=env["function"], session=env["session"], id=env["invocation"], attempt=_int(env, "attempt"),
-                     args=_b64(env, "args") or b"", **fields)
+                     args=_b64(env, "args") or b"", idempotency_key=_str(env, "idempotencyKey"), **fields)
     try:
         specs = [_check(i, o) for i, o in enumerate(objects)]
         directory = shm_dir if shm_dir is not None else _shm_dir()

@@ -1,0 +1,131 @@
+package dispatch
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/dataplane/sidecar"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// TestLostAnswerOfASidecarIsReplayedNotRerun: the function's pod runs the
+// real sidecar handler in front of the user container. The first answer
+// teaches the dispatcher that the service honours idempotency keys; the
+// answer to the next invocation is lost after the function ran (the
+// connection is cut). The dispatcher sends it again, the sidecar answers
+// from its record: the caller gets the function's answer and the
+// function ran once.
+func TestLostAnswerOfASidecarIsReplayedNotRerun(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "keys.json")
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{3}, 32))
+	if err := os.WriteFile(keyFile, []byte(`{"active":"k1","keys":{"k1":"`+key+`"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sc := sidecar.New(sidecar.Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(),
+		MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := sc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	runs := map[string]int{}
+	user := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		env, err := invocation.Decode(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		runs[env.Invocation]++
+		mu.Unlock()
+		_, _ = io.WriteString(w, "ran "+env.IdempotencyKey)
+	}))
+	defer user.Close()
+	target, _ := url.Parse(user.URL)
+	pod := sc.Wrap(httputil.NewSingleHostReverseProxy(target))
+	cut := map[string]bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(invocation.HeaderIdempotencyKey)
+		rec := httptest.NewRecorder()
+		pod.ServeHTTP(rec, r)
+		mu.Lock()
+		lose := key == "s/1/0" && !cut[key]
+		cut[key] = true
+		mu.Unlock()
+		if lose { // the function ran; its answer is lost with the connection
+			conn, _, _ := http.NewResponseController(w).Hijack()
+			_ = conn.Close()
+			return
+		}
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+	}))
+	defer srv.Close()
+
+	var envs []*invocation.Envelope
+	for i := range 2 {
+		env := envelope(i)
+		env.Objects = []invocation.Object{{Bucket: "b", Key: "k", Inline: []byte("x")}}
+		envs = append(envs, env)
+	}
+	res := runEnvelopes(t, Options{Resolver: staticResolver{srv.URL}, BaseBackoff: time.Millisecond, Concurrency: 1}, envs)
+	for _, r := range res {
+		want := "ran s/" + r.Envelope.Invocation + "/0"
+		if r.Err != nil || string(r.Body) != want {
+			t.Errorf("%s: %+v", r.Envelope.Invocation, r)
+		}
+		if r.Envelope.Invocation == "1" && (r.Tries != 2 || r.Header.Get(invocation.HeaderReplayed) != "1") {
+			t.Errorf("the lost answer: %d tries, replayed %q", r.Tries, r.Header.Get(invocation.HeaderReplayed))
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["0"] != 1 || runs["1"] != 1 {
+		t.Fatalf("runs %v, want each once", runs)
+	}
+}
+
+// runEnvelopes dispatches envs, in order, and returns their results.
+func runEnvelopes(t *testing.T, opts Options, envs []*invocation.Envelope) []Result {
+	t.Helper()
+	results := make(chan Result, len(envs))
+	opts.OnResult = func(r Result) { results <- r }
+	d, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); d.Wait() }()
+	d.Start(ctx)
+	for _, env := range envs {
+		if err := d.Submit(env); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out []Result
+	for range envs {
+		select {
+		case r := <-results:
+			out = append(out, r)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("only %d of %d results", len(out), len(envs))
+		}
+	}
+	return out
+}

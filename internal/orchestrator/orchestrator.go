@@ -64,9 +64,13 @@ type Options struct {
 	// DefaultInlineInput (64 KiB).
 	InlineInput int64
 	// ResultHold is how long a completed session's objects stay in their
-	// pods for its result, held by reference, to be read; reading it whole
-	// frees them at once. Default 10m (the sidecars' object TTL).
+	// pods for its result, held by reference, to be read whole. Default
+	// 10m (the sidecars' object TTL).
 	ResultHold time.Duration
+	// ResultGrace is how long they stay after the result's first full
+	// read when the client does not acknowledge it (an acknowledgement
+	// frees them at once); default DefaultResultGrace (results.go).
+	ResultGrace time.Duration
 	// Generation fences this orchestrator's checkpoints: they are written
 	// at generations above Generation<<32 (a sharded bucket's Lease
 	// transitions, so a later owner outranks every earlier one).

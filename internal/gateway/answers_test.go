@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/metadata"
+
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/orchestrator"
 	"github.com/ziptrail/ziptrail/internal/sessions"
@@ -222,4 +224,64 @@ func TestResultFreedOnAckOrGrace(t *testing.T) {
 		clk.advance(time.Minute + time.Second)
 		gone(t, id)
 	})
+}
+
+// TestStartIdempotencyKey: starts carrying the same Idempotency-Key (HTTP
+// header, gRPC metadata) answer the same session, however many arrive at
+// once; another key, or none, starts another session.
+func TestStartIdempotencyKey(t *testing.T) {
+	f := newFixture(t, nil)
+	f.namespace(t, "a")
+	token := f.serviceAccount(t, "a", "runner", "a")
+	var runs atomic.Int32
+	f.workflow(t, "a", "count", ziptrail.FunctionHandler(func(_ context.Context, inv *ziptrail.Invocation) ([]byte, error) {
+		runs.Add(1)
+		return []byte("ok"), nil
+	}))
+	start := func(key string) string {
+		h := http.Header{}
+		if key != "" {
+			h.Set("Idempotency-Key", key)
+		}
+		resp, body := f.doHeader(t, token, http.MethodPost, "/v1/namespaces/a/workflows/count/sessions", strings.NewReader("go"), h)
+		if resp.StatusCode != http.StatusCreated {
+			t.Errorf("start with key %q: %d %s", key, resp.StatusCode, body)
+			return ""
+		}
+		var s sessions.Session
+		_ = json.Unmarshal([]byte(body), &s)
+		return s.ID
+	}
+	ids := make(chan string, 8)
+	for range 8 {
+		go func() { ids <- start("k-1") }()
+	}
+	first := <-ids
+	for range 7 {
+		if id := <-ids; id != first {
+			t.Fatalf("starts with one key answered sessions %s and %s", first, id)
+		}
+	}
+	ctx := metadata.AppendToOutgoingContext(withToken(context.Background(), token), "idempotency-key", "k-1")
+	gs, err := f.gw.StartSession(ctx, &gatewayv1.StartSessionRequest{Namespace: "a", Workflow: "count", Input: []byte("go")})
+	if err != nil || gs.Id != first {
+		t.Fatalf("gRPC start with the same key: %v, %v; want session %s", gs.GetId(), err, first)
+	}
+	if other := start("k-2"); other == first || other == "" {
+		t.Fatalf("another key answered session %q", other)
+	}
+	if none := start(""); none == first || none == "" {
+		t.Fatalf("no key answered session %q", none)
+	}
+	if _, err := f.orch.Sessions().Wait(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := f.doHeader(t, token, http.MethodPost, "/v1/namespaces/a/workflows/count/sessions", strings.NewReader("go"), http.Header{"Idempotency-Key": {"bad key"}})
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("a key with a space: %d %s, want 400", resp.StatusCode, body)
+	}
+	list := f.orch.Sessions().List("a", "count")
+	if len(list) != 3 {
+		t.Errorf("%d sessions, want 3 (one per key and one without)", len(list))
+	}
 }

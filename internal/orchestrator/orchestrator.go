@@ -9,8 +9,6 @@ package orchestrator
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -331,6 +329,11 @@ func (o *Orchestrator) StartSession(ctx context.Context, namespace, name string,
 // Start implements gateway.Starter: inputs up to InlineInput travel inline,
 // larger ones are held in Inputs and travel by reference.
 func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input io.Reader, size int64) (string, error) {
+	id, done, release, err := o.claimStart(ctx, namespace, name) // startkeys.go
+	if done {
+		return id, err // an earlier start with the same Idempotency-Key started it
+	}
+	defer release()
 	key := Key(namespace, name)
 	info := o.workflow(key)
 	if info == nil {
@@ -343,9 +346,6 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	if err := o.engine.Pool().CheckStart(namespace); err != nil {
 		return "", o.startRefused(key, err)
 	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	id := name + "-" + hex.EncodeToString(b[:])
 	in, err := o.readInput(ctx, namespace, id, input, size)
 	if err != nil {
 		return "", o.startRefused(key, err)

@@ -44,6 +44,10 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type GatewayClient interface {
+	// StartSession starts a session. With "idempotency-key" metadata
+	// (printable ASCII, at most 255 bytes), starts with the same key for the
+	// same workflow of a namespace answer the same session, so a client may
+	// retry a start whose answer it lost.
 	StartSession(ctx context.Context, in *StartSessionRequest, opts ...grpc.CallOption) (*Session, error)
 	GetSession(ctx context.Context, in *SessionRef, opts ...grpc.CallOption) (*Session, error)
 	// WaitSession blocks until the session ends (or timeout_ms passes) and
@@ -170,6 +174,10 @@ func (c *gatewayClient) PlanShuffle(ctx context.Context, in *PlanShuffleRequest,
 // All implementations must embed UnimplementedGatewayServer
 // for forward compatibility.
 type GatewayServer interface {
+	// StartSession starts a session. With "idempotency-key" metadata
+	// (printable ASCII, at most 255 bytes), starts with the same key for the
+	// same workflow of a namespace answer the same session, so a client may
+	// retry a start whose answer it lost.
 	StartSession(context.Context, *StartSessionRequest) (*Session, error)
 	GetSession(context.Context, *SessionRef) (*Session, error)
 	// WaitSession blocks until the session ends (or timeout_ms passes) and

@@ -103,8 +103,13 @@ func TestRunSurvivesAnUnavailableGateway(t *testing.T) {
 			strings.NewReader(text), &out, progress)
 	}()
 	for range 3 {
-		if l := <-progress.retries; !strings.Contains(l, "gateway unreachable (dial: connect: connection refused), retrying in") {
-			t.Fatalf("notice %q", l)
+		select {
+		case l := <-progress.retries:
+			if !strings.Contains(l, "gateway unreachable (dial: connect: connection refused), retrying in") {
+				t.Fatalf("notice %q", l)
+			}
+		case err := <-done:
+			t.Fatalf("run gave up while the gateway was down: %v\n%s", err, progress)
 		}
 	}
 	ln, err = net.Listen("tcp", addr) // the gateway comes up

@@ -144,8 +144,13 @@ func TestSessionCallsRetry(t *testing.T) {
 		done <- outcome{res, err}
 	}()
 	for range 3 {
-		if op := <-retries; op != "start session" {
-			t.Fatalf("retried %q, want the start", op)
+		select {
+		case op := <-retries:
+			if op != "start session" {
+				t.Fatalf("retried %q, want the start", op)
+			}
+		case o := <-done:
+			t.Fatalf("RunSession gave up while the gateway was down: %v", o.err)
 		}
 	}
 	// The gateway comes up.

@@ -337,17 +337,35 @@ func (e *errWriter) Write(p []byte) (int, error) {
 // streamEvents prints the session's progress events (server-sent events)
 // as they arrive, with the time since the session started.
 func streamEvents(ctx context.Context, hc *gwClient, gw, ns, id string, started time.Time, out io.Writer) {
+	var last time.Time // of the last event printed
+	b := hc.backoff()
+	for {
+		// A stream that breaks before the session ended (an operator
+		// rollout) is opened again, quietly, printing only newer events.
+		if streamOnce(ctx, hc, gw, ns, id, started, out, &last) || ctx.Err() != nil {
+			return
+		}
+		pause, ok := b.Next(0)
+		if !ok || retry.Sleep(ctx, pause) != nil {
+			return
+		}
+	}
+}
+
+// streamOnce prints the events one stream brings that are newer than
+// *last; done: the session ended, or its events cannot be streamed.
+func streamOnce(ctx context.Context, hc *gwClient, gw, ns, id string, started time.Time, out io.Writer, last *time.Time) (done bool) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/events", gw, ns, id), nil)
 	if err != nil {
-		return
+		return true
 	}
 	resp, err := hc.hc.Do(req)
 	if err != nil {
-		return
+		return !retryable(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return
+		return resp.StatusCode != http.StatusServiceUnavailable
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -357,11 +375,19 @@ func streamEvents(ctx context.Context, hc *gwClient, gw, ns, id string, started 
 			continue
 		}
 		var e sessions.Event
-		if json.Unmarshal([]byte(data), &e) != nil || e.Kind == "Started" {
+		if json.Unmarshal([]byte(data), &e) != nil || !e.Time.After(*last) {
 			continue
 		}
-		fmt.Fprintf(out, "  %8s  %-12s %s\n", fmtElapsed(e.Time.Sub(started)), e.Kind, e.Message)
+		*last = e.Time
+		switch sessions.State(e.Kind) {
+		case sessions.Completed, sessions.Failed, sessions.Expired:
+			done = true
+		}
+		if e.Kind != "Started" {
+			fmt.Fprintf(out, "  %8s  %-12s %s\n", fmtElapsed(e.Time.Sub(started)), e.Kind, e.Message)
+		}
 	}
+	return done
 }
 
 func fmtElapsed(d time.Duration) string {

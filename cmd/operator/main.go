@@ -55,6 +55,7 @@ type config struct {
 	concurrency                                      int
 	inputsAddr, inputsAdvertise                      string
 	inputStoreBytes, maxInputBytes                   int64
+	resultGrace                                      time.Duration
 	keyReaders                                       string
 	podWebhook                                       podWebhookConfig
 	shard                                            shardConfig
@@ -92,6 +93,7 @@ func main() {
 	flag.StringVar(&c.inputsAdvertise, "inputs-advertise-address", "", "host:port pods reach the inputs address at (default: $POD_IP and the port of --inputs-bind-address)")
 	flag.Int64Var(&c.inputStoreBytes, "input-store-bytes", 256<<20, "memory held at most for the inputs of running sessions (inputs over 64 KiB); starts beyond it are refused with 503")
 	flag.Int64Var(&c.maxInputBytes, "max-input-bytes", 64<<20, "largest session input the gateway accepts (413 beyond)")
+	flag.DurationVar(&c.resultGrace, "result-grace", orchestrator.DefaultResultGrace, "how long a session's result stays readable after its first full read when its client does not acknowledge it (docs/gateway.md)")
 	flag.BoolVar(&c.delegate, "delegate-triggers", false, "let producers' sidecars fire their workflow's Immediate and ByName triggers themselves, "+
 		"reporting to the engine, which stays the authority (docs/design.md, 'Delegated firing')")
 	flag.DurationVar(&c.drainTimeout, "engine-drain-timeout", 10*time.Second, "on a graceful stop (rollout, upgrade, a demoted bucket), how long calls in flight may take before the last save "+
@@ -176,6 +178,7 @@ func run(c config) error {
 		Delegate:    c.delegate,
 		Limits:      c.limits,
 		LimitEvents: limitEvents,
+		ResultGrace: c.resultGrace,
 		// docs/guarantees.md
 		DrainTimeout:    c.drainTimeout,
 		RedispatchAfter: c.redispatchAfter,

@@ -277,5 +277,7 @@ func runSession(ctx context.Context, hc *http.Client, gateway, ns, wf string, in
 	if resp.StatusCode != http.StatusOK {
 		return nil, s, errors.New("session " + s.ID + " " + s.State + ": " + string(result))
 	}
+	// Read whole: the gateway may free it now rather than after its grace.
+	(&gwClient{hc: hc}).ack(ctx, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result", gateway, ns, s.ID))
 	return result, s, nil
 }

@@ -4,11 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -21,6 +26,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
+	"github.com/ziptrail/ziptrail/internal/retry"
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
@@ -28,6 +34,7 @@ import (
 type gatewayFlags struct {
 	gateway, namespace, stateDir string
 	kubeconfig, token            string
+	retryFor                     time.Duration
 }
 
 func (g *gatewayFlags) register(fs *flag.FlagSet) {
@@ -36,6 +43,7 @@ func (g *gatewayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state dir of `ziptrail local up`")
 	fs.StringVar(&g.kubeconfig, "kubeconfig", "", "kubeconfig whose credentials the gateway checks (default: $KUBECONFIG, the running `ziptrail local up`'s, ~/.kube/config, in-cluster)")
 	fs.StringVar(&g.token, "token", os.Getenv("ZIPTRAIL_TOKEN"), "bearer token to send instead of the kubeconfig's credentials ($ZIPTRAIL_TOKEN)")
+	fs.DurationVar(&g.retryFor, "retry-for", retry.DefaultFor, "keep retrying a gateway that cannot be reached or answers 503 (an operator rollout) for this long, with back-off (0: no retries)")
 }
 
 // url finds the gateway: the flag, $ZIPTRAIL_GATEWAY, or the state file a
@@ -62,7 +70,15 @@ func (g *gatewayFlags) url() (string, error) {
 // (SubjectAccessReview): --token, else the kubeconfig of --kubeconfig,
 // $KUBECONFIG, the running local cluster (unless --gateway names another),
 // then ~/.kube/config or in-cluster.
-func (g *gatewayFlags) client() (*http.Client, error) {
+func (g *gatewayFlags) client(notices io.Writer) (*gwClient, error) {
+	hc, err := g.httpClient()
+	if err != nil {
+		return nil, err
+	}
+	return &gwClient{hc: hc, retryFor: g.retryFor, notices: notices}, nil
+}
+
+func (g *gatewayFlags) httpClient() (*http.Client, error) {
 	if g.token != "" {
 		return &http.Client{Transport: gateway.TokenCredentials(g.token).Transport(nil)}, nil
 	}
@@ -131,7 +147,7 @@ func runRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err != nil {
 		return err
 	}
-	hc, err := g.client()
+	hc, err := g.client(stderr)
 	if err != nil {
 		return err
 	}
@@ -142,9 +158,14 @@ func runRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		progress = io.Discard
 	}
 
+	// The start carries an idempotency key: retried after its answer was
+	// lost (the connection broke once the request was out), it answers
+	// the session it started rather than a second one.
+	var key [16]byte
+	_, _ = rand.Read(key[:])
 	var s sessions.Session
-	if err := call(ctx, hc, http.MethodPost, fmt.Sprintf("%s/v1/namespaces/%s/workflows/%s/sessions", gw, g.namespace, url.PathEscape(wf)),
-		body, size, http.StatusCreated, &s); err != nil {
+	if err := hc.call(ctx, http.MethodPost, fmt.Sprintf("%s/v1/namespaces/%s/workflows/%s/sessions", gw, g.namespace, url.PathEscape(wf)),
+		body, size, http.Header{gateway.IdempotencyKeyHeader: {hex.EncodeToString(key[:])}}, http.StatusCreated, &s); err != nil {
 		return fmt.Errorf("start a session of %s/%s: %w", g.namespace, wf, err)
 	}
 	fmt.Fprintf(progress, "==> session %s of %s/%s started (%d bytes of input)\n", s.ID, g.namespace, wf, size)
@@ -160,7 +181,7 @@ func runRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	res := &lastByte{w: stdout}
 	err = awaitResult(ctx, hc, gw, g.namespace, s.ID, res)
 	final := s
-	if gerr := call(ctx, hc, http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gw, g.namespace, s.ID), nil, 0, http.StatusOK, &final); gerr == nil {
+	if gerr := hc.call(ctx, http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gw, g.namespace, s.ID), nil, 0, nil, http.StatusOK, &final); gerr == nil {
 		select { // let the last events print before the summary
 		case <-streamed:
 		case <-time.After(2 * time.Second):
@@ -181,8 +202,9 @@ func runRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 }
 
 // openInput opens the session input: a file (streamed, its length known),
-// stdin (read whole unless it is a file), or nothing.
-func openInput(name string, stdin io.Reader) (io.Reader, int64, func(), error) {
+// stdin (read whole unless it is a file), or nothing; it can be sent again
+// (a retried start).
+func openInput(name string, stdin io.Reader) (io.ReadSeeker, int64, func(), error) {
 	switch name {
 	case "":
 		return strings.NewReader(""), 0, func() {}, nil
@@ -224,60 +246,126 @@ func (l *lastByte) Write(p []byte) (int, error) {
 }
 
 // awaitResult long-polls the result until the session ends and copies it
-// to out as it arrives.
-func awaitResult(ctx context.Context, hc *http.Client, gw, ns, id string, out io.Writer) error {
+// to out as it arrives. A result whose transfer breaks is read again (it
+// stays readable until acknowledged) and written on from where it broke;
+// read whole, it is acknowledged.
+func awaitResult(ctx context.Context, hc *gwClient, gw, ns, id string, out io.Writer) error {
+	u := fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result", gw, ns, id)
+	var written int64 // bytes of the result written to out
+	b := hc.backoff()
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result?wait=1m", gw, ns, id), nil)
-		if err != nil {
-			return err
-		}
-		resp, err := hc.Do(req)
+		resp, err := hc.do(ctx, func() (*http.Request, error) {
+			return http.NewRequestWithContext(ctx, http.MethodGet, u+"?wait=1m", nil)
+		})
 		if err != nil {
 			return err
 		}
 		if resp.StatusCode == http.StatusOK {
-			n, err := io.Copy(out, resp.Body)
+			cut, err := copyResult(out, resp, &written)
 			resp.Body.Close()
 			if err != nil {
-				return fmt.Errorf("result cut off after %d bytes: %w", n, err)
+				return err
 			}
-			if resp.ContentLength >= 0 && n != resp.ContentLength {
-				return fmt.Errorf("result cut off after %d of %d bytes", n, resp.ContentLength)
+			if cut == nil {
+				hc.ack(ctx, u)
+				return nil
 			}
-			return nil
+			pause, ok := b.Next(0)
+			if !ok || ctx.Err() != nil {
+				return fmt.Errorf("result cut off after %d bytes: %w", written, cut)
+			}
+			fmt.Fprintf(hc.notices, "result cut off after %d bytes (%v), reading the rest in %s…\n", written, cut, fmtPause(pause))
+			if retry.Sleep(ctx, pause) != nil {
+				return fmt.Errorf("result cut off after %d bytes: %w", written, cut)
+			}
+			continue
 		}
 		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
 		if err != nil {
 			return err
 		}
-		switch resp.StatusCode {
-		case http.StatusAccepted, http.StatusServiceUnavailable: // still running; the operator restarting
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("no result yet: %w", ctx.Err())
-			case <-time.After(200 * time.Millisecond):
-			}
-		default:
+		if resp.StatusCode != http.StatusAccepted { // 202: still running
 			return apiError(resp.Status, body)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no result yet: %w", ctx.Err())
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }
 
+// copyResult writes a result's body to out, skipping the *written bytes
+// an earlier, broken transfer wrote already. cut says why the transfer
+// ended short (nil: the result is whole); err is a failure to write out.
+func copyResult(out io.Writer, resp *http.Response, written *int64) (cut, err error) {
+	if resp.ContentLength >= 0 && resp.ContentLength < *written {
+		return nil, fmt.Errorf("the result is %d bytes, %d were written already", resp.ContentLength, *written)
+	}
+	if _, cut = io.CopyN(io.Discard, resp.Body, *written); cut != nil {
+		return cut, nil
+	}
+	w := &errWriter{w: out}
+	n, cerr := io.Copy(w, resp.Body)
+	*written += n
+	switch {
+	case w.err != nil:
+		return nil, w.err
+	case cerr != nil:
+		return cerr, nil
+	case resp.ContentLength >= 0 && *written != resp.ContentLength:
+		return fmt.Errorf("%d of %d bytes", *written, resp.ContentLength), nil
+	}
+	return nil, nil
+}
+
+// errWriter tells a failure to write from one to read.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	n, err := e.w.Write(p)
+	if err != nil {
+		e.err = err
+	}
+	return n, err
+}
+
 // streamEvents prints the session's progress events (server-sent events)
 // as they arrive, with the time since the session started.
-func streamEvents(ctx context.Context, hc *http.Client, gw, ns, id string, started time.Time, out io.Writer) {
+func streamEvents(ctx context.Context, hc *gwClient, gw, ns, id string, started time.Time, out io.Writer) {
+	var last time.Time // of the last event printed
+	b := hc.backoff()
+	for {
+		// A stream that breaks before the session ended (an operator
+		// rollout) is opened again, quietly, printing only newer events.
+		if streamOnce(ctx, hc, gw, ns, id, started, out, &last) || ctx.Err() != nil {
+			return
+		}
+		pause, ok := b.Next(0)
+		if !ok || retry.Sleep(ctx, pause) != nil {
+			return
+		}
+	}
+}
+
+// streamOnce prints the events one stream brings that are newer than
+// *last; done: the session ended, or its events cannot be streamed.
+func streamOnce(ctx context.Context, hc *gwClient, gw, ns, id string, started time.Time, out io.Writer, last *time.Time) (done bool) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/events", gw, ns, id), nil)
 	if err != nil {
-		return
+		return true
 	}
-	resp, err := hc.Do(req)
+	resp, err := hc.hc.Do(req)
 	if err != nil {
-		return
+		return !retryable(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return
+		return resp.StatusCode != http.StatusServiceUnavailable
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -287,11 +375,19 @@ func streamEvents(ctx context.Context, hc *http.Client, gw, ns, id string, start
 			continue
 		}
 		var e sessions.Event
-		if json.Unmarshal([]byte(data), &e) != nil || e.Kind == "Started" {
+		if json.Unmarshal([]byte(data), &e) != nil || !e.Time.After(*last) {
 			continue
 		}
-		fmt.Fprintf(out, "  %8s  %-12s %s\n", fmtElapsed(e.Time.Sub(started)), e.Kind, e.Message)
+		*last = e.Time
+		switch sessions.State(e.Kind) {
+		case sessions.Completed, sessions.Failed, sessions.Expired:
+			done = true
+		}
+		if e.Kind != "Started" {
+			fmt.Fprintf(out, "  %8s  %-12s %s\n", fmtElapsed(e.Time.Sub(started)), e.Kind, e.Message)
+		}
 	}
+	return done
 }
 
 func fmtElapsed(d time.Duration) string {
@@ -326,12 +422,12 @@ func runSessions(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if len(pos) == 1 {
 		u += "?workflow=" + url.QueryEscape(pos[0])
 	}
-	hc, err := g.client()
+	hc, err := g.client(stderr)
 	if err != nil {
 		return err
 	}
 	var list []sessions.Session
-	if err := call(ctx, hc, http.MethodGet, u, nil, 0, http.StatusOK, &list); err != nil {
+	if err := hc.call(ctx, http.MethodGet, u, nil, 0, nil, http.StatusOK, &list); err != nil {
 		return err
 	}
 	if len(list) == 0 {
@@ -369,23 +465,147 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// call does one JSON request (with a body of size bytes, when not nil) and
-// decodes the answer into out.
-func call(ctx context.Context, hc *http.Client, method, u string, body io.Reader, size int64, want int, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, u, body)
+// gwClient sends requests to the gateway, retrying those that could not
+// reach it or that it answered 503 (an operator rollout, its engine moving
+// between replicas, its input store full) with back-off within retryFor,
+// saying so on notices.
+type gwClient struct {
+	hc       *http.Client
+	retryFor time.Duration // 0: no retries
+	notices  io.Writer
+}
+
+func (c *gwClient) backoff() *retry.Backoff {
+	if c.retryFor <= 0 {
+		return &retry.Backoff{For: -1}
+	}
+	return &retry.Backoff{For: c.retryFor}
+}
+
+// do sends the request newReq makes, again while the gateway cannot be
+// reached or answers 503 (honouring its Retry-After), within the retry
+// budget. newReq must make a request that may be sent again.
+func (c *gwClient) do(ctx context.Context, newReq func() (*http.Request, error)) (*http.Response, error) {
+	b := c.backoff()
+	for {
+		req, err := newReq()
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.hc.Do(req)
+		var why string
+		var after time.Duration
+		switch {
+		case err != nil && (ctx.Err() != nil || !retryable(err)):
+			return nil, fmt.Errorf("session gateway: %w", err)
+		case err != nil:
+			why = "unreachable (" + cause(err) + ")"
+		case resp.StatusCode == http.StatusServiceUnavailable:
+			after = retry.RetryAfter(resp.Header, time.Now())
+			why = "unavailable (503)"
+		default:
+			return resp, nil
+		}
+		pause, ok := b.Next(after)
+		if !ok {
+			if err != nil {
+				return nil, fmt.Errorf("session gateway: %w", err)
+			}
+			return resp, nil // the caller reports the 503
+		}
+		if resp != nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+		}
+		fmt.Fprintf(c.notices, "gateway %s, retrying in %s…\n", why, fmtPause(pause))
+		if serr := retry.Sleep(ctx, pause); serr != nil {
+			if err == nil {
+				err = errors.New("503 Service Unavailable")
+			}
+			return nil, fmt.Errorf("session gateway: %w (%w)", err, serr)
+		}
+	}
+}
+
+// retryable: the request may not have reached the gateway, or its answer
+// was lost (refused, reset, closed before an answer); not a failure to
+// verify the gateway's certificate.
+func retryable(err error) bool {
+	var cert *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	return !errors.As(err, &cert) && !errors.As(err, &unknown) && !errors.As(err, &host)
+}
+
+// cause is the innermost part of a request's error ("connect: connection
+// refused").
+func cause(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Op + ": " + op.Err.Error()
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err.Error()
+	}
+	return err.Error()
+}
+
+func fmtPause(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(10 * time.Millisecond).String()
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
+// ack acknowledges a result read whole, once and without retrying: the
+// gateway frees it after its grace anyway.
+func (c *gwClient) ack(ctx context.Context, resultURL string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, resultURL, nil)
+	if err != nil {
+		return
+	}
+	if resp, err := c.hc.Do(req); err == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+	}
+}
+
+// call does one JSON request (with a body of size bytes, when not nil,
+// sent again from its start on a retry) and decodes the answer into out.
+func (c *gwClient) call(ctx context.Context, method, u string, body io.ReadSeeker, size int64, header http.Header, want int, out any) error {
+	var start int64
+	if body != nil {
+		var err error
+		if start, err = body.Seek(0, io.SeekCurrent); err != nil {
+			return err
+		}
+	}
+	resp, err := c.do(ctx, func() (*http.Request, error) {
+		req, err := http.NewRequestWithContext(ctx, method, u, nil)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range header {
+			req.Header[k] = v
+		}
+		if body != nil {
+			if _, err := body.Seek(start, io.SeekStart); err != nil {
+				return nil, err
+			}
+			req.ContentLength = size
+			req.Body = http.NoBody
+			if size != 0 {
+				req.Body = io.NopCloser(body) // not closed: a retry sends it again
+			}
+			req.Header.Set("Content-Type", "application/octet-stream")
+		}
+		return req, nil
+	})
 	if err != nil {
 		return err
-	}
-	if body != nil {
-		req.ContentLength = size
-		if size == 0 {
-			req.Body = http.NoBody
-		}
-		req.Header.Set("Content-Type", "application/octet-stream")
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("session gateway: %w", err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))

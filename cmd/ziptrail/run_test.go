@@ -54,6 +54,7 @@ type cliEnv struct {
 	fns                  *testservers.Functions
 	orch                 *orchestrator.Orchestrator
 	keys                 *control.SecretKeys
+	gateway              http.Handler // the gateway srv serves at url
 }
 
 func startGateway(t *testing.T) cliEnv {
@@ -133,7 +134,8 @@ func startGateway(t *testing.T) cliEnv {
 		t.Fatal(err)
 	}
 	e.orch = orch
-	srv := httptest.NewServer(gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(), Auth: &gateway.KubeAuth{Client: k8s}}))
+	e.gateway = gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(), Auth: &gateway.KubeAuth{Client: k8s}})
+	srv := httptest.NewServer(e.gateway)
 	t.Cleanup(srv.Close)
 	e.state, e.url = t.TempDir(), srv.URL
 	state, _ := json.Marshal(localcluster.State{GatewayURL: srv.URL, Kubeconfig: e.allowed})

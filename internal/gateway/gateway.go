@@ -7,6 +7,7 @@
 //	GET  /v1/namespaces/{ns}/sessions[?workflow=wf]                       -> 200 [Session]
 //	GET  /v1/namespaces/{ns}/sessions/{id}                                -> 200 Session
 //	GET  /v1/namespaces/{ns}/sessions/{id}/result[?wait=30s]              -> 200 bytes | 202 | 409 | 410
+//	DELETE /v1/namespaces/{ns}/sessions/{id}/result                       -> 204 (acknowledged) | 409
 //	GET  /v1/namespaces/{ns}/sessions/{id}/events                         -> text/event-stream
 //	POST /v1/namespaces/{ns}/shuffle/plan    body: plan request (JSON)    -> 200 plan (plan.go)
 //
@@ -16,7 +17,11 @@
 // in the request's namespace (see auth.go): 401 without a valid token, 403
 // with the reason when not allowed. Results stream from wherever they are
 // held (inline, or pulled by reference from the producer's pod) to the
-// client without being buffered whole.
+// client without being buffered whole. A result read whole stays readable
+// until the client acknowledges it (DELETE …/result) or until a grace
+// after its first full read passes (ResultAcker). A start carrying an
+// Idempotency-Key header answers the same session for the same key
+// (startkeys.go).
 package gateway
 
 import (
@@ -46,6 +51,19 @@ type Starter interface {
 // r.Size bytes, streamed: a large result is never held whole.
 type ResultReader interface {
 	OpenResult(ctx context.Context, namespace string, r *sessions.Result) (io.ReadCloser, error)
+}
+
+// ResultAcker is a ResultReader that keeps a completed session's result
+// readable until its client has it: Handler tells it when a result went
+// out whole and when its client acknowledged it.
+type ResultAcker interface {
+	// ResultDelivered: the whole result was handed to a client's
+	// connection (which may still break before the client has it all);
+	// the first such read starts the grace after which the result may be
+	// freed unacknowledged. A read cut short is never reported.
+	ResultDelivered(namespace string, r *sessions.Result)
+	// AckResult: the client has the result; it may be freed now.
+	AckResult(namespace string, r *sessions.Result)
 }
 
 // Error kinds a Starter or ResultReader may wrap so the gateway answers
@@ -111,6 +129,7 @@ func New(h *Handler) *Handler {
 	h.mux.HandleFunc("GET /v1/namespaces/{ns}/sessions", h.list)
 	h.mux.HandleFunc("GET /v1/namespaces/{ns}/sessions/{id}", h.get)
 	h.mux.HandleFunc("GET /v1/namespaces/{ns}/sessions/{id}/result", h.result)
+	h.mux.HandleFunc("DELETE /v1/namespaces/{ns}/sessions/{id}/result", h.ackResult)
 	h.mux.HandleFunc("GET /v1/namespaces/{ns}/sessions/{id}/events", h.events)
 	h.mux.HandleFunc("POST /v1/namespaces/{ns}/shuffle/plan", h.plan)
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -185,7 +204,12 @@ func (h *Handler) start(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := http.MaxBytesReader(w, r.Body, h.MaxInput)
-	id, err := h.Starter.Start(r.Context(), ns, wf, body, r.ContentLength)
+	ctx, err := withKeyHeader(r.Context(), r.Header.Get(IdempotencyKeyHeader))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	id, err := h.Starter.Start(ctx, ns, wf, body, r.ContentLength)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -338,6 +362,44 @@ func (h *Handler) result(w http.ResponseWriter, r *http.Request) {
 		// truncated body instead of a short result that looks complete.
 		panic(http.ErrAbortHandler)
 	}
+	if err := http.NewResponseController(w).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		panic(http.ErrAbortHandler) // the connection broke before the end
+	}
+	h.delivered(s)
+}
+
+// delivered tells the ResultReader a session's result went out whole.
+func (h *Handler) delivered(s sessions.Session) {
+	if a, ok := h.Results.(ResultAcker); ok && s.Result != nil {
+		a.ResultDelivered(s.Namespace, s.Result)
+	}
+}
+
+// ackResult acknowledges a completed session's result: the client has it,
+// so its objects may be freed now (ResultAcker). Acknowledging again, or
+// the result of a session that failed or expired, is no error.
+func (h *Handler) ackResult(w http.ResponseWriter, r *http.Request) {
+	s, ok := h.session(w, r)
+	if !ok {
+		return
+	}
+	if code, err := h.ack(s); err != nil {
+		writeError(w, code, "%v", err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// ack acknowledges a session's result, or says why it cannot (an HTTP
+// status).
+func (h *Handler) ack(s sessions.Session) (int, error) {
+	if s.State == sessions.Running {
+		return http.StatusConflict, fmt.Errorf("session %s is still running: its result cannot be acknowledged before it is read", s.ID)
+	}
+	if a, ok := h.Results.(ResultAcker); ok && s.State == sessions.Completed && s.Result != nil {
+		a.AckResult(s.Namespace, s.Result)
+	}
+	return http.StatusOK, nil
 }
 
 // events streams progress as server-sent events until the session ends.

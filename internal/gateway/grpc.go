@@ -208,7 +208,16 @@ func (g *GRPC) StartSession(ctx context.Context, req *gatewayv1.StartSessionRequ
 	if int64(len(req.Input)) > g.H.MaxInput {
 		return nil, status.Errorf(codes.ResourceExhausted, "input of %d bytes exceeds the gateway's limit of %d bytes: put large data into a bucket and pass its key", len(req.Input), g.H.MaxInput)
 	}
-	id, err := g.H.Starter.Start(ctx, req.Namespace, req.Workflow, bytes.NewReader(req.Input), int64(len(req.Input)))
+	md, _ := metadata.FromIncomingContext(ctx)
+	var key string
+	if keys := md.Get(IdempotencyKeyMetadata); len(keys) > 0 {
+		key = keys[0]
+	}
+	sctx, err := withKeyHeader(ctx, key)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	id, err := g.H.Starter.Start(sctx, req.Namespace, req.Workflow, bytes.NewReader(req.Input), int64(len(req.Input)))
 	if err != nil {
 		return nil, status.Error(grpcCode(startStatus(err)), err.Error())
 	}
@@ -255,7 +264,23 @@ func (g *GRPC) WaitSession(ctx context.Context, req *gatewayv1.WaitSessionReques
 		return nil, status.Errorf(codes.Unavailable, "read result %s/%s of session %s: %v", s.Result.Bucket, s.Result.Key, s.ID, err)
 	}
 	out.Result = buf
+	// Handed whole to gRPC (which may yet fail to send it): the grace
+	// starts, and the result stays readable until it ends or an ack.
+	g.H.delivered(s)
 	return out, nil
+}
+
+// AckResult implements gatewayv1.GatewayServer: the client has the
+// session's result, whose objects may be freed now.
+func (g *GRPC) AckResult(ctx context.Context, req *gatewayv1.AckResultRequest) (*gatewayv1.AckResultResponse, error) {
+	s, err := g.lookup(ctx, req.Namespace, req.Id)
+	if err != nil {
+		return nil, err
+	}
+	if code, err := g.H.ack(s); err != nil {
+		return nil, status.Error(grpcCode(code), err.Error())
+	}
+	return &gatewayv1.AckResultResponse{}, nil
 }
 
 func resultError(s sessions.Session, err error) error {
@@ -306,6 +331,7 @@ func (g *GRPC) ReadResult(req *gatewayv1.SessionRef, stream gatewayv1.Gateway_Re
 			if sent != s.Result.Size {
 				return status.Errorf(codes.Unavailable, "result of session %s ended after %d of %d bytes", s.ID, sent, s.Result.Size)
 			}
+			g.H.delivered(s)
 			return nil
 		}
 		if err != nil {

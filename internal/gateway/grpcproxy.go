@@ -37,6 +37,8 @@ func grpcRoute(req any) (ns, wf string, a Attributes, ok bool) {
 		ns, wf = r.Namespace, WorkflowOfSession(r.Id)
 	case *gatewayv1.WaitSessionRequest:
 		ns, wf = r.Namespace, WorkflowOfSession(r.Id)
+	case *gatewayv1.AckResultRequest:
+		ns, wf = r.Namespace, WorkflowOfSession(r.Id)
 	default:
 		return "", "", a, false
 	}
@@ -70,7 +72,11 @@ func (g *GRPC) owner(ctx context.Context, req any) (string, error) {
 
 // forwardCtx carries the caller's credentials to the owner.
 func forwardCtx(ctx context.Context) context.Context {
-	return metadata.NewOutgoingContext(ctx, metadata.Pairs("authorization", "Bearer "+token(ctx), proxiedKey, "1"))
+	md := metadata.Pairs("authorization", "Bearer "+token(ctx), proxiedKey, "1")
+	if in, _ := metadata.FromIncomingContext(ctx); len(in.Get(IdempotencyKeyMetadata)) > 0 {
+		md.Set(IdempotencyKeyMetadata, in.Get(IdempotencyKeyMetadata)[0])
+	}
+	return metadata.NewOutgoingContext(ctx, md)
 }
 
 func (g *GRPC) conn(addr string) (*grpc.ClientConn, error) {
@@ -105,6 +111,8 @@ func (g *GRPC) unaryRoute(ctx context.Context, req any, info *grpc.UnaryServerIn
 		reply = &gatewayv1.Session{}
 	case *gatewayv1.WaitSessionRequest:
 		reply = &gatewayv1.SessionResult{}
+	case *gatewayv1.AckResultRequest:
+		reply = &gatewayv1.AckResultResponse{}
 	default:
 		return handler(ctx, req)
 	}

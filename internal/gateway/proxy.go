@@ -110,7 +110,7 @@ func routeOf(r *http.Request) (ns, wf string, a Attributes, ok bool) {
 	case r.Method == http.MethodGet && len(parts) == 2 && parts[1] == "sessions":
 		wf = r.URL.Query().Get("workflow")
 		return ns, wf, Attributes{Verb: "list", Namespace: ns, Workflow: wf}, true
-	case r.Method == http.MethodGet && len(parts) >= 3 && parts[1] == "sessions":
+	case (r.Method == http.MethodGet && len(parts) >= 3 || r.Method == http.MethodDelete && len(parts) == 4 && parts[3] == "result") && parts[1] == "sessions":
 		if wf = WorkflowOfSession(parts[2]); wf == "" {
 			return "", "", a, false
 		}

@@ -90,6 +90,22 @@ func TestGatewayProxiesToTheOwner(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, s.ID) {
 		t.Errorf("A's listing of team-a (every replica's): %d %s", resp.StatusCode, body)
 	}
+	// The result's acknowledgement and keyed starts go to the owner too.
+	if resp, body := a.do(t, alice, http.MethodDelete, "/v1/namespaces/team-a/sessions/"+s.ID+"/result", nil); resp.StatusCode != http.StatusNoContent {
+		t.Errorf("ack through A: %d %s", resp.StatusCode, body)
+	}
+	var keyed []string
+	for range 2 {
+		resp, body := a.doHeader(t, alice, http.MethodPost, "/v1/namespaces/team-a/workflows/far/sessions", strings.NewReader("k"), http.Header{"Idempotency-Key": {"through-a"}})
+		var ks sessions.Session
+		if resp.StatusCode != http.StatusCreated || json.Unmarshal([]byte(body), &ks) != nil {
+			t.Fatalf("keyed start through A: %d %s", resp.StatusCode, body)
+		}
+		keyed = append(keyed, ks.ID)
+	}
+	if keyed[0] != keyed[1] {
+		t.Errorf("keyed starts through A answered %v, want one session", keyed)
+	}
 
 	// Refused by A itself, with nothing about B.
 	for _, c := range []struct {
@@ -100,6 +116,7 @@ func TestGatewayProxiesToTheOwner(t *testing.T) {
 		{"forged token", "not-a-token", http.MethodGet, "/v1/namespaces/team-a/sessions/" + s.ID, http.StatusUnauthorized},
 		{"another namespace's user", eve, http.MethodPost, "/v1/namespaces/team-a/workflows/far/sessions", http.StatusForbidden},
 		{"another namespace's user reading", eve, http.MethodGet, "/v1/namespaces/team-a/sessions/" + s.ID + "/result", http.StatusForbidden},
+		{"another namespace's user acknowledging", eve, http.MethodDelete, "/v1/namespaces/team-a/sessions/" + s.ID + "/result", http.StatusForbidden},
 		{"another namespace's user listing", eve, http.MethodGet, "/v1/namespaces/team-a/sessions", http.StatusForbidden},
 	} {
 		resp, body := a.do(t, c.token, c.method, c.path, strings.NewReader("x"))
@@ -120,6 +137,13 @@ func TestGatewayProxiesToTheOwner(t *testing.T) {
 	res, err := a.gw.WaitSession(ctx, &gatewayv1.WaitSessionRequest{Namespace: "team-a", Id: gs.Id, TimeoutMs: 30000})
 	if err != nil || string(res.Result) != "by grpc" {
 		t.Errorf("gRPC wait through A: %v %q", err, res.GetResult())
+	}
+	if _, err := a.gw.AckResult(ctx, &gatewayv1.AckResultRequest{Namespace: "team-a", Id: gs.Id}); err != nil {
+		t.Errorf("gRPC ack through A: %v", err)
+	}
+	kctx := metadata.AppendToOutgoingContext(ctx, "idempotency-key", "through-a")
+	if ks, err := a.gw.StartSession(kctx, &gatewayv1.StartSessionRequest{Namespace: "team-a", Workflow: "far", Input: []byte("k")}); err != nil || ks.Id != keyed[0] {
+		t.Errorf("gRPC keyed start through A: %v %v, want session %s", ks.GetId(), err, keyed[0])
 	}
 	rs, err := a.gw.ReadResult(ctx, &gatewayv1.SessionRef{Namespace: "team-a", Id: gs.Id})
 	if err != nil {

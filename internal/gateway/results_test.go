@@ -37,7 +37,8 @@ func pattern(n int) []byte {
 // TestResultByReference: a function's 1 MB result stays in its pod (the
 // sidecar turns it into a reference) and the gateway streams it to the
 // client over HTTP and gRPC, pulled from the producer's sidecar; the
-// session's objects stay until the result has been read, then are freed.
+// session's objects stay until the result has been acknowledged, then are
+// freed.
 func TestResultByReference(t *testing.T) {
 	f := newFixture(t, nil)
 	f.namespace(t, "a")
@@ -58,8 +59,12 @@ func TestResultByReference(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || body != string(big) || resp.ContentLength != int64(len(big)) {
 		t.Fatalf("result: %d, %d bytes (Content-Length %d), want 200 with the %d-byte result: %.300s", resp.StatusCode, len(body), resp.ContentLength, len(big), body)
 	}
-	// Read whole, the session's objects are freed in the producer's pod.
-	waitFor(t, "the producer to free the read result", func() bool { return sc.Store.Len() == 0 })
+	// Read whole and acknowledged, the session's objects are freed in the
+	// producer's pod.
+	if resp, body := f.do(t, token, http.MethodDelete, "/v1/namespaces/a/sessions/"+s.ID+"/result", nil); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("ack: %d %s", resp.StatusCode, body)
+	}
+	waitFor(t, "the producer to free the acknowledged result", func() bool { return sc.Store.Len() == 0 })
 	resp, body = f.do(t, token, http.MethodGet, "/v1/namespaces/a/sessions/"+s.ID+"/result", nil)
 	if resp.StatusCode != http.StatusGone || !strings.Contains(body, "no longer available") {
 		t.Errorf("result read a second time: %d %s, want 410", resp.StatusCode, body)

@@ -9,8 +9,6 @@ package orchestrator
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -77,9 +75,13 @@ type Options struct {
 	// DefaultInlineInput (64 KiB).
 	InlineInput int64
 	// ResultHold is how long a completed session's objects stay in their
-	// pods for its result, held by reference, to be read; reading it whole
-	// frees them at once. Default 10m (the sidecars' object TTL).
+	// pods for its result, held by reference, to be read whole. Default
+	// 10m (the sidecars' object TTL).
 	ResultHold time.Duration
+	// ResultGrace is how long they stay after the result's first full
+	// read when the client does not acknowledge it (an acknowledgement
+	// frees them at once); default DefaultResultGrace (results.go).
+	ResultGrace time.Duration
 	// Generation fences this orchestrator's checkpoints: they are written
 	// at generations above Generation<<32 (a sharded bucket's Lease
 	// transitions, so a later owner outranks every earlier one).
@@ -416,6 +418,11 @@ func (o *Orchestrator) StartSession(ctx context.Context, namespace, name string,
 // Start implements gateway.Starter: inputs up to InlineInput travel inline,
 // larger ones are held in Inputs and travel by reference.
 func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input io.Reader, size int64) (string, error) {
+	id, done, release, err := o.claimStart(ctx, namespace, name) // startkeys.go
+	if done {
+		return id, err // an earlier start with the same Idempotency-Key started it
+	}
+	defer release()
 	key := Key(namespace, name)
 	info := o.workflow(key)
 	if info == nil {
@@ -433,9 +440,6 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	if err := o.saveFailing(); err != nil {
 		return "", fmt.Errorf("%w: the checkpoint store: %v", gateway.ErrNotSaved, err)
 	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	id := name + "-" + hex.EncodeToString(b[:])
 	in, err := o.readInput(ctx, namespace, id, input, size)
 	if err != nil {
 		return "", o.startRefused(key, err)
@@ -460,9 +464,12 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	o.changed(key)
 	o.execute(acts)
 	if err := o.durable(ctx); err != nil {
-		if errors.Is(err, gateway.ErrNotSaved) {
+		if errors.Is(err, gateway.ErrNotSaved) && gateway.IdempotencyKey(ctx) == "" {
 			// Its client is told it did not start (503): nothing of it
-			// runs on.
+			// runs on. A keyed start runs on instead: its client sends
+			// the start again with the same key (a 503 says so) and is
+			// answered with this session once a checkpoint covers it, or
+			// it starts afresh on a new owner that never saved it.
 			o.execute(o.engine.FailSession(id, err.Error(), o.opts.Now()))
 		}
 		return "", err

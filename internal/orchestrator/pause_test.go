@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,9 +63,15 @@ func TestARedisPauseDegradesAndRecovers(t *testing.T) {
 	rs.Pause(t)
 	// A start while the store does not answer is refused with 503, at
 	// the latest once a save has failed.
+	// Starts with an idempotency key are refused the same way; sent
+	// again with their key once the store is back, each is answered with
+	// one session that completes.
 	refused := false
+	var keys []string
 	for deadline := time.Now().Add(10 * time.Second); !refused && time.Now().Before(deadline); {
-		sctx, scancel := context.WithTimeout(context.Background(), 3*time.Second)
+		key := fmt.Sprintf("during-%d", len(keys))
+		keys = append(keys, key)
+		sctx, scancel := context.WithTimeout(gateway.WithIdempotencyKey(context.Background(), key), 3*time.Second)
 		_, err := o.StartSession(sctx, "ns", "pause", []byte("during"))
 		scancel()
 		switch {
@@ -103,6 +110,23 @@ func TestARedisPauseDegradesAndRecovers(t *testing.T) {
 		}
 	}
 	run("after")
+	for _, key := range keys {
+		kctx := gateway.WithIdempotencyKey(context.Background(), key)
+		id, err := o.StartSession(kctx, "ns", "pause", []byte("during"))
+		if err != nil {
+			t.Fatalf("start %s sent again after Redis resumed: %v", key, err)
+		}
+		again, err := o.StartSession(kctx, "ns", "pause", []byte("during"))
+		if err != nil || again != id {
+			t.Fatalf("start %s sent a third time: %s, %v; want %s", key, again, err, id)
+		}
+		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		s, err := o.Sessions().Wait(wctx, id)
+		wcancel()
+		if err != nil || s.State != sessions.Completed {
+			t.Fatalf("session %s of start %s, sent again after Redis resumed: %v %v %s", id, key, err, s.State, s.Error)
+		}
+	}
 	select {
 	case err := <-done:
 		t.Fatalf("the engine stopped after a Redis pause: %v", err)

@@ -10,6 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
@@ -113,6 +116,10 @@ func (k *keyrings) close() {
 // data plane and streamed.
 func (o *Orchestrator) Results() Results { return Results{o: o} }
 
+// DefaultResultGrace is how long a result stays readable after its first
+// full read when its client does not acknowledge it (Options.ResultGrace).
+const DefaultResultGrace = 5 * time.Minute
+
 // Results implements gateway.ResultReader. The zero Results reads inline
 // results only; Orchestrator.Results reads every result.
 type Results struct{ o *Orchestrator }
@@ -120,8 +127,11 @@ type Results struct{ o *Orchestrator }
 // OpenResult implements gateway.ResultReader. A result held by reference
 // streams from the producer as the caller reads: the pull writes each
 // chunk, in order, into a pipe the caller drains, so at most the pull's
-// window of chunks is in memory whatever the result's size. Once it has
-// been read whole, the session's objects are released (see holdResult).
+// window of chunks is in memory whatever the result's size. Reading it
+// frees nothing: the session's objects stay until the client acknowledges
+// the result, or until ResultGrace after the gateway handed it whole to a
+// client (ResultDelivered), or ResultHold when that never happens (see
+// holdResult).
 func (r Results) OpenResult(ctx context.Context, namespace string, res *sessions.Result) (io.ReadCloser, error) {
 	if res == nil {
 		return nil, errors.New("no result object")
@@ -150,9 +160,6 @@ func (r Results) OpenResult(ctx context.Context, namespace string, res *sessions
 			return &sequential{w: pw}, nil
 		})
 		once.Do(func() { started <- err })
-		if err == nil {
-			r.o.resultRead(res.Ref)
-		}
 		_ = pw.CloseWithError(err)
 	}()
 	if err := <-started; err != nil {
@@ -199,18 +206,81 @@ func (s *sequential) WriteAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
+// ResultDelivered implements gateway.ResultAcker: the gateway handed the
+// whole result to a client's connection. The first full read starts the
+// grace (ResultGrace) after which the session's objects are freed unless
+// the client acknowledged the result before; a read cut short never gets
+// here, so it frees nothing and starts nothing.
+func (r Results) ResultDelivered(namespace string, res *sessions.Result) {
+	if r.o != nil && res != nil && res.Ref != "" {
+		r.o.resultRead(res.Ref)
+	}
+}
+
+// AckResult implements gateway.ResultAcker: the client has the result, so
+// its session's objects are freed now. Acknowledging a result that is not
+// held (inline, freed already, or unknown here) does nothing.
+func (r Results) AckResult(namespace string, res *sessions.Result) {
+	if r.o != nil && res != nil && res.Ref != "" {
+		r.o.resultAcked(res.Ref)
+	}
+}
+
+// ResultDelivered forwards to the orchestrator that holds the result.
+func (sr shardedResults) ResultDelivered(namespace string, res *sessions.Result) {
+	if o := sr.holder(res); o != nil {
+		o.Results().ResultDelivered(namespace, res)
+	}
+}
+
+// AckResult forwards to the orchestrator that holds the result.
+func (sr shardedResults) AckResult(namespace string, res *sessions.Result) {
+	if o := sr.holder(res); o != nil {
+		o.Results().AckResult(namespace, res)
+	}
+}
+
+func (sr shardedResults) holder(res *sessions.Result) *Orchestrator {
+	if res == nil || res.Ref == "" {
+		return nil
+	}
+	for _, o := range sr.s.orchestrators() {
+		if o.holds(res.Ref) {
+			return o
+		}
+	}
+	return nil
+}
+
+var resultsReleased = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "ziptrail_results_released_total",
+	Help: "Completed sessions' results held by reference whose objects were released, by why: ack (the client acknowledged it), grace (ResultGrace passed after its first full read), unread (ResultHold passed without a full read), stop (the orchestrator stopped).",
+}, []string{"reason"})
+
+func init() { metrics.Registry.MustRegister(resultsReleased) }
+
 // heldResult is a completed session whose result lives in a pod by
 // reference: the session's objects are not dropped at its end (the drop
-// would free the result too) but once the result has been read whole, or
-// when ResultHold passes.
+// would free the result too) but once the client acknowledged the result,
+// or ResultGrace after its first full read, or when ResultHold passes
+// without one.
 type heldResult struct {
 	namespace, session, ref string
-	until                   time.Time
-	dropDue                 bool // the engine asked to drop the session's objects
+	until                   time.Time // ResultHold after the session completed, then ResultGrace after the first full read
+	read                    bool      // read whole once: until is the grace's end
+	dropDue                 bool      // the engine asked to drop the session's objects
+}
+
+// resultGrace is Options.ResultGrace or its default.
+func (o *Orchestrator) resultGrace() time.Duration {
+	if o.opts.ResultGrace > 0 {
+		return o.opts.ResultGrace
+	}
+	return DefaultResultGrace
 }
 
 // holdResult keeps a completed session's objects while its result, held
-// by reference, has not been read.
+// by reference, has not been acknowledged.
 func (o *Orchestrator) holdResult(workflow, session string, res *sessions.Result) {
 	if res == nil || res.Ref == "" {
 		return
@@ -226,7 +296,7 @@ func (o *Orchestrator) holdResult(workflow, session string, res *sessions.Result
 }
 
 // dropPending reports whether a session's objects must wait for its result
-// to be read, noting that they are due.
+// to be acknowledged, noting that they are due.
 func (o *Orchestrator) dropPending(session string) bool {
 	o.heldMu.Lock()
 	defer o.heldMu.Unlock()
@@ -237,8 +307,18 @@ func (o *Orchestrator) dropPending(session string) bool {
 	return ok
 }
 
-// resultRead releases a session's objects once its result was read whole.
+// resultRead starts a held result's grace at its first full read.
 func (o *Orchestrator) resultRead(ref string) {
+	o.heldMu.Lock()
+	defer o.heldMu.Unlock()
+	if h, ok := o.held[o.heldRefs[ref]]; ok && !h.read {
+		h.read, h.until = true, o.opts.Now().Add(o.resultGrace())
+	}
+}
+
+// resultAcked releases a session's objects once its client acknowledged
+// its result.
+func (o *Orchestrator) resultAcked(ref string) {
 	o.heldMu.Lock()
 	h, ok := o.held[o.heldRefs[ref]]
 	if ok {
@@ -246,13 +326,17 @@ func (o *Orchestrator) resultRead(ref string) {
 		delete(o.heldRefs, ref)
 	}
 	o.heldMu.Unlock()
-	if ok && h.dropDue {
-		o.dropObjects(h.namespace, h.session)
+	if ok {
+		resultsReleased.WithLabelValues("ack").Inc()
+		if h.dropDue {
+			o.dropObjects(h.namespace, h.session)
+		}
 	}
 }
 
-// releaseResults drops the objects of sessions whose result was not read
-// within ResultHold (all of them when all is set).
+// releaseResults drops the objects of sessions whose result was neither
+// acknowledged nor read within ResultHold, or read whole more than
+// ResultGrace ago (all of them when all is set).
 func (o *Orchestrator) releaseResults(all bool) {
 	now := o.opts.Now()
 	var due []*heldResult
@@ -266,6 +350,14 @@ func (o *Orchestrator) releaseResults(all bool) {
 	}
 	o.heldMu.Unlock()
 	for _, h := range due {
+		reason := "unread"
+		switch {
+		case all:
+			reason = "stop"
+		case h.read:
+			reason = "grace"
+		}
+		resultsReleased.WithLabelValues(reason).Inc()
 		if h.dropDue {
 			o.dropObjects(h.namespace, h.session)
 		}
@@ -288,3 +380,6 @@ func (o *Orchestrator) dropInput(session string) {
 		o.opts.Inputs.Drop(session)
 	}
 }
+
+// ReleaseResults frees now what is due (Run does it every minute).
+func (o *Orchestrator) ReleaseResults() { o.releaseResults(false) }

@@ -49,6 +49,16 @@ type Options struct {
 	// GatewayDialOptions replace the default (plaintext) dial options; the
 	// credentials are added to them.
 	GatewayDialOptions []grpc.DialOption
+	// RetryFor bounds how long a session call is retried while the
+	// gateway cannot be reached or answers UNAVAILABLE (a rollout of the
+	// operator, its engine moving between replicas): exponential back-off
+	// with jitter within that budget. Default 2 minutes; negative: no
+	// retries. Starts are retried safely: each carries an idempotency key,
+	// so a start whose answer was lost answers the same session again.
+	RetryFor time.Duration
+	// OnRetry, when set, is told of each retry: the call, what failed, the
+	// pause before the next try.
+	OnRetry func(op string, err error, pause time.Duration)
 }
 
 // Client manages ziptrail resources and sessions. It embeds a
@@ -61,8 +71,10 @@ type Client struct {
 	client.Client
 	Namespace string
 
-	gw   gatewayv1.GatewayClient
-	conn *grpc.ClientConn
+	gw      gatewayv1.GatewayClient
+	conn    *grpc.ClientConn
+	retry   time.Duration
+	onRetry func(op string, err error, pause time.Duration)
 }
 
 // Scheme returns the scheme the client uses.
@@ -89,7 +101,7 @@ func New(cfg *rest.Config, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, &ziptrail.Error{Kind: ziptrail.KindUnavailable, Op: "connect", Err: err}
 	}
-	c := &Client{Client: kc, Namespace: opts.Namespace}
+	c := &Client{Client: kc, Namespace: opts.Namespace, retry: opts.RetryFor, onRetry: opts.OnRetry}
 	if c.Namespace == "" {
 		c.Namespace = "default"
 	}

@@ -2,6 +2,8 @@ package admin
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,13 +12,16 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/retry"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
@@ -58,10 +63,14 @@ type Result struct {
 }
 
 func dialGateway(opts Options, creds *gateway.Credentials) (*grpc.ClientConn, error) {
-	dial := append([]grpc.DialOption(nil), opts.GatewayDialOptions...)
-	if dial == nil {
-		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	// Reconnect soon after the gateway comes back (a rollout of the
+	// operator): gRPC's default waits up to 2 minutes between attempts.
+	dial := []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second}, MinConnectTimeout: 5 * time.Second})}
+	if opts.GatewayDialOptions == nil {
+		dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
+	dial = append(dial, opts.GatewayDialOptions...)
 	// Inputs travel in one message, up to the gateway's limit; results
 	// over 1 MiB stream in chunks (OpenResult).
 	dial = append(dial, grpc.WithPerRPCCredentials(creds.PerRPC()), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20),
@@ -76,14 +85,50 @@ func (c *Client) gateway(op string) (gatewayv1.GatewayClient, error) {
 	return c.gw, nil
 }
 
+// retried runs call until it succeeds, fails otherwise than UNAVAILABLE
+// (the gateway unreachable, its connection broken, or the gateway asking
+// to retry), or the retry budget (Options.RetryFor) is spent; it returns
+// call's last error.
+func (c *Client) retried(ctx context.Context, op string, call func(context.Context) error) error {
+	b := retry.Backoff{For: c.retry}
+	for {
+		err := call(ctx)
+		if err == nil || status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			return err
+		}
+		pause, ok := b.Next(0)
+		if !ok {
+			return err
+		}
+		if c.onRetry != nil {
+			c.onRetry(op, err, pause)
+		}
+		if retry.Sleep(ctx, pause) != nil {
+			return err
+		}
+		if c.conn != nil {
+			c.conn.ResetConnectBackoff() // try to connect now, not at gRPC's next attempt
+		}
+	}
+}
+
 // StartSession starts a session of a workflow of the client's namespace
-// with input as its entry function's input object.
+// with input as its entry function's input object. It carries an
+// idempotency key, so retries (Options.RetryFor) of a start whose answer
+// was lost answer the session it started.
 func (c *Client) StartSession(ctx context.Context, workflow string, input []byte) (*Session, error) {
 	gw, err := c.gateway("start session")
 	if err != nil {
 		return nil, err
 	}
-	s, err := gw.StartSession(ctx, &gatewayv1.StartSessionRequest{Namespace: c.Namespace, Workflow: workflow, Input: input})
+	var key [16]byte
+	_, _ = rand.Read(key[:])
+	kctx := metadata.AppendToOutgoingContext(ctx, gateway.IdempotencyKeyMetadata, hex.EncodeToString(key[:]))
+	var s *gatewayv1.Session
+	err = c.retried(kctx, "start session", func(ctx context.Context) (err error) {
+		s, err = gw.StartSession(ctx, &gatewayv1.StartSessionRequest{Namespace: c.Namespace, Workflow: workflow, Input: input})
+		return err
+	})
 	if err != nil {
 		return nil, gatewayError(ctx, "start session", err)
 	}
@@ -96,11 +141,45 @@ func (c *Client) GetSession(ctx context.Context, id string) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := gw.GetSession(ctx, &gatewayv1.SessionRef{Namespace: c.Namespace, Id: id})
+	var s *gatewayv1.Session
+	err = c.retried(ctx, "get session", func(ctx context.Context) (err error) {
+		s, err = gw.GetSession(ctx, &gatewayv1.SessionRef{Namespace: c.Namespace, Id: id})
+		return err
+	})
 	if err != nil {
 		return nil, gatewayError(ctx, "get session", err)
 	}
 	return session(s), nil
+}
+
+// AckResult tells the gateway the client has a completed session's
+// result: its objects are freed now rather than minutes after its first
+// full read (the gateway's grace). Wait, and a reader of OpenResult read
+// to its end, acknowledge by themselves.
+func (c *Client) AckResult(ctx context.Context, id string) error {
+	gw, err := c.gateway("acknowledge result")
+	if err != nil {
+		return err
+	}
+	err = c.retried(ctx, "acknowledge result", func(ctx context.Context) error {
+		_, err := gw.AckResult(ctx, &gatewayv1.AckResultRequest{Namespace: c.Namespace, Id: id})
+		return err
+	})
+	if err != nil {
+		return gatewayError(ctx, "acknowledge result", err)
+	}
+	return nil
+}
+
+// ackSoon acknowledges a result the caller has, at most once and without
+// retrying: unacknowledged, the gateway frees it after its grace anyway.
+func (c *Client) ackSoon(ctx context.Context, id string) {
+	if c.gw == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, _ = c.gw.AckResult(ctx, &gatewayv1.AckResultRequest{Namespace: c.Namespace, Id: id})
 }
 
 // Watch streams a session's progress, from its first retained event until
@@ -167,7 +246,11 @@ func (c *Client) Wait(ctx context.Context, id string) (*Result, error) {
 			slice = min(slice, time.Until(dl))
 		}
 		asked := time.Now()
-		r, err := gw.WaitSession(ctx, &gatewayv1.WaitSessionRequest{Namespace: c.Namespace, Id: id, TimeoutMs: max(slice.Milliseconds(), 1)})
+		var r *gatewayv1.SessionResult
+		err := c.retried(ctx, "wait session", func(ctx context.Context) (err error) {
+			r, err = gw.WaitSession(ctx, &gatewayv1.WaitSessionRequest{Namespace: c.Namespace, Id: id, TimeoutMs: max(slice.Milliseconds(), 1)})
+			return err
+		})
 		if err != nil && !engineMoving(err) {
 			return nil, gatewayError(ctx, "wait session", err)
 		}
@@ -191,9 +274,11 @@ func (c *Client) Wait(ctx context.Context, id string) (*Result, error) {
 		switch s.State {
 		case Completed:
 			if !r.GetResultStreamed() {
+				c.ackSoon(ctx, id)
 				return &Result{Session: s, Output: r.GetResult()}, nil
 			}
-			// Too large for one message: it streams.
+			// Too large for one message: it streams (and is acknowledged
+			// once read whole).
 			out, err := c.readAll(ctx, id, s.ResultSize)
 			if err != nil {
 				return &Result{Session: s}, err
@@ -212,28 +297,54 @@ func (c *Client) Wait(ctx context.Context, id string) (*Result, error) {
 
 // OpenResult streams a completed session's result, of any size, from where
 // it is held (use Wait first: a session still running is an ErrUnavailable).
-// The reader yields the whole result or an error; close it when done.
+// The reader yields the whole result or an error; close it when done. A
+// stream that breaks is opened again where it broke (Options.RetryFor);
+// read to its end, the result is acknowledged (AckResult).
 func (c *Client) OpenResult(ctx context.Context, id string) (io.ReadCloser, error) {
 	gw, err := c.gateway("read result")
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	stream, err := gw.ReadResult(ctx, &gatewayv1.SessionRef{Namespace: c.Namespace, Id: id})
-	if err != nil {
+	r := &resultReader{ctx: ctx, cancel: cancel, c: c, gw: gw, id: id}
+	if err := r.open(); err != nil {
 		cancel()
 		return nil, gatewayError(ctx, "read result", err)
 	}
-	return &resultReader{ctx: ctx, cancel: cancel, stream: stream}, nil
+	return r, nil
 }
 
 // resultReader turns ReadResult's chunks into a reader.
 type resultReader struct {
 	ctx    context.Context
 	cancel context.CancelFunc
+	c      *Client
+	gw     gatewayv1.GatewayClient
+	id     string
 	stream gatewayv1.Gateway_ReadResultClient
+	got    int64 // bytes of the result received
+	skip   int64 // bytes of a reopened stream received already
 	buf    []byte
 	err    error
+	acked  bool
+}
+
+// ack acknowledges the result, read whole, once.
+func (r *resultReader) ack() {
+	if !r.acked {
+		r.acked = true
+		r.c.ackSoon(r.ctx, r.id)
+	}
+}
+
+// open (re)opens the stream, retrying while the gateway is unavailable,
+// to skip what was received already.
+func (r *resultReader) open() error {
+	return r.c.retried(r.ctx, "read result", func(ctx context.Context) (err error) {
+		r.stream, err = r.gw.ReadResult(ctx, &gatewayv1.SessionRef{Namespace: r.c.Namespace, Id: r.id})
+		r.skip = r.got
+		return err
+	})
 }
 
 func (r *resultReader) Read(p []byte) (int, error) {
@@ -245,10 +356,23 @@ func (r *resultReader) Read(p []byte) (int, error) {
 		switch {
 		case err == io.EOF:
 			r.err = io.EOF
+			r.ack()
+		case status.Code(err) == codes.Unavailable && r.ctx.Err() == nil:
+			// Broken mid-stream: the result stays readable until
+			// acknowledged, so read it again from where it broke.
+			if oerr := r.open(); oerr != nil {
+				r.err = gatewayError(r.ctx, "read result", oerr)
+			}
 		case err != nil:
 			r.err = gatewayError(r.ctx, "read result", err)
 		default:
-			r.buf = chunk.GetData()
+			data := chunk.GetData()
+			if r.skip > 0 {
+				n := min(r.skip, int64(len(data)))
+				data, r.skip = data[n:], r.skip-n
+			}
+			r.buf = data
+			r.got += int64(len(data))
 		}
 	}
 	n := copy(p, r.buf)
@@ -272,6 +396,7 @@ func (c *Client) readAll(ctx context.Context, id string, size int64) ([]byte, er
 	if _, err := io.ReadFull(rd, out); err != nil {
 		return nil, &ziptrail.Error{Kind: ziptrail.KindUnavailable, Op: "read result", Err: fmt.Errorf("session %s: %w", id, err)}
 	}
+	rd.(*resultReader).ack()
 	return out, nil
 }
 

@@ -144,7 +144,7 @@ def test_session_errors(admin: Admin, control_plane):
     with pytest.raises(ziptrail.NotFoundError):
         sessions.result("no-such-session", timeout=1)
     with pytest.raises(ziptrail.UnavailableError):
-        Sessions(f"http://127.0.0.1:{free_port()}").start("x")
+        Sessions(f"http://127.0.0.1:{free_port()}", retry_for=0).start("x")
     admin.delete("Workflow", "broken", wait=60)
 
 
@@ -250,7 +250,7 @@ def test_result_asks_again_while_the_engine_moves():
     between operator replicas: 503 (ErrEngineMoving), then 202 at once (the
     wait on the old owner ended with the move), then the result. The client
     asks again each time, in a moment, and returns the result; another 503
-    is the caller's at once."""
+    is the caller's once retries are over (at once without retries)."""
     calls: list[str] = []
     moving = ("the workflow's engine is moving to another operator replica: "
               "workflow default/w (engine bucket b): no owner yet")
@@ -283,6 +283,6 @@ def test_result_asks_again_while_the_engine_moves():
         assert s.result("w-1", timeout=60) == b"done"
         assert len(calls) == 4 and all("/sessions/w-1/result?wait=" in c for c in calls)
         with pytest.raises(ziptrail.UnavailableError, match="shutting down"):
-            s.result("other-1", timeout=60)
+            Sessions(f"http://127.0.0.1:{srv.server_address[1]}", token="t", retry_for=0).result("other-1", timeout=60)
     finally:
         srv.shutdown()

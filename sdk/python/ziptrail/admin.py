@@ -19,6 +19,15 @@ bearer token: the kubeconfig's, the pod's ServiceAccount token, or
 ``token=``) and authorizes it with RBAC: bind the user to the ClusterRole
 ``ziptrail-session-runner`` in the namespace.
 
+Session calls are retried while the gateway cannot be reached (connection
+refused or reset, closed before an answer) or answers 503 (an operator
+rollout, its engine moving between replicas), with exponential back-off and
+jitter and the gateway's Retry-After (at most 30 s), for ``retry_for``
+seconds (2 minutes by default). A start carries an ``Idempotency-Key``, so
+retrying one whose answer was lost answers the session it started. A result
+stays readable until acknowledged: one whose transfer breaks is read again
+from where it broke, and a result read whole is acknowledged.
+
 Every failure is a :class:`ziptrail.ZiptrailError`: NotFoundError,
 ConflictError, InvalidError (with the API server's validation message),
 UnavailableError, ZiptrailTimeoutError, FunctionFailedError (a failed
@@ -30,7 +39,9 @@ from __future__ import annotations
 import http.client
 import io
 import json
+import logging
 import os
+import random
 import time
 import urllib.error
 import urllib.parse
@@ -50,6 +61,13 @@ ENV_TOKEN = "ZIPTRAIL_TOKEN"
 SA_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 #: bytes per read when a result streams
 CHUNK = 256 << 10
+#: how long session calls are retried by default (seconds), the first and
+#: the longest pause of the back-off, and the longest Retry-After honoured
+RETRY_FOR = 120.0
+_RETRY_FIRST, _RETRY_MAX, _RETRY_AFTER_MAX = 0.2, 5.0, 30.0
+IDEMPOTENCY_KEY = "Idempotency-Key"
+
+log = logging.getLogger("ziptrail.admin")
 
 
 def _api_error(op: str, kind: str, name: str, e: Any) -> ZiptrailError:
@@ -402,13 +420,19 @@ class Sessions:
     ``$ZIPTRAIL_TOKEN``, the kubeconfig's, the pod's ServiceAccount's)."""
 
     def __init__(self, url: str | None = None, namespace: str = "default", *, timeout: float = 30,
-                 token: str | None = None, kubeconfig: str | None = None, context: str | None = None) -> None:
+                 token: str | None = None, kubeconfig: str | None = None, context: str | None = None,
+                 retry_for: float = RETRY_FOR, on_retry: Callable[[str, str, float], None] | None = None) -> None:
         url = url or os.environ.get(ENV_GATEWAY, "")
         if not url:
             raise InvalidError("sessions", f"no gateway URL: pass one or set {ENV_GATEWAY}")
         self.url = url.rstrip("/")
         self.namespace = namespace
         self.timeout = timeout  # per HTTP request, besides waits
+        #: seconds a call is retried while the gateway is unreachable or
+        #: answers 503 (0: no retries); on_retry(op, why, pause) is told of
+        #: each retry (default: logged on the "ziptrail.admin" logger)
+        self.retry_for = retry_for
+        self.on_retry = on_retry or (lambda op, why, pause: log.warning("%s: gateway %s, retrying in %.1fs", op, why, pause))
         self._creds = _Credentials(token, kubeconfig, context)
 
     def _path(self, *parts: str) -> str:
@@ -416,7 +440,22 @@ class Sessions:
 
     def _open(self, op: str, method: str, url: str, body: bytes | None = None, timeout: float | None = None,
               headers: dict[str, str] | None = None) -> Any:
-        """Sends a request and returns the open response (2xx), or raises."""
+        """Sends a request and returns the open response (2xx), or raises;
+        sends it again while the gateway is unreachable or answers 503,
+        within retry_for."""
+        backoff = _Backoff(self.retry_for)
+        while True:
+            try:
+                return self._open_once(op, method, url, body, timeout, headers)
+            except _Retryable as e:
+                pause = backoff.next(e.retry_after)
+                if pause is None:
+                    raise e.error from None
+                self.on_retry(op, e.why, pause)
+                time.sleep(pause)
+
+    def _open_once(self, op: str, method: str, url: str, body: bytes | None, timeout: float | None,
+                   headers: dict[str, str] | None) -> Any:
         req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
         if body is not None and not req.has_header("Content-type"):
             req.add_header("Content-Type", "application/octet-stream")
@@ -431,21 +470,45 @@ class Sessions:
                 message = json.loads(data).get("error", "") or data.decode()
             except (ValueError, AttributeError):
                 message = data.decode("utf-8", "replace")
+            if e.code == 503:
+                raise _Retryable("unavailable (503)", _retry_after(e.headers.get("Retry-After")),
+                                 _gateway_error(op, e.code, message)) from None
             raise _gateway_error(op, e.code, message) from None
-        except (urllib.error.URLError, OSError) as e:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             if isinstance(e, TimeoutError) or "timed out" in str(e):
                 raise ZiptrailTimeoutError(op, f"the gateway at {self.url} did not answer in time: {e}") from None
-            raise UnavailableError(op, f"cannot reach the gateway at {self.url}: {e}") from None
+            err = UnavailableError(op, f"cannot reach the gateway at {self.url}: {e}")
+            reason = e.reason if isinstance(e, urllib.error.URLError) else e
+            if isinstance(reason, (ConnectionError, http.client.HTTPException)):
+                raise _Retryable(f"unreachable ({reason})", 0.0, err) from None
+            raise err from None
 
     def _request(self, op: str, method: str, url: str, body: bytes | None = None, timeout: float | None = None) -> tuple[int, dict[str, str], bytes]:
         with self._open(op, method, url, body, timeout or self.timeout) as r:
             return r.status, dict(r.headers), r.read()
 
     def start(self, workflow: str, input: bytes | str = b"") -> Session:
-        """Starts a session of a workflow with an input."""
+        """Starts a session of a workflow with an input. The start carries
+        an idempotency key, so its retries answer the same session."""
         data = input.encode() if isinstance(input, str) else bytes(input)
-        _, _, body = self._request("start", "POST", self._path("workflows", workflow, "sessions"), data)
-        return Session.from_json(json.loads(body))
+        with self._open("start", "POST", self._path("workflows", workflow, "sessions"), data, self.timeout,
+                        headers={IDEMPOTENCY_KEY: os.urandom(16).hex()}) as r:
+            return Session.from_json(json.loads(r.read()))
+
+    def ack(self, session_id: str) -> None:
+        """Acknowledges a completed session's result: the gateway frees it
+        now, rather than minutes after its first full read. result() and
+        result_to() acknowledge by themselves."""
+        self._request("ack", "DELETE", self._path("sessions", session_id, "result"))
+
+    def _ack_soon(self, session_id: str) -> None:
+        """Acknowledges once, without retrying: unacknowledged, the gateway
+        frees the result after its grace anyway."""
+        try:
+            with self._open_once("ack", "DELETE", self._path("sessions", session_id, "result"), None, self.timeout, None) as r:
+                r.read()
+        except (ZiptrailError, _Retryable):
+            pass
 
     def get(self, session_id: str) -> Session:
         _, _, body = self._request("session", "GET", self._path("sessions", session_id))
@@ -484,9 +547,13 @@ class Sessions:
     def result_to(self, session_id: str, out: BinaryIO, timeout: float | None = None) -> int:
         """Waits for the session's result like :meth:`result` and writes it
         to ``out`` (a binary file) as it arrives, in chunks: a result of any
-        size passes without being held in memory. Returns its size."""
+        size passes without being held in memory. A transfer that breaks is
+        read again and written on from where it broke (within retry_for).
+        Returns its size; the result, read whole, is acknowledged."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = _MOVING_PAUSE
+        written = 0  # bytes of the result written to out
+        cuts = _Backoff(self.retry_for)
         while True:
             wait = 60.0 if deadline is None else max(0.0, deadline - time.monotonic())
             url = self._path("sessions", session_id, "result") + f"?wait={wait:.3f}s"
@@ -494,7 +561,19 @@ class Sessions:
             try:
                 with self._open("result", "GET", url, timeout=wait + self.timeout) as r:
                     if r.status == 200:
-                        return _copy(r, out, int(r.headers.get("Content-Length", "-1")), session_id)
+                        size = int(r.headers.get("Content-Length", "-1"))
+                        try:
+                            written = _copy(r, out, size, session_id, written)
+                        except _Cut as cut:
+                            written = cut.written
+                            again = cuts.next(0.0)
+                            if again is None:
+                                raise cut.error from None
+                            self.on_retry("result", f"cut off the result after {written} bytes", again)
+                            time.sleep(again)
+                            continue
+                        self._ack_soon(session_id)
+                        return written
                     r.read()
                 early = time.monotonic() - asked < wait / 2
             except UnavailableError as e:
@@ -571,20 +650,81 @@ class Sessions:
         return self.result(s.id, timeout)
 
 
-def _copy(src: Any, out: BinaryIO, size: int, session_id: str) -> int:
+class _Cut(Exception):
+    """A result's transfer broke after ``written`` bytes of it were written."""
+
+    def __init__(self, written: int, error: ZiptrailError) -> None:
+        super().__init__(str(error))
+        self.written, self.error = written, error
+
+
+def _copy(src: Any, out: BinaryIO, size: int, session_id: str, written: int = 0) -> int:
+    """Writes a result's body to out, skipping the ``written`` bytes an
+    earlier, broken transfer wrote already; returns the bytes written in
+    all, or raises _Cut."""
     n = 0
     try:
         while True:
             chunk = src.read(CHUNK)
             if not chunk:
                 break
+            if n < written:  # written already
+                skip = min(len(chunk), written - n)
+                n += skip
+                chunk = chunk[skip:]
+                if not chunk:
+                    continue
             out.write(chunk)
             n += len(chunk)
     except (OSError, http.client.HTTPException) as e:
-        raise UnavailableError("result", f"result of session {session_id} cut off after {n} bytes: {e}") from None
+        raise _Cut(max(n, written), UnavailableError(
+            "result", f"result of session {session_id} cut off after {max(n, written)} bytes: {e}")) from None
     if size >= 0 and n != size:
-        raise UnavailableError("result", f"result of session {session_id} cut off after {n} of {size} bytes")
+        raise _Cut(max(n, written), UnavailableError(
+            "result", f"result of session {session_id} cut off after {n} of {size} bytes"))
     return n
+
+
+class _Retryable(Exception):
+    """A request that may be sent again: why, the pause the gateway asked
+    for (Retry-After), and the error to raise when retries are over."""
+
+    def __init__(self, why: str, retry_after: float, error: ZiptrailError) -> None:
+        super().__init__(why)
+        self.why, self.retry_after, self.error = why, retry_after, error
+
+
+def _retry_after(value: str | None) -> float:
+    """Reads a Retry-After header given in seconds (0 otherwise)."""
+    try:
+        return max(0.0, float(value or 0))
+    except ValueError:
+        return 0.0
+
+
+class _Backoff:
+    """Paces retries within a budget of ``retry_for`` seconds from the
+    first failure: doubling pauses from 0.2 s to 5 s, half fixed and half
+    random, or the gateway's Retry-After (at most 30 s) when longer."""
+
+    def __init__(self, retry_for: float) -> None:
+        self.retry_for = retry_for
+        self.start: float | None = None
+        self.step = _RETRY_FIRST
+
+    def next(self, retry_after: float) -> float | None:
+        """The pause before the next try, or None once the budget is spent."""
+        if self.retry_for <= 0:
+            return None
+        now = time.monotonic()
+        if self.start is None:
+            self.start = now
+        left = self.retry_for - (now - self.start)
+        if left <= 0:
+            return None
+        pause = self.step / 2 + random.uniform(0, self.step / 2)
+        self.step = min(2 * self.step, _RETRY_MAX)
+        return min(max(pause, min(retry_after, _RETRY_AFTER_MAX)), left)
 
 
 #: What a gateway's 503 says while a workflow's engine changes operator

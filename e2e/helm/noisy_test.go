@@ -444,8 +444,8 @@ func (f *flood) sessions(ctx context.Context) {
 	}
 }
 
-// gatewayGRPC dials the chart's gRPC session gateway.
-func gatewayGRPC() *grpc.ClientConn {
+// gatewayGRPCAddr is the chart's gRPC session gateway Service, host:port.
+func gatewayGRPCAddr() string {
 	svc, err := cs.CoreV1().Services(releaseNS).Get(ctx, release+"-gateway", metav1.GetOptions{})
 	Expect(err).NotTo(HaveOccurred())
 	var port int32
@@ -455,7 +455,12 @@ func gatewayGRPC() *grpc.ClientConn {
 		}
 	}
 	Expect(port).NotTo(BeZero(), "Service %s-gateway has a grpc-gateway port", release)
-	conn, err := grpc.NewClient(fmt.Sprintf("%s:%d", svc.Spec.ClusterIP, port), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	return fmt.Sprintf("%s:%d", svc.Spec.ClusterIP, port)
+}
+
+// gatewayGRPC dials the chart's gRPC session gateway.
+func gatewayGRPC() *grpc.ClientConn {
+	conn, err := grpc.NewClient(gatewayGRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(128<<20)))
 	Expect(err).NotTo(HaveOccurred())
 	return conn

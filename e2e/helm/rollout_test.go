@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
@@ -46,7 +47,9 @@ const (
 	rolloutGrace = 2 * time.Minute
 )
 
-var _ = Describe("operator rollout: sessions in flight complete through `kubectl rollout restart` and `helm upgrade`", Ordered, func() {
+// ContinueOnFailure: the helm upgrade phase runs (and says what it sees)
+// even when the restart phase failed.
+var _ = Describe("operator rollout: sessions in flight complete through `kubectl rollout restart` and `helm upgrade`", Ordered, ContinueOnFailure, func() {
 	var (
 		installed, uninstalled, createdNS bool
 		gwc                               *admin.Client
@@ -214,9 +217,21 @@ func rolloutPhase(gwc *admin.Client, phase string, change func()) {
 			r.run(wctx, gwc)
 		}()
 	}
+	old := map[types.UID]bool{}
+	for _, p := range operatorPods() {
+		old[p.UID] = true
+	}
 	time.Sleep(rolloutChangeAfter)
 	t := time.Now()
 	change()
+	// Rolled out: every pod is of the new template, Ready, one leader.
+	Eventually(func(g Gomega) {
+		rolledOut(g, releaseNS, release+"-operator")
+		for _, p := range operatorPods() {
+			g.Expect(old).NotTo(HaveKey(p.UID), "pod %s is of the old ReplicaSet", p.Name)
+		}
+		leader(g)
+	}, "5m").Should(Succeed())
 	rolled := time.Since(t)
 	GinkgoWriter.Printf("%s: the operator rolled out in %s; waiting up to %s for the sessions\n", phase, rolled.Round(time.Millisecond), rolloutGrace)
 	done := make(chan struct{})

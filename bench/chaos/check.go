@@ -127,8 +127,8 @@ func (m *modeRun) check() (int, string) {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "chaos checker, %s engine (%s; %s, %d workers, session deadline %s, seed %d)\n",
-		m.mode, m.describeInstall(), m.cfg.duration, m.cfg.workers, m.cfg.sessionDeadline, m.cfg.seed)
+	fmt.Fprintf(&b, "chaos checker, %s engine (%s; %s, %d workers, work up to %s, session deadline %s, seed %d)\n",
+		m.mode, m.describeInstall(), m.cfg.duration, m.cfg.workers, m.cfg.work, m.cfg.sessionDeadline, m.cfg.seed)
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nemesis\tfaults\tstarted\tcompleted\twrong\tlost\tstuck\tno start\tduplicates\treruns\tretries\tp50\tp99\t")
 	violations := 0

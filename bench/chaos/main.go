@@ -36,6 +36,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 	"github.com/ziptrail/ziptrail/internal/localk8s"
 )
@@ -45,6 +47,7 @@ type config struct {
 	modes           []string      // unsharded, sharded
 	nemeses         []string
 	workers         int
+	work            time.Duration
 	sessionDeadline time.Duration
 	progress        time.Duration
 	seed            uint64
@@ -82,7 +85,8 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&cfg.duration, "duration", 10*time.Minute, "how long sessions run under nemeses, per mode (cut into one phase per nemesis, plus one without)")
 	sharded := fs.String("sharded", "false", "false: the unsharded engine (2 replicas, leader election); true: sharded (3 replicas, 6 buckets); both: one after the other on the same cluster")
 	nemeses := fs.String("nemeses", strings.Join(nemesisNames(), ","), "comma-separated nemeses, one phase each, in this order")
-	fs.IntVar(&cfg.workers, "workers", 4, "sessions at once")
+	fs.IntVar(&cfg.workers, "workers", 8, "sessions at once")
+	fs.DurationVar(&cfg.work, "work", time.Second, "each function invocation works (sleeps) a uniform random time up to this, so that faults find invocations in flight")
 	fs.DurationVar(&cfg.sessionDeadline, "session-deadline", time.Minute, "a session without its final answer this long after its start is stuck (and a start not acknowledged by then failed)")
 	fs.DurationVar(&cfg.progress, "progress", 10*time.Second, "how often a progress line is printed")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "seed of the nemeses' jitter and choices (0: from the clock; printed)")
@@ -117,6 +121,9 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 			return cfg, fmt.Errorf("unknown nemesis %q (known: %s)", n, strings.Join(nemesisNames(), ", "))
 		}
 		cfg.nemeses = append(cfg.nemeses, n)
+	}
+	if cfg.work < 0 {
+		return cfg, errors.New("-work must not be negative")
 	}
 	if cfg.duration <= 0 || cfg.workers <= 0 || cfg.sessionDeadline <= 0 || cfg.progress <= 0 || cfg.nodes <= 0 {
 		return cfg, errors.New("-duration, -workers, -session-deadline, -progress and -nodes must be positive")
@@ -155,8 +162,10 @@ func run(ctx context.Context, cfg config, out io.Writer) (int, error) {
 		return 0, err
 	}
 	defer logFile.Close()
-	fmt.Fprintf(out, "chaos: seed %d, modes %v, %s each, nemeses %v, %d workers, session deadline %s; commands and cluster log: %s\n",
-		cfg.seed, cfg.modes, cfg.duration, cfg.nemeses, cfg.workers, cfg.sessionDeadline, logFile.Name())
+	// go-redis logs its pool's dial errors (the Redis nemeses) to stderr.
+	redis.SetLogger(logTo{logFile})
+	fmt.Fprintf(out, "chaos: seed %d, modes %v, %s each, nemeses %v, %d workers, work up to %s an invocation, session deadline %s; commands and cluster log: %s\n",
+		cfg.seed, cfg.modes, cfg.duration, cfg.nemeses, cfg.workers, cfg.work, cfg.sessionDeadline, logFile.Name())
 
 	fmt.Fprintf(out, "==> the local cluster (Kubernetes, Knative Serving, redis-server, MinIO; %d node(s))\n", cfg.nodes)
 	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: cfg.nodes, NoOperator: true, Log: logFile,
@@ -178,17 +187,27 @@ func run(ctx context.Context, cfg config, out io.Writer) (int, error) {
 	rng := rand.New(rand.NewPCG(cfg.seed, cfg.seed^0x9e3779b97f4a7c15))
 	violations := 0
 	var tables []string
-	for _, mode := range cfg.modes {
+	for i, mode := range cfg.modes {
 		m := &modeRun{cfg: cfg, mode: mode, cluster: c, out: out, log: logFile, rng: rng,
-			effects: filepath.Join(effectsDir, mode+".log")}
+			effects: filepath.Join(effectsDir, mode+".log"), last: i == len(cfg.modes)-1}
 		v, table, err := m.run(ctx)
 		violations += v
-		tables = append(tables, table)
+		if table != "" {
+			tables = append(tables, table)
+		}
 		if err != nil {
+			fmt.Fprintf(out, "\n%s", strings.Join(tables, "\n"))
 			return violations, fmt.Errorf("%s: %w", mode, err)
 		}
 	}
 	fmt.Fprintf(out, "\n%s", strings.Join(tables, "\n"))
 	fmt.Fprintf(out, "chaos: %s in all (setup included)\n", time.Since(t0).Round(time.Second))
 	return violations, nil
+}
+
+// logTo is go-redis's logger, into the run's log.
+type logTo struct{ w io.Writer }
+
+func (l logTo) Printf(_ context.Context, format string, v ...any) {
+	fmt.Fprintf(l.w, "redis: "+format+"\n", v...)
 }

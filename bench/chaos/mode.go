@@ -44,10 +44,12 @@ type modeRun struct {
 	rng     *rand.Rand
 	rngMu   sync.Mutex
 	effects string
+	last    bool // the run's last mode
 
 	mu       sync.Mutex
 	sessions []*sessionRun
 	phase    int
+	inFlight int
 	phases   []string
 	faults   []fault
 }
@@ -96,7 +98,11 @@ func (m *modeRun) run(ctx context.Context) (int, string, error) {
 	if err := m.rel.Install(ctx, values...); err != nil {
 		return 0, "", err
 	}
-	defer m.uninstall()
+	if !m.last {
+		// The next mode installs afresh; after the last one, the cluster's
+		// teardown removes everything at once.
+		defer m.uninstall()
+	}
 	if err := m.applyWorkflows(ctx); err != nil {
 		return 0, "", err
 	}
@@ -142,7 +148,7 @@ func (m *modeRun) applyWorkflows(ctx context.Context) error {
 		return err
 	}
 	for _, sh := range shapes {
-		wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: sh.name}, Spec: sh.spec(m.effects)}
+		wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: sh.name}, Spec: sh.spec(work{effects: m.effects, max: m.cfg.work})}
 		// A deadline past the checker's: the checker, not the engine, says
 		// stuck.
 		wf.Spec.SessionDeadline = &metav1.Duration{Duration: 2 * m.cfg.sessionDeadline}
@@ -220,10 +226,12 @@ func (m *modeRun) runPhases(ctx context.Context) {
 				sh := shapes[n%len(shapes)]
 				m.mu.Lock()
 				phase := m.phase
+				m.inFlight++
 				m.mu.Unlock()
 				// A session runs to its verdict even past the end.
 				s := m.session(context.WithoutCancel(wctx), sh, fmt.Sprintf("%s-%d", sh.name, n), phase)
 				m.mu.Lock()
+				m.inFlight--
 				m.sessions = append(m.sessions, s)
 				m.mu.Unlock()
 			}
@@ -246,7 +254,7 @@ func (m *modeRun) runPhases(ctx context.Context) {
 		go func() {
 			defer close(done)
 			if n := nemesisByName(name); n != nil {
-				n.run(nctx, m, i)
+				n.run(nctx, m, i, phaseLen)
 			} else {
 				<-nctx.Done()
 			}
@@ -295,8 +303,8 @@ func (m *modeRun) printProgress(start time.Time) {
 			last += " (error: " + f.err.Error() + ")"
 		}
 	}
-	fmt.Fprintf(m.out, "    [%s %s] phase %s: %d sessions done (ok %d, wrong %d, lost %d, stuck %d, no start %d); faults %d, last: %s\n",
-		m.mode, time.Since(start).Round(time.Second), m.phases[m.phase], len(m.sessions), counts[outcomeOK], counts[outcomeWrong],
+	fmt.Fprintf(m.out, "    [%s %s] phase %s: %d sessions done, %d in flight (ok %d, wrong %d, lost %d, stuck %d, no start %d); faults %d, last: %s\n",
+		m.mode, time.Since(start).Round(time.Second), m.phases[m.phase], len(m.sessions), m.inFlight, counts[outcomeOK], counts[outcomeWrong],
 		counts[outcomeLost], counts[outcomeStuck], counts[outcomeNoStart], len(m.faults), last)
 }
 

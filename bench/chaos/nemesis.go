@@ -62,10 +62,11 @@ func nemesisByName(name string) *nemesis {
 	return nil
 }
 
-// run acts until ctx ends: first after a quarter of its interval (the
-// phase's sessions are under way), then every interval ± 25 %.
-func (n *nemesis) run(ctx context.Context, m *modeRun, phase int) {
-	wait := m.jitter(n.every/4, 0.25)
+// run acts until ctx ends: first after a quarter of its interval or of
+// the phase, whichever is shorter (the phase's sessions are under way, and
+// a short phase still sees its nemesis), then every interval ± 25 %.
+func (n *nemesis) run(ctx context.Context, m *modeRun, phase int, phaseLen time.Duration) {
+	wait := m.jitter(min(n.every, phaseLen)/4, 0.25)
 	for {
 		select {
 		case <-ctx.Done():

@@ -21,14 +21,18 @@ import (
 // pythonImage is the image catalog's generic Python 3 with the SDK.
 const pythonImage = "ghcr.io/ziptrail/python:3"
 
-// pyPrelude is every function's: mark(inv, fn) records the invocation's
+// pyPrelude is every function's: mark(inv, fn) works for a while (a sleep
+// of up to WORK seconds, uniform: faults then find invocations in flight),
+// records the invocation's
 // effect (one O_APPEND write of one line: "<session> <record>") and returns
 // its record "fn:id:attempt:key". The key is read defensively: the SDK
 // exposes it from issue 32 on (inv.idempotency_key); before, it is "".
 const pyPrelude = `
-import os, time, ziptrail
+import os, random, time, ziptrail
 EFFECTS = %q
+WORK = %f
 def mark(inv, fn):
+    time.sleep(random.uniform(0, WORK))
     key = str(getattr(inv, "idempotency_key", "") or "")
     for c in " |@;:\n":
         key = key.replace(c, "_")
@@ -44,7 +48,7 @@ def mark(inv, fn):
 // shape is one kind of session: its Workflow and the check of a result.
 type shape struct {
 	name  string
-	spec  func(effects string) v1alpha1.WorkflowSpec
+	spec  func(w work) v1alpha1.WorkflowSpec
 	check func(input, result string) error
 }
 
@@ -55,8 +59,15 @@ var shapes = []shape{
 	{name: "window", spec: windowSpec, check: checkWindow},
 }
 
-func pyFn(effects, name, body string) v1alpha1.FunctionSpec {
-	src := fmt.Sprintf(pyPrelude, effects) + body + "\nziptrail.serve(handle)\n"
+// work is what every function of a run shares: the effects file and the
+// longest work (sleep) of an invocation.
+type work struct {
+	effects string
+	max     time.Duration
+}
+
+func pyFn(w work, name, body string) v1alpha1.FunctionSpec {
+	src := fmt.Sprintf(pyPrelude, w.effects, w.max.Seconds()) + body + "\nziptrail.serve(handle)\n"
 	one := int32(1)
 	// One warm pod each: the run measures faults, not cold starts.
 	return v1alpha1.FunctionSpec{Name: name, Image: pythonImage, Command: []string{"python3", "-c", src}, MinScale: &one}
@@ -89,9 +100,9 @@ func parseRecord(s string) (record, error) {
 // chain: c1 -> c2 -> c3 (function-oriented: dependencies edges); each
 // returns its input with its record appended. Result:
 // "<input>|<c1 record>|<c2 record>|<c3 record>".
-func chainSpec(effects string) v1alpha1.WorkflowSpec {
+func chainSpec(w work) v1alpha1.WorkflowSpec {
 	step := func(name string) v1alpha1.FunctionSpec {
-		return pyFn(effects, name, fmt.Sprintf(`
+		return pyFn(w, name, fmt.Sprintf(`
 def handle(inv):
     return inv.objects[0].bytes() + b"|" + mark(inv, %q).encode()`, name))
 	}
@@ -126,15 +137,15 @@ func fanGroup(i int) string { return fmt.Sprintf("g%d", i%3) }
 // "<input>:<group>=<keys>@<records>" to "groups" (3 expected); a
 // DynamicJoin invokes collect once, which sends the sorted groups and its
 // record as the result.
-func fanSpec(effects string) v1alpha1.WorkflowSpec {
-	entry := pyFn(effects, "entry", `
+func fanSpec(w work) v1alpha1.WorkflowSpec {
+	entry := pyFn(w, "entry", `
 def handle(inv):
     rec = mark(inv, "entry")
     data = inv.objects[0].bytes().decode()
     for i in range(6):
         ziptrail.send_object("shuffle", "k%d" % i, "%s@%s" % (data, rec), metadata={"g": "g%d" % (i % 3)})
     return b""`)
-	reduce := pyFn(effects, "reduce", `
+	reduce := pyFn(w, "reduce", `
 def handle(inv):
     rec = mark(inv, "reduce")
     keys = ",".join(sorted(o.key for o in inv.objects))
@@ -142,7 +153,7 @@ def handle(inv):
     ziptrail.send_object("groups", inv.group, "%s=%s@%s@%s" % (inv.group, keys, rec, "+".join(inputs)),
                          metadata={"ziptrail.expected-count": "3"})
     return b""`)
-	collect := pyFn(effects, "collect", `
+	collect := pyFn(w, "collect", `
 def handle(inv):
     rec = mark(inv, "collect")
     ziptrail.send_object("output", "result", ";".join(sorted(o.bytes().decode() for o in inv.objects)) + "|" + rec)
@@ -203,21 +214,21 @@ func checkFan(input, result string) error {
 // worker for each, which sends its vote r<i> to "votes"; a Redundant
 // trigger (2 of 3) invokes decide once, which sends the sorted votes it got
 // and its record as the result.
-func voteSpec(effects string) v1alpha1.WorkflowSpec {
-	entry := pyFn(effects, "entry", `
+func voteSpec(w work) v1alpha1.WorkflowSpec {
+	entry := pyFn(w, "entry", `
 def handle(inv):
     mark(inv, "entry")
     data = inv.objects[0].bytes()
     for i in range(1, 4):
         ziptrail.send_object("work", "w%d" % i, data)
     return b""`)
-	worker := pyFn(effects, "worker", `
+	worker := pyFn(w, "worker", `
 def handle(inv):
     rec = mark(inv, "worker")
     o = inv.objects[0]
     ziptrail.send_object("votes", "r" + o.key[1:], "%s:%s@%s" % (o.bytes().decode(), "r" + o.key[1:], rec))
     return b""`)
-	decide := pyFn(effects, "decide", `
+	decide := pyFn(w, "decide", `
 def handle(inv):
     rec = mark(inv, "decide")
     ziptrail.send_object("output", "result", ";".join(sorted(o.bytes().decode() for o in inv.objects)) + "|" + rec)
@@ -266,15 +277,15 @@ const windowMS = 500
 
 // window: entry sends e1, e2, e3 to "events" at once; a ByTime window
 // invokes agg once with all three, which sends them and its record.
-func windowSpec(effects string) v1alpha1.WorkflowSpec {
-	entry := pyFn(effects, "entry", `
+func windowSpec(w work) v1alpha1.WorkflowSpec {
+	entry := pyFn(w, "entry", `
 def handle(inv):
     mark(inv, "entry")
     data = inv.objects[0].bytes()
     for k in ("e1", "e2", "e3"):
         ziptrail.send_object("events", k, data)
     return b""`)
-	agg := pyFn(effects, "agg", `
+	agg := pyFn(w, "agg", `
 def handle(inv):
     rec = mark(inv, "agg")
     keys = sorted(o.key for o in inv.objects)

@@ -97,8 +97,8 @@ bench-sidecarmem: deps ## Resident memory of queue-proxy-zl vs stock queue-proxy
 .PHONY: chaos chaos-short
 chaos: deps ## Chaos checker: 10 minutes unsharded, then 10 sharded (3 replicas); a table per nemesis (root).
 	$(DEPS_ENV); go run ./bench/chaos -duration $${CHAOS_DURATION:-10m} -sharded=both
-chaos-short: deps ## Chaos checker for CI: 80 s unsharded, then 80 s sharded, ≈ 5 minutes with setup (root).
-	$(DEPS_ENV); go run ./bench/chaos -duration 80s -sharded=both -session-deadline 45s
+chaos-short: deps ## Chaos checker for CI: 75 s unsharded, then 75 s sharded, ≈ 5 minutes with setup (root).
+	$(DEPS_ENV); go run ./bench/chaos -duration 75s -sharded=both -session-deadline 45s
 
 .PHONY: e2e
 e2e: deps ## The local e2e suite alone (part of make test).

@@ -48,6 +48,7 @@ type phaseStats struct {
 	faults, faultErrs                           int
 	started, ok, wrong, lost, stuck, noStart    int
 	effects, keyed, dupKeys, reruns, retriedAll int
+	skipped                                     int
 	times                                       []time.Duration
 	examples                                    []string
 }
@@ -60,7 +61,7 @@ func (m *modeRun) check() (int, string) {
 	defer m.mu.Unlock()
 	rows := make([]*phaseStats, len(m.phases))
 	for i, n := range m.phases {
-		rows[i] = &phaseStats{name: n}
+		rows[i] = &phaseStats{name: n, skipped: m.skipped[i]}
 	}
 	phaseOf := map[string]int{}
 	for _, s := range m.sessions {
@@ -127,8 +128,8 @@ func (m *modeRun) check() (int, string) {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "chaos checker, %s engine (%s; %s, %d workers, work up to %s, session deadline %s, seed %d)\n",
-		m.mode, m.describeInstall(), m.cfg.duration, m.cfg.workers, m.cfg.work, m.cfg.sessionDeadline, m.cfg.seed)
+	fmt.Fprintf(&b, "chaos checker, %s engine (%s; %s, %.1f sessions/s, work up to %s, session deadline %s, seed %d)\n",
+		m.mode, m.describeInstall(), m.cfg.duration, m.cfg.rate, m.cfg.work, m.cfg.sessionDeadline, m.cfg.seed)
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "nemesis\tfaults\tstarted\tcompleted\twrong\tlost\tstuck\tno start\tduplicates\treruns\tretries\tp50\tp99\t")
 	violations := 0
@@ -146,6 +147,7 @@ func (m *modeRun) check() (int, string) {
 			total.dupKeys += r.dupKeys
 			total.reruns += r.reruns
 			total.retriedAll += r.retriedAll
+			total.skipped += r.skipped
 			total.times = append(total.times, r.times...)
 			violations += r.wrong + r.lost + r.stuck + r.noStart + r.dupKeys
 		}
@@ -157,13 +159,18 @@ func (m *modeRun) check() (int, string) {
 		if !anyKey {
 			dups = "no keys"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t\n", r.name, faults, r.started, r.ok, r.wrong, r.lost, r.stuck, r.noStart,
+		started := fmt.Sprint(r.started)
+		if r.skipped > 0 {
+			started += fmt.Sprintf(" (+%d skipped)", r.skipped)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t\n", r.name, faults, started, r.ok, r.wrong, r.lost, r.stuck, r.noStart,
 			dups, r.reruns, r.retriedAll, pct(r.times, 0.50), pct(r.times, 0.99))
 	}
 	tw.Flush()
 	b.WriteString("completed: right result; wrong: another result or Failed; lost: acknowledged, then unknown; stuck: no answer by the deadline (or Expired);\n" +
 		"no start: no start acknowledged by the deadline; duplicates: idempotency keys whose effect happened twice (\"no keys\": the SDK gave none);\n" +
-		"reruns: one invocation (id, attempt) whose user code ran twice; retries: client calls retried on an unavailable gateway; p50/p99: completed sessions, start to result.\n")
+		"reruns: one invocation (id, attempt) whose user code ran twice; retries: client calls retried on an unavailable gateway; p50/p99: completed sessions, start to result;\n" +
+		"(+N skipped): starts not made while -max-in-flight sessions were outstanding.\n")
 	if effectsNote != "" {
 		b.WriteString(effectsNote + "\n")
 	}

@@ -46,7 +46,8 @@ type config struct {
 	duration        time.Duration // per mode
 	modes           []string      // unsharded, sharded
 	nemeses         []string
-	workers         int
+	rate            float64 // sessions started a second
+	maxInFlight     int
 	work            time.Duration
 	sessionDeadline time.Duration
 	progress        time.Duration
@@ -85,7 +86,8 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&cfg.duration, "duration", 10*time.Minute, "how long sessions run under nemeses, per mode (cut into one phase per nemesis, plus one without)")
 	sharded := fs.String("sharded", "false", "false: the unsharded engine (2 replicas, leader election); true: sharded (3 replicas, 6 buckets); both: one after the other on the same cluster")
 	nemeses := fs.String("nemeses", strings.Join(nemesisNames(), ","), "comma-separated nemeses, one phase each, in this order")
-	fs.IntVar(&cfg.workers, "workers", 8, "sessions at once")
+	fs.Float64Var(&cfg.rate, "rate", 4, "sessions started a second (open loop: a stuck session does not slow the arrivals)")
+	fs.IntVar(&cfg.maxInFlight, "max-in-flight", 200, "sessions at once at most; a start beyond is skipped (and counted)")
 	fs.DurationVar(&cfg.work, "work", time.Second, "each function invocation works (sleeps) a uniform random time up to this, so that faults find invocations in flight")
 	fs.DurationVar(&cfg.sessionDeadline, "session-deadline", time.Minute, "a session without its final answer this long after its start is stuck (and a start not acknowledged by then failed)")
 	fs.DurationVar(&cfg.progress, "progress", 10*time.Second, "how often a progress line is printed")
@@ -125,8 +127,8 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	if cfg.work < 0 {
 		return cfg, errors.New("-work must not be negative")
 	}
-	if cfg.duration <= 0 || cfg.workers <= 0 || cfg.sessionDeadline <= 0 || cfg.progress <= 0 || cfg.nodes <= 0 {
-		return cfg, errors.New("-duration, -workers, -session-deadline, -progress and -nodes must be positive")
+	if cfg.duration <= 0 || cfg.rate <= 0 || cfg.maxInFlight <= 0 || cfg.sessionDeadline <= 0 || cfg.progress <= 0 || cfg.nodes <= 0 {
+		return cfg, errors.New("-duration, -rate, -max-in-flight, -session-deadline, -progress and -nodes must be positive")
 	}
 	if cfg.seed == 0 {
 		cfg.seed = uint64(time.Now().UnixNano())
@@ -164,8 +166,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (int, error) {
 	defer logFile.Close()
 	// go-redis logs its pool's dial errors (the Redis nemeses) to stderr.
 	redis.SetLogger(logTo{logFile})
-	fmt.Fprintf(out, "chaos: seed %d, modes %v, %s each, nemeses %v, %d workers, work up to %s an invocation, session deadline %s; commands and cluster log: %s\n",
-		cfg.seed, cfg.modes, cfg.duration, cfg.nemeses, cfg.workers, cfg.work, cfg.sessionDeadline, logFile.Name())
+	fmt.Fprintf(out, "chaos: seed %d, modes %v, %s each, nemeses %v, %.1f sessions/s (at most %d at once), work up to %s an invocation, session deadline %s; commands and cluster log: %s\n",
+		cfg.seed, cfg.modes, cfg.duration, cfg.nemeses, cfg.rate, cfg.maxInFlight, cfg.work, cfg.sessionDeadline, logFile.Name())
 
 	fmt.Fprintf(out, "==> the local cluster (Kubernetes, Knative Serving, redis-server, MinIO; %d node(s))\n", cfg.nodes)
 	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: cfg.nodes, NoOperator: true, Log: logFile,

@@ -50,6 +50,7 @@ type modeRun struct {
 	sessions []*sessionRun
 	phase    int
 	inFlight int
+	skipped  map[int]int // starts skipped at maxInFlight, by phase
 	phases   []string
 	faults   []fault
 }
@@ -128,6 +129,7 @@ func (m *modeRun) run(ctx context.Context) (int, string, error) {
 	m.step("ready in %s (install, workflows Ready, one session of each shape)", time.Since(t).Round(time.Second))
 
 	m.phases = append([]string{"none"}, m.cfg.nemeses...)
+	m.skipped = map[int]int{}
 	m.runPhases(ctx)
 	v, table := m.check()
 	return v, table, ctx.Err()
@@ -212,31 +214,47 @@ func (m *modeRun) runPhases(ctx context.Context) {
 	end := start.Add(m.cfg.duration)
 	m.step("%d phases of %s: %v", len(m.phases), phaseLen.Round(time.Second), m.phases)
 
+	// Open loop: a session starts every 1/rate whatever the others do (a
+	// stuck session does not slow the arrivals down), up to maxInFlight at
+	// once; a start skipped at that bound is counted.
 	wctx, stopWorkers := context.WithCancel(ctx)
 	var workers sync.WaitGroup
-	var counter int
-	var counterMu sync.Mutex
-	next := func() int { counterMu.Lock(); defer counterMu.Unlock(); counter++; return counter }
-	for w := 0; w < m.cfg.workers; w++ {
-		workers.Add(1)
-		go func() {
-			defer workers.Done()
-			for wctx.Err() == nil && time.Now().Before(end) {
-				n := next()
-				sh := shapes[n%len(shapes)]
-				m.mu.Lock()
-				phase := m.phase
-				m.inFlight++
+	workers.Add(1)
+	go func() {
+		defer workers.Done()
+		tick := time.NewTicker(time.Duration(float64(time.Second) / m.cfg.rate))
+		defer tick.Stop()
+		for n := 1; ; n++ {
+			select {
+			case <-wctx.Done():
+				return
+			case <-tick.C:
+			}
+			if !time.Now().Before(end) {
+				return
+			}
+			m.mu.Lock()
+			phase := m.phase
+			if m.inFlight >= m.cfg.maxInFlight {
+				m.skipped[phase]++
 				m.mu.Unlock()
+				continue
+			}
+			m.inFlight++
+			m.mu.Unlock()
+			sh := shapes[n%len(shapes)]
+			workers.Add(1)
+			go func() {
+				defer workers.Done()
 				// A session runs to its verdict even past the end.
 				s := m.session(context.WithoutCancel(wctx), sh, fmt.Sprintf("%s-%d", sh.name, n), phase)
 				m.mu.Lock()
 				m.inFlight--
 				m.sessions = append(m.sessions, s)
 				m.mu.Unlock()
-			}
-		}()
-	}
+			}()
+		}
+	}()
 
 	progress := time.NewTicker(m.cfg.progress)
 	defer progress.Stop()

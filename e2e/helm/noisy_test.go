@@ -446,16 +446,9 @@ func (f *flood) sessions(ctx context.Context) {
 
 // gatewayGRPCAddr is the chart's gRPC session gateway Service, host:port.
 func gatewayGRPCAddr() string {
-	svc, err := cs.CoreV1().Services(releaseNS).Get(ctx, release+"-gateway", metav1.GetOptions{})
+	_, addr, err := rel.Gateway(ctx)
 	Expect(err).NotTo(HaveOccurred())
-	var port int32
-	for _, p := range svc.Spec.Ports {
-		if p.Name == "grpc-gateway" {
-			port = p.Port
-		}
-	}
-	Expect(port).NotTo(BeZero(), "Service %s-gateway has a grpc-gateway port", release)
-	return fmt.Sprintf("%s:%d", svc.Spec.ClusterIP, port)
+	return addr
 }
 
 // gatewayGRPC dials the chart's gRPC session gateway.

@@ -21,28 +21,32 @@ import (
 // pythonImage is the image catalog's generic Python 3 with the SDK.
 const pythonImage = "ghcr.io/ziptrail/python:3"
 
-// pyPrelude is every function's: mark(inv, fn) works for a while (a sleep
-// of up to WORK seconds, uniform: faults then find invocations in flight),
-// records the invocation's
-// effect (one O_APPEND write of one line: "<session> <record>") and returns
-// its record "fn:id:attempt:key". The key is read defensively: the SDK
-// exposes it from issue 32 on (inv.idempotency_key); before, it is "".
+// pyPrelude is every function's. Its handle works for a while (a sleep of
+// up to WORK seconds, uniform: faults then find invocations in flight),
+// runs the function's body with the invocation's record
+// "fn:id:attempt:key", and records the invocation's effect — one O_APPEND
+// write of one line "<session> <record>" — last, just before it returns:
+// an invocation killed before it completed has no effect. The key is read
+// defensively: the SDK exposes it from issue 32 on (inv.idempotency_key);
+// before, it is "".
 const pyPrelude = `
 import os, random, time, ziptrail
 EFFECTS = %q
 WORK = %f
-def mark(inv, fn):
+FN = %q
+def handle(inv):
     time.sleep(random.uniform(0, WORK))
     key = str(getattr(inv, "idempotency_key", "") or "")
     for c in " |@;:\n":
         key = key.replace(c, "_")
-    rec = "%%s:%%s:%%s:%%s" %% (fn, inv.id, inv.attempt, key)
+    rec = "%%s:%%s:%%s:%%s" %% (FN, inv.id, inv.attempt, key)
+    out = body(inv, rec)
     fd = os.open(EFFECTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         os.write(fd, ("%%s %%s\n" %% (inv.session, rec)).encode())
     finally:
         os.close(fd)
-    return rec
+    return out
 `
 
 // shape is one kind of session: its Workflow and the check of a result.
@@ -67,7 +71,7 @@ type work struct {
 }
 
 func pyFn(w work, name, body string) v1alpha1.FunctionSpec {
-	src := fmt.Sprintf(pyPrelude, w.effects, w.max.Seconds()) + body + "\nziptrail.serve(handle)\n"
+	src := fmt.Sprintf(pyPrelude, w.effects, w.max.Seconds(), name) + body + "\nziptrail.serve(handle)\n"
 	one := int32(1)
 	// One warm pod each: the run measures faults, not cold starts.
 	return v1alpha1.FunctionSpec{Name: name, Image: pythonImage, Command: []string{"python3", "-c", src}, MinScale: &one}
@@ -102,9 +106,9 @@ func parseRecord(s string) (record, error) {
 // "<input>|<c1 record>|<c2 record>|<c3 record>".
 func chainSpec(w work) v1alpha1.WorkflowSpec {
 	step := func(name string) v1alpha1.FunctionSpec {
-		return pyFn(w, name, fmt.Sprintf(`
-def handle(inv):
-    return inv.objects[0].bytes() + b"|" + mark(inv, %q).encode()`, name))
+		return pyFn(w, name, `
+def body(inv, rec):
+    return inv.objects[0].bytes() + b"|" + rec.encode()`)
 	}
 	return v1alpha1.WorkflowSpec{Entry: "c1", Functions: []v1alpha1.FunctionSpec{step("c1"), step("c2"), step("c3")},
 		Dependencies: []v1alpha1.Dependency{{From: []string{"c1"}, To: []string{"c2"}}, {From: []string{"c2"}, To: []string{"c3"}}}}
@@ -139,23 +143,20 @@ func fanGroup(i int) string { return fmt.Sprintf("g%d", i%3) }
 // record as the result.
 func fanSpec(w work) v1alpha1.WorkflowSpec {
 	entry := pyFn(w, "entry", `
-def handle(inv):
-    rec = mark(inv, "entry")
+def body(inv, rec):
     data = inv.objects[0].bytes().decode()
     for i in range(6):
         ziptrail.send_object("shuffle", "k%d" % i, "%s@%s" % (data, rec), metadata={"g": "g%d" % (i % 3)})
     return b""`)
 	reduce := pyFn(w, "reduce", `
-def handle(inv):
-    rec = mark(inv, "reduce")
+def body(inv, rec):
     keys = ",".join(sorted(o.key for o in inv.objects))
     inputs = sorted(set(o.bytes().decode() for o in inv.objects))
     ziptrail.send_object("groups", inv.group, "%s=%s@%s@%s" % (inv.group, keys, rec, "+".join(inputs)),
                          metadata={"ziptrail.expected-count": "3"})
     return b""`)
 	collect := pyFn(w, "collect", `
-def handle(inv):
-    rec = mark(inv, "collect")
+def body(inv, rec):
     ziptrail.send_object("output", "result", ";".join(sorted(o.bytes().decode() for o in inv.objects)) + "|" + rec)
     return b""`)
 	return v1alpha1.WorkflowSpec{Entry: "entry", Functions: []v1alpha1.FunctionSpec{entry, reduce, collect},
@@ -216,21 +217,18 @@ func checkFan(input, result string) error {
 // and its record as the result.
 func voteSpec(w work) v1alpha1.WorkflowSpec {
 	entry := pyFn(w, "entry", `
-def handle(inv):
-    mark(inv, "entry")
+def body(inv, rec):
     data = inv.objects[0].bytes()
     for i in range(1, 4):
         ziptrail.send_object("work", "w%d" % i, data)
     return b""`)
 	worker := pyFn(w, "worker", `
-def handle(inv):
-    rec = mark(inv, "worker")
+def body(inv, rec):
     o = inv.objects[0]
     ziptrail.send_object("votes", "r" + o.key[1:], "%s:%s@%s" % (o.bytes().decode(), "r" + o.key[1:], rec))
     return b""`)
 	decide := pyFn(w, "decide", `
-def handle(inv):
-    rec = mark(inv, "decide")
+def body(inv, rec):
     ziptrail.send_object("output", "result", ";".join(sorted(o.bytes().decode() for o in inv.objects)) + "|" + rec)
     return b""`)
 	return v1alpha1.WorkflowSpec{Entry: "entry", Functions: []v1alpha1.FunctionSpec{entry, worker, decide},
@@ -279,15 +277,13 @@ const windowMS = 500
 // invokes agg once with all three, which sends them and its record.
 func windowSpec(w work) v1alpha1.WorkflowSpec {
 	entry := pyFn(w, "entry", `
-def handle(inv):
-    mark(inv, "entry")
+def body(inv, rec):
     data = inv.objects[0].bytes()
     for k in ("e1", "e2", "e3"):
         ziptrail.send_object("events", k, data)
     return b""`)
 	agg := pyFn(w, "agg", `
-def handle(inv):
-    rec = mark(inv, "agg")
+def body(inv, rec):
     keys = sorted(o.key for o in inv.objects)
     inputs = sorted(set(o.bytes().decode() for o in inv.objects))
     ziptrail.send_object("output", "result", "%s:%d:%s|%s" % ("+".join(inputs), len(keys), ",".join(keys), rec))

@@ -174,7 +174,7 @@ func (r *Release) Leader(ctx context.Context) (*corev1.Pod, error) {
 		return nil, err
 	}
 	if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
-		return nil, fmt.Errorf("Lease %s has no holder", LeaderLease)
+		return nil, fmt.Errorf("the Lease %s has no holder", LeaderLease)
 	}
 	holder, _, _ := strings.Cut(*lease.Spec.HolderIdentity, "_") // <pod name>_<uuid>
 	p, err := r.Clientset.CoreV1().Pods(r.Namespace).Get(ctx, holder, metav1.GetOptions{})
@@ -236,7 +236,7 @@ func (r *Release) Gateway(ctx context.Context) (httpURL, grpcAddr string, err er
 		}
 	}
 	if httpURL == "" || grpcAddr == "" {
-		return httpURL, grpcAddr, fmt.Errorf("Service %s-gateway lacks its http-gateway or grpc-gateway port", r.Name)
+		return httpURL, grpcAddr, fmt.Errorf("the Service %s-gateway lacks its http-gateway or grpc-gateway port", r.Name)
 	}
 	return httpURL, grpcAddr, nil
 }

@@ -186,6 +186,7 @@ func (m *modeRun) applyWorkflows(ctx context.Context) error {
 func (m *modeRun) uninstall() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	t0 := time.Now()
 	k := m.cluster.Client
 	for _, sh := range shapes {
 		_ = k.Delete(ctx, &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: sh.name}})
@@ -199,10 +200,10 @@ func (m *modeRun) uninstall() {
 			time.Sleep(pause)
 		}
 	}
-	m.step("helm uninstall %s", release)
 	if err := m.rel.Uninstall(ctx); err != nil {
 		fmt.Fprintf(m.out, "warning: %v\n", err)
 	}
+	m.step("workflows deleted and helm uninstall %s in %s", release, time.Since(t0).Round(time.Second))
 }
 
 // runPhases runs the workers across every phase and each phase's nemesis,

@@ -89,6 +89,17 @@ bench-sort: deps ## Sort of 1/2/4 GiB on the local cluster through each shuffle 
 bench-sidecarmem: deps ## Resident memory of queue-proxy-zl vs stock queue-proxy (root).
 	$(DEPS_ENV); go run ./bench/sidecarmem
 
+# The chaos checker (bench/chaos, docs/guarantees.md "How we test it"):
+# sessions of four shapes under nemeses (operator SIGKILL/SIGSTOP, rollout
+# restart, helm upgrade, function and queue-proxy-zl SIGKILL, Redis restart
+# and SIGSTOP) on the local cluster with the chart-installed operator,
+# unsharded then sharded; exits non-zero on any violation (root).
+.PHONY: chaos chaos-short
+chaos: deps ## Chaos checker: 10 minutes unsharded, then 10 sharded (3 replicas); a table per nemesis (root).
+	$(DEPS_ENV); go run ./bench/chaos -duration $${CHAOS_DURATION:-10m} -sharded=both
+chaos-short: deps ## Chaos checker for CI: 75 s unsharded, then 75 s sharded, ≈ 5 minutes with setup (root).
+	$(DEPS_ENV); go run ./bench/chaos -duration 75s -sharded=both -session-deadline 45s
+
 .PHONY: e2e
 e2e: deps ## The local e2e suite alone (part of make test).
 	$(DEPS_ENV); go test -count=1 -timeout 20m ./e2e/...

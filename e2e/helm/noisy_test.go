@@ -444,18 +444,16 @@ func (f *flood) sessions(ctx context.Context) {
 	}
 }
 
+// gatewayGRPCAddr is the chart's gRPC session gateway Service, host:port.
+func gatewayGRPCAddr() string {
+	_, addr, err := rel.Gateway(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	return addr
+}
+
 // gatewayGRPC dials the chart's gRPC session gateway.
 func gatewayGRPC() *grpc.ClientConn {
-	svc, err := cs.CoreV1().Services(releaseNS).Get(ctx, release+"-gateway", metav1.GetOptions{})
-	Expect(err).NotTo(HaveOccurred())
-	var port int32
-	for _, p := range svc.Spec.Ports {
-		if p.Name == "grpc-gateway" {
-			port = p.Port
-		}
-	}
-	Expect(port).NotTo(BeZero(), "Service %s-gateway has a grpc-gateway port", release)
-	conn, err := grpc.NewClient(fmt.Sprintf("%s:%d", svc.Spec.ClusterIP, port), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(gatewayGRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(128<<20)))
 	Expect(err).NotTo(HaveOccurred())
 	return conn

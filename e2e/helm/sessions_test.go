@@ -11,15 +11,14 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/chartops"
 	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
@@ -55,29 +54,18 @@ var (
 // chart's ziptrail-session-runner ClusterRole.
 func sessionToken() string {
 	runnerOnce.Do(func() {
-		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "e2e-runner"}}
-		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, sa))).To(Succeed())
-		Expect(client.IgnoreAlreadyExists(k8s.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "e2e-runner"},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "ziptrail-session-runner"},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: "e2e-runner"}}}))).To(Succeed())
-		tr := &authv1.TokenRequest{}
-		Expect(k8s.SubResource("token").Create(ctx, sa, tr)).To(Succeed())
-		runnerToken = tr.Status.Token
+		var err error
+		runnerToken, err = chartops.RunnerToken(ctx, cs, "default", "e2e-runner", time.Hour)
+		Expect(err).NotTo(HaveOccurred())
 	})
 	return runnerToken
 }
 
 // gatewayURL is the chart's session gateway Service (HTTP port).
 func gatewayURL() string {
-	svc, err := cs.CoreV1().Services(releaseNS).Get(ctx, release+"-gateway", metav1.GetOptions{})
+	url, _, err := rel.Gateway(ctx)
 	Expect(err).NotTo(HaveOccurred())
-	for _, p := range svc.Spec.Ports {
-		if p.Name == "http-gateway" {
-			return fmt.Sprintf("http://%s:%d", svc.Spec.ClusterIP, p.Port)
-		}
-	}
-	Fail("Service " + release + "-gateway has no http-gateway port")
-	return ""
+	return url
 }
 
 func gatewayDo(method, url string, body io.Reader) (int, []byte) {

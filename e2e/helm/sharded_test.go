@@ -3,12 +3,10 @@ package helm
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -37,7 +35,6 @@ import (
 const (
 	engineBuckets = 6
 	engineLease   = 6 * time.Second
-	redisSvc      = "redis" // in releaseNS (= localcluster.SystemNamespace)
 	faninWF       = "fanin"
 	// checkpointKey is the operator's --checkpoint-key (default): bucket b
 	// checkpoints to <checkpointKey>:<b>.
@@ -89,14 +86,8 @@ var _ = Describe("the sharded engine through the chart: 3 replicas, the owner of
 			}
 			Expect(client.IgnoreAlreadyExists(err)).To(Succeed())
 		}
-		// redis-server on the host address (which the pods reach), behind
-		// Service redis in the operator's namespace.
-		redisSrv = testservers.StartRedisOn(GinkgoT(), cluster.State.HostIP)
-		_, port, err := net.SplitHostPort(redisSrv.Addr)
-		Expect(err).NotTo(HaveOccurred())
-		target, err := strconv.Atoi(port)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(localcluster.Advertise(ctx, cs, redisSvc, 6379, cluster.State.HostIP, target)).To(Succeed())
+		redisSrv = hostRedis()
+		var err error
 		gate, err = os.MkdirTemp("", "ziptrail-helm-gate-")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(os.Chmod(gate, 0o777)).To(Succeed())
@@ -115,8 +106,6 @@ var _ = Describe("the sharded engine through the chart: 3 replicas, the owner of
 			out, err := helm("uninstall", release, "-n", releaseNS, "--wait", "--timeout", "10m")
 			GinkgoWriter.Printf("cleanup: helm uninstall: %v %s\n", err, out)
 		}
-		_ = cs.CoreV1().Services(releaseNS).Delete(ctx, redisSvc, metav1.DeleteOptions{})
-		_ = cs.DiscoveryV1().EndpointSlices(releaseNS).Delete(ctx, redisSvc+"-host", metav1.DeleteOptions{})
 		if createdNS { // the other Describe creates it
 			Expect(client.IgnoreNotFound(cs.CoreV1().Namespaces().Delete(ctx, wfNS, metav1.DeleteOptions{}))).To(Succeed())
 			Eventually(func() bool {
@@ -131,7 +120,7 @@ var _ = Describe("the sharded engine through the chart: 3 replicas, the owner of
 		out, err := helm("install", release, chart, "-n", releaseNS, "--create-namespace",
 			"--set", "engine.sharded=true", "--set", fmt.Sprintf("engine.buckets=%d", engineBuckets), "--set", "operator.replicas=3",
 			"--set", "engine.leaseDuration="+engineLease.String(), "--set", "engine.renewDeadline=5s", "--set", "engine.retryPeriod=1s",
-			"--set", "tiers.redis.address="+redisSvc+"."+releaseNS+".svc.cluster.local:6379",
+			"--set", "tiers.redis.address="+redisAddress,
 			"--wait", "--timeout", "10m")
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).To(ContainSubstring("STATUS: deployed"))

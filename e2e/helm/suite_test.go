@@ -9,7 +9,6 @@
 package helm
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -26,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/ziptrail/ziptrail/internal/chartops"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/localk8s"
 	"github.com/ziptrail/ziptrail/internal/localknative"
@@ -39,9 +39,10 @@ var (
 	dyn     *dynamic.DynamicClient
 	k8s     client.Client
 	kubectl string
-	helmBin string
-	helmEnv []string
 	chart   = filepath.Join(controlplane.RepoRoot(), "charts", "ziptrail")
+	// rel is the release the Describes install (one at a time), as
+	// internal/chartops drives it: helm, the gateway Service, tokens.
+	rel *chartops.Release
 )
 
 func TestHelm(t *testing.T) {
@@ -55,11 +56,7 @@ var _ = BeforeSuite(func() {
 	var err error
 	// helm and kubectl come from hack/install-deps.sh (make test puts them
 	// on PATH; $ZIPTRAIL_CACHE/bin otherwise).
-	helmBin, err = exec.LookPath("helm")
-	if err != nil {
-		helmBin = filepath.Join(os.Getenv("ZIPTRAIL_CACHE"), "bin", "helm")
-	}
-	Expect(helmBin).To(BeAnExistingFile(), "helm from hack/install-deps.sh: eval \"$(hack/install-deps.sh --env)\"")
+	Expect(controlplane.FindBinary("helm")).NotTo(BeEmpty(), "helm from hack/install-deps.sh: eval \"$(hack/install-deps.sh --env)\"")
 	kubectl = filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
 	Expect(kubectl).To(BeAnExistingFile(), "kubectl from hack/install-deps.sh")
 
@@ -99,10 +96,8 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 
 	// helm as a user runs it, with its own configuration and cache.
-	home := filepath.Join(dir, "helm")
-	helmEnv = append(os.Environ(), "KUBECONFIG="+cluster.Kubeconfig,
-		"HELM_CACHE_HOME="+filepath.Join(home, "cache"), "HELM_CONFIG_HOME="+filepath.Join(home, "config"),
-		"HELM_DATA_HOME="+filepath.Join(home, "data"))
+	rel = &chartops.Release{Name: release, Namespace: releaseNS, Chart: chart, Kubeconfig: cluster.Kubeconfig,
+		Clientset: cs, HelmHome: filepath.Join(dir, "helm")}
 })
 
 var _ = AfterSuite(func() {
@@ -113,16 +108,12 @@ var _ = AfterSuite(func() {
 
 // helm runs the helm CLI against the cluster; it returns its output.
 func helm(args ...string) (string, error) {
-	cmd := exec.Command(helmBin, args...)
-	cmd.Env = helmEnv
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
 	fmt.Fprintf(GinkgoWriter, "$ helm %s\n", strings.Join(args, " "))
-	err := cmd.Run()
+	out, err := rel.Helm(ctx, args...)
 	if args[0] != "get" || err != nil { // manifests are long
-		fmt.Fprintf(GinkgoWriter, "%s\n", out.String())
+		fmt.Fprintf(GinkgoWriter, "%s\n", out)
 	}
-	return out.String(), err
+	return out, err
 }
 
 // kubectlRun runs kubectl against the cluster, with stdin; it returns its

@@ -183,18 +183,7 @@ func (c *Cluster) KillUserProcess(ctx context.Context, pod *corev1.Pod, pattern 
 // and restarts it per the pod's restartPolicy, as a kubelet does after a
 // crash (e.g. the chart's operator SIGKILLed).
 func KillContainerProcess(ctx context.Context, kubeconfig string, pod *corev1.Pod, container, pattern string) error {
-	if pattern == "" {
-		return fmt.Errorf("KillContainerProcess: empty pattern")
-	}
-	kubectl := filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
-	// "[p]ython3" matches python3 but not this shell's own command line.
-	script := fmt.Sprintf("pkill -9 --ns $$ --nslist net -f %q", "["+pattern[:1]+"]"+pattern[1:])
-	cmd := exec.CommandContext(ctx, kubectl, "--kubeconfig", kubeconfig, "-n", pod.Namespace, "exec", pod.Name,
-		"-c", container, "--", "sh", "-c", script)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("kill %q in pod %s/%s (container %s): %w: %s", pattern, pod.Namespace, pod.Name, container, err, out)
-	}
-	return nil
+	return SignalContainerProcess(ctx, kubeconfig, pod, container, pattern, "9")
 }
 
 // TerminatePod deletes a pod through the API, with its grace period, and

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 import urllib.request
 
@@ -78,8 +79,15 @@ def envelope_objects(producer: Sidecar, sent: list[ziptrail.Sent], session: str)
     return out
 
 
+_invocations = itertools.count(1)
+
+
 def invoke(reducer: Sidecar, session: str, group: str, objects: list[dict], args: dict | None = None,
-           invocation: str = "inv-1") -> bytes:
+           invocation: str | None = None) -> bytes:
+    # An invocation id names one invocation of its session: the sidecar
+    # answers a second delivery of it from its record (idempotency key).
+    if invocation is None:
+        invocation = f"inv-{next(_invocations)}"
     env = {"namespace": reducer.namespace, "function": "reduce", "session": session, "invocation": invocation,
            "group": group, "objects": objects}
     if args is not None:
@@ -182,7 +190,7 @@ def test_hybrid_rounds_runs_and_final_merge(sidecars: Sidecars, redis_addr: str,
                 with pytest.raises(ziptrail.NotFoundError):
                     c.tier_get("fast", session, shuffle.tier_key(job, rnd, p, m))
             # Re-executed: the pieces are gone, the run is there.
-            again = json.loads(invoke(reducer, session, shuffle.group(p), objs, {"op": "round_merge"}, "inv-1.r1"))
+            again = json.loads(invoke(reducer, session, shuffle.group(p), objs, {"op": "round_merge"}, f"rerun-{rnd}-{p}"))
             assert again == got
     for p in range(2):
         got = json.loads(invoke(reducer, session, "", [], {"op": "final", "partition": p, "job": job.to_json()}))

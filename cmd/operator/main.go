@@ -21,11 +21,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -183,6 +185,16 @@ func run(c config) error {
 		DrainTimeout:    c.drainTimeout,
 		RedispatchAfter: c.redispatchAfter,
 		SaveTimeout:     c.saveTimeout,
+		// A start that reaches a new owner before its reconciler handed
+		// it the workflow is answered 503, not 404.
+		WorkflowExists: func(ctx context.Context, namespace, name string) (bool, error) {
+			var wf v1alpha1.Workflow
+			err := mgr.GetClient().Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &wf)
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			return err == nil && wf.DeletionTimestamp.IsZero(), err
+		},
 	}
 	var eng *engine
 	if c.shard.buckets > 0 {
@@ -192,6 +204,16 @@ func run(c config) error {
 			return err
 		}
 	} else {
+		// A new leader loads the Workflows before it serves (the sharded
+		// engine does so per bucket).
+		opts.LoadWorkflows = func(ctx context.Context) ([]v1alpha1.Workflow, error) {
+			if !mgr.GetCache().WaitForCacheSync(ctx) {
+				return nil, errors.New("the manager's cache did not sync")
+			}
+			var l v1alpha1.WorkflowList
+			err := mgr.GetClient().List(ctx, &l)
+			return l.Items, err
+		}
 		orch, err := orchestrator.New(opts)
 		if err != nil {
 			return err

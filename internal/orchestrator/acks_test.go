@@ -55,19 +55,36 @@ type ackRig struct {
 }
 
 func startAckRig(t *testing.T, addr, redisAddr string, wf *v1alpha1.Workflow, fns *testservers.Functions, interval time.Duration) *ackRig {
+	return startAckRigReconciled(t, addr, redisAddr, wf, fns, interval, 0)
+}
+
+// startAckRigReconciled is startAckRig whose Workflow reconciler hands the
+// workflow to the engine only reconcileAfter after Run started (0: before),
+// as a new leader's reconciler does; Run loads it itself
+// (Options.LoadWorkflows).
+func startAckRigReconciled(t *testing.T, addr, redisAddr string, wf *v1alpha1.Workflow, fns *testservers.Functions, interval, reconcileAfter time.Duration) *ackRig {
 	t.Helper()
 	r := &ackRig{rc: redis.NewClient(&redis.Options{Addr: redisAddr}), done: make(chan error, 1)}
 	var err error
-	r.o, err = New(Options{Resolver: fns, Log: logr.Discard(), CheckpointInterval: interval,
-		Checkpoint: &checkpoint.Store{Client: r.rc, Key: "ziptrail:test:acks"}})
+	opts := Options{Resolver: fns, Log: logr.Discard(), CheckpointInterval: interval,
+		Checkpoint: &checkpoint.Store{Client: r.rc, Key: "ziptrail:test:acks"}}
+	if reconcileAfter > 0 {
+		opts.LoadWorkflows = func(context.Context) ([]v1alpha1.Workflow, error) { return []v1alpha1.Workflow{*wf}, nil }
+	}
+	r.o, err = New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := control.NewServer(r.o, keys32{})
 	srv.Auth = podTokens{}
 	r.o.SetControl(srv)
-	if err := r.o.SetWorkflow(wf, true, ""); err != nil {
-		t.Fatal(err)
+	if reconcileAfter == 0 {
+		if err := r.o.SetWorkflow(wf, true, ""); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		reconciler := time.AfterFunc(reconcileAfter, func() { _ = r.o.SetWorkflow(wf, true, "") })
+		t.Cleanup(func() { reconciler.Stop() })
 	}
 	var ctx context.Context
 	ctx, r.cancel = context.WithCancel(context.Background())
@@ -100,6 +117,21 @@ func (r *ackRig) crash() {
 // that holds the event; an event not acknowledged is sent again to the
 // next operator, which applies it.
 func TestAcknowledgedEventsSurviveACrash(t *testing.T) {
+	ackCrashThenRestore(t, 0)
+}
+
+// TestEventsResentBeforeANewOwnersReconcilerRanAreKept: a new owner (a
+// leader after a takeover) serves the control stream as soon as it runs,
+// while its Workflow reconciler hands it the workflows only later. The
+// sidecar's event, sent again to it at once, was refused ("unknown
+// workflow") and then acknowledged: lost, and the session stuck (the
+// chaos checker's kill-leader phase). Now Run loads the workflows before
+// it serves, and events wait for it.
+func TestEventsResentBeforeANewOwnersReconcilerRanAreKept(t *testing.T) {
+	ackCrashThenRestore(t, 3*time.Second)
+}
+
+func ackCrashThenRestore(t *testing.T, reconcileAfter time.Duration) {
 	rs := testservers.StartRedis(t)
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "acc"}, Spec: v1alpha1.WorkflowSpec{
 		Entry: "entry", OutputBucket: "out", SessionDeadline: &metav1.Duration{Duration: time.Minute},
@@ -137,7 +169,7 @@ func TestAcknowledgedEventsSurviveACrash(t *testing.T) {
 	acked := cl.Unacked() == 0
 	first.crash()
 
-	second := startAckRig(t, addr, rs.Addr, wf, fns, 20*time.Millisecond)
+	second := startAckRigReconciled(t, addr, rs.Addr, wf, fns, 20*time.Millisecond, reconcileAfter)
 	waitFor(t, "the session restored", func() bool {
 		select {
 		case err := <-second.done:
@@ -147,7 +179,7 @@ func TestAcknowledgedEventsSurviveACrash(t *testing.T) {
 		_, err := second.o.Sessions().Get(id)
 		return err == nil
 	})
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10*time.Second + reconcileAfter)
 	for sinks.Load() < 2 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -82,6 +82,18 @@ type Options struct {
 	// read when the client does not acknowledge it (an acknowledgement
 	// frees them at once); default DefaultResultGrace (results.go).
 	ResultGrace time.Duration
+	// WorkflowExists, when set, is asked about a start of a workflow this
+	// engine does not know: one that exists (and is not being deleted)
+	// has not been handed to a new owner by its reconciler yet (a
+	// takeover), and the start is answered 503 (retry), not 404.
+	WorkflowExists func(ctx context.Context, namespace, name string) (bool, error)
+	// LoadWorkflows, when set, lists the Workflows (the manager's cache)
+	// for Run to load after restoring the checkpoint and before serving:
+	// a sidecar's events resent to a new owner, and its restored
+	// sessions, find their workflow instead of being refused while the
+	// Workflow reconciler has not run yet (the sharded engine does the
+	// same per bucket).
+	LoadWorkflows func(ctx context.Context) ([]v1alpha1.Workflow, error)
 	// Generation fences this orchestrator's checkpoints: they are written
 	// at generations above Generation<<32 (a sharded bucket's Lease
 	// transitions, so a later owner outranks every earlier one).
@@ -250,6 +262,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		return err
 	}
 	o.noteRestored()
+	o.loadWorkflows(ctx)
 	if o.opts.OnStarted != nil {
 		o.opts.OnStarted()
 	}
@@ -426,6 +439,13 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	key := Key(namespace, name)
 	info := o.workflow(key)
 	if info == nil {
+		if o.opts.WorkflowExists != nil {
+			if ok, err := o.opts.WorkflowExists(ctx, namespace, name); err != nil || ok {
+				// A new owner whose reconciler has not handed it the
+				// workflow yet (or the question failed): try again.
+				return "", fmt.Errorf("%w: workflow %s is not loaded by this engine yet", gateway.ErrEngineMoving, key)
+			}
+		}
 		return "", fmt.Errorf("%w: %s", gateway.ErrWorkflowNotFound, key)
 	}
 	if !info.ready {
@@ -675,7 +695,10 @@ func nonNil(b []byte) []byte {
 // reference is remembered with the reporting pod's node (the node its token
 // names, see control.Identity) before the engine may invoke its consumer,
 // so that consumer's request names the node to activator-ext.
-func (o *Orchestrator) ObjectReady(_ context.Context, from control.Identity, ev *controlv1.ObjectReady) error {
+func (o *Orchestrator) ObjectReady(ctx context.Context, from control.Identity, ev *controlv1.ObjectReady) error {
+	if err := o.awaitServing(ctx); err != nil {
+		return err
+	}
 	key := Key(from.Namespace, from.Workflow)
 	if o.workflow(key) == nil {
 		return fmt.Errorf("unknown workflow %s", key)
@@ -689,7 +712,10 @@ func (o *Orchestrator) ObjectReady(_ context.Context, from control.Identity, ev 
 }
 
 // FunctionStarted implements control.Events.
-func (o *Orchestrator) FunctionStarted(_ context.Context, from control.Identity, ev *controlv1.FunctionStarted) error {
+func (o *Orchestrator) FunctionStarted(ctx context.Context, from control.Identity, ev *controlv1.FunctionStarted) error {
+	if err := o.awaitServing(ctx); err != nil {
+		return err
+	}
 	o.heard(ev.InvocationId)
 	acts := o.engine.FunctionStarted(Key(from.Namespace, from.Workflow), ev.Session, ev.Function, ev.InvocationId, ev.Args, o.opts.Now())
 	o.execute(acts)
@@ -697,7 +723,10 @@ func (o *Orchestrator) FunctionStarted(_ context.Context, from control.Identity,
 }
 
 // FunctionFinished implements control.Events.
-func (o *Orchestrator) FunctionFinished(_ context.Context, from control.Identity, ev *controlv1.FunctionFinished) error {
+func (o *Orchestrator) FunctionFinished(ctx context.Context, from control.Identity, ev *controlv1.FunctionFinished) error {
+	if err := o.awaitServing(ctx); err != nil {
+		return err
+	}
 	o.heard(ev.InvocationId)
 	f := engine.Finish{Failed: ev.Failed, Error: ev.Error, Outputs: int(min(ev.OutputsSent, invocation.MaxOutputsSent))}
 	key, now := Key(from.Namespace, from.Workflow), o.opts.Now()

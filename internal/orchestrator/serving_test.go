@@ -8,6 +8,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
 // TestAStartBeforeTheReconcilerRanIsRetried: a start that reaches a new
@@ -16,7 +17,7 @@ import (
 // a workflow that exists is answered 503 (retry), one that does not 404.
 func TestAStartBeforeTheReconcilerRanIsRetried(t *testing.T) {
 	exists := map[string]bool{"ns/there": true}
-	o, err := New(Options{Log: logr.Discard(), WorkflowExists: func(_ context.Context, ns, name string) (bool, error) {
+	o, err := New(Options{Resolver: &testservers.Functions{}, Log: logr.Discard(), WorkflowExists: func(_ context.Context, ns, name string) (bool, error) {
 		return exists[ns+"/"+name], nil
 	}})
 	if err != nil {

@@ -60,12 +60,12 @@ type Options struct {
 	// from SubmitWait's caller for an invocation refused at submission.
 	OnResult func(Result)
 	// Fence, when set, is the fence of the engine owner that dispatches
-	// ("" for none yet): every request carries it as
+	// env ("" for none): the request carries it as
 	// invocation.HeaderOwnerFence, and a receiving sidecar that saw a
 	// newer owner of the checkpoint refuses it (Result.Err matches
 	// ErrStaleOwner; not retried). It is called for every invocation and
 	// must be safe for concurrent use.
-	Fence func() string
+	Fence func(env *invocation.Envelope) string
 }
 
 // ErrStaleOwner matches a receiving sidecar's refusal of an invocation

@@ -168,7 +168,7 @@ func TestAStaleOwnersInvocationIsRefusedNotRetried(t *testing.T) {
 
 	owner := func(fence string) Options {
 		return Options{Resolver: staticResolver{pod.URL}, BaseBackoff: time.Millisecond, Concurrency: 1,
-			Fence: func() string { return fence }}
+			Fence: func(*invocation.Envelope) string { return fence }}
 	}
 	withInline := func(i int) *invocation.Envelope {
 		env := envelope(i)

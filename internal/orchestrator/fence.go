@@ -34,10 +34,14 @@ import (
 //
 // A refusal is confirmed with the checkpoint store before the engine
 // stops: the newer generation the sidecar names must be stored (a newer
-// owner claimed it). Any caller of a function's route can send a fence,
-// so a forged one must not stop the engine: an unconfirmed refusal fails
-// its invocation instead (the engine's re-execution rules apply). A store
-// that cannot be asked does not overrule the sidecar: the owner stops.
+// owner claimed it before it sent anything). A fence no owner claimed —
+// forged (any caller of a function's route can send one), or seen before
+// the checkpoint store lost its data (unsharded generations start again
+// from it) — must not stop the engine, nor keep its invocations from
+// running: an unconfirmed refusal's invocation is sent again, under the
+// same idempotency key, without a fence (the pod runs it as it runs any
+// unfenced call). A store that cannot be asked does not overrule the
+// sidecar: the owner stops.
 
 type fenceState struct {
 	header     atomic.Pointer[string] // this owner's invocation.HeaderOwnerFence, once it claimed
@@ -46,6 +50,10 @@ type fenceState struct {
 	mu      sync.Mutex
 	refused []dispatch.Result // stale-owner refusals for Run's loop
 	sig     chan struct{}     // signals refused (capacity 1)
+
+	// unfenced are the idempotency keys to send once without a fence
+	// (unconfirmed refusals), until their result.
+	unfenced sync.Map
 }
 
 // setFence makes this owner's fence from the checkpoint it restored and
@@ -59,14 +67,23 @@ func (o *Orchestrator) setFence() {
 	o.fence.header.Store(&f)
 }
 
-// ownerFence is dispatch.Options.Fence: "" before the claim, and without
-// checkpoints (no owner to tell apart).
-func (o *Orchestrator) ownerFence() string {
-	if f := o.fence.header.Load(); f != nil {
-		return *f
+// ownerFence is dispatch.Options.Fence: "" before the claim, without
+// checkpoints (no owner to tell apart), and for an invocation sent again
+// after an unconfirmed refusal.
+func (o *Orchestrator) ownerFence(env *invocation.Envelope) string {
+	f := o.fence.header.Load()
+	if f == nil {
+		return ""
 	}
-	return ""
+	if _, ok := o.fence.unfenced.Load(env.Key()); ok {
+		return ""
+	}
+	return *f
 }
+
+// answered notes the result of an invocation: sent again without a fence,
+// its next delivery (a re-execution is another key) has one again.
+func (o *Orchestrator) answered(env *invocation.Envelope) { o.fence.unfenced.Delete(env.Key()) }
 
 // refusedAsStale hands a sidecar's stale-owner refusal to Run's loop (from
 // a dispatcher worker: it never blocks).
@@ -84,7 +101,7 @@ func (o *Orchestrator) refusedAsStale(res dispatch.Result) {
 // store: the error to stop with (wrapping checkpoint.ErrStale) when a
 // newer owner claimed the checkpoint, or when the store cannot say; nil
 // when the store holds no generation as high as the refusals name (no
-// successor's fence): their invocations failed.
+// successor's fence): their invocations are sent again without a fence.
 func (o *Orchestrator) staleRefusals(ctx context.Context) error {
 	o.fence.mu.Lock()
 	refused := o.fence.refused
@@ -110,11 +127,13 @@ func (o *Orchestrator) staleRefusals(ctx context.Context) error {
 		o.opts.Log.Error(err, "a function's sidecar refused an invocation as from a stale owner; the checkpoint store cannot confirm it: stopping")
 		return fmt.Errorf("%w: %w (unconfirmed: %v)", checkpoint.ErrStale, newest, err)
 	}
-	o.opts.Log.Info("a function's sidecar refused invocations as from a stale owner, but the checkpoint store holds no generation that high: "+
-		"the fence it saw is no successor's; the invocations failed", "refused", len(refused), "fence", newest.Seen.String())
+	o.opts.Log.Info("a function's sidecar refused invocations as from a stale owner, but the checkpoint store holds no generation that high "+
+		"(a forged fence, or one from before the store lost its data): sending them again without a fence",
+		"refused", len(refused), "fence", newest.Seen.String(), "own", newest.Sent.String())
+	unconfirmedRefusals.Add(float64(len(refused)))
 	for _, res := range refused {
-		res.Err = fmt.Errorf("%v; but no owner claimed the checkpoint at generation %d: the invocation failed", res.Err, newest.Seen.Generation)
-		o.onResult(res) // no longer a stale-owner refusal: a failure
+		o.fence.unfenced.Store(res.Envelope.Key(), struct{}{})
+		o.queue(res.Envelope)
 	}
 	return nil
 }

@@ -643,6 +643,7 @@ func (o *Orchestrator) onResult(res dispatch.Result) {
 		o.refusedAsStale(res)
 		return
 	}
+	o.answered(env)
 	o.heard(env.Invocation)
 	if res.Err != nil {
 		o.invocationFailed(key, env, fn, res.Err, now)

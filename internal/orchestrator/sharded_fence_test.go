@@ -7,10 +7,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
@@ -276,11 +278,12 @@ func TestASupersededOwnerThatDispatchesNothingStops(t *testing.T) {
 
 // TestAForgedFenceDoesNotStopTheOwner: anyone who can reach a function's
 // route can send it an owner fence. A pod that saw a forged one, far
-// above the real owner's, refuses the owner's invocations as stale; the
+// above the real owner's, refuses the owner's invocation as stale; the
 // owner asks the checkpoint store, which holds no such generation: the
-// refusal is no successor's, so the owner does not stop; the refused
-// invocation failed (its session, without a re-execution rule, fails
-// with the reason).
+// refusal is no successor's, so the owner does not stop, and sends the
+// invocation again without a fence: it runs, once, and the session
+// completes. (So does an unsharded owner whose checkpoint store lost its
+// data, whose claims start again from 0.)
 func TestAForgedFenceDoesNotStopTheOwner(t *testing.T) {
 	redis := testservers.StartRedis(t)
 	store := &checkpoint.Store{Client: redis.Client, Key: "ziptrail:test:engine:snapshot"}
@@ -291,19 +294,31 @@ func TestAForgedFenceDoesNotStopTheOwner(t *testing.T) {
 	if err := pod.Start(pctx); err != nil {
 		t.Fatal(err)
 	}
+	var mu sync.Mutex
+	var fences []string // of the invocations that reached the pod
+	var runs atomic.Int32
 	fns := &testservers.Functions{}
-	fns.Add(t, "forged-run", pod.Wrap(ziptrail.FunctionHandler(func(context.Context, *ziptrail.Invocation) ([]byte, error) {
+	run := pod.Wrap(ziptrail.FunctionHandler(func(context.Context, *ziptrail.Invocation) ([]byte, error) {
+		runs.Add(1)
 		return []byte("done"), nil
-	})))
+	}))
+	fns.Add(t, "forged-run", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		fences = append(fences, r.Header.Get(invocation.HeaderOwnerFence))
+		mu.Unlock()
+		run.ServeHTTP(w, r)
+	}))
 	u, _ := fns.URL(context.Background(), "ns", "forged-run")
 	forge, _ := http.NewRequest(http.MethodPost, u.String(), strings.NewReader(`{"namespace":"ns","function":"forged-run","session":"x","invocation":"x.0"}`))
 	forge.Header.Set("Content-Type", invocation.ContentType)
-	forge.Header.Set(invocation.HeaderOwnerFence, store.Key+"/"+strconv.FormatInt(1<<62, 10))
+	forged := store.Key + "/" + strconv.FormatInt(1<<62, 10)
+	forge.Header.Set(invocation.HeaderOwnerFence, forged)
 	resp, err := http.DefaultClient.Do(forge)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+	runs.Store(0)
 
 	o, err := New(Options{Resolver: fns, Checkpoint: store, Log: logr.Discard()})
 	if err != nil {
@@ -316,20 +331,28 @@ func TestAForgedFenceDoesNotStopTheOwner(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- o.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
+	unconfirmed0 := testutil.ToFloat64(unconfirmedRefusals)
 	id, err := o.StartSession(context.Background(), "ns", "forged", []byte("in"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer wcancel()
-	s, err := o.Sessions().Wait(wctx, id)
-	if err != nil || s.State != sessions.Failed || !strings.Contains(s.Error, "stale engine owner") || !strings.Contains(s.Error, "no owner claimed") {
-		t.Fatalf("session %s: %s %q (%v), want Failed by the unconfirmed refusal", id, s.State, s.Error, err)
+	if s, err := o.Sessions().Wait(wctx, id); err != nil || s.State != sessions.Completed {
+		t.Fatalf("session %s: %s %q (%v), want Completed", id, s.State, s.Error, err)
 	}
 	select {
 	case err := <-done:
 		done <- err
 		t.Fatalf("the owner stopped on a forged fence: %v", err)
-	case <-time.After(200 * time.Millisecond):
+	default:
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(fences) != 3 || fences[0] != forged || fences[1] == "" || fences[2] != "" || runs.Load() != 1 {
+		t.Errorf("fences that reached the pod %q, the function ran %d times: want the forger's, the owner's (refused), none (run once)", fences, runs.Load())
+	}
+	if got := testutil.ToFloat64(unconfirmedRefusals) - unconfirmed0; got != 1 {
+		t.Errorf("ziptrail_engine_unconfirmed_stale_refusals_total grew by %v, want 1", got)
 	}
 }

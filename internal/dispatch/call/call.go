@@ -62,13 +62,13 @@ type Options struct {
 	// idempotency key (their sidecars honour it): a failure after the
 	// request was written is retried only for those.
 	Receivers *Receivers
-	// Fence, when set, is the fence of the engine owner that sends
+	// Fence, when set, is the fence of the engine owner that sends env
 	// (invocation.HeaderOwnerFence; "" for none), asked once per
 	// invocation. The operator's dispatcher sets it; a sidecar firing a
 	// delegated trigger does not (it is no owner). A receiving sidecar
 	// that saw a newer owner of the fence's checkpoint refuses the
 	// invocation: Result.Err is then a *StaleOwnerError.
-	Fence func() string
+	Fence func(env *invocation.Envelope) string
 }
 
 // ErrStaleOwner matches a *StaleOwnerError.
@@ -177,7 +177,7 @@ func Send(ctx context.Context, opts *Options, env *invocation.Envelope) Result {
 	}
 	fence := ""
 	if opts.Fence != nil {
-		if fence = opts.Fence(); !validHeaderValue(fence) {
+		if fence = opts.Fence(env); !validHeaderValue(fence) {
 			fence = ""
 		}
 	}

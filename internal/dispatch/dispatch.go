@@ -7,7 +7,10 @@
 // and — to a service whose sidecar answered with the key before, so
 // honours it — a delivery whose answer was lost. A timed-out call and a
 // function that answers with an error are reported, not retried:
-// re-execution is the engine's decision, under a new key. Invocations waiting for a worker
+// re-execution is the engine's decision, under a new key. Every request
+// also carries its engine owner's fence (Options.Fence); a sidecar's
+// refusal of a superseded owner's invocation is reported as
+// ErrStaleOwner, not retried. Invocations waiting for a worker
 // are bounded in number and bytes: past that, an invocation fails at once
 // with ErrQueueFull (reported like any failure, so its session learns)
 // instead of piling up in memory.
@@ -56,7 +59,22 @@ type Options struct {
 	// OnResult is called once per invocation: from a worker goroutine, or
 	// from SubmitWait's caller for an invocation refused at submission.
 	OnResult func(Result)
+	// Fence, when set, is the fence of the engine owner that dispatches
+	// env ("" for none): the request carries it as
+	// invocation.HeaderOwnerFence, and a receiving sidecar that saw a
+	// newer owner of the checkpoint refuses it (Result.Err matches
+	// ErrStaleOwner; not retried). It is called for every invocation and
+	// must be safe for concurrent use.
+	Fence func(env *invocation.Envelope) string
 }
+
+// ErrStaleOwner matches a receiving sidecar's refusal of an invocation
+// whose owner fence is older than one it saw (call.StaleOwnerError): the
+// function did not run; the engine that dispatched it is superseded.
+var ErrStaleOwner = call.ErrStaleOwner
+
+// StaleOwnerError is such a refusal, with the fences.
+type StaleOwnerError = call.StaleOwnerError
 
 // Dispatcher sends invocations from a bounded pool of workers.
 type Dispatcher struct {
@@ -125,7 +143,7 @@ func New(opts Options) (*Dispatcher, error) {
 	}
 	d := &Dispatcher{opts: opts, wake: make(chan struct{}, 1), drain: make(chan struct{})}
 	d.call = call.Options{Client: opts.Client, MaxTries: opts.MaxTries, BaseBackoff: opts.BaseBackoff, MaxBackoff: opts.MaxBackoff,
-		MaxBody: opts.MaxBody, ProducerNode: opts.ProducerNode, Receivers: &call.Receivers{},
+		MaxBody: opts.MaxBody, ProducerNode: opts.ProducerNode, Receivers: &call.Receivers{}, Fence: opts.Fence,
 		OnRetry: func(reason string) { retries.WithLabelValues(reason).Inc() },
 		URL: func(ctx context.Context, env *invocation.Envelope) (string, error) {
 			u, err := opts.Resolver.URL(ctx, env.Namespace, env.Function)

@@ -75,13 +75,20 @@ func (o *Orchestrator) covered(ver uint64) {
 }
 
 // Saved implements control.Durability for the bucket's orchestrator of
-// from's workflow (nil when this replica does not hold it: the event was
-// not applied here, and the stream is moving).
+// from's workflow. When this replica no longer serves it (the bucket was
+// given up, or its engine stopped for a newer owner, between the event's
+// application and this call), the channel never closes: no save of this
+// replica is known to hold the event, so it is not acknowledged; the
+// stream is moving, and the sidecar sends the event again to the next
+// owner, which applies it idempotently.
 func (s *Sharded) Saved(from control.Identity) <-chan struct{} {
-	var ch <-chan struct{}
+	ch := neverCh
 	_ = s.serve(from.Namespace, from.Workflow, func(o *Orchestrator) error { ch = o.afterSave(); return nil })
 	return ch
 }
+
+// neverCh is never closed.
+var neverCh <-chan struct{} = make(chan struct{})
 
 var (
 	_ control.Durability = (*Orchestrator)(nil)

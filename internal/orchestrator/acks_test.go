@@ -192,3 +192,57 @@ func ackCrashThenRestore(t *testing.T, reconcileAfter time.Duration) {
 	// The second one saves every 20 ms: its acknowledgement comes.
 	waitFor(t, "the acknowledgement after a save", func() bool { return cl.Unacked() == 0 })
 }
+
+// oneBucket puts every workflow in bucket "b0".
+type oneBucket struct{}
+
+func (oneBucket) BucketOf(string, string) string                    { return "b0" }
+func (oneBucket) Generation(context.Context, string) (int64, error) { return 1, nil }
+
+// TestAReplicaThatStoppedServingAcknowledgesNothing: an event applied by a
+// bucket's orchestrator waits for a save that holds it; when the replica
+// stops serving the bucket between the event's application and the
+// control server's question (the bucket given up, or its engine stopped
+// for a newer owner, whose saves are refused), the answer is a channel
+// that never closes, not "nothing to wait for": the event is sent again
+// to the next owner rather than acknowledged unsaved.
+func TestAReplicaThatStoppedServingAcknowledgesNothing(t *testing.T) {
+	s, err := NewSharded(ShardedOptions{Buckets: oneBucket{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := control.Identity{Namespace: "ns", Workflow: "wf"}
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	if ch := s.Saved(from); ch == nil || closed(ch) {
+		t.Fatalf("a bucket this replica does not hold: %v (closed %v), want a channel that never closes", ch, ch != nil && closed(ch))
+	}
+	o, err := New(Options{Resolver: &testservers.Functions{}, Checkpoint: &checkpoint.Store{Key: "unused"}, Log: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := &shard{bucket: "b0", o: o, serving: true}
+	s.shards["b0"] = sh
+	o.touch() // an event applied
+	ch := s.Saved(from)
+	if ch == nil || closed(ch) {
+		t.Fatal("an event applied and not saved is acknowledged at once")
+	}
+	o.covered(o.cp.ver.Load()) // a save holds it
+	if !closed(ch) {
+		t.Fatal("a saved event is not acknowledged")
+	}
+	o.touch() // another event; then the engine stops for a newer owner
+	sh.mu.Lock()
+	sh.serving = false
+	sh.mu.Unlock()
+	if ch := s.Saved(from); ch == nil || closed(ch) {
+		t.Fatal("a replica that stopped serving acknowledges an event no save of its holds")
+	}
+}

@@ -213,26 +213,33 @@ func TestCheckpointEndedSessionsSurviveFailover(t *testing.T) {
 }
 
 // A demoted owner (its function ends a session after the next owner
-// claimed the bucket) cannot write that session's record: its save is
-// refused (checkpoint.ErrStale) and it stops; the heir keeps the session
-// running.
+// claimed the bucket) cannot write that session's record: its next save
+// (a start's) is refused (checkpoint.ErrStale) and it stops; the heir
+// keeps the session running. The old owner's periodic saves are an hour
+// apart: its fence check at each of them would otherwise stop it as soon
+// as the heir claims, before the session ends there.
 func TestCheckpointDemotedOwnerWritesNoRecord(t *testing.T) {
 	r := newCkptRig(t)
+	r.interval = time.Hour
 	old, oldDone, _ := r.start(3)
 	done := r.complete(old, 2)
-	waitFor(t, "the records", func() bool { return r.records() == 2 })
-	id, err := old.StartSession(context.Background(), "ns", "echo", []byte("wait"))
+	id, err := old.StartSession(context.Background(), "ns", "echo", []byte("wait")) // its save writes the records
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, "the records", func() bool { return r.records() == 2 })
 	waitFor(t, "the running session in the snapshot", func() bool { st, _ := r.snapshot(); return len(st.Sessions) == 1 })
 
+	r.interval = 0
 	heir, _, _ := r.start(4)
 	r.release <- struct{}{} // the old owner's function returns: its session completes there
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if s, err := old.Sessions().Wait(ctx, id); err != nil || s.State != sessions.Completed {
 		t.Fatalf("the old owner's session: %+v %v", s, err)
+	}
+	if _, err := old.StartSession(ctx, "ns", "echo", []byte("late")); err == nil { // a save, with the record
+		t.Fatal("the demoted owner acknowledged a start")
 	}
 	select {
 	case err := <-oldDone:

@@ -38,6 +38,11 @@ var (
 		Name: "ziptrail_engine_redispatched_total",
 		Help: "Invocations a new owner sent again after a restore because nothing was heard of them (same id and idempotency key).",
 	})
+	unconfirmedRefusals = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_engine_unconfirmed_stale_refusals_total",
+		Help: "Invocations a function's sidecar refused as from a stale owner while the checkpoint store held no newer owner's claim " +
+			"(a forged owner fence, or one from before the store lost its data): sent again without a fence.",
+	})
 	checkpointSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ziptrail_engine_checkpoint_seconds",
 		Help:    "Time of the engine's periodic checkpoints that wrote something (encoding and the write to Redis); the next one waits at least this long divided by the operator's checkpoint share (default 0.05).",
@@ -46,5 +51,6 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(sessionsEnded, objectsReady, reexecutions, speculativeCopies, checkpointBytes, checkpointWritten, checkpointSeconds, checkpointFailures, redispatched)
+	metrics.Registry.MustRegister(sessionsEnded, objectsReady, reexecutions, speculativeCopies, checkpointBytes, checkpointWritten, checkpointSeconds, checkpointFailures, redispatched,
+		unconfirmedRefusals)
 }

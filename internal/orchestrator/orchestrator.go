@@ -165,6 +165,9 @@ type Orchestrator struct {
 	cp checkpointState // what the incremental saves keep (checkpoint.go)
 	// waiters are the events' acknowledgements waiting for a save (acks.go).
 	waiters saveWaiters
+	// fence is this owner's fence on its invocations, and the sidecars'
+	// refusals of them (fence.go).
+	fence fenceState
 	// restoredCalls are the restored invocations in flight nothing was
 	// heard of yet (redispatch.go).
 	restoredCalls restoredCalls
@@ -221,7 +224,8 @@ func New(opts Options) (*Orchestrator, error) {
 	o := &Orchestrator{opts: opts, engine: engine.New(0), sessions: sessions.NewRegistry(), workflows: map[string]*workflowInfo{}, outSig: make(chan struct{}, 1),
 		changes: make(chan event.TypedGenericEvent[*v1alpha1.Workflow], 1024), keys: &keyrings{src: opts.Keys},
 		held: map[string]*heldResult{}, heldRefs: map[string]string{}, producers: newProducerNodes(DefaultProducerNodes),
-		counts: newTriggerCounts(), saveNow: make(chan chan error, 1024), serving: make(chan struct{}), stopped: make(chan struct{})}
+		counts: newTriggerCounts(), saveNow: make(chan chan error, 1024), serving: make(chan struct{}), stopped: make(chan struct{}),
+		fence: fenceState{sig: make(chan struct{}, 1)}}
 	o.sessions.Now = opts.Now
 	o.sessions.Checkpointed = opts.Checkpoint != nil
 	o.engine.TombstoneTTL = tombstoneTTL
@@ -230,7 +234,7 @@ func New(opts Options) (*Orchestrator, error) {
 	}
 	o.engine.SetPool(opts.pool)
 	d, err := dispatch.New(dispatch.Options{Resolver: opts.Resolver, Ingress: opts.Ingress, Concurrency: opts.Concurrency,
-		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult, ProducerNode: o.producerNode})
+		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult, ProducerNode: o.producerNode, Fence: o.ownerFence})
 	if err != nil {
 		return nil, err
 	}
@@ -261,6 +265,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		o.lastSave = err // a start waiting for the first save is not held
 		return err
 	}
+	o.setFence() // the claim's generation: on every invocation from now on (fence.go)
 	o.noteRestored()
 	o.loadWorkflows(ctx)
 	if o.opts.OnStarted != nil {
@@ -276,7 +281,10 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		o.dispatcher.Wait()
 	}()
 	o.dispatcher.Start(dctx)
-	go o.feed(ctx)
+	// Queueing for the dispatcher ends with Run, a superseded owner's too.
+	fctx, stopFeed := context.WithCancel(ctx)
+	defer stopFeed()
+	go o.feed(fctx)
 	o.sendUnsent()
 	tick := time.NewTicker(o.opts.TickInterval)
 	defer tick.Stop()
@@ -307,17 +315,29 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 			}
 		case req := <-o.saveNow:
 			if err := o.saveFor(ctx, req); errors.Is(err, checkpoint.ErrStale) {
-				o.lastSave = err
-				return err
+				return o.supersede(err)
+			}
+		case <-o.fence.sig:
+			// A function's sidecar refused an invocation: it saw a newer
+			// owner's fence. Stop at once, as on a refused save (fence.go).
+			if err := o.staleRefusals(ctx); err != nil {
+				return o.supersede(err)
 			}
 		case <-save.C:
-			if o.opts.Checkpoint != nil && o.cp.due(time.Now()) {
-				if err := o.periodicSave(ctx); errors.Is(err, checkpoint.ErrStale) {
-					o.lastSave = err
-					return err // another operator leads now: stop driving the engine
-				} else if err != nil {
-					o.opts.Log.Error(err, "checkpoint")
+			if o.opts.Checkpoint == nil {
+				break
+			}
+			if !o.cp.due(time.Now()) {
+				// Saves spaced out (CheckpointMaxShare): the fence alone.
+				if err := o.checkFence(ctx); errors.Is(err, checkpoint.ErrStale) {
+					return o.supersede(err)
 				}
+				break
+			}
+			if err := o.periodicSave(ctx); errors.Is(err, checkpoint.ErrStale) {
+				return o.supersede(err) // another operator leads now: stop driving the engine
+			} else if err != nil {
+				o.opts.Log.Error(err, "checkpoint")
 			}
 		case <-prune.C:
 			o.sessions.Prune()
@@ -634,6 +654,16 @@ func (o *Orchestrator) onResult(res dispatch.Result) {
 	if res.Err != nil && o.runCtx != nil && o.runCtx.Err() != nil {
 		return // stopping: its response is lost with this orchestrator, as in a crash
 	}
+	if o.fence.superseded.Load() {
+		return // a newer owner has the session: what this one hears is lost with it
+	}
+	if errors.Is(res.Err, dispatch.ErrStaleOwner) {
+		// The function did not run, and this owner is superseded: its
+		// session is not failed (its next owner has it); Run stops.
+		o.refusedAsStale(res)
+		return
+	}
+	o.answered(env)
 	o.heard(env.Invocation)
 	if res.Err != nil {
 		o.invocationFailed(key, env, fn, res.Err, now)

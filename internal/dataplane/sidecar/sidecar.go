@@ -75,6 +75,7 @@ type Sidecar struct {
 	deleg delegator // the triggers this sidecar fires itself (delegate.go)
 
 	records *records // outcomes by idempotency key (idempotency.go)
+	fences  *fences  // the engine owners' fences seen (fence.go)
 
 	// The tiers in use: the Config's, or the operator's (setTiers).
 	redis    atomic.Pointer[tier.Redis]
@@ -85,7 +86,8 @@ type Sidecar struct {
 // New prepares a sidecar; Start runs its servers.
 func New(cfg Config) *Sidecar {
 	s := &Sidecar{cfg: cfg, Store: store.New(cfg.MemoryLimit, nil), ready: make(chan struct{}), backedUp: make(chan struct{}),
-		stopped: make(chan struct{}), records: newRecords(cfg.IdempotencyMaxKeys, cfg.IdempotencyMaxBytes, cfg.ObjectTTL)}
+		stopped: make(chan struct{}), records: newRecords(cfg.IdempotencyMaxKeys, cfg.IdempotencyMaxBytes, cfg.ObjectTTL),
+		fences: newFences(maxFenceKeys)}
 	if cfg.Redis != nil {
 		s.redis.Store(cfg.Redis)
 		s.Store.Spill = s.spill
@@ -421,6 +423,12 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r) // a stock request: exactly as queue-proxy does
 			return
 		}
+		// A superseded engine owner's invocation is refused before
+		// anything else (fence.go): its body is not read, the function
+		// does not run, its key is not recorded.
+		if !s.checkFence(w, r) {
+			return
+		}
 		env, err := invocation.Decode(r.Body)
 		if err == nil {
 			err = env.RefusePaths()
@@ -519,6 +527,7 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next htt
 		// Objects the function sent through the local API are reported on
 		// their own: the response says how many, so none is missed.
 		head: func(h http.Header) {
+			h.Del(invocation.HeaderStaleOwner) // this sidecar's to say, not the function's
 			s.api.MarkOutputsSent(h, env.Session, env.Invocation)
 			if report {
 				h.Set(headerReported, "1")

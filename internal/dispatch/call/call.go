@@ -62,6 +62,54 @@ type Options struct {
 	// idempotency key (their sidecars honour it): a failure after the
 	// request was written is retried only for those.
 	Receivers *Receivers
+	// Fence, when set, is the fence of the engine owner that sends env
+	// (invocation.HeaderOwnerFence; "" for none), asked once per
+	// invocation. The operator's dispatcher sets it; a sidecar firing a
+	// delegated trigger does not (it is no owner). A receiving sidecar
+	// that saw a newer owner of the fence's checkpoint refuses the
+	// invocation: Result.Err is then a *StaleOwnerError.
+	Fence func(env *invocation.Envelope) string
+}
+
+// ErrStaleOwner matches a *StaleOwnerError.
+var ErrStaleOwner = errors.New("refused as from a stale engine owner")
+
+// StaleOwnerError is a receiving sidecar's refusal of an invocation sent
+// under an owner fence older than one it saw for the same checkpoint key
+// (409 with invocation.HeaderStaleOwner): the function did not run, and
+// the engine owner that sent it is superseded. It is not retried.
+type StaleOwnerError struct {
+	Service string           // namespace/service
+	Sent    invocation.Fence // the fence the invocation carried
+	Seen    invocation.Fence // the newer one the sidecar saw
+}
+
+func (e *StaleOwnerError) Error() string {
+	return fmt.Sprintf("function %s: its sidecar refused the invocation as from a stale engine owner: sent under owner fence %s, "+
+		"the sidecar has seen %s (a newer owner of the checkpoint)", e.Service, e.Sent, e.Seen)
+}
+
+// Is makes errors.Is(err, ErrStaleOwner) hold.
+func (e *StaleOwnerError) Is(target error) bool { return target == ErrStaleOwner }
+
+// staleOwner reads a 409 answer to an invocation sent under fence: a
+// *StaleOwnerError when it is a sidecar's refusal of that fence (its
+// HeaderStaleOwner names a higher generation of the same checkpoint),
+// else nil (the function's own 409, or a sidecar's refusal of a key).
+func staleOwner(env *invocation.Envelope, fence string, status int, header http.Header) error {
+	if fence == "" || status != http.StatusConflict || header == nil {
+		return nil
+	}
+	v := header.Get(invocation.HeaderStaleOwner)
+	if v == "" {
+		return nil
+	}
+	sent, err1 := invocation.ParseFence(fence)
+	seen, err2 := invocation.ParseFence(v)
+	if err1 != nil || err2 != nil || seen.Key != sent.Key || seen.Generation <= sent.Generation {
+		return nil
+	}
+	return &StaleOwnerError{Service: env.Namespace + "/" + env.Function, Sent: sent, Seen: seen}
 }
 
 // Receivers remembers the services (namespace/service) whose answers
@@ -127,9 +175,15 @@ func Send(ctx context.Context, opts *Options, env *invocation.Envelope) Result {
 		}
 		return res
 	}
+	fence := ""
+	if opts.Fence != nil {
+		if fence = opts.Fence(env); !validHeaderValue(fence) {
+			fence = ""
+		}
+	}
 	backoff := opts.BaseBackoff
 	for res.Tries = 1; ; res.Tries++ {
-		tr := try(ctx, opts, env, body, res.Tries == 1)
+		tr := try(ctx, opts, env, body, fence, res.Tries == 1)
 		res.Status, res.Header, res.Body, res.Err = tr.status, tr.header, tr.body, tr.err
 		opts.Receivers.learn(env, tr.header)
 		reason := RetryReason(env, tr.status, tr.header, tr.err, tr.written, opts.Receivers.Honours(env))
@@ -152,6 +206,9 @@ func Send(ctx context.Context, opts *Options, env *invocation.Envelope) Result {
 		}
 		backoff = min(backoff*2, opts.MaxBackoff)
 	}
+	if res.Err == nil {
+		res.Err = staleOwner(env, fence, res.Status, res.Header)
+	}
 	if res.Err == nil && (res.Status < 200 || res.Status > 299) {
 		res.Err = fmt.Errorf("function %s/%s answered %d: %s", env.Namespace, env.Function, res.Status, strings.TrimSpace(string(res.Body)))
 	}
@@ -168,7 +225,7 @@ type tried struct {
 	written bool // the request had a connection: it may have reached the function
 }
 
-func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []byte, first bool) (t tried) {
+func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []byte, fence string, first bool) (t tried) {
 	wrote := func(bool) {}
 	if first && opts.Wrote != nil {
 		once := false
@@ -206,6 +263,9 @@ func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []by
 	req.Header.Set(invocation.HeaderAttempt, strconv.Itoa(env.Attempt))
 	if key := env.Key(); validHeaderValue(key) {
 		req.Header.Set(invocation.HeaderIdempotencyKey, key)
+	}
+	if fence != "" {
+		req.Header.Set(invocation.HeaderOwnerFence, fence)
 	}
 	if refs := env.Refs(); len(refs) > 0 {
 		req.Header.Set(invocation.HeaderRefs, strings.Join(refs, ","))

@@ -45,3 +45,21 @@ func (e *Engine) Outstanding(session, invocation string) bool {
 	inv := s.invocations[invocation]
 	return inv != nil && !inv.Finished
 }
+
+// Settled reports whether an invocation's outcome needs nothing more: its
+// session is not running (ended, collected), or the engine has the
+// invocation as finished without failing. An invocation the engine does
+// not know (a delegated firing whose start it has not heard of, a
+// re-execution's raw id) or has as failed (a late success may follow a
+// timed-out call) is not settled.
+func (e *Engine) Settled(session, invocation string) bool {
+	sh := e.shard(session)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s := sh.sessions[session]
+	if s == nil {
+		return true
+	}
+	inv := s.invocations[invocation]
+	return inv != nil && inv.Finished && !inv.Failed
+}

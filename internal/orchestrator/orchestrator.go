@@ -758,6 +758,12 @@ func (o *Orchestrator) FunctionFinished(ctx context.Context, from control.Identi
 		return err
 	}
 	o.heard(ev.InvocationId)
+	if o.engine.Settled(ev.Session, ev.InvocationId) {
+		// The usual case for an invocation the engine dispatched: the
+		// dispatcher's response was applied first; the sidecar's report
+		// is for a new owner that lost that response.
+		return nil
+	}
 	f := engine.Finish{Failed: ev.Failed, Error: ev.Error, Outputs: int(min(ev.OutputsSent, invocation.MaxOutputsSent))}
 	key, now := Key(from.Namespace, from.Workflow), o.opts.Now()
 	if ev.ReturnValue != nil && !ev.Failed {

@@ -84,7 +84,10 @@ func floorPath(ctx context.Context, label, dial, url, ns, wfName, svc string, n 
 	opts.Defaults()
 	one := func(i int) (time.Duration, error) {
 		env := &invocation.Envelope{Namespace: ns, Workflow: wfName, Function: svc, Session: "floor-000000000000",
-			Invocation: fmt.Sprintf("f0-%d", i), Attempt: 1,
+			// Each path's invocations are its own: a second delivery of
+			// an id would be answered from the sidecar's idempotency
+			// record, without running the function.
+			Invocation: fmt.Sprintf("f-%s-%d", strings.Join(strings.Fields(label), "-"), i), Attempt: 1,
 			Objects: []invocation.Object{{Bucket: "in", Key: "x", Size: 1, Inline: []byte("x")}}}
 		t := time.Now()
 		res := call.Send(ctx, &opts, env)

@@ -87,7 +87,7 @@ func floorPath(ctx context.Context, label, dial, url, ns, wfName, svc string, n 
 			// Each path's invocations are its own: a second delivery of
 			// an id would be answered from the sidecar's idempotency
 			// record, without running the function.
-			Invocation: fmt.Sprintf("f-%s-%d", strings.Join(strings.Fields(label), "-"), i), Attempt: 1,
+			Invocation: fmt.Sprintf("f-%s-%d", idPart(label), i), Attempt: 1,
 			Objects: []invocation.Object{{Bucket: "in", Key: "x", Size: 1, Inline: []byte("x")}}}
 		t := time.Now()
 		res := call.Send(ctx, &opts, env)
@@ -113,4 +113,17 @@ func floorPath(ctx context.Context, label, dial, url, ns, wfName, svc string, n 
 	r := latencyRow(label, "none", 1, ls)
 	r.print("–")
 	return r, nil
+}
+
+// idPart is s in letters, digits and dashes, for an invocation id.
+func idPart(s string) string {
+	return strings.Trim(strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, s), "-")
 }

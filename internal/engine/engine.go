@@ -154,6 +154,13 @@ func (s *session) invoke(wf *workflow, fn, trig string, objs []Object, group str
 
 // ObjectReady handles an object put into a bucket.
 func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action {
+	return e.ObjectReadyFresh(wfName, obj, now, nil)
+}
+
+// ObjectReadyFresh is ObjectReady that sets *fresh (when fresh is not nil)
+// if the object is new to its session, not a resend or a duplicate (the
+// dispatcher's response and the sidecar's report of one return value).
+func (e *Engine) ObjectReadyFresh(wfName string, obj Object, now time.Time, fresh *bool) []Action {
 	wf := e.workflow(wfName)
 	if wf == nil {
 		return nil
@@ -188,6 +195,9 @@ func (e *Engine) ObjectReady(wfName string, obj Object, now time.Time) []Action 
 		// A new object is counted before anything keeps it (limits.go).
 		if err := e.charge(s, 1, objectBytes(&obj)); err != nil {
 			return e.failLimit(sh, s, err, now)
+		}
+		if fresh != nil {
+			*fresh = true
 		}
 	}
 	done := s.count(base, name, dup, first, early)

@@ -700,9 +700,14 @@ func (o *Orchestrator) invocationFailed(key string, env *invocation.Envelope, fn
 // objectReady hands an object to the engine; an error when a limit
 // refused it (its session failed).
 func (o *Orchestrator) objectReady(key string, obj engine.Object, now time.Time) error {
-	_ = o.sessions.Update(obj.Session, func(s *sessions.Session) { s.Objects++ })
-	objectsReady.Inc()
-	acts := o.engine.ObjectReady(key, obj, now)
+	var fresh bool
+	acts := o.engine.ObjectReadyFresh(key, obj, now, &fresh)
+	if fresh {
+		// Counted once: a return value arrives both in the dispatcher's
+		// response and in the sidecar's report, in either order.
+		_ = o.sessions.Update(obj.Session, func(s *sessions.Session) { s.Objects++ })
+		objectsReady.Inc()
+	}
 	o.execute(acts)
 	return limitFailure(acts, obj.Session, fmt.Sprintf("object %s/%s", obj.Bucket, obj.Key))
 }

@@ -206,14 +206,7 @@ func run(c config) error {
 	} else {
 		// A new leader loads the Workflows before it serves (the sharded
 		// engine does so per bucket).
-		opts.LoadWorkflows = func(ctx context.Context) ([]v1alpha1.Workflow, error) {
-			if !mgr.GetCache().WaitForCacheSync(ctx) {
-				return nil, errors.New("the manager's cache did not sync")
-			}
-			var l v1alpha1.WorkflowList
-			err := mgr.GetClient().List(ctx, &l)
-			return l.Items, err
-		}
+		opts.LoadWorkflows = func(ctx context.Context) ([]v1alpha1.Workflow, error) { return listWorkflows(ctx, mgr) }
 		orch, err := orchestrator.New(opts)
 		if err != nil {
 			return err

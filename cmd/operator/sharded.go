@@ -95,15 +95,12 @@ func shardedEngine(cfg *rest.Config, mgr manager.Manager, sc shardConfig, leaseN
 	eng, err := orchestrator.NewSharded(orchestrator.ShardedOptions{Options: opts, Buckets: set, Identity: sc.identity,
 		Workflows: func(ctx context.Context) ([]types.NamespacedName, error) {
 			// A bucket may be won before the manager's cache has synced.
-			if !mgr.GetCache().WaitForCacheSync(ctx) {
-				return nil, errors.New("the manager's cache did not sync")
-			}
-			var l v1alpha1.WorkflowList
-			if err := mgr.GetClient().List(ctx, &l); err != nil {
+			l, err := listWorkflows(ctx, mgr)
+			if err != nil {
 				return nil, err
 			}
-			out := make([]types.NamespacedName, len(l.Items))
-			for i, w := range l.Items {
+			out := make([]types.NamespacedName, len(l))
+			for i, w := range l {
 				out[i] = types.NamespacedName{Namespace: w.Namespace, Name: w.Name}
 			}
 			return out, nil
@@ -179,4 +176,15 @@ func podOwner(kc kubernetes.Interface, namespace string, log *zap.SugaredLogger)
 		return nil
 	}
 	return &metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}
+}
+
+// listWorkflows lists every Workflow from the manager's cache, once it has
+// synced (a new owner may start before it has).
+func listWorkflows(ctx context.Context, mgr manager.Manager) ([]v1alpha1.Workflow, error) {
+	if !mgr.GetCache().WaitForCacheSync(ctx) {
+		return nil, errors.New("the manager's cache did not sync")
+	}
+	var l v1alpha1.WorkflowList
+	err := mgr.GetClient().List(ctx, &l)
+	return l.Items, err
 }

@@ -247,7 +247,10 @@ func TestHybrid(t *testing.T) {
 				Bucket, Key string
 				Size        int64
 			}
-			answer := invoke(t, reducer, session, shuffle.Group(p), "inv-1", objects[p], reduceOp{Op: "round_merge"})
+			// Every invocation has its own id, as the engine gives them:
+			// the sidecar answers a repeated id from its idempotency record.
+			id := fmt.Sprintf("inv-r%d-p%d", rnd, p)
+			answer := invoke(t, reducer, session, shuffle.Group(p), id, objects[p], reduceOp{Op: "round_merge"})
 			if err := json.Unmarshal(answer, &got); err != nil || got.Bucket != fmt.Sprintf("runs-r%d", rnd) || got.Key != fmt.Sprintf("h1.run.r%d.p%d", rnd, p) {
 				t.Fatalf("round merge: %s %v", answer, err)
 			}
@@ -264,7 +267,7 @@ func TestHybrid(t *testing.T) {
 					t.Errorf("the fast tier still holds round %d m%d p%d: %v", rnd, m, p, err)
 				}
 			}
-			if again := invoke(t, reducer, session, shuffle.Group(p), "inv-1.r1", objects[p], reduceOp{Op: "round_merge"}); !bytes.Equal(again, answer) {
+			if again := invoke(t, reducer, session, shuffle.Group(p), id+".r1", objects[p], reduceOp{Op: "round_merge"}); !bytes.Equal(again, answer) {
 				t.Errorf("re-executed round merge answered %s, want %s", again, answer)
 			}
 		}

@@ -113,11 +113,16 @@ func TestChart(t *testing.T) {
 		// their Services select the leader's pod label. Sharded (all
 		// features), every replica serves its buckets' and forwards the
 		// rest.
-		for want, sharded := range map[string]bool{`ziptrail.dev/leader: "true"`: false, "--engine-buckets=8": true, "--engine-lease-duration=15s": true, "--delegate-triggers": true,
+		for want, sharded := range map[string]bool{`ziptrail.dev/leader: "true"`: false, "--engine-buckets=8": true, "--delegate-triggers": true,
 			"--engine-leases=ziptrail-engine.00-of-08,": true} {
 			if got := strings.Contains(manifest, want); got != (sharded == (name == "all features")) {
 				t.Errorf("%s: rendered chart contains %q: %v", name, want, got)
 			}
+		}
+		// The engine's Lease times apply to both forms: the unsharded
+		// leader's Lease and the bucket Leases.
+		if !strings.Contains(manifest, "--engine-lease-duration=15s") {
+			t.Errorf("%s: the rendered chart does not pass engine.leaseDuration", name)
 		}
 		if strings.Contains(manifest, "registry.k8s.io/kubectl") {
 			t.Errorf("%s: the chart uses an image other than ziptrail's", name)

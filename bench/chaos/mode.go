@@ -28,7 +28,11 @@ const (
 	// The sharded mode's engine, as e2e/helm's sharded spec installs it.
 	shardedBuckets  = 6
 	shardedReplicas = 3
-	shardedLease    = 6 * time.Second
+	// Both modes' engine Leases (the unsharded leader's, the sharded
+	// buckets'): with the chart's default of 15 s, a replica SIGKILLed every
+	// 20 s would keep the engine away most of the time; an operator who
+	// expects a crash that often sets engine.leaseDuration so.
+	engineLease = 6 * time.Second
 )
 
 // modeRun is one mode's run: the chart installed, the workflows, the
@@ -89,11 +93,10 @@ func (m *modeRun) run(ctx context.Context) (int, string, error) {
 	c := m.cluster
 	m.rel = &chartops.Release{Name: release, Namespace: localcluster.SystemNamespace, Kubeconfig: c.Kubeconfig,
 		Clientset: c.Clientset, Log: m.log}
-	values := c.HelmValues()
+	values := append(c.HelmValues(), "engine.leaseDuration="+engineLease.String(), "engine.renewDeadline=5s", "engine.retryPeriod=1s")
 	if m.sharded() {
 		values = append(values, "engine.sharded=true", fmt.Sprintf("engine.buckets=%d", shardedBuckets),
-			fmt.Sprintf("operator.replicas=%d", shardedReplicas), "engine.leaseDuration="+shardedLease.String(),
-			"engine.renewDeadline=5s", "engine.retryPeriod=1s")
+			fmt.Sprintf("operator.replicas=%d", shardedReplicas))
 	}
 	m.step("helm install %s (%s)", release, m.describeInstall())
 	if err := m.rel.Install(ctx, values...); err != nil {
@@ -137,9 +140,9 @@ func (m *modeRun) run(ctx context.Context) (int, string, error) {
 
 func (m *modeRun) describeInstall() string {
 	if m.sharded() {
-		return fmt.Sprintf("sharded engine: %d replicas, %d buckets, Leases %s; Redis checkpoints", shardedReplicas, shardedBuckets, shardedLease)
+		return fmt.Sprintf("sharded engine: %d replicas, %d buckets, Leases %s; Redis checkpoints", shardedReplicas, shardedBuckets, engineLease)
 	}
-	return "unsharded engine: 2 replicas, leader election; Redis checkpoints"
+	return fmt.Sprintf("unsharded engine: 2 replicas, leader election, Lease %s; Redis checkpoints", engineLease)
 }
 
 // applyWorkflows creates the namespace and one Workflow per shape, and

@@ -88,7 +88,7 @@ func operatorTarget(ctx context.Context, m *modeRun) (*corev1.Pod, error) {
 	if !m.sharded() {
 		return m.rel.Leader(ctx)
 	}
-	owners, err := m.rel.BucketOwners(ctx, shardedLease)
+	owners, err := m.rel.BucketOwners(ctx, engineLease)
 	if err != nil {
 		return nil, err
 	}

@@ -26,7 +26,8 @@ const leaderElectionID = "operator.ziptrail.dev"
 const LeaderLabel = "ziptrail.dev/leader"
 
 // leaderLabeler labels the operator's own pod ($POD_NAME in
-// $POD_NAMESPACE, from the downward API) as the leader once elected, and
+// $POD_NAMESPACE, from the downward API) as the leader once elected (and
+// gives it a high deletion cost, DeletionCostAnnotation), and
 // removes a stale label when the process starts (a restarted container of
 // the old leader keeps its pod). Outside a pod (no $POD_NAME) it does
 // nothing.
@@ -48,12 +49,27 @@ func newLeaderLabeler(cfg *rest.Config, log logr.Logger) (*leaderLabeler, error)
 	return &leaderLabeler{cs: cs, ns: ns, pod: pod, log: log}, nil
 }
 
+// DeletionCostAnnotation is the ReplicaSet controller's pod deletion cost
+// (Kubernetes ≥ 1.22, beta, on by default): of a ReplicaSet's pods, those
+// of lower cost are deleted first when it scales down.
+const DeletionCostAnnotation = "controller.kubernetes.io/pod-deletion-cost"
+
+// leaderDeletionCost is the leader pod's deletion cost: a rollout (the old
+// ReplicaSet scaling down one pod at a time) takes the standbys first and
+// the leader last, so the engine moves once, to a pod of the new
+// ReplicaSet, instead of once to an old standby and again from it.
+const leaderDeletionCost = "1000"
+
 func (l *leaderLabeler) set(ctx context.Context, leader bool) error {
-	var v any // null removes the label
+	var v any // null removes the label and the annotation
+	var cost any
 	if leader {
-		v = "true"
+		v, cost = "true", leaderDeletionCost
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{LeaderLabel: v}}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"labels":      map[string]any{LeaderLabel: v},
+		"annotations": map[string]any{DeletionCostAnnotation: cost},
+	}})
 	if err != nil {
 		return err
 	}

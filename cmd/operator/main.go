@@ -135,6 +135,12 @@ func run(c config) error {
 		LeaderElection:          c.leaderElect,
 		LeaderElectionID:        leaderElectionID,
 		LeaderElectionNamespace: c.leaderNS,
+		// The unsharded leader's Lease times as the sharded engine's
+		// bucket Leases (--engine-lease-duration and its siblings): how
+		// long the engine is away after its replica died.
+		LeaseDuration: &c.shard.lease,
+		RenewDeadline: &c.shard.renew,
+		RetryPeriod:   &c.shard.retry,
 		// The engine must stop at once when leadership is lost.
 		LeaderElectionReleaseOnCancel: true,
 	})

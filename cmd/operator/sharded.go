@@ -39,9 +39,11 @@ func shardFlags(c *shardConfig) {
 		"(Knative bucket leader election, one Lease each; every replica serves the control stream and the gateway for its buckets "+
 		"and redirects or proxies the rest); 0 runs one engine on the elected leader")
 	flag.StringVar(&c.identity, "engine-identity", os.Getenv("POD_IP"), "this replica's address (host) as the other replicas and the sidecars reach it (default $POD_IP)")
-	flag.DurationVar(&c.lease, "engine-lease-duration", 15*time.Second, "bucket Leases: how long a dead replica keeps its buckets")
-	flag.DurationVar(&c.renew, "engine-renew-deadline", 10*time.Second, "bucket Leases: how long a replica tries to renew before it gives its buckets up")
-	flag.DurationVar(&c.retry, "engine-retry-period", 2*time.Second, "bucket Leases: how often they are renewed and free ones tried")
+	// One setting for both forms: the unsharded leader's Lease and the
+	// sharded engine's bucket Leases.
+	flag.DurationVar(&c.lease, "engine-lease-duration", 15*time.Second, "engine Leases (the leader's, or each bucket's): how long a dead replica keeps the engine")
+	flag.DurationVar(&c.renew, "engine-renew-deadline", 10*time.Second, "engine Leases: how long a replica tries to renew before it gives the engine up")
+	flag.DurationVar(&c.retry, "engine-retry-period", 2*time.Second, "engine Leases: how often they are renewed and free ones tried")
 }
 
 // engine is what the operator's other parts use of the trigger engine,

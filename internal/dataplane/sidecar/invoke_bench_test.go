@@ -1,0 +1,62 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/testservers"
+)
+
+// BenchmarkInvoke: one invocation over real HTTP on loopback to a function
+// that answers a small return value, straight ("floor") and through the
+// sidecar's handler ("sidecar": decode, idempotency record, detached run,
+// outcome report), the in-process part of bench/chain's floor path without
+// Knative and the operator. Side by side in one run:
+//
+//	go test -run XXX -bench Invoke -count 5 ./internal/dataplane/sidecar/
+func BenchmarkInvoke(b *testing.B) {
+	s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(b), ShmDir: b.TempDir(),
+		MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := s.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	fn := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = w.Write([]byte("ok"))
+	})
+	for _, c := range []struct {
+		name string
+		h    http.Handler
+	}{{"floor", fn}, {"sidecar", s.Wrap(fn)}} {
+		b.Run(c.name, func(b *testing.B) {
+			srv := httptest.NewServer(c.h)
+			defer srv.Close()
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+			defer client.CloseIdleConnections()
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				env := invocation.Envelope{Namespace: "ns", Function: "f", Session: "s1", Invocation: fmt.Sprintf("s1.%s.%d", c.name, i), Args: []byte("hello")}
+				data, _ := json.Marshal(env)
+				resp, err := client.Post(srv.URL, invocation.ContentType, bytes.NewReader(data))
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatal(resp.StatusCode)
+				}
+			}
+		})
+	}
+}

@@ -30,6 +30,10 @@ type Store struct {
 	initOnce sync.Once
 }
 
+// NewWriter is a Store of the same key and client as s, writing as a new
+// writer: one per owner of the checkpoint.
+func (s *Store) NewWriter() *Store { return &Store{Client: s.Client, Key: s.Key} }
+
 func (s *Store) writer() string {
 	s.initOnce.Do(func() {
 		if s.Writer == "" {
@@ -42,17 +46,19 @@ func (s *Store) writer() string {
 }
 
 // save writes data at generation gen only if the stored generation is
-// older, or is this writer's own (a retry of a write that landed).
+// older, or is this writer's own (a write that landed, repeated).
 var save = redis.NewScript(`
 local cur = tonumber(redis.call('HGET', KEYS[1], 'gen') or '-1')
-if cur == tonumber(ARGV[1]) and redis.call('HGET', KEYS[1], 'writer') == ARGV[3] then return 1 end
-if cur >= tonumber(ARGV[1]) then return 0 end
+local mine = cur == tonumber(ARGV[1]) and redis.call('HGET', KEYS[1], 'writer') == ARGV[3]
+if not mine and cur >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'data', ARGV[2], 'writer', ARGV[3])
 return 1
 `)
 
 // Save stores data as generation gen (monotonic per writer, e.g. a counter
-// seeded from Load's generation).
+// seeded from Load's generation). A writer whose save failed saves again
+// at the same generation: if the failed one landed, the new data replaces
+// it; if another owner claimed meanwhile, it is refused (ErrStale).
 func (s *Store) Save(ctx context.Context, gen int64, data []byte) error {
 	ok, err := save.Run(ctx, s.Client, []string{s.Key}, gen, data, s.writer()).Int()
 	if err != nil {

@@ -59,14 +59,19 @@ const chunkRecords = 1000
 // (empty for none; else 2 when another is stored), #puts, then id, value,
 // expiry (ms) per put, then the ids to delete.
 //
-// The writer's own generation already stored answers 1 without a change:
-// that write landed, and this is its retry (a reply lost to a timeout
-// while Redis was paused, which the client sends again).
+// The writer's own generation already stored is its own to write again:
+// a write whose reply was lost (a timeout while Redis was paused, which
+// the client may send again; or a failed save the writer repeats at the
+// same generation, with newer data) landed, and no other owner claimed
+// since — a claim would have stored a higher generation, or this one
+// under another writer.
 var write = redis.NewScript(`
 local cur = tonumber(redis.call('HGET', KEYS[1], 'gen') or '-1')
-if cur == tonumber(ARGV[1]) and redis.call('HGET', KEYS[1], 'writer') == ARGV[5] then return 1 end
-if cur >= tonumber(ARGV[1]) then return 0 end
-if ARGV[6] ~= '' and cur ~= tonumber(ARGV[6]) then return 2 end
+local mine = cur == tonumber(ARGV[1]) and redis.call('HGET', KEYS[1], 'writer') == ARGV[5]
+if not mine then
+  if cur >= tonumber(ARGV[1]) then return 0 end
+  if ARGV[6] ~= '' and cur ~= tonumber(ARGV[6]) then return 2 end
+end
 local nput = tonumber(ARGV[7])
 local i = 8
 for _ = 1, nput do
@@ -97,9 +102,12 @@ end
 return 1
 `)
 
-// check refuses (0) when the stored generation is not older than ARGV[1].
+// check refuses (0) when the stored generation is not older than ARGV[1],
+// unless it is ARGV[1] stored by this writer (ARGV[2]): its own write
+// whose reply was lost.
 var check = redis.NewScript(`
 local cur = tonumber(redis.call('HGET', KEYS[1], 'gen') or '-1')
+if cur == tonumber(ARGV[1]) and redis.call('HGET', KEYS[1], 'writer') == ARGV[2] then return 1 end
 if cur >= tonumber(ARGV[1]) then return 0 end
 return 1
 `)
@@ -157,10 +165,11 @@ func (s *Store) Write(ctx context.Context, gen int64, w Write, now time.Time) er
 	}
 }
 
-// Check returns ErrStale when a generation at or above gen was saved: a
-// writer with nothing to save learns that it lost the checkpoint.
+// Check returns ErrStale when a generation at or above gen was saved by
+// another writer: a writer with nothing to save learns that it lost the
+// checkpoint.
 func (s *Store) Check(ctx context.Context, gen int64) error {
-	ok, err := check.Run(ctx, s.Client, []string{s.Key}, gen).Int()
+	ok, err := check.Run(ctx, s.Client, []string{s.Key}, gen, s.writer()).Int()
 	if err != nil {
 		return fmt.Errorf("checkpoint: check: %w", err)
 	}

@@ -41,7 +41,7 @@ func TestEndedRecords(t *testing.T) {
 		if err := deposed.Write(ctx, g, Write{Put: []Record{rec("y1", 10, time.Hour)}}, now); !errors.Is(err, ErrStale) {
 			t.Errorf("records alone at generation %d: %v, want ErrStale", g, err)
 		}
-		if err := s.Check(ctx, g); !errors.Is(err, ErrStale) {
+		if err := deposed.Check(ctx, g); !errors.Is(err, ErrStale) {
 			t.Errorf("check at generation %d: %v, want ErrStale", g, err)
 		}
 	}

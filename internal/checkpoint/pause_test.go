@@ -91,3 +91,42 @@ func TestAClaimFailsWhenAnotherOwnerSavedSinceTheLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A writer repeats a failed save at the same generation (it may have
+// landed): if it did, the repeat replaces it with the newer data and the
+// writer's checks pass; another writer at that generation is refused.
+func TestAWriterWritesItsOwnGenerationAgain(t *testing.T) {
+	r := testservers.StartRedis(t)
+	ctx := context.Background()
+	a := &Store{Client: r.Client, Key: "ziptrail:test"}
+	if err := a.Write(ctx, 6, Write{Snapshot: []byte("landed, reply lost"), Put: []Record{{ID: "s1", Data: []byte("r1"), Expire: time.Now().Add(time.Hour)}}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Check(ctx, 6); err != nil {
+		t.Fatalf("the writer's check of its own generation: %v", err)
+	}
+	if err := a.Write(ctx, 6, Write{Snapshot: []byte("newer"), Put: []Record{{ID: "s2", Data: []byte("r2"), Expire: time.Now().Add(time.Hour)}}}, time.Now()); err != nil {
+		t.Fatalf("the writer's repeat at its own generation: %v", err)
+	}
+	data, gen, _, err := a.Load(ctx)
+	if err != nil || gen != 6 || string(data) != "newer" {
+		t.Fatalf("load: %q gen %d: %v", data, gen, err)
+	}
+	recs, err := a.LoadEnded(ctx, time.Now())
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("records: %v %v", recs, err)
+	}
+	b := &Store{Client: r.Client, Key: "ziptrail:test"}
+	if err := b.Check(ctx, 6); !errors.Is(err, ErrStale) {
+		t.Fatalf("another writer's check at a stored generation: %v, want ErrStale", err)
+	}
+	if err := b.Write(ctx, 6, Write{Snapshot: []byte("b")}, time.Now()); !errors.Is(err, ErrStale) {
+		t.Fatalf("another writer at a stored generation: %v, want ErrStale", err)
+	}
+	if err := b.Save(ctx, 6, []byte("b")); !errors.Is(err, ErrStale) {
+		t.Fatalf("another writer's Save at a stored generation: %v, want ErrStale", err)
+	}
+	if err := a.Save(ctx, 6, []byte("a again")); err != nil {
+		t.Fatalf("the writer's Save at its own generation: %v", err)
+	}
+}

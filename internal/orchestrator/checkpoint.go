@@ -187,12 +187,16 @@ func (o *Orchestrator) save(ctx context.Context, force bool) (err error) {
 	if force {
 		w.Claim, w.From = true, cp.loaded
 	}
-	// The generation moves on even if the write fails: it may have been
-	// applied (a lost reply), and a retry at the same one would be refused.
-	o.gen++
-	if err := o.opts.Checkpoint.Write(ctx, o.gen, w, wall); err != nil {
+	// The generation moves on only once a save is confirmed: a failed one
+	// may have landed (a lost reply), and the next save repeats its
+	// generation (the store lets a writer write its own generation again),
+	// so an owner whose saves failed is never ahead of a successor that
+	// claimed after its last landed save: its next save is refused.
+	gen := o.gen + 1
+	if err := o.opts.Checkpoint.Write(ctx, gen, w, wall); err != nil {
 		return err
 	}
+	o.gen = gen
 	clear(cp.pending)
 	clear(cp.gone)
 	cp.saved, cp.savedVer, cp.savedSession = true, ver, sver

@@ -212,6 +212,13 @@ func New(opts Options) (*Orchestrator, error) {
 	if opts.CheckpointMaxShare <= 0 || opts.CheckpointMaxShare > 1 {
 		opts.CheckpointMaxShare = DefaultCheckpointMaxShare
 	}
+	if opts.Checkpoint != nil {
+		// Every owner writes as a writer of its own: the store lets a
+		// writer write its generation again (a save that failed may have
+		// landed), which must never let one owner pass for another that
+		// shares its Store.
+		opts.Checkpoint = opts.Checkpoint.NewWriter()
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

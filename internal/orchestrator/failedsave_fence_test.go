@@ -35,7 +35,6 @@ func (c *redisCut) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 
-
 // An unsharded owner whose saves failed for a while (the store unreachable
 // from it alone) must not come back ahead of a successor that claimed the
 // checkpoint meanwhile: before, every failed save moved its generation on

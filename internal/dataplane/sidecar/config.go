@@ -78,6 +78,17 @@ type Config struct {
 	// $ZIPTRAIL_IDEMPOTENCY_MAX_BYTES).
 	IdempotencyMaxKeys  int
 	IdempotencyMaxBytes int64
+	// FunctionCrashRetries is how many times an invocation is sent to
+	// the function again when its process died before answering (the
+	// connection to it failed, and no response header came: crash.go);
+	// 0 (a Config's zero value) disables it, the call then answers 502
+	// at the first death. FromEnv: $ZIPTRAIL_FUNCTION_CRASH_RETRIES,
+	// default 2.
+	FunctionCrashRetries int
+	// FunctionRestartWait bounds the wait, before each of those retries,
+	// for the function to accept connections again (its container being
+	// restarted), within the invocation's own timeout; default 60 s.
+	FunctionRestartWait time.Duration
 
 	// envErrs are the variables FromEnv could not use: Start refuses
 	// to run with them (Validate).
@@ -141,6 +152,7 @@ func FromEnv() Config {
 	c.PullTimeouts, c.envErrs = pullTimeoutsFromEnv()
 	c.IdempotencyMaxKeys = envInt("ZIPTRAIL_IDEMPOTENCY_MAX_KEYS", defaultRecordKeys)
 	c.IdempotencyMaxBytes = int64(envInt("ZIPTRAIL_IDEMPOTENCY_MAX_BYTES", defaultRecordBytes))
+	c.FunctionCrashRetries = max(0, envInt("ZIPTRAIL_FUNCTION_CRASH_RETRIES", defaultCrashRetries))
 	c.PutTimeout = 30 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("ZIPTRAIL_PUT_TIMEOUT")); err == nil && d > 0 {
 		c.PutTimeout = d

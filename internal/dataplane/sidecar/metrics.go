@@ -24,9 +24,13 @@ var (
 		Name: "ziptrail_store_backups_total",
 		Help: "Unread objects copied to the slow tier at pod shutdown, by result.",
 	}, []string{"result"})
+	functionCrashRetries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ziptrail_sidecar_function_crash_retries_total",
+		Help: "Invocations sent to the function again, with the same idempotency key, because its process died (the connection failed) before it answered.",
+	})
 )
 
-func init() { prometheus.MustRegister(spills, spilledBytes, backups) }
+func init() { prometheus.MustRegister(spills, spilledBytes, backups, functionCrashRetries) }
 
 func result(err error) string {
 	if err != nil {

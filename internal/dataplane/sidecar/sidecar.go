@@ -485,12 +485,14 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			http.Error(w, "ziptrail: encode the envelope: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
+		// The body is sent again, whole, if the function's process dies
+		// before it answers (crash.go): each attempt reads it anew.
 		r2 := r.Clone(ctx)
 		r2.Body = io.NopCloser(bytes.NewReader(body))
 		r2.ContentLength = int64(len(body))
 		r2.Header.Set("Content-Length", strconv.Itoa(len(body)))
 		rw := &recorder{w: w}
-		s.serveFunction(rw, r2, next, env)
+		s.serveFunction(rw, r2, body, next, env)
 		recorded = true
 		s.records.finish(rec, rw.outcome(), time.Now())
 		// The invocation's group memberships end with it.
@@ -514,8 +516,9 @@ func (s *Sidecar) invocationContext(r *http.Request, env *invocation.Envelope) (
 }
 
 // serveFunction runs the function's handler, streaming its response or,
-// for outputs, buffering (bounded) and rewriting it.
-func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next http.Handler, env *invocation.Envelope) {
+// for outputs, buffering (bounded) and rewriting it. r's body is body; a
+// function whose process died before it answered gets r again (crash.go).
+func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, env *invocation.Envelope) {
 	// Every invocation's outcome is reported over the control stream: a
 	// delegated one's because the operator does not read its response
 	// (delegate.go), an engine-dispatched one's so that the operator that
@@ -534,17 +537,6 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next htt
 			}
 		}}
 	defer ow.release()
-	func() {
-		// A reverse proxy aborts (panics with ErrAbortHandler) when a
-		// write fails; for outputs this sidecar refused, the caller still
-		// gets the reason below.
-		defer func() {
-			if v := recover(); v != nil && (v != http.ErrAbortHandler || ow.err == nil) {
-				panic(v)
-			}
-		}()
-		next.ServeHTTP(ow, r)
-	}()
 	fail := func(code int, msg string) {
 		w.Header().Del("Content-Length")
 		w.Header().Del("Content-Type")
@@ -552,6 +544,43 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, next htt
 		if report {
 			s.reportOutcome(env, code, nil, nil, 0, msg)
 		}
+	}
+	for died := 0; ; {
+		at := newAttemptWriter(ow)
+		func() {
+			// A reverse proxy aborts (panics with ErrAbortHandler) when a
+			// write fails; for outputs this sidecar refused, the caller
+			// still gets the reason below.
+			defer func() {
+				if v := recover(); v != nil && (v != http.ErrAbortHandler || ow.err == nil) {
+					panic(v)
+				}
+			}()
+			next.ServeHTTP(at, at.request(r, body))
+		}()
+		if !at.died() {
+			break
+		}
+		// The function's process died before it answered.
+		died++
+		if r.Context().Err() != nil || s.crashRetries() == 0 {
+			at.pass() // the revision's timeout, or no retries: the proxy's answer
+			break
+		}
+		cause := ""
+		if why := at.reason(); why != "" {
+			cause = ": " + why
+		}
+		if died > s.crashRetries() {
+			fail(http.StatusBadGateway, fmt.Sprintf("ziptrail: the function's process exited before answering (%s)%s", attempts(died), cause))
+			return
+		}
+		if err := waitAccepting(r.Context(), at.trace.target(), s.restartWait()); err != nil {
+			fail(http.StatusBadGateway, fmt.Sprintf("ziptrail: the function's process exited before answering (%s)%s; "+
+				"waiting for it to restart: %v", attempts(died), cause, err))
+			return
+		}
+		functionCrashRetries.Inc()
 	}
 	if !ow.buffering {
 		if !ow.wroteHeader {

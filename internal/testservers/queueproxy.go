@@ -35,6 +35,11 @@ type QueueProxyOptions struct {
 	Upstream string    // the user container's URL
 	Env      []string  // the pod's environment, added to this process's
 	Stderr   io.Writer // where the process's stderr goes (default os.Stderr)
+	// Listen and DataplanePort, when set, are the ports to bind (a sidecar
+	// restarted in the place of one that died: QueueProxy.Listen and
+	// DataplanePort of that one); by default the process picks free ones.
+	Listen        string
+	DataplanePort int
 }
 
 // ready is the line standalone mode prints once it listens on everything.
@@ -58,9 +63,12 @@ func RunQueueProxy(o QueueProxyOptions) (*QueueProxy, error) {
 	if o.Stderr == nil {
 		o.Stderr = os.Stderr
 	}
-	cmd := exec.Command(o.Binary, "--standalone", "--listen", "127.0.0.1:0", "--upstream", o.Upstream)
+	if o.Listen == "" {
+		o.Listen = "127.0.0.1:0"
+	}
+	cmd := exec.Command(o.Binary, "--standalone", "--listen", o.Listen, "--upstream", o.Upstream)
 	// The data plane port comes last so that it wins over o.Env's.
-	cmd.Env = append(append(os.Environ(), o.Env...), "ZIPTRAIL_DATAPLANE_PORT=0")
+	cmd.Env = append(append(os.Environ(), o.Env...), "ZIPTRAIL_DATAPLANE_PORT="+strconv.Itoa(o.DataplanePort))
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
 	if err := cmd.Start(); err != nil {

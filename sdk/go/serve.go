@@ -1,6 +1,7 @@
 package ziptrail
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
@@ -26,9 +26,11 @@ type Invocation struct {
 	// IdempotencyKey identifies this execution of the invocation:
 	// "<session>/<invocation>/<attempt>". Every delivery of it carries the
 	// same key (ziptrail delivers invocations at least once; the pod's
-	// sidecar answers a duplicate that reaches it from its record), and a
-	// re-execution has a new one. Use it to make side effects outside
-	// ziptrail (a database write, a payment, a message) happen once.
+	// sidecar, and FunctionHandler, answer a duplicate that reaches them
+	// from their records), and a re-execution has a new one. Use it to
+	// make side effects outside ziptrail (a database write, a payment, a
+	// message) happen once: a key still runs again in a restarted function
+	// process or another pod.
 	IdempotencyKey string
 	Trigger        string
 	Group          string // DynamicGroup's group
@@ -83,7 +85,32 @@ func Serve(ctx context.Context, handler Handler) error {
 // sidecar gives, directly inside that directory, a regular file, not a
 // symlink. An envelope naming any other path (a request straight to this
 // port, bypassing the sidecar) is refused with 400.
+//
+// Idempotency records: an invocation (a POST; probes are not) whose
+// envelope carries the idempotency key the pod's sidecar sets runs the
+// handler at most once per FunctionHandler (per function process, with
+// Serve): a delivery of a key that already ran gets that run's answer —
+// status, the headers this handler set, body, plus
+// Ziptrail-Idempotent-Replay: 1 — without calling the handler, and one
+// that arrives while the key runs waits for that run. The answer is
+// recorded before it is written, so a caller that died (a sidecar
+// SIGKILLed mid-call) does not lose it: the dispatcher's resend through
+// the restarted sidecar gets it. For the same reason such a run's context
+// is not cancelled when its caller goes away (it keeps the request's
+// values; the sidecar runs an invocation detached from its caller too). A
+// failure (500) is an answer like any other. Records are bounded — 4,096
+// keys, 64 MiB of answers, oldest out first, each kept 10 minutes — and an
+// answer over 16 MiB is not recorded (a resend of its key runs again). A
+// request without that key (straight to this port, not through the
+// sidecar) is never recorded. The records live in the process: a new
+// process (the function container restarted) runs a resent key again,
+// which is why delivery is at least once (docs/guarantees.md). The Python
+// SDK's server does the same.
 func FunctionHandler(handler Handler) http.Handler {
+	return functionHandler(handler, newFnRecords())
+}
+
+func functionHandler(handler Handler, records *fnRecords) http.Handler {
 	dir := ConfigFromEnv().ShmDir
 	if dir == "" {
 		dir = defaultShmDir
@@ -96,43 +123,106 @@ func FunctionHandler(handler Handler) http.Handler {
 		}
 		inv := &Invocation{Namespace: env.Namespace, Workflow: env.Workflow, Function: env.Function, Session: env.Session,
 			ID: env.Invocation, Attempt: env.Attempt, IdempotencyKey: env.IdempotencyKey, Trigger: env.Trigger, Group: env.Group, Args: env.Args}
-		if inv.IdempotencyKey == "" { // no sidecar set it: the same derivation
+		if inv.IdempotencyKey == "" { // no sidecar set it: the same derivation, nothing recorded
 			inv.IdempotencyKey = env.Key()
 		}
 		defer func() { unmapAll(inv.Objects) }()
-		for _, o := range env.Objects {
-			obj, err := openObject(dir, o)
-			if err != nil {
-				code := http.StatusInternalServerError
-				if IsKind(err, KindInvalid) {
-					code = http.StatusBadRequest
-				}
-				http.Error(w, err.Error(), code)
-				return
-			}
-			inv.Objects = append(inv.Objects, obj)
-		}
-		outs := &outputs{}
-		ctx := context.WithValue(withInvocation(r.Context(), inv), outputsKey{}, outs)
-		out, err := handler(ctx, inv)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		if env.IdempotencyKey == "" || r.Method != http.MethodPost {
+			// Not through the pod's sidecar, or not an invocation: not recorded.
+			res, _ := invoke(r.Context(), handler, dir, env, inv)
+			res.write(w, false)
 			return
 		}
-		if len(outs.objects) > 0 {
-			// Objects sent during the invocation travel back with the
-			// response; the operator makes them ready in their buckets.
-			body, err := json.Marshal(invocation.Outputs{Objects: outs.objects, Return: out})
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-			w.Header().Set("Content-Type", invocation.OutputsContentType)
-			out = body
+		// A path the sidecar cannot have given is refused before the
+		// record is looked up, as when the inputs are opened.
+		if err := checkPaths(env); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
 		}
-		w.Header().Set("Content-Length", strconv.Itoa(len(out)))
-		_, _ = w.Write(out)
+		run, ans := records.acquire(r.Context(), env.IdempotencyKey)
+		if run == nil {
+			if ans != nil { // the inputs are not opened for a replay
+				ans.write(w, true)
+			}
+			return // else its caller left while it waited
+		}
+		recorded := false
+		defer func() {
+			if !recorded { // no answer: the inputs did not open, or the handler panicked
+				records.abandon(run)
+			}
+		}()
+		res, ran := invoke(context.WithoutCancel(r.Context()), handler, dir, env, inv)
+		if ran {
+			// Before the answer is written: a caller gone by now (its
+			// sidecar killed) would otherwise cost the key a second run
+			// when it is resent. A copy: the handler's result may be a
+			// mapped input, unmapped once this returns.
+			if res.alias {
+				res.body = bytes.Clone(res.body)
+			}
+			records.finish(run, &res.fnAnswer)
+			recorded = true
+		}
+		res.write(w, false)
 	})
+}
+
+// invokeAnswer is a run's answer; alias says its body is the handler's
+// result itself (which may be a mapped input).
+type invokeAnswer struct {
+	fnAnswer
+	alias bool
+}
+
+// invoke opens the inputs into inv.Objects (the caller unmaps them) and
+// calls the handler; ran says whether it did (else the answer is why not).
+func invoke(ctx context.Context, handler Handler, dir string, env *invocation.Envelope, inv *Invocation) (*invokeAnswer, bool) {
+	for _, o := range env.Objects {
+		obj, err := openObject(dir, o)
+		if err != nil {
+			code := http.StatusInternalServerError
+			if IsKind(err, KindInvalid) {
+				code = http.StatusBadRequest
+			}
+			return errorAnswer(code, err.Error()), false
+		}
+		inv.Objects = append(inv.Objects, obj)
+	}
+	outs := &outputs{}
+	ctx = context.WithValue(withInvocation(ctx, inv), outputsKey{}, outs)
+	out, err := handler(ctx, inv)
+	if err != nil {
+		return errorAnswer(http.StatusInternalServerError, err.Error()), true
+	}
+	if len(outs.objects) == 0 {
+		return &invokeAnswer{fnAnswer: fnAnswer{status: http.StatusOK, header: http.Header{}, body: out}, alias: true}, true
+	}
+	// Objects sent during the invocation travel back with the response,
+	// inline (copies): the operator makes them ready in their buckets.
+	body, err := json.Marshal(invocation.Outputs{Objects: outs.objects, Return: out})
+	if err != nil {
+		return errorAnswer(http.StatusInternalServerError, err.Error()), true
+	}
+	return &invokeAnswer{fnAnswer: fnAnswer{status: http.StatusOK, header: http.Header{"Content-Type": {invocation.OutputsContentType}}, body: body}}, true
+}
+
+// checkPaths refuses the envelope's input paths that are not names the
+// pod's sidecar gives (openObject's check, without opening anything).
+func checkPaths(env *invocation.Envelope) error {
+	for _, o := range env.Objects {
+		if o.Inline == nil && o.Path != "" && !invocation.IsInputName(o.Path) {
+			return &Error{Kind: KindInvalid, Op: "open input", Err: fmt.Errorf("object %s/%s: %w: %q is not a name the pod's sidecar gives its inputs",
+				o.Bucket, o.Key, invocation.ErrBadPath, o.Path)}
+		}
+	}
+	return nil
+}
+
+// errorAnswer is http.Error's answer.
+func errorAnswer(code int, msg string) *invokeAnswer {
+	return &invokeAnswer{fnAnswer: fnAnswer{status: code, body: []byte(msg + "\n"),
+		header: http.Header{"Content-Type": {"text/plain; charset=utf-8"}, "X-Content-Type-Options": {"nosniff"}}}}
 }
 
 // openObject gives an input's bytes: inline ones as they are, else the

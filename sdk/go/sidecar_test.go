@@ -93,6 +93,9 @@ type sidecarOpts struct {
 	upstream  string // the user container; default a closed port
 	shm       string // the pod's object directory; default a new one
 	env       []string
+	// in: the sidecar this one restarts in the place of (same invocation
+	// and data plane ports), after it was killed.
+	in *sidecar
 }
 
 // functionShm makes the object directory of a pod whose function runs in
@@ -125,7 +128,13 @@ func startSidecar(t testing.TB, o sidecarOpts) *sidecar {
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	s := &sidecar{socket: filepath.Join(sockDir, "sidecar.sock"), shm: o.shm}
 	s.env = []string{"ZIPTRAIL_SOCKET=" + s.socket, "ZIPTRAIL_SHM_DIR=" + s.shm}
+	var listen string
+	var dataplane int
+	if o.in != nil {
+		listen, dataplane = o.in.Listen, o.in.DataplanePort
+	}
 	s.QueueProxy = testservers.StartQueueProxy(t, testservers.QueueProxyOptions{Binary: sidecarBinary(t), Upstream: o.upstream,
+		Listen: listen, DataplanePort: dataplane,
 		Env: append([]string{"SERVING_NAMESPACE=" + o.namespace, "SERVING_POD_IP=127.0.0.1", "ZIPTRAIL_METRICS_PORT=0",
 			"ZIPTRAIL_KEY_FILE=" + o.keys, "ZIPTRAIL_INLINE_THRESHOLD=4096"}, append(s.env, o.env...)...)})
 	if s.client, err = NewClient(Config{Socket: s.socket, ShmDir: s.shm, InlineThreshold: 4096}); err != nil {

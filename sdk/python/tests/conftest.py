@@ -134,7 +134,9 @@ class Sidecar:
     namespace: str
     function_port: int = 0  # the user container's port (straight to the function, no sidecar)
     metrics_port: int = 0  # /metrics, when served
+    dataplane_port: int = 0
     _client: ziptrail.Client | None = None
+    _env: dict[str, str] = field(default_factory=dict, repr=False)  # the process's environment (restart)
 
     @property
     def url(self) -> str:
@@ -192,13 +194,27 @@ class Sidecars:
                     ZIPTRAIL_SHM_DIR=shm, ZIPTRAIL_KEY_FILE=key_file or self.key_file)
         penv["ZIPTRAIL_DATAPLANE_PORT"] = "0"
         penv.update(env)
-        proc = subprocess.Popen([self.binary, "--standalone", "--listen", "127.0.0.1:0", "--upstream",
-                                 f"http://127.0.0.1:{upstream_port}"], env=penv, stderr=subprocess.PIPE, text=True)
+        return self._spawn(Sidecar(None, "127.0.0.1:0", sock, shm, namespace, upstream_port, _env=penv))  # type: ignore[arg-type]
+
+    def restart(self, sc: Sidecar) -> Sidecar:
+        """Kills ``sc`` (SIGKILL, as a crashed container) and starts a new
+        queue-proxy-zl in its place: the same pod (socket, object
+        directory, environment), the same user container behind it, the
+        same invocation and data plane ports. The new process has none of
+        the old one's memory (idempotency records, objects)."""
+        sc.kill()
+        env = dict(sc._env, ZIPTRAIL_DATAPLANE_PORT=str(sc.dataplane_port))
+        return self._spawn(Sidecar(None, sc.listen, sc.socket, sc.shm_dir, sc.namespace, sc.function_port,  # type: ignore[arg-type]
+                                   metrics_port=sc.metrics_port, _env=env))
+
+    def _spawn(self, sc: Sidecar) -> Sidecar:
+        proc = subprocess.Popen([self.binary, "--standalone", "--listen", sc.listen, "--upstream",
+                                 f"http://127.0.0.1:{sc.function_port}"], env=sc._env, stderr=subprocess.PIPE, text=True)
+        sc.proc = proc
         announced = ready_line(proc)
-        sc = Sidecar(proc, "", sock, shm, namespace, upstream_port)
         self.started.append(sc)
         wait_for("queue-proxy-zl", lambda: announced.get("listen") is not None, proc)
-        sc.listen = announced["listen"]
+        sc.listen, sc.dataplane_port = announced["listen"], int(announced["dataplane_port"])
         return sc
 
     def function(self, source: str, env: dict[str, str] | None = None, port: int | None = None) -> int:

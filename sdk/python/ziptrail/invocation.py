@@ -59,9 +59,11 @@ class Invocation:
     #: This execution's idempotency key, ``"<session>/<invocation>/<attempt>"``
     #: (Go: ``Invocation.IdempotencyKey``). Every delivery of the execution
     #: carries the same key — ziptrail delivers invocations at least once,
-    #: and the pod's sidecar answers a duplicate that reaches it from its
-    #: record — and a re-execution has a new one: use it to make side
-    #: effects outside ziptrail (a database write, a payment) happen once.
+    #: and the pod's sidecar and the function server answer a duplicate
+    #: that reaches them from their records — and a re-execution has a new
+    #: one: use it to make side effects outside ziptrail (a database write,
+    #: a payment) happen once (a key still runs again in a restarted
+    #: function process or another pod).
     idempotency_key: str = ""
 
     def __post_init__(self) -> None:
@@ -146,6 +148,16 @@ def decode(body: bytes, shm_dir: str | None = None) -> Invocation:
     form the sidecar gives, directly inside that directory, a regular file,
     not a symlink; an envelope naming any other path is refused (it did not
     come through the sidecar)."""
+    inv, specs, _ = _parse(body)
+    _open_inputs(inv, specs, shm_dir)
+    return inv
+
+
+def _parse(body: bytes) -> tuple[Invocation, list[tuple[Object, bytes | None, str, str]], str]:
+    """Parses and validates an envelope without opening its inputs: the
+    invocation (no objects yet), its checked object entries, and the
+    envelope's own idempotency key ("" when it carries none: the key the
+    pod's sidecar sets; ``inv.idempotency_key`` is then derived)."""
     if len(body) > MAX_ENVELOPE_BYTES:
         raise _bad(f"envelope exceeds {MAX_ENVELOPE_BYTES} bytes; send large objects by reference")
     try:
@@ -162,17 +174,21 @@ def decode(body: bytes, shm_dir: str | None = None) -> Invocation:
         objects = []
     if not isinstance(objects, list):
         raise _bad(f"objects must be a list, not {type(objects).__name__}")
+    key = _str(env, "idempotencyKey")
     inv = Invocation(function=env["function"], session=env["session"], id=env["invocation"], attempt=_int(env, "attempt"),
-                     args=_b64(env, "args") or b"", idempotency_key=_str(env, "idempotencyKey"), **fields)
+                     args=_b64(env, "args") or b"", idempotency_key=key, **fields)
+    return inv, [_check(i, o) for i, o in enumerate(objects)], key
+
+
+def _open_inputs(inv: Invocation, specs: list[tuple[Object, bytes | None, str, str]], shm_dir: str | None) -> None:
+    """Opens the checked inputs into ``inv.objects`` (all or none)."""
     try:
-        specs = [_check(i, o) for i, o in enumerate(objects)]
         directory = shm_dir if shm_dir is not None else _shm_dir()
         for spec in specs:
             inv.objects.append(_open(spec, directory))
     except BaseException:
         inv.close()
         raise
-    return inv
 
 
 def _check(i: int, o: Any) -> tuple[Object, bytes | None, str, str]:

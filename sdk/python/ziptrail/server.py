@@ -12,12 +12,18 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
+from ._idempotency import Answer, Record, Records
 from .errors import InvalidError, ZiptrailError
-from .invocation import MAX_ENVELOPE_BYTES, Invocation, _shm_dir, decode
+from .invocation import MAX_ENVELOPE_BYTES, Invocation, _open_inputs, _parse, _shm_dir
 
 Handler = Callable[[Invocation], bytes | bytearray | memoryview | str | None]
 
 OUTPUTS_CONTENT_TYPE = "application/vnd.ziptrail.outputs+json"
+
+#: On an answer replayed from the function server's record: the handler did
+#: not run again (Go: invocation.HeaderReplayed; the sidecar's replays say
+#: the same).
+HEADER_REPLAYED = "Ziptrail-Idempotent-Replay"
 
 _current = threading.local()
 
@@ -104,14 +110,62 @@ def _append_output(bucket: str, key: str, data: bytes | bytearray | memoryview |
     return len(raw)
 
 
+def _call(handler: Handler, inv: Invocation) -> Answer:
+    """Runs the handler on an invocation whose inputs are open, and closes
+    them: the answer (status, content type, body)."""
+    _current.inv = inv
+    _current.outputs = []
+    try:
+        out = handler(inv)
+        outputs = _current.outputs
+        # Made into bytes while the inputs are still mapped: the handler may
+        # return a view of one (inv.objects[0].data), which closing them
+        # releases. The answer (and its record) is a copy.
+        out = b"" if out is None else out.encode() if isinstance(out, str) else bytes(out)
+    except Exception as e:  # the function's failure is reported, not fatal
+        # ...and logged with its traceback: the container's log is
+        # where an operator looks first (kubectl logs).
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+        return 500, "application/octet-stream", f"{type(e).__name__}: {e}".encode()
+    finally:
+        _current.inv = None
+        _current.outputs = None
+        inv.close()
+    if not outputs:
+        return 200, "application/octet-stream", out
+    # Objects sent with send_object travel inline in the answer: it holds
+    # everything the sidecar needs, nothing that ends with the request.
+    body = json.dumps({"objects": outputs, "return": base64.b64encode(out).decode()}).encode()
+    return 200, OUTPUTS_CONTENT_TYPE, body
+
+
 def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0",
                 shm_dir: str | None = None) -> ThreadingHTTPServer:
     """Builds (without starting) the HTTP server behind queue-proxy-zl.
 
     Inputs the sidecar pulled are read from the pod's object directory
     ``shm_dir`` (default ``$ZIPTRAIL_SHM_DIR``), and only those: see
-    :func:`ziptrail.decode`. A malformed envelope gets 400 with the reason."""
+    :func:`ziptrail.decode`. A malformed envelope gets 400 with the reason.
+
+    **Idempotency records.** An invocation (a POST; probes are not) whose
+    envelope carries the idempotency key the pod's sidecar sets
+    (``idempotencyKey``) runs the handler at most once per server: a
+    delivery of a key that already ran gets that run's answer — status,
+    content type and body, plus ``Ziptrail-Idempotent-Replay: 1`` —
+    without calling the handler, and one that arrives while the key runs
+    waits for that run. The answer is recorded before it is written, so a
+    caller that died (a sidecar SIGKILLed mid-call) does not lose it: the
+    dispatcher's resend through the restarted sidecar gets it. A failure
+    (500) is an answer like any other. Records are bounded — 4,096 keys,
+    64 MiB of answers, oldest out first, each kept 10 minutes — and an
+    answer over 16 MiB is not recorded (a resend of its key runs again).
+    A request without that key (straight to this port, not through the
+    sidecar) is never recorded. The records live in this process: a new
+    process (the function container restarted) runs a resent key again,
+    which is why delivery is at least once (docs/guarantees.md)."""
     directory = shm_dir if shm_dir is not None else _shm_dir()
+    records = Records()
 
     class _H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -152,34 +206,44 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
                 self.close_connection = True  # the body was not (all) read
                 return self._reply(e.code, str(e).encode())
             try:
-                inv = decode(body, directory)
+                inv, specs, key = _parse(body)
             except InvalidError as e:
                 return self._reply(400, str(e).encode())
             except ZiptrailError as e:
                 return self._reply(500, str(e).encode())
-            _current.inv = inv
-            _current.outputs = []
+            if not key:  # not through the pod's sidecar: not recorded
+                return self._run(inv, specs, None)
+            while True:
+                rec, mine = records.begin(key)
+                if mine:
+                    return self._run(inv, specs, rec)
+                answer = rec.wait()  # the inputs are not opened for a replay
+                if answer is not None:
+                    return self._reply(answer[0], answer[2], answer[1], replayed=True)
+                # That run ended without an answer: this delivery runs it.
+
+        def _run(self, inv: Invocation, specs: list, rec: Record | None) -> None:
+            """Opens the inputs, runs the handler, records its answer under
+            the key (rec), then writes it."""
+            recorded = False
             try:
-                out = handler(inv)
-                outputs = _current.outputs
-            except Exception as e:  # the function's failure is reported, not fatal
-                # ...and logged with its traceback: the container's log is
-                # where an operator looks first (kubectl logs).
-                traceback.print_exc(file=sys.stderr)
-                sys.stderr.flush()
-                return self._reply(500, f"{type(e).__name__}: {e}".encode())
+                try:
+                    _open_inputs(inv, specs, directory)
+                except InvalidError as e:
+                    return self._reply(400, str(e).encode())
+                except ZiptrailError as e:
+                    return self._reply(500, str(e).encode())
+                answer = _call(handler, inv)
+                if rec is not None:
+                    # Before the answer is written: a caller gone by now
+                    # (its sidecar killed) would otherwise cost the key a
+                    # second run when it is resent.
+                    records.finish(rec, answer)
+                    recorded = True
+                self._reply(answer[0], answer[2], answer[1])
             finally:
-                _current.inv = None
-                _current.outputs = None
-                inv.close()
-            if out is None:
-                out = b""
-            if isinstance(out, str):
-                out = out.encode()
-            if not outputs:
-                return self._reply(200, bytes(out))
-            body = json.dumps({"objects": outputs, "return": base64.b64encode(bytes(out)).decode()}).encode()
-            self._reply(200, body, OUTPUTS_CONTENT_TYPE)
+                if rec is not None and not recorded:
+                    records.abandon(rec)  # the handler did not answer: a later delivery runs it
 
         def _body(self) -> bytes:
             """The request body (Content-Length or chunked), at most
@@ -220,11 +284,13 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
                 pass
             return b"".join(parts)
 
-        def _reply(self, code: int, body: bytes, content_type: str = "application/octet-stream") -> None:
+        def _reply(self, code: int, body: bytes, content_type: str = "application/octet-stream",
+                   replayed: bool = False) -> None:
             # Status line, headers and a small body in one write: one
             # segment for the caller to read instead of two.
-            head = "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+            head = "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
                 code, self.responses.get(code, ("",))[0], content_type, len(body),
+                HEADER_REPLAYED + ": 1\r\n" if replayed else "",
                 "Connection: close\r\n" if self.close_connection else "")
             if len(body) <= _ONE_WRITE:
                 self.wfile.write(head.encode("latin-1") + body)
@@ -239,7 +305,9 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
 
 
 def serve(handler: Handler, port: int | None = None, shm_dir: str | None = None) -> None:
-    """Runs ``handler`` for every invocation until the process is stopped."""
+    """Runs ``handler`` for every invocation until the process is stopped;
+    an invocation's idempotency key runs at most once in this process (see
+    :func:`make_server`)."""
     srv = make_server(handler, port, shm_dir=shm_dir)
     try:
         srv.serve_forever()

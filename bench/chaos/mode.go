@@ -126,7 +126,8 @@ func (m *modeRun) run(ctx context.Context) (int, string, error) {
 	for _, sh := range shapes {
 		s := m.session(ctx, sh, "warmup-"+sh.name, -1)
 		if s.outcome != outcomeOK {
-			return 0, "", fmt.Errorf("the %s workflow does not work without faults: %s %s", sh.name, s.outcome, s.detail)
+			m.dumpOperator(ctx)
+			return 0, "", fmt.Errorf("the %s workflow does not work without faults: %s %s (the operator's pods and logs are in the run's log)", sh.name, s.outcome, s.detail)
 		}
 	}
 	m.step("ready in %s (install, workflows Ready, one session of each shape)", time.Since(t).Round(time.Second))
@@ -424,6 +425,28 @@ func (m *modeRun) session(ctx context.Context, sh shape, input string, phase int
 				s.detail += " (last retried: " + lastErr.Error() + ")"
 			}
 			return s
+		}
+	}
+}
+
+// dumpOperator writes the operator's pods, their leader label and Lease,
+// and the last lines of their logs (the restarted containers' too) to the
+// run's log: what a setup that does not work needs to be understood.
+func (m *modeRun) dumpOperator(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	ns := localcluster.SystemNamespace
+	out, _ := m.rel.Kubectl(ctx, "-n", ns, "get", "pods,leases,endpointslices", "-o", "wide", "--show-labels")
+	fmt.Fprintf(m.log, "--- the operator's pods, Leases and endpoints\n%s\n", out)
+	pods, err := m.rel.OperatorPods(ctx)
+	if err != nil {
+		fmt.Fprintf(m.log, "--- the operator's pods: %v\n", err)
+		return
+	}
+	for _, p := range pods {
+		for _, prev := range []bool{true, false} {
+			out, _ := m.rel.Kubectl(ctx, "-n", ns, "logs", p.Name, "--tail", "120", fmt.Sprintf("--previous=%v", prev))
+			fmt.Fprintf(m.log, "--- logs of %s (previous container: %v)\n%s\n", p.Name, prev, out)
 		}
 	}
 }

@@ -17,7 +17,7 @@ import (
 
 // controlServer runs the real control server (tokens "valid:<ns>:<pod>")
 // with ev as the engine's side; it returns its address.
-func controlServer(t *testing.T, ev control.Events) string {
+func controlServer(t testing.TB, ev control.Events) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -34,7 +34,7 @@ func controlServer(t *testing.T, ev control.Events) string {
 
 // workflowSidecar starts the sidecar of pod (function fn of workflow
 // ns/wf) on the control server at addr.
-func workflowSidecar(t *testing.T, addr, pod, fn string) *Sidecar {
+func workflowSidecar(t testing.TB, addr, pod, fn string) *Sidecar {
 	t.Helper()
 	tok := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tok, []byte("valid:ns:"+pod), 0o600); err != nil {

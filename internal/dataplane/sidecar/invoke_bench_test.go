@@ -17,8 +17,9 @@ import (
 
 // BenchmarkInvoke: one invocation over real HTTP on loopback to a function
 // that answers a small return value, straight ("floor") and through the
-// sidecar's handler ("sidecar": decode, idempotency record, detached run,
-// outcome report), the in-process part of bench/chain's floor path without
+// sidecar's handler ("sidecar": fence, decode, idempotency record,
+// detached run; "sidecar-reporting": and the outcome reported over a real
+// control stream), the in-process part of bench/chain's floor path without
 // Knative and the operator. Side by side in one run:
 //
 //	go test -run XXX -bench Invoke -count 5 ./internal/dataplane/sidecar/
@@ -34,10 +35,13 @@ func BenchmarkInvoke(b *testing.B) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = w.Write([]byte("ok"))
 	})
+	// The same with the sidecar's control stream to a real control server:
+	// every invocation's outcome reported (FunctionFinished), as in a pod.
+	reporting := workflowSidecar(b, controlServer(b, &orderedEvents{}), "p", "f")
 	for _, c := range []struct {
 		name string
 		h    http.Handler
-	}{{"floor", fn}, {"sidecar", s.Wrap(fn)}} {
+	}{{"floor", fn}, {"sidecar", s.Wrap(fn)}, {"sidecar-reporting", reporting.Wrap(fn)}} {
 		b.Run(c.name, func(b *testing.B) {
 			srv := httptest.NewServer(c.h)
 			defer srv.Close()
@@ -45,7 +49,7 @@ func BenchmarkInvoke(b *testing.B) {
 			defer client.CloseIdleConnections()
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				env := invocation.Envelope{Namespace: "ns", Function: "f", Session: "s1", Invocation: fmt.Sprintf("s1.%s.%d", c.name, i), Args: []byte("hello")}
+				env := invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-f", Session: "s1", Invocation: fmt.Sprintf("s1.%s.%d", c.name, i), Args: []byte("hello")}
 				data, _ := json.Marshal(env)
 				resp, err := client.Post(srv.URL, invocation.ContentType, bytes.NewReader(data))
 				if err != nil {

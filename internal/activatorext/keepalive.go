@@ -80,10 +80,12 @@ func (p *Periodic) KeepAlive(ctx context.Context, namespace string, refs []strin
 	live := append([]string(nil), refs...)
 	ticks, stopTicker := p.tick(p.interval())
 	go func() {
+		// done closes last: whoever waits for it (stop) finds a panic
+		// already counted.
+		defer close(done)
 		// References are user input: whatever they make the extender do
 		// must not end the activator, which serves the whole cluster.
 		defer recovered(ctx, p.Metrics, "keepalive")
-		defer close(done)
 		defer stopTicker()
 		for {
 			live = p.round(ctx, namespace, live)

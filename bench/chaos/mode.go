@@ -127,7 +127,7 @@ func (m *modeRun) run(ctx context.Context) (int, string, error) {
 		s := m.session(ctx, sh, "warmup-"+sh.name, -1)
 		if s.outcome != outcomeOK {
 			m.dumpOperator(ctx)
-			return 0, "", fmt.Errorf("the %s workflow does not work without faults: %s %s (the operator's pods and logs are in the run's log)", sh.name, s.outcome, s.detail)
+			return 0, "", fmt.Errorf("the %s workflow does not work without faults: %s %s (the operator's pods and logs above)", sh.name, s.outcome, s.detail)
 		}
 	}
 	m.step("ready in %s (install, workflows Ready, one session of each shape)", time.Since(t).Round(time.Second))
@@ -431,22 +431,25 @@ func (m *modeRun) session(ctx context.Context, sh shape, input string, phase int
 
 // dumpOperator writes the operator's pods, their leader label and Lease,
 // and the last lines of their logs (the restarted containers' too) to the
-// run's log: what a setup that does not work needs to be understood.
+// output and the run's log: what a setup that does not work needs to be
+// understood.
 func (m *modeRun) dumpOperator(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
+	// Printed too: a CI log is often all there is of a failed run.
+	w := io.MultiWriter(m.out, m.log)
 	ns := localcluster.SystemNamespace
 	out, _ := m.rel.Kubectl(ctx, "-n", ns, "get", "pods,leases,endpointslices", "-o", "wide", "--show-labels")
-	fmt.Fprintf(m.log, "--- the operator's pods, Leases and endpoints\n%s\n", out)
+	fmt.Fprintf(w, "--- the operator's pods, Leases and endpoints\n%s\n", out)
 	pods, err := m.rel.OperatorPods(ctx)
 	if err != nil {
-		fmt.Fprintf(m.log, "--- the operator's pods: %v\n", err)
+		fmt.Fprintf(w, "--- the operator's pods: %v\n", err)
 		return
 	}
 	for _, p := range pods {
 		for _, prev := range []bool{true, false} {
 			out, _ := m.rel.Kubectl(ctx, "-n", ns, "logs", p.Name, "--tail", "120", fmt.Sprintf("--previous=%v", prev))
-			fmt.Fprintf(m.log, "--- logs of %s (previous container: %v)\n%s\n", p.Name, prev, out)
+			fmt.Fprintf(w, "--- logs of %s (previous container: %v)\n%s\n", p.Name, prev, out)
 		}
 	}
 }

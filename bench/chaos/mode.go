@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -107,6 +109,15 @@ func (m *modeRun) run(ctx context.Context) (int, string, error) {
 		// teardown removes everything at once.
 		defer m.uninstall()
 	}
+	// Every operator container's log, kept after the run: what a stuck
+	// session is understood from.
+	logDir := filepath.Join(os.TempDir(), fmt.Sprintf("ziptrail-chaos-%d-%s-operator", os.Getpid(), m.mode))
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return 0, "", err
+	}
+	fctx, stopFollowing := context.WithCancel(ctx)
+	waitFollowing := m.followOperatorLogs(fctx, logDir)
+	defer func() { stopFollowing(); waitFollowing() }()
 	if err := m.applyWorkflows(ctx); err != nil {
 		return 0, "", err
 	}
@@ -135,6 +146,7 @@ func (m *modeRun) run(ctx context.Context) (int, string, error) {
 	m.phases = append([]string{"none"}, m.cfg.nemeses...)
 	m.skipped = map[int]int{}
 	m.runPhases(ctx)
+	m.explainStuck(ctx, logDir)
 	v, table := m.check()
 	return v, table, ctx.Err()
 }

@@ -174,6 +174,9 @@ func (e *Engine) ObjectReadyFresh(wfName string, obj Object, now time.Time, fres
 	}
 	name := obj.Bucket + "/" + obj.Key
 	base := BaseInvocation(obj.Invocation)
+	if s.invocations[base] == nil && s.orphan(base) {
+		return nil
+	}
 	// Claims of local firings count only from the session's own workflow,
 	// for an object some invocation produced (the control server checks
 	// that it is the reporting pod's own). The engine may not know that
@@ -323,6 +326,9 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 		return nil
 	}
 	inv := s.invocations[ev.Invocation]
+	if inv == nil && s.orphan(ev.Invocation) {
+		return nil
+	}
 	if inv == nil {
 		// An invocation the engine did not issue (a sidecar's delegated
 		// firing, or made up): counted before it is kept (limits.go).

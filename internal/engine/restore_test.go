@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -120,5 +122,87 @@ func TestRestoredSessionsNeverReuseInvocationIDs(t *testing.T) {
 	issue(third, "the owner after it", "k3")
 	if len(seen) != 3 {
 		t.Fatalf("ids: %v", seen)
+	}
+}
+
+// An owner that decided invocations after its last save and crashed
+// leaves orphans: their sidecars report outputs and outcomes to the next
+// owner, whose restored state never decided them. Counted as invocations
+// the engine did not issue, they held the triggers: a DynamicGroup waits
+// for the session to be quiescent, and the orphans' outcomes, with outputs
+// it would not count, kept it busy for ever (the chaos checker's stuck fan
+// sessions: entry finished, reduce ran three times, collect never came).
+// Now the restored engine drops an orphan's events, and the outcome that
+// made the lost decision, sent again, makes it decide again under new ids.
+func TestOrphansOfALostDecisionDoNotHoldTheTriggers(t *testing.T) {
+	triggers := []TriggerSpec{
+		{Name: "by-group", Bucket: "shuffle", Primitive: DynamicGroup, GroupMetadataKey: "g", Sources: []string{"entry"}, Targets: []string{"reduce"}},
+		{Name: "gather", Bucket: "groups", Primitive: DynamicJoin, Targets: []string{"collect"}},
+	}
+	old := single(t, triggers...)
+	acts, err := old.StartSession(wfName, "s1", Object{Inline: []byte("in")}, t0)
+	if err != nil || len(acts) != 1 {
+		t.Fatal(acts, err)
+	}
+	entry := acts[0].Invocation
+	snap := old.Snapshot() // the last save: entry running
+	// The old owner goes on: entry's outputs and outcome, three reduces
+	// decided and run; then it is SIGKILLed before its next save.
+	var shuffle []Object
+	for i := range 6 {
+		o := Object{Bucket: "shuffle", Key: fmt.Sprintf("k%d", i), Session: "s1", Metadata: map[string]string{"g": fmt.Sprintf("g%d", i%3)}, Producer: "entry", Invocation: entry}
+		shuffle = append(shuffle, o)
+		old.ObjectReady(wfName, o, t0)
+	}
+	var reduces []string
+	for _, a := range old.FunctionEnded(wfName, "s1", "entry", entry, Finish{Outputs: 6}, t0) {
+		if a.Kind == ActInvoke && a.Function == "reduce" {
+			reduces = append(reduces, a.Invocation)
+		}
+	}
+	if len(reduces) != 3 {
+		t.Fatalf("the old owner decided %v, want 3 reduces", reduces)
+	}
+
+	e := single(t, triggers...)
+	if err := e.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	// What the sidecars kept unacknowledged reaches the new owner: the
+	// orphan reduces' outputs and outcomes first, then entry's.
+	var fired []Action
+	for i, r := range reduces {
+		fired = append(fired, e.ObjectReady(wfName, Object{Bucket: "groups", Key: fmt.Sprintf("g%d", i), Session: "s1", Producer: "reduce", Invocation: r,
+			Metadata: map[string]string{MetaExpectedCount: "3"}}, t0)...)
+		fired = append(fired, e.FunctionEnded(wfName, "s1", "reduce", r, Finish{Outputs: 1}, t0)...)
+	}
+	for _, o := range shuffle {
+		fired = append(fired, e.ObjectReady(wfName, o, t0)...)
+	}
+	fired = append(fired, e.FunctionEnded(wfName, "s1", "entry", entry, Finish{Outputs: 6}, t0)...)
+	var again []string
+	for _, a := range fired {
+		if a.Kind == ActInvoke && a.Function == "reduce" {
+			again = append(again, a.Invocation)
+		} else if a.Kind != ActInvoke || a.Function != "reduce" {
+			t.Fatalf("unexpected action %v", describe([]Action{a}))
+		}
+	}
+	if len(again) != 3 {
+		t.Fatalf("the new owner decided %v after entry's outcome, want the 3 reduces again (the session would be stuck)", describe(fired))
+	}
+	// The new decisions run to the end: collect once, then the session
+	// completes.
+	var collect []Action
+	for i, r := range again {
+		if r == reduces[i] {
+			t.Fatalf("reduce id %s handed out again", r)
+		}
+		collect = append(collect, e.ObjectReady(wfName, Object{Bucket: "groups", Key: fmt.Sprintf("g%d", i), Session: "s1", Producer: "reduce", Invocation: r,
+			Metadata: map[string]string{MetaExpectedCount: "3"}}, t0)...)
+		collect = append(collect, e.FunctionEnded(wfName, "s1", "reduce", r, Finish{Outputs: 1}, t0)...)
+	}
+	if d := describe(collect); len(d) != 1 || !strings.HasPrefix(d[0], "collect") {
+		t.Fatalf("after the new reduces: %v, want collect once", d)
 	}
 }

@@ -103,6 +103,33 @@ func (inv *invState) active() bool { return !inv.Finished || inv.Got < inv.Sent 
 
 func (inv *invState) failed() bool { return inv.Finished && inv.Failed }
 
+// orphan reports whether id, unknown to the session, has the form of an
+// invocation the engine issues ("<session>.<n>"): an engine records every
+// invocation it decides before it is sent, so an unknown one was decided by
+// a previous owner after its last save, which this owner restored without
+// that decision (the owner crashed). Its events are dropped: the outcome
+// that made the decision (not acknowledged, so sent again, or sent again by
+// redispatch) makes this owner decide again, under new ids (SeqBlock), and
+// counting the orphan's outputs or waiting for them would hold the
+// triggers (a DynamicGroup waits for quiescence, a DynamicJoin for its
+// declarers; the chaos checker's stuck fan sessions). A delegated firing's
+// id ("<session>.d...") is the producer sidecar's, not the engine's.
+//
+// Only a restored session has orphans (its counter jumped to a SeqBlock),
+// and only below its counter: an id no engine handed out yet is made up,
+// and kept as an invocation the engine did not issue.
+func (s *session) orphan(id string) bool {
+	if s.seq < SeqBlock {
+		return false
+	}
+	digits, ok := strings.CutPrefix(id, s.id+".")
+	if !ok || digits == "" || len(digits) > 9 {
+		return false
+	}
+	n, err := strconv.Atoi(digits)
+	return err == nil && digits[0] != '+' && digits[0] != '-' && n < s.seq
+}
+
 // track adds a new invocation to the session's counters.
 func (s *session) track(id string, inv *invState) {
 	s.invocations[id] = inv

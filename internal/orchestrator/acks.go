@@ -14,21 +14,26 @@ import (
 // critical path waits for a save: the engine acts on the event at once,
 // only the sidecar's retention lasts until the save.
 //
-// Every change of the engine is followed by touch (cp.ver); a save covers
-// every version it read before taking its snapshot. Saved hands out a
-// channel closed by the first save that covers the version current when it
-// was called.
+// An acknowledgement waits for the first save whose snapshot is taken
+// after it was asked for (Saved), not for one that covers a version
+// number: an event may need nothing applied of its own because another
+// goroutine has applied the same outcome and not yet finished (the
+// dispatcher's response and the sidecar's FunctionFinished arrive
+// together; the second finds the invocation settled), and a save that
+// took its snapshot before that change but ended after it would
+// acknowledge what no checkpoint holds. A snapshot is taken only between
+// applications (the barrier, applying): what an event saw is in every
+// snapshot taken after it.
 
-// saveWaiters are the open Saved channels, by the version they wait for.
+// saveWaiters are the open Saved channels.
 type saveWaiters struct {
-	mu      sync.Mutex
-	saved   uint64 // the highest version a save covered
-	waiters []saveWaiter
-}
-
-type saveWaiter struct {
-	ver uint64
-	ch  chan struct{}
+	mu sync.Mutex
+	// next is closed by the first save whose snapshot is taken after it
+	// was handed out.
+	next chan struct{}
+	// carried were handed to a save that failed: the next confirmed save
+	// closes them.
+	carried []chan struct{}
 }
 
 // closedCh is the answer of Saved when nothing needs a save.
@@ -45,33 +50,52 @@ func (o *Orchestrator) afterSave() <-chan struct{} {
 	w := &o.waiters
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	v := o.cp.ver.Load()
-	if v <= w.saved {
-		return closedCh
+	if w.next == nil {
+		w.next = make(chan struct{})
 	}
-	if n := len(w.waiters); n > 0 && w.waiters[n-1].ver == v {
-		return w.waiters[n-1].ch
-	}
-	ch := make(chan struct{})
-	w.waiters = append(w.waiters, saveWaiter{ver: v, ch: ch})
-	return ch
+	return w.next
 }
 
-// covered notes that a save holds every change up to version ver and
-// releases what waited for it.
-func (o *Orchestrator) covered(ver uint64) {
-	w := &o.waiters
+// take hands a save about to take its snapshot (under the barrier) what
+// waits for one.
+func (w *saveWaiters) take() []chan struct{} {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if ver <= w.saved {
+	out := w.carried
+	w.carried = nil
+	if w.next != nil {
+		out = append(out, w.next)
+		w.next = nil
+	}
+	return out
+}
+
+// settle releases what a save took once the save is confirmed; a save
+// that failed (or was refused) carries them to the next one.
+func (w *saveWaiters) settle(chs []chan struct{}, saved bool) {
+	if saved {
+		for _, c := range chs {
+			close(c)
+		}
 		return
 	}
-	w.saved = ver
-	i := 0
-	for ; i < len(w.waiters) && w.waiters[i].ver <= ver; i++ {
-		close(w.waiters[i].ch)
+	if len(chs) == 0 {
+		return
 	}
-	w.waiters = append(w.waiters[:0:0], w.waiters[i:]...)
+	w.mu.Lock()
+	w.carried = append(chs, w.carried...)
+	w.mu.Unlock()
+}
+
+// applyBarrier is held (shared) while an event or a decision is applied:
+// the engine's change, its actions (an invocation's arguments recorded, the
+// session's registry entry) and touch. A save takes it exclusively for its
+// snapshot, so that no snapshot holds half of an application: an
+// invocation the engine decided and whose arguments are not recorded yet
+// would be restored as never started, and nothing would ever send it again.
+func (o *Orchestrator) applyBarrier() (release func()) {
+	o.applying.RLock()
+	return o.applying.RUnlock
 }
 
 // Saved implements control.Durability for the bucket's orchestrator of

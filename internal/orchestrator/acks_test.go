@@ -234,7 +234,7 @@ func TestAReplicaThatStoppedServingAcknowledgesNothing(t *testing.T) {
 	if ch == nil || closed(ch) {
 		t.Fatal("an event applied and not saved is acknowledged at once")
 	}
-	o.covered(o.cp.ver.Load()) // a save holds it
+	o.waiters.settle(o.waiters.take(), true) // a save holds it
 	if !closed(ch) {
 		t.Fatal("a saved event is not acknowledged")
 	}

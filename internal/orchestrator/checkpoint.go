@@ -127,6 +127,12 @@ func (o *Orchestrator) save(ctx context.Context, force bool) (err error) {
 	if cp.pending == nil {
 		cp.pending, cp.gone = map[string]sessions.Session{}, map[string]bool{}
 	}
+	// The snapshot is taken between applications (applyBarrier), and
+	// answers the acknowledgements asked for before it (acks.go).
+	o.applying.Lock()
+	waiting := o.waiters.take()
+	saved := false
+	defer func() { o.waiters.settle(waiting, saved) }()
 	ver, sver := cp.ver.Load(), o.sessions.Version()
 	ended, gone := o.sessions.TakeEnded()
 	for _, s := range ended {
@@ -137,14 +143,26 @@ func (o *Orchestrator) save(ctx context.Context, force bool) (err error) {
 		cp.gone[id] = true
 	}
 	if !force && cp.saved && ver == cp.savedVer && sver == cp.savedSession && len(cp.pending) == 0 && len(cp.gone) == 0 {
+		o.applying.Unlock()
 		cp.written = 0
 		if err := o.opts.Checkpoint.Check(ctx, o.gen+1); err != nil {
 			return err
 		}
-		o.covered(ver) // still this writer's: what it saved last holds
+		saved = true // still this writer's: what it saved last holds
 		return nil
 	}
 	snap := o.engine.Snapshot()
+	// The ended sessions' tombstones go into their records, and out of
+	// the snapshot.
+	tombs := make(map[string]time.Time, len(cp.pending))
+	for id := range cp.pending {
+		if t, ok := snap.Tombstones[id]; ok {
+			tombs[id] = t
+		}
+	}
+	o.sessions.DropEnded(snap.Tombstones)
+	st := state{Engine: snap, Sessions: o.sessions.Running(), Results: map[string]resultIO{}, Triggers: o.counts.export(), Unsent: o.unsent}
+	o.applying.Unlock()
 	var w checkpoint.Write
 	wall, now := time.Now(), o.opts.Now()
 	written := int64(0)
@@ -157,7 +175,7 @@ func (o *Orchestrator) save(ctx context.Context, force bool) (err error) {
 		if s.Ended != nil {
 			keep = s.Ended.Add(o.sessions.Retention).Sub(now)
 		}
-		if t, ok := snap.Tombstones[id]; ok {
+		if t, ok := tombs[id]; ok {
 			rec.Tombstone = &t
 			keep = max(keep, t.Sub(now))
 		}
@@ -172,8 +190,6 @@ func (o *Orchestrator) save(ctx context.Context, force bool) (err error) {
 	for id := range cp.gone {
 		w.Delete = append(w.Delete, id)
 	}
-	o.sessions.DropEnded(snap.Tombstones) // in their records
-	st := state{Engine: snap, Sessions: o.sessions.Running(), Results: map[string]resultIO{}, Triggers: o.counts.export(), Unsent: o.unsent}
 	for _, s := range st.Sessions {
 		if s.Result != nil {
 			st.Results[s.ID] = resultIO{Inline: s.Result.Inline, Ref: s.Result.Ref}
@@ -200,7 +216,7 @@ func (o *Orchestrator) save(ctx context.Context, force bool) (err error) {
 	clear(cp.pending)
 	clear(cp.gone)
 	cp.saved, cp.savedVer, cp.savedSession = true, ver, sver
-	o.covered(ver)
+	saved = true
 	cp.written = written + int64(len(data))
 	checkpointBytes.Set(float64(len(data)))
 	checkpointWritten.Add(float64(cp.written))

@@ -165,6 +165,12 @@ type Orchestrator struct {
 	cp checkpointState // what the incremental saves keep (checkpoint.go)
 	// waiters are the events' acknowledgements waiting for a save (acks.go).
 	waiters saveWaiters
+	// applying is the barrier between applications and snapshots
+	// (applyBarrier, acks.go).
+	applying sync.RWMutex
+	// testHookInvoke, when set (tests only), is called as an invocation
+	// is decided and before its arguments are recorded.
+	testHookInvoke func(engine.Action)
 	// fence is this owner's fence on its invocations, and the sidecars'
 	// refusals of them (fence.go).
 	fence fenceState
@@ -317,9 +323,11 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 		case <-tick.C:
 			// A tick that decides nothing changes nothing a save needs
 			// (its next owner's ticks do the same).
+			release := o.applyBarrier()
 			if acts := o.engine.Tick(o.opts.Now()); len(acts) > 0 {
 				o.execute(acts)
 			}
+			release()
 		case req := <-o.saveNow:
 			if err := o.saveFor(ctx, req); errors.Is(err, checkpoint.ErrStale) {
 				return o.supersede(err)
@@ -494,7 +502,9 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 	if in.Ref == "" {
 		in.Inline = nonNil(in.Inline)
 	}
+	unbar := o.applyBarrier()
 	if err := o.sessions.Start(id, namespace, name); err != nil {
+		unbar()
 		o.dropInput(id)
 		return "", err
 	}
@@ -503,13 +513,16 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 		o.dropInput(id)
 		if le := (*engine.LimitError)(nil); errors.As(err, &le) {
 			o.sessions.Forget(id) // it never ran
+			unbar()
 			return "", o.startRefused(key, err)
 		}
 		_ = o.sessions.Finish(id, sessions.Failed, nil, err.Error())
+		unbar()
 		return "", err
 	}
 	o.changed(key)
 	o.execute(acts)
+	unbar() // before the wait: the save takes the barrier
 	if err := o.durable(ctx); err != nil {
 		if errors.Is(err, gateway.ErrNotSaved) && gateway.IdempotencyKey(ctx) == "" {
 			// Its client is told it did not start (503): nothing of it
@@ -517,7 +530,9 @@ func (o *Orchestrator) Start(ctx context.Context, namespace, name string, input 
 			// the start again with the same key (a 503 says so) and is
 			// answered with this session once a checkpoint covers it, or
 			// it starts afresh on a new owner that never saved it.
+			unbar := o.applyBarrier()
 			o.execute(o.engine.FailSession(id, err.Error(), o.opts.Now()))
+			unbar()
 		}
 		return "", err
 	}
@@ -604,6 +619,9 @@ func (o *Orchestrator) invoke(a engine.Action) {
 		o.execute(o.engine.FailSession(a.Session, fmt.Sprintf("invocation %s of %s: %v", a.Invocation, a.Function, err), o.opts.Now()))
 		return
 	}
+	if o.testHookInvoke != nil {
+		o.testHookInvoke(a)
+	}
 	o.execute(o.engine.FunctionStarted(a.Workflow, a.Session, a.Function, a.Invocation, args, o.opts.Now()))
 	_ = o.sessions.Update(a.Session, func(s *sessions.Session) { s.Invocations++ })
 	if a.Delegated {
@@ -670,6 +688,7 @@ func (o *Orchestrator) onResult(res dispatch.Result) {
 		o.refusedAsStale(res)
 		return
 	}
+	defer o.applyBarrier()()
 	o.answered(env)
 	o.heard(env.Invocation)
 	if res.Err != nil {
@@ -741,6 +760,7 @@ func (o *Orchestrator) ObjectReady(ctx context.Context, from control.Identity, e
 	if err := o.awaitServing(ctx); err != nil {
 		return err
 	}
+	defer o.applyBarrier()()
 	key := Key(from.Namespace, from.Workflow)
 	if o.workflow(key) == nil {
 		return fmt.Errorf("unknown workflow %s", key)
@@ -758,6 +778,7 @@ func (o *Orchestrator) FunctionStarted(ctx context.Context, from control.Identit
 	if err := o.awaitServing(ctx); err != nil {
 		return err
 	}
+	defer o.applyBarrier()()
 	o.heard(ev.InvocationId)
 	acts := o.engine.FunctionStarted(Key(from.Namespace, from.Workflow), ev.Session, ev.Function, ev.InvocationId, ev.Args, o.opts.Now())
 	o.execute(acts)
@@ -769,6 +790,7 @@ func (o *Orchestrator) FunctionFinished(ctx context.Context, from control.Identi
 	if err := o.awaitServing(ctx); err != nil {
 		return err
 	}
+	defer o.applyBarrier()()
 	o.heard(ev.InvocationId)
 	if o.engine.Settled(ev.Session, ev.InvocationId) {
 		// The usual case for an invocation the engine dispatched: the

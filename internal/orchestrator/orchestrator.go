@@ -575,8 +575,10 @@ func (o *Orchestrator) execute(acts []engine.Action) {
 		case engine.ActDropObjects:
 			o.dropInput(a.Session)
 			if !o.dropPending(a.Session) { // else once its result is read
+				// Not under the apply barrier: a slow sidecar holds the
+				// broadcast up to the control server's SendTimeout.
 				ns, _, _ := strings.Cut(a.Workflow, "/")
-				o.dropObjects(ns, a.Session)
+				go o.dropObjects(ns, a.Session)
 			}
 		}
 	}

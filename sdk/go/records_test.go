@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -303,5 +305,65 @@ func TestFunctionRecordsSidecarKilledMidCall(t *testing.T) {
 	}
 	if got := f.ran(); !slices.Equal(got, []string{"s/s.1/0"}) {
 		t.Fatalf("the handler ran %q: twice for one key", got)
+	}
+}
+
+// hostAddr is an address of this host other than loopback, where a
+// listener on all interfaces is reached as from another pod.
+func hostAddr(t *testing.T) netip.Addr {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if p, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(p.IP); ok && ip.Unmap().Is4() && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
+				return ip.Unmap()
+			}
+		}
+	}
+	t.Fatal("this host has no IPv4 address but loopback: the test needs one to come from outside the pod")
+	return netip.Addr{}
+}
+
+// TestFunctionRecordsAnswerOnlyThePodsSidecar: the function's port is
+// reachable from any pod of the cluster at the pod's IP. A caller there
+// that forges another invocation's idempotency key (its format is
+// public) must not read that invocation's recorded answer: only requests
+// over the loopback interface, the pod's sidecar, use the records. One
+// from elsewhere runs the handler, and records nothing either.
+func TestFunctionRecordsAnswerOnlyThePodsSidecar(t *testing.T) {
+	f := newRecordingFunction()
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(FunctionHandler(f.handle))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	sidecar := fmt.Sprintf("http://127.0.0.1:%d", port)
+	outside := "http://" + netip.AddrPortFrom(hostAddr(t), uint16(port)).String()
+
+	secret := mustDeliver(t, sidecar, keyed("s.1", 0, "plain"))
+	forged := mustDeliver(t, outside, keyed("s.1", 0, "plain"))
+	if forged.header.Get(invocation.HeaderReplayed) != "" || forged.same(secret) {
+		t.Fatalf("a forged key from outside the pod read the recorded answer:\n%v\n(recorded: %v)", forged, secret)
+	}
+	// Nor did it record anything: a key first seen from outside runs
+	// again through the sidecar.
+	mustDeliver(t, outside, keyed("s.2", 0, "plain"))
+	if a := mustDeliver(t, sidecar, keyed("s.2", 0, "plain")); a.header.Get(invocation.HeaderReplayed) != "" {
+		t.Fatalf("a run from outside the pod was recorded: %v", a)
+	}
+	// The sidecar's deliveries still replay.
+	if a := mustDeliver(t, sidecar, keyed("s.1", 0, "plain")); !a.same(secret) || a.header.Get(invocation.HeaderReplayed) != "1" {
+		t.Fatalf("the sidecar's resend: %v, want the record %v", a, secret)
+	}
+	if got, want := f.ran(), []string{"s/s.1/0", "s/s.1/0", "s/s.2/0", "s/s.2/0"}; !slices.Equal(got, want) {
+		t.Fatalf("runs %q, want %q", got, want)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -101,13 +102,23 @@ func Serve(ctx context.Context, handler Handler) error {
 // failure (500) is an answer like any other. Records are bounded — 4,096
 // keys, 64 MiB of answers, oldest out first, each kept 10 minutes — and an
 // answer over 16 MiB is not recorded (a resend of its key runs again). A
-// request without that key (straight to this port, not through the
-// sidecar) is never recorded. The records live in the process: a new
+// request without that key, or from anywhere but the loopback interface
+// (straight to the pod's IP, not through the sidecar), is never recorded
+// and never answered from a record. The records live in the process: a new
 // process (the function container restarted) runs a resent key again,
 // which is why delivery is at least once (docs/guarantees.md). The Python
 // SDK's server does the same.
 func FunctionHandler(handler Handler) http.Handler {
 	return functionHandler(handler, newFnRecords())
+}
+
+// fromThisPod reports whether r came over the loopback interface: from the
+// pod's sidecar (queue-proxy-zl reaches the user container at 127.0.0.1,
+// as Knative's queue-proxy does), not from elsewhere in the cluster
+// straight to the pod's IP. Only such requests use the idempotency records.
+func fromThisPod(r *http.Request) bool {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	return err == nil && ap.Addr().Unmap().IsLoopback()
 }
 
 func functionHandler(handler Handler, records *fnRecords) http.Handler {
@@ -123,12 +134,15 @@ func functionHandler(handler Handler, records *fnRecords) http.Handler {
 		}
 		inv := &Invocation{Namespace: env.Namespace, Workflow: env.Workflow, Function: env.Function, Session: env.Session,
 			ID: env.Invocation, Attempt: env.Attempt, IdempotencyKey: env.IdempotencyKey, Trigger: env.Trigger, Group: env.Group, Args: env.Args}
-		if inv.IdempotencyKey == "" { // no sidecar set it: the same derivation, nothing recorded
+		local := fromThisPod(r)
+		if inv.IdempotencyKey == "" || !local { // no sidecar set it: the same derivation, nothing recorded
 			inv.IdempotencyKey = env.Key()
 		}
 		defer func() { unmapAll(inv.Objects) }()
-		if env.IdempotencyKey == "" || r.Method != http.MethodPost {
-			// Not through the pod's sidecar, or not an invocation: not recorded.
+		if env.IdempotencyKey == "" || r.Method != http.MethodPost || !local {
+			// Not through the pod's sidecar, or not an invocation: not
+			// recorded, and no record answers it (a caller straight to the
+			// pod's IP may not read another invocation's answer by its key).
 			res, _ := invoke(r.Context(), handler, dir, env, inv)
 			res.write(w, false)
 			return

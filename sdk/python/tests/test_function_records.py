@@ -298,3 +298,36 @@ def test_records_bounds():
     r.abandon(rec)
     assert waiter.wait() is None
     assert r.begin("gone")[1]
+
+
+def host_address() -> str:
+    """An address of this host other than loopback (the source of its
+    default route), where a server on all interfaces is reached as from
+    another pod."""
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("198.51.100.1", 9))  # no packet is sent: only the route is looked up
+        addr = s.getsockname()[0]
+    finally:
+        s.close()
+    assert not addr.startswith("127."), "this host has no address but loopback: the test needs one"
+    return addr
+
+
+def test_only_the_pods_sidecar_is_answered_from_a_record(fn):
+    """The function's port is reachable from any pod at the pod's IP: a
+    caller there who forges another invocation's key (its format is public)
+    must not read that invocation's recorded answer. Only requests over the
+    loopback interface (the pod's sidecar) use the records; one from
+    elsewhere runs the handler and records nothing."""
+    outside = fn.url.replace("127.0.0.1", host_address())
+    secret = post(fn.url, envelope("s.1", args=b"plain"))
+    forged = post(outside, envelope("s.1", args=b"plain"))
+    assert REPLAYED not in forged[1] and not same_answer(forged, secret), (forged, secret)
+    post(outside, envelope("s.2", args=b"plain"))
+    assert REPLAYED not in post(fn.url, envelope("s.2", args=b"plain"))[1], "a run from outside the pod was recorded"
+    again = post(fn.url, envelope("s.1", args=b"plain"))
+    assert again[1].get(REPLAYED) == "1" and same_answer(again, secret)
+    assert fn.ran() == ["s/s.1/0", "s/s.1/0", "s/s.2/0", "s/s.2/0"]

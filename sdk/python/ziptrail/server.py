@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import mmap
 import os
@@ -140,6 +141,19 @@ def _call(handler: Handler, inv: Invocation) -> Answer:
     return 200, OUTPUTS_CONTENT_TYPE, body
 
 
+def _loopback(host: str) -> bool:
+    """Whether a peer address is the loopback interface: the pod's sidecar
+    (queue-proxy-zl reaches the user container at 127.0.0.1, as Knative's
+    queue-proxy does), not a caller elsewhere in the cluster."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
 def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0",
                 shm_dir: str | None = None) -> ThreadingHTTPServer:
     """Builds (without starting) the HTTP server behind queue-proxy-zl.
@@ -160,8 +174,9 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
     (500) is an answer like any other. Records are bounded — 4,096 keys,
     64 MiB of answers, oldest out first, each kept 10 minutes — and an
     answer over 16 MiB is not recorded (a resend of its key runs again).
-    A request without that key (straight to this port, not through the
-    sidecar) is never recorded. The records live in this process: a new
+    A request without that key, or from anywhere but the loopback interface
+    (straight to the pod's IP, not through the sidecar), is never recorded
+    and never answered from a record. The records live in this process: a new
     process (the function container restarted) runs a resent key again,
     which is why delivery is at least once (docs/guarantees.md)."""
     directory = shm_dir if shm_dir is not None else _shm_dir()
@@ -211,7 +226,10 @@ def make_server(handler: Handler, port: int | None = None, host: str = "0.0.0.0"
                 return self._reply(400, str(e).encode())
             except ZiptrailError as e:
                 return self._reply(500, str(e).encode())
-            if not key:  # not through the pod's sidecar: not recorded
+            if not key or not _loopback(self.client_address[0]):
+                # Not through the pod's sidecar: not recorded, and no record
+                # answers it (a caller straight to the pod's IP may not read
+                # another invocation's answer by its key).
                 return self._run(inv, specs, None)
             while True:
                 rec, mine = records.begin(key)

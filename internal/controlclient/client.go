@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -251,12 +253,10 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 	var sent uint64 // highest seq sent on this stream; a new stream resends all unacked
 	for {
 		c.mu.Lock()
-		var batch []*controlv1.SidecarMessage
-		for _, m := range c.unacked {
-			if m.Seq > sent {
-				batch = append(batch, m)
-			}
-		}
+		// unacked is in seq order: what this stream has not sent is its
+		// tail (found by bisection, not a scan of every event kept).
+		i := sort.Search(len(c.unacked), func(i int) bool { return c.unacked[i].Seq > sent })
+		batch := slices.Clone(c.unacked[i:])
 		c.mu.Unlock()
 		for _, m := range batch {
 			if err := st.Send(m); err != nil {

@@ -109,15 +109,22 @@ func (m *modeRun) run(ctx context.Context) (int, string, error) {
 		// teardown removes everything at once.
 		defer m.uninstall()
 	}
-	// Every operator container's log, kept after the run: what a stuck
-	// session is understood from.
+	// Every operator container's log, kept after a run with violations or
+	// a setup that failed: what a stuck session is understood from.
 	logDir := filepath.Join(os.TempDir(), fmt.Sprintf("ziptrail-chaos-%d-%s-operator", os.Getpid(), m.mode))
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return 0, "", err
 	}
 	fctx, stopFollowing := context.WithCancel(ctx)
 	waitFollowing := m.followOperatorLogs(fctx, logDir)
-	defer func() { stopFollowing(); waitFollowing() }()
+	keepLogs := true // removed after a run without violations
+	defer func() {
+		stopFollowing()
+		waitFollowing()
+		if !keepLogs {
+			_ = os.RemoveAll(logDir)
+		}
+	}()
 	if err := m.applyWorkflows(ctx); err != nil {
 		return 0, "", err
 	}
@@ -148,6 +155,7 @@ func (m *modeRun) run(ctx context.Context) (int, string, error) {
 	m.runPhases(ctx)
 	m.explainStuck(ctx, logDir)
 	v, table := m.check()
+	keepLogs = v > 0 || ctx.Err() != nil
 	return v, table, ctx.Err()
 }
 

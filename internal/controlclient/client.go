@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/retry"
 )
 
 // Commands are what the operator asks of a sidecar. Callbacks run on the
@@ -93,13 +93,9 @@ func dialOptions(token TokenSource, opts []grpc.DialOption) []grpc.DialOption {
 	// rollout of half a minute the sidecars' connections would come back up
 	// to a minute after the operator did, every stream call failing fast
 	// meanwhile. Bounded at 2 s (opts may set their own).
-	all := []grpc.DialOption{grpc.WithConnectParams(reconnect)}
+	all := []grpc.DialOption{grpc.WithConnectParams(retry.GRPCReconnect)}
 	return append(append(all, opts...), grpc.WithPerRPCCredentials(PerRPCCredentials(token)))
 }
-
-// reconnect is how the connection to the operator is dialled again.
-var reconnect = grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2,
-	MaxDelay: 2 * time.Second}, MinConnectTimeout: 5 * time.Second}
 
 // Send queues an event for the operator; with QueueLimit events not
 // acknowledged yet, it waits for room (QueueWait at most).

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"io"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -16,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
+	"github.com/ziptrail/ziptrail/internal/retry"
 )
 
 // gRPC calls about a workflow another operator replica serves are
@@ -89,8 +88,7 @@ func (g *GRPC) conn(addr string) (*grpc.ClientConn, error) {
 	}
 	// A replica restarted on the same address (a SIGKILLed owner) is
 	// dialled again within 2 s, not after gRPC's backoff of up to 2 minutes.
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second}, MinConnectTimeout: 5 * time.Second}),
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(retry.GRPCReconnect),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(g.H.MaxInput)+1<<20), grpc.MaxCallSendMsgSize(int(g.H.MaxInput)+1<<20)))
 	if err != nil {
 		return nil, err

@@ -12,6 +12,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // Defaults of a Backoff's zero fields.
@@ -102,3 +105,11 @@ func RetryAfter(h http.Header, now time.Time) time.Duration {
 	}
 	return 0
 }
+
+// GRPCReconnect is how a gRPC connection to the operator (the sidecars'
+// control stream, the admin client's gateway, one replica's proxy to
+// another) is dialled again: within 2 s at most. gRPC's own back-off grows
+// to 2 minutes, and after an operator away for half a minute its clients
+// came back up to a minute after it did.
+var GRPCReconnect = grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2,
+	MaxDelay: 2 * time.Second}, MinConnectTimeout: 5 * time.Second}

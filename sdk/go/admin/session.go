@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -65,8 +64,7 @@ type Result struct {
 func dialGateway(opts Options, creds *gateway.Credentials) (*grpc.ClientConn, error) {
 	// Reconnect soon after the gateway comes back (a rollout of the
 	// operator): gRPC's default waits up to 2 minutes between attempts.
-	dial := []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second}, MinConnectTimeout: 5 * time.Second})}
+	dial := []grpc.DialOption{grpc.WithConnectParams(retry.GRPCReconnect)}
 	if opts.GatewayDialOptions == nil {
 		dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}

@@ -131,8 +131,9 @@ func TestEventsResentBeforeANewOwnersReconcilerRanAreKept(t *testing.T) {
 	ackCrashThenRestore(t, 3*time.Second)
 }
 
-func ackCrashThenRestore(t *testing.T, reconcileAfter time.Duration) {
-	rs := testservers.StartRedis(t)
+// accWorkflow is workflow ns/acc: entry's objects in bucket acc fire sink
+// (Immediate), with function servers for both; sinks counts sink's runs.
+func accWorkflow(t *testing.T) (*v1alpha1.Workflow, *testservers.Functions, *atomic.Int32) {
 	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "acc"}, Spec: v1alpha1.WorkflowSpec{
 		Entry: "entry", OutputBucket: "out", SessionDeadline: &metav1.Duration{Duration: time.Minute},
 		Functions: []v1alpha1.FunctionSpec{{Name: "entry"}, {Name: "sink"}},
@@ -140,8 +141,14 @@ func ackCrashThenRestore(t *testing.T, reconcileAfter time.Duration) {
 	}}
 	fns := &testservers.Functions{}
 	fns.Add(t, "acc-entry", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	var sinks atomic.Int32
+	sinks := &atomic.Int32{}
 	fns.Add(t, "acc-sink", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { sinks.Add(1) }))
+	return wf, fns, sinks
+}
+
+func ackCrashThenRestore(t *testing.T, reconcileAfter time.Duration) {
+	rs := testservers.StartRedis(t)
+	wf, fns, sinks := accWorkflow(t)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(testservers.FreePort(t)))
 
 	// The first operator saves only when asked (a start): the event

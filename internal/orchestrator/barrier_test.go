@@ -35,15 +35,7 @@ import (
 // decided waits until its arguments are recorded.
 func TestASaveNeverHoldsADecisionWithoutItsArguments(t *testing.T) {
 	rs := testservers.StartRedis(t)
-	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "acc"}, Spec: v1alpha1.WorkflowSpec{
-		Entry: "entry", OutputBucket: "out", SessionDeadline: &metav1.Duration{Duration: time.Minute},
-		Functions: []v1alpha1.FunctionSpec{{Name: "entry"}, {Name: "sink"}},
-		Triggers:  []v1alpha1.NamedTrigger{immediate("acc", "acc", "sink")},
-	}}
-	fns := &testservers.Functions{}
-	fns.Add(t, "acc-entry", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	var sinks atomic.Int32
-	fns.Add(t, "acc-sink", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { sinks.Add(1) }))
+	wf, fns, sinks := accWorkflow(t)
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(testservers.FreePort(t)))
 
 	// Saves only when asked (a start, and the test below).

@@ -556,6 +556,27 @@ func (s *Server) Drop(namespace, session string, keys []string) error {
 	return s.broadcast(namespace, &controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Drop{Drop: &controlv1.DropObjects{Session: session, Keys: keys}}})
 }
 
+// ReleaseKept tells each listed pod of the namespace that the reports it
+// kept under the ids are saved (controlclient/kept.go). It does not wait:
+// a sidecar whose queue is full is disconnected, and sends its kept
+// reports to the stream it opens next.
+func (s *Server) ReleaseKept(namespace string, byPod map[string][]uint64) {
+	s.mu.RLock()
+	var targets []*conn
+	var ids [][]uint64
+	for c := range s.conns {
+		if c.id.Namespace == namespace {
+			if k, ok := byPod[c.id.Pod]; ok {
+				targets, ids = append(targets, c), append(ids, k)
+			}
+		}
+	}
+	s.mu.RUnlock()
+	for i, c := range targets {
+		s.sendTo(c, &controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Saved{Saved: &controlv1.Saved{Kept: ids[i]}}})
+	}
+}
+
 // KeepAlive tells the namespace's sidecars to extend the TTL of refs.
 func (s *Server) KeepAlive(namespace string, refs []string, extend time.Duration) error {
 	return s.broadcast(namespace, &controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_KeepAlive{KeepAlive: &controlv1.KeepAlive{Refs: refs, ExtendMs: extend.Milliseconds()}}})

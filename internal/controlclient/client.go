@@ -62,6 +62,9 @@ type Client struct {
 	// ErrQueueFull: the sender is held back while the operator cannot save.
 	QueueLimit int
 	QueueWait  time.Duration
+	// KeepFor is how long a kept report waits for the operator's release
+	// before it is sent (kept.go); default DefaultKeepFor.
+	KeepFor time.Duration
 
 	mu        sync.Mutex
 	unacked   []*controlv1.SidecarMessage // in seq order
@@ -69,6 +72,11 @@ type Client struct {
 	wake      chan struct{}
 	room      chan struct{} // closed (and replaced) when acks free room
 	connected bool
+	// kept are the reports kept unsent until the operator saves the
+	// answers that named them (kept.go); keptFilled counts those filled.
+	kept       map[uint64]*keptReport
+	keptFilled int
+	keptN      uint64
 }
 
 // ErrQueueFull is returned by Send when the operator has been unreachable
@@ -125,14 +133,21 @@ func (c *Client) Send(m *controlv1.SidecarMessage) error {
 		}
 		c.mu.Lock()
 	}
-	c.seq++
-	m.Seq = c.seq
-	c.unacked = append(c.unacked, m)
+	c.queue([]*controlv1.SidecarMessage{m})
+	return nil
+}
+
+// queue appends msgs to the events to send, in order. c.mu is held.
+func (c *Client) queue(msgs []*controlv1.SidecarMessage) {
+	for _, m := range msgs {
+		c.seq++
+		m.Seq = c.seq
+		c.unacked = append(c.unacked, m)
+	}
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 // Connected reports whether a stream is up.
@@ -224,6 +239,12 @@ func (r *redirected) Error() string {
 func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The owner at the other end may be another one than the last: it
+	// learns the outcomes kept so far from their reports. (One kept from
+	// here on waits for its release on this stream, or KeepFor.)
+	c.mu.Lock()
+	c.sendKept(time.Time{})
+	c.mu.Unlock()
 	st, err := cl.Connect(sctx)
 	if err != nil {
 		return err
@@ -256,6 +277,8 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 	}()
 	c.setConnected(true)
 	defer c.setConnected(false)
+	tick := time.NewTicker(c.keepFor() / 2)
+	defer tick.Stop()
 	var sent uint64 // highest seq sent on this stream; a new stream resends all unacked
 	for {
 		c.mu.Lock()
@@ -275,6 +298,10 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 		}
 		select {
 		case <-c.wake:
+		case <-tick.C:
+			c.mu.Lock()
+			c.sendKept(time.Now().Add(-c.keepFor())) // not released in time
+			c.mu.Unlock()
 		case err := <-recvErr:
 			return err
 		case <-ctx.Done():
@@ -316,6 +343,8 @@ func (c *Client) handle(m *controlv1.OperatorMessage) {
 	switch msg := m.Msg.(type) {
 	case *controlv1.OperatorMessage_Ack:
 		c.ack(msg.Ack.Seq)
+	case *controlv1.OperatorMessage_Saved:
+		c.release(msg.Saved.Kept)
 	case *controlv1.OperatorMessage_Tiers:
 		if c.commands.Tiers != nil {
 			c.commands.Tiers(msg.Tiers)

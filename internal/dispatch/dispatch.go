@@ -144,7 +144,10 @@ func New(opts Options) (*Dispatcher, error) {
 	d := &Dispatcher{opts: opts, wake: make(chan struct{}, 1), drain: make(chan struct{})}
 	d.call = call.Options{Client: opts.Client, MaxTries: opts.MaxTries, BaseBackoff: opts.BaseBackoff, MaxBackoff: opts.MaxBackoff,
 		MaxBody: opts.MaxBody, ProducerNode: opts.ProducerNode, Receivers: &call.Receivers{}, Fence: opts.Fence,
-		OnRetry: func(reason string) { retries.WithLabelValues(reason).Inc() },
+		// The orchestrator releases the report each answer names, once a
+		// save holds the answer (orchestrator/acks.go).
+		KeepReport: true,
+		OnRetry:    func(reason string) { retries.WithLabelValues(reason).Inc() },
 		URL: func(ctx context.Context, env *invocation.Envelope) (string, error) {
 			u, err := opts.Resolver.URL(ctx, env.Namespace, env.Function)
 			if err != nil {

@@ -1,9 +1,11 @@
 package orchestrator
 
 import (
+	"net/http"
 	"sync"
 
 	"github.com/ziptrail/ziptrail/internal/control"
+	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
 // Durable acknowledgements (docs/guarantees.md). The control server
@@ -118,3 +120,81 @@ var (
 	_ control.Durability = (*Orchestrator)(nil)
 	_ control.Durability = (*Sharded)(nil)
 )
+
+// Kept reports (controlclient/kept.go). A sidecar keeps the report of an
+// invocation the dispatcher sent it unsent, naming it in its answer
+// (invocation.HeaderOutcomeKept): the answer is the first copy of the
+// outcome. Once a checkpoint holds what the answer changed, the report is
+// released to its pod (one Saved message per pod and save); without the
+// release the sidecar sends it, and this owner or the next applies it
+// idempotently.
+
+// keptReleases are the releases waiting for a save, by the channel of the
+// save (afterSave) that holds them.
+type keptReleases struct {
+	mu      sync.Mutex
+	batches map[<-chan struct{}]map[podRef][]uint64
+}
+
+// podRef names a sidecar by its pod.
+type podRef struct{ namespace, pod string }
+
+// releaseKept releases, after the next save, the report named by the
+// answer h of an invocation of namespace. It is called while the answer's
+// application holds the barrier, so that the save that closes the
+// channel took its snapshot after the application.
+func (o *Orchestrator) releaseKept(namespace string, h http.Header) {
+	pod, id, ok := invocation.ParseKept(h)
+	if !ok || o.opts.Control == nil {
+		return
+	}
+	ch := o.afterSave()
+	ref := podRef{namespace, pod}
+	k := &o.kept
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.batches == nil {
+		k.batches = map[<-chan struct{}]map[podRef][]uint64{}
+	}
+	b := k.batches[ch]
+	if b == nil {
+		b = map[podRef][]uint64{}
+		k.batches[ch] = b
+		var stop <-chan struct{}
+		if o.runCtx != nil {
+			stop = o.runCtx.Done()
+		}
+		go o.sendReleases(ch, stop)
+	}
+	b[ref] = append(b[ref], id)
+}
+
+// sendReleases waits for the save ch and releases its batch; an owner that
+// stops first releases nothing (the sidecars send their reports to the
+// next one).
+func (o *Orchestrator) sendReleases(ch <-chan struct{}, stop <-chan struct{}) {
+	saved := true
+	select {
+	case <-ch:
+	case <-stop:
+		saved = false
+	}
+	k := &o.kept
+	k.mu.Lock()
+	b := k.batches[ch]
+	delete(k.batches, ch)
+	k.mu.Unlock()
+	if !saved || o.fence.superseded.Load() {
+		return
+	}
+	byNS := map[string]map[string][]uint64{}
+	for ref, ids := range b {
+		if byNS[ref.namespace] == nil {
+			byNS[ref.namespace] = map[string][]uint64{}
+		}
+		byNS[ref.namespace][ref.pod] = ids
+	}
+	for ns, byPod := range byNS {
+		o.opts.Control.ReleaseKept(ns, byPod)
+	}
+}

@@ -48,6 +48,8 @@ func (keys32) Keys(context.Context, string) (*controlv1.Keys, error) {
 // a crash closes before anything else, so nothing is saved after it.
 type ackRig struct {
 	o      *Orchestrator
+	events *countedEvents // what the control server got from sidecars
+	srv    *control.Server
 	rc     *redis.Client
 	gs     *grpc.Server
 	cancel context.CancelFunc
@@ -75,9 +77,11 @@ func startAckRigReconciled(t *testing.T, addr, redisAddr string, wf *v1alpha1.Wo
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := control.NewServer(r.o, keys32{})
+	r.events = &countedEvents{Orchestrator: r.o}
+	srv := control.NewServer(r.events, keys32{})
 	srv.Auth = podTokens{}
 	r.o.SetControl(srv)
+	r.srv = srv
 	if reconcileAfter == 0 {
 		if err := r.o.SetWorkflow(wf, true, ""); err != nil {
 			t.Fatal(err)
@@ -98,6 +102,23 @@ func startAckRigReconciled(t *testing.T, addr, redisAddr string, wf *v1alpha1.Wo
 	go func() { _ = r.gs.Serve(ln) }()
 	t.Cleanup(r.crash)
 	return r
+}
+
+// countedEvents is the orchestrator as the control server's Events,
+// counting the outcomes sidecars report.
+type countedEvents struct {
+	*Orchestrator
+	objects, finished atomic.Int32
+}
+
+func (c *countedEvents) ObjectReady(ctx context.Context, from control.Identity, ev *controlv1.ObjectReady) error {
+	c.objects.Add(1)
+	return c.Orchestrator.ObjectReady(ctx, from, ev)
+}
+
+func (c *countedEvents) FunctionFinished(ctx context.Context, from control.Identity, ev *controlv1.FunctionFinished) error {
+	c.finished.Add(1)
+	return c.Orchestrator.FunctionFinished(ctx, from, ev)
 }
 
 // crash stops the operator as a SIGKILL would, as far as the checkpoint

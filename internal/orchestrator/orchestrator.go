@@ -155,6 +155,8 @@ type Orchestrator struct {
 	// child Triggers' status (TriggerCounts).
 	counts *triggerCounts
 
+	// kept are the sidecars' kept reports to release after a save (acks.go).
+	kept keptReleases
 	// runCtx is Run's context: an invocation that failed because it ended
 	// is lost with this orchestrator, not failed (its next owner
 	// re-executes it per the re-execution rules).
@@ -691,6 +693,9 @@ func (o *Orchestrator) onResult(res dispatch.Result) {
 		return
 	}
 	defer o.applyBarrier()()
+	// Its sidecar's report, kept unsent, is released once a save holds
+	// what the answer changes (run before the barrier is released).
+	defer o.releaseKept(env.Namespace, res.Header)
 	o.answered(env)
 	o.heard(env.Invocation)
 	if res.Err != nil {

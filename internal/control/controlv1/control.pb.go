@@ -789,6 +789,7 @@ type OperatorMessage struct {
 	//	*OperatorMessage_GroupJoinResult
 	//	*OperatorMessage_Redirect
 	//	*OperatorMessage_Delegations
+	//	*OperatorMessage_Saved
 	Msg           isOperatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -921,6 +922,15 @@ func (x *OperatorMessage) GetDelegations() *Delegations {
 	return nil
 }
 
+func (x *OperatorMessage) GetSaved() *Saved {
+	if x != nil {
+		if x, ok := x.Msg.(*OperatorMessage_Saved); ok {
+			return x.Saved
+		}
+	}
+	return nil
+}
+
 type isOperatorMessage_Msg interface {
 	isOperatorMessage_Msg()
 }
@@ -965,6 +975,10 @@ type OperatorMessage_Delegations struct {
 	Delegations *Delegations `protobuf:"bytes,10,opt,name=delegations,proto3,oneof"`
 }
 
+type OperatorMessage_Saved struct {
+	Saved *Saved `protobuf:"bytes,11,opt,name=saved,proto3,oneof"`
+}
+
 func (*OperatorMessage_Keys) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Drop) isOperatorMessage_Msg() {}
@@ -985,6 +999,60 @@ func (*OperatorMessage_Redirect) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Delegations) isOperatorMessage_Msg() {}
 
+func (*OperatorMessage_Saved) isOperatorMessage_Msg() {}
+
+// Saved tells a sidecar that the outcomes it kept unsent under these ids
+// are held by a saved checkpoint: it forgets them. A sidecar keeps the
+// outcome report of an invocation the operator's dispatcher sent it
+// instead of sending it at once, and names it in its answer
+// (Ziptrail-Outcome-Kept); the operator, which learnt the outcome from that
+// answer, releases it here after its next confirmed save. A kept report is
+// sent after all when its stream ends or no Saved came in time, so that an
+// owner that lost the answer, or crashed before saving it, still learns it.
+type Saved struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kept          []uint64               `protobuf:"fixed64,1,rep,packed,name=kept,proto3" json:"kept,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Saved) Reset() {
+	*x = Saved{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Saved) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Saved) ProtoMessage() {}
+
+func (x *Saved) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Saved.ProtoReflect.Descriptor instead.
+func (*Saved) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Saved) GetKept() []uint64 {
+	if x != nil {
+		return x.Kept
+	}
+	return nil
+}
+
 // Delegations are the triggers of the sidecar's workflow that it fires
 // itself when its function sends an object into their bucket (delegated
 // firing: Immediate and ByName only). Each message replaces the previous
@@ -998,7 +1066,7 @@ type Delegations struct {
 
 func (x *Delegations) Reset() {
 	*x = Delegations{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1078,7 @@ func (x *Delegations) String() string {
 func (*Delegations) ProtoMessage() {}
 
 func (x *Delegations) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1091,7 @@ func (x *Delegations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delegations.ProtoReflect.Descriptor instead.
 func (*Delegations) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Delegations) GetTriggers() []*DelegatedTrigger {
@@ -1049,7 +1117,7 @@ type DelegatedTrigger struct {
 
 func (x *DelegatedTrigger) Reset() {
 	*x = DelegatedTrigger{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1129,7 @@ func (x *DelegatedTrigger) String() string {
 func (*DelegatedTrigger) ProtoMessage() {}
 
 func (x *DelegatedTrigger) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1142,7 @@ func (x *DelegatedTrigger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegatedTrigger.ProtoReflect.Descriptor instead.
 func (*DelegatedTrigger) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DelegatedTrigger) GetTrigger() string {
@@ -1141,7 +1209,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1221,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1234,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Redirect) GetAddress() string {
@@ -1196,7 +1264,7 @@ type GroupJoinResult struct {
 
 func (x *GroupJoinResult) Reset() {
 	*x = GroupJoinResult{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1276,7 @@ func (x *GroupJoinResult) String() string {
 func (*GroupJoinResult) ProtoMessage() {}
 
 func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1289,7 @@ func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupJoinResult.ProtoReflect.Descriptor instead.
 func (*GroupJoinResult) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GroupJoinResult) GetJoinId() string {
@@ -1263,7 +1331,7 @@ type GroupView struct {
 
 func (x *GroupView) Reset() {
 	*x = GroupView{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1343,7 @@ func (x *GroupView) String() string {
 func (*GroupView) ProtoMessage() {}
 
 func (x *GroupView) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1356,7 @@ func (x *GroupView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupView.ProtoReflect.Descriptor instead.
 func (*GroupView) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GroupView) GetSession() string {
@@ -1356,7 +1424,7 @@ type GroupMember struct {
 
 func (x *GroupMember) Reset() {
 	*x = GroupMember{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1436,7 @@ func (x *GroupMember) String() string {
 func (*GroupMember) ProtoMessage() {}
 
 func (x *GroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1449,7 @@ func (x *GroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
 func (*GroupMember) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GroupMember) GetRank() uint32 {
@@ -1440,7 +1508,7 @@ type Tiers struct {
 
 func (x *Tiers) Reset() {
 	*x = Tiers{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1520,7 @@ func (x *Tiers) String() string {
 func (*Tiers) ProtoMessage() {}
 
 func (x *Tiers) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1533,7 @@ func (x *Tiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tiers.ProtoReflect.Descriptor instead.
 func (*Tiers) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Tiers) GetRedisAddr() string {
@@ -1532,7 +1600,7 @@ type Rejected struct {
 
 func (x *Rejected) Reset() {
 	*x = Rejected{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1612,7 @@ func (x *Rejected) String() string {
 func (*Rejected) ProtoMessage() {}
 
 func (x *Rejected) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1625,7 @@ func (x *Rejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejected.ProtoReflect.Descriptor instead.
 func (*Rejected) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Rejected) GetSeq() uint64 {
@@ -1591,7 +1659,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1603,7 +1671,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1616,7 +1684,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1638,7 +1706,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1650,7 +1718,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1663,7 +1731,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Keys) GetKeys() []*Key {
@@ -1690,7 +1758,7 @@ type Key struct {
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1702,7 +1770,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1715,7 +1783,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Key) GetId() string {
@@ -1743,7 +1811,7 @@ type DropObjects struct {
 
 func (x *DropObjects) Reset() {
 	*x = DropObjects{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1823,7 @@ func (x *DropObjects) String() string {
 func (*DropObjects) ProtoMessage() {}
 
 func (x *DropObjects) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1836,7 @@ func (x *DropObjects) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropObjects.ProtoReflect.Descriptor instead.
 func (*DropObjects) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DropObjects) GetSession() string {
@@ -1796,7 +1864,7 @@ type KeepAlive struct {
 
 func (x *KeepAlive) Reset() {
 	*x = KeepAlive{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +1876,7 @@ func (x *KeepAlive) String() string {
 func (*KeepAlive) ProtoMessage() {}
 
 func (x *KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +1889,7 @@ func (x *KeepAlive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAlive.ProtoReflect.Descriptor instead.
 func (*KeepAlive) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{21}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KeepAlive) GetRefs() []string {
@@ -1906,7 +1974,7 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
 	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x16\n" +
-	"\x06failed\x18\x04 \x01(\bR\x06failed\"\xf9\x04\n" +
+	"\x06failed\x18\x04 \x01(\bR\x06failed\"\xad\x05\n" +
 	"\x0fOperatorMessage\x12/\n" +
 	"\x04keys\x18\x01 \x01(\v2\x19.ziptrail.control.v1.KeysH\x00R\x04keys\x126\n" +
 	"\x04drop\x18\x02 \x01(\v2 .ziptrail.control.v1.DropObjectsH\x00R\x04drop\x12?\n" +
@@ -1920,8 +1988,11 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\x11group_join_result\x18\b \x01(\v2$.ziptrail.control.v1.GroupJoinResultH\x00R\x0fgroupJoinResult\x12;\n" +
 	"\bredirect\x18\t \x01(\v2\x1d.ziptrail.control.v1.RedirectH\x00R\bredirect\x12D\n" +
 	"\vdelegations\x18\n" +
-	" \x01(\v2 .ziptrail.control.v1.DelegationsH\x00R\vdelegationsB\x05\n" +
-	"\x03msg\"P\n" +
+	" \x01(\v2 .ziptrail.control.v1.DelegationsH\x00R\vdelegations\x122\n" +
+	"\x05saved\x18\v \x01(\v2\x1a.ziptrail.control.v1.SavedH\x00R\x05savedB\x05\n" +
+	"\x03msg\"\x1b\n" +
+	"\x05Saved\x12\x12\n" +
+	"\x04kept\x18\x01 \x03(\x06R\x04kept\"P\n" +
 	"\vDelegations\x12A\n" +
 	"\btriggers\x18\x01 \x03(\v2%.ziptrail.control.v1.DelegatedTriggerR\btriggers\"\xb8\x01\n" +
 	"\x10DelegatedTrigger\x12\x18\n" +
@@ -1997,7 +2068,7 @@ func file_ziptrail_control_v1_control_proto_rawDescGZIP() []byte {
 	return file_ziptrail_control_v1_control_proto_rawDescData
 }
 
-var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*GetKeysRequest)(nil),   // 0: ziptrail.control.v1.GetKeysRequest
 	(*SidecarMessage)(nil),   // 1: ziptrail.control.v1.SidecarMessage
@@ -2008,20 +2079,21 @@ var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*GroupJoin)(nil),        // 6: ziptrail.control.v1.GroupJoin
 	(*GroupLeave)(nil),       // 7: ziptrail.control.v1.GroupLeave
 	(*OperatorMessage)(nil),  // 8: ziptrail.control.v1.OperatorMessage
-	(*Delegations)(nil),      // 9: ziptrail.control.v1.Delegations
-	(*DelegatedTrigger)(nil), // 10: ziptrail.control.v1.DelegatedTrigger
-	(*Redirect)(nil),         // 11: ziptrail.control.v1.Redirect
-	(*GroupJoinResult)(nil),  // 12: ziptrail.control.v1.GroupJoinResult
-	(*GroupView)(nil),        // 13: ziptrail.control.v1.GroupView
-	(*GroupMember)(nil),      // 14: ziptrail.control.v1.GroupMember
-	(*Tiers)(nil),            // 15: ziptrail.control.v1.Tiers
-	(*Rejected)(nil),         // 16: ziptrail.control.v1.Rejected
-	(*Ack)(nil),              // 17: ziptrail.control.v1.Ack
-	(*Keys)(nil),             // 18: ziptrail.control.v1.Keys
-	(*Key)(nil),              // 19: ziptrail.control.v1.Key
-	(*DropObjects)(nil),      // 20: ziptrail.control.v1.DropObjects
-	(*KeepAlive)(nil),        // 21: ziptrail.control.v1.KeepAlive
-	nil,                      // 22: ziptrail.control.v1.ObjectReady.MetadataEntry
+	(*Saved)(nil),            // 9: ziptrail.control.v1.Saved
+	(*Delegations)(nil),      // 10: ziptrail.control.v1.Delegations
+	(*DelegatedTrigger)(nil), // 11: ziptrail.control.v1.DelegatedTrigger
+	(*Redirect)(nil),         // 12: ziptrail.control.v1.Redirect
+	(*GroupJoinResult)(nil),  // 13: ziptrail.control.v1.GroupJoinResult
+	(*GroupView)(nil),        // 14: ziptrail.control.v1.GroupView
+	(*GroupMember)(nil),      // 15: ziptrail.control.v1.GroupMember
+	(*Tiers)(nil),            // 16: ziptrail.control.v1.Tiers
+	(*Rejected)(nil),         // 17: ziptrail.control.v1.Rejected
+	(*Ack)(nil),              // 18: ziptrail.control.v1.Ack
+	(*Keys)(nil),             // 19: ziptrail.control.v1.Keys
+	(*Key)(nil),              // 20: ziptrail.control.v1.Key
+	(*DropObjects)(nil),      // 21: ziptrail.control.v1.DropObjects
+	(*KeepAlive)(nil),        // 22: ziptrail.control.v1.KeepAlive
+	nil,                      // 23: ziptrail.control.v1.ObjectReady.MetadataEntry
 }
 var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	2,  // 0: ziptrail.control.v1.SidecarMessage.hello:type_name -> ziptrail.control.v1.Hello
@@ -2030,29 +2102,30 @@ var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	5,  // 3: ziptrail.control.v1.SidecarMessage.function_finished:type_name -> ziptrail.control.v1.FunctionFinished
 	6,  // 4: ziptrail.control.v1.SidecarMessage.group_join:type_name -> ziptrail.control.v1.GroupJoin
 	7,  // 5: ziptrail.control.v1.SidecarMessage.group_leave:type_name -> ziptrail.control.v1.GroupLeave
-	22, // 6: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
-	18, // 7: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
-	20, // 8: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
-	21, // 9: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
-	17, // 10: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
-	16, // 11: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
-	15, // 12: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
-	13, // 13: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
-	12, // 14: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
-	11, // 15: ziptrail.control.v1.OperatorMessage.redirect:type_name -> ziptrail.control.v1.Redirect
-	9,  // 16: ziptrail.control.v1.OperatorMessage.delegations:type_name -> ziptrail.control.v1.Delegations
-	10, // 17: ziptrail.control.v1.Delegations.triggers:type_name -> ziptrail.control.v1.DelegatedTrigger
-	14, // 18: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
-	19, // 19: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
-	1,  // 20: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
-	0,  // 21: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
-	8,  // 22: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
-	18, // 23: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
-	22, // [22:24] is the sub-list for method output_type
-	20, // [20:22] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	23, // 6: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
+	19, // 7: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
+	21, // 8: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
+	22, // 9: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
+	18, // 10: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
+	17, // 11: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
+	16, // 12: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
+	14, // 13: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
+	13, // 14: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
+	12, // 15: ziptrail.control.v1.OperatorMessage.redirect:type_name -> ziptrail.control.v1.Redirect
+	10, // 16: ziptrail.control.v1.OperatorMessage.delegations:type_name -> ziptrail.control.v1.Delegations
+	9,  // 17: ziptrail.control.v1.OperatorMessage.saved:type_name -> ziptrail.control.v1.Saved
+	11, // 18: ziptrail.control.v1.Delegations.triggers:type_name -> ziptrail.control.v1.DelegatedTrigger
+	15, // 19: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
+	20, // 20: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
+	1,  // 21: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
+	0,  // 22: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
+	8,  // 23: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
+	19, // 24: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
+	23, // [23:25] is the sub-list for method output_type
+	21, // [21:23] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_ziptrail_control_v1_control_proto_init() }
@@ -2081,6 +2154,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 		(*OperatorMessage_GroupJoinResult)(nil),
 		(*OperatorMessage_Redirect)(nil),
 		(*OperatorMessage_Delegations)(nil),
+		(*OperatorMessage_Saved)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2088,7 +2162,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ziptrail_control_v1_control_proto_rawDesc), len(file_ziptrail_control_v1_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

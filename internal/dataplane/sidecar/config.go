@@ -78,6 +78,11 @@ type Config struct {
 	// $ZIPTRAIL_IDEMPOTENCY_MAX_BYTES).
 	IdempotencyMaxKeys  int
 	IdempotencyMaxBytes int64
+	// KeepReportsFor is how long the report of an invocation the
+	// operator's dispatcher sent is kept unsent, waiting for the operator
+	// to release it once it saved the answer (controlclient/kept.go);
+	// default controlclient.DefaultKeepFor.
+	KeepReportsFor time.Duration
 	// FunctionCrashRetries is how many times an invocation is sent to
 	// the function again when its process died before answering (the
 	// connection to it failed, and no response header came: crash.go);

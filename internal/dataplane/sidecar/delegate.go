@@ -190,12 +190,41 @@ func (s *Sidecar) reportStarted(env *invocation.Envelope) {
 // (the engine applies whichever comes first): one whose return value is
 // too large to report here is left to the response.
 func (s *Sidecar) reportOutcome(env *invocation.Envelope, code int, outs *invocation.Outputs, ret []byte, sentLocally int, failure string) {
-	if s.ctl == nil {
+	for _, m := range s.outcomeMessages(env, code, outs, ret, sentLocally, failure) {
+		_ = s.ctl.Send(m)
+	}
+}
+
+// outcomeReport is the report of one answered invocation: kept, when the
+// answer names a reservation (HeaderOutcomeKept), else sent.
+type outcomeReport struct{ kept uint64 }
+
+// outcome reports the function's successful (or passed-through) answer.
+func (r *outcomeReport) outcome(s *Sidecar, env *invocation.Envelope, code int, outs *invocation.Outputs, ret []byte, sentLocally int) {
+	if r.kept == 0 {
+		s.reportOutcome(env, code, outs, ret, sentLocally, "")
 		return
+	}
+	s.ctl.Keep(r.kept, s.outcomeMessages(env, code, outs, ret, sentLocally, "")...)
+	r.kept = 0
+}
+
+// end drops a reservation its answer did not fill.
+func (r *outcomeReport) end(s *Sidecar) {
+	if r.kept != 0 {
+		s.ctl.Keep(r.kept)
+	}
+}
+
+// outcomeMessages are reportOutcome's events.
+func (s *Sidecar) outcomeMessages(env *invocation.Envelope, code int, outs *invocation.Outputs, ret []byte, sentLocally int, failure string) []*controlv1.SidecarMessage {
+	if s.ctl == nil {
+		return nil
 	}
 	if !env.Delegated && code == http.StatusOK && failure == "" && (outs != nil && len(outs.Return) > maxDelegatedReturn || outs == nil && len(ret) > maxDelegatedReturn) {
-		return
+		return nil
 	}
+	var msgs []*controlv1.SidecarMessage
 	fn := strings.TrimPrefix(env.Function, env.Workflow+"-")
 	fin := &controlv1.FunctionFinished{Session: env.Session, Function: fn, InvocationId: env.Invocation}
 	switch {
@@ -211,7 +240,7 @@ func (s *Sidecar) reportOutcome(env *invocation.Envelope, code int, outs *invoca
 			ret = outs.Return
 			for _, o := range outs.Objects {
 				names[o.Bucket+"/"+o.Key] = true
-				_ = s.ctl.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
+				msgs = append(msgs, &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
 					Session: env.Session, Bucket: o.Bucket, Key: o.Key, Size: sizeOf(o), Ref: o.Ref, Inline: inlineOf(o), Metadata: o.Metadata,
 					ProducerFunction: fn, InvocationId: env.Invocation, FiredLocally: o.FiredLocally}}})
 			}
@@ -222,7 +251,7 @@ func (s *Sidecar) reportOutcome(env *invocation.Envelope, code int, outs *invoca
 		}
 		fin.ReturnValue = ret
 	}
-	_ = s.ctl.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionFinished{FunctionFinished: fin}})
+	return append(msgs, &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionFinished{FunctionFinished: fin}})
 }
 
 func sizeOf(o invocation.Object) int64 {

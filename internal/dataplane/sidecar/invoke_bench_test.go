@@ -19,7 +19,9 @@ import (
 // that answers a small return value, straight ("floor") and through the
 // sidecar's handler ("sidecar": fence, decode, idempotency record,
 // detached run; "sidecar-reporting": and the outcome reported over a real
-// control stream), the in-process part of bench/chain's floor path without
+// control stream; "sidecar-dispatched": the report kept for a release
+// instead, as for the operator's dispatcher, which asks for it with
+// invocation.HeaderKeepReport), the in-process part of bench/chain's floor path without
 // Knative and the operator. Side by side in one run:
 //
 //	go test -run XXX -bench Invoke -count 5 ./internal/dataplane/sidecar/
@@ -41,7 +43,8 @@ func BenchmarkInvoke(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		h    http.Handler
-	}{{"floor", fn}, {"sidecar", s.Wrap(fn)}, {"sidecar-reporting", reporting.Wrap(fn)}} {
+		keep bool
+	}{{"floor", fn, false}, {"sidecar", s.Wrap(fn), false}, {"sidecar-reporting", reporting.Wrap(fn), false}, {"sidecar-dispatched", reporting.Wrap(fn), true}} {
 		b.Run(c.name, func(b *testing.B) {
 			srv := httptest.NewServer(c.h)
 			defer srv.Close()
@@ -54,7 +57,12 @@ func BenchmarkInvoke(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				env := invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-f", Session: "s1", Invocation: fmt.Sprintf("s1.%s.%d.%d", c.name, run, i), Args: []byte("hello")}
 				data, _ := json.Marshal(env)
-				resp, err := client.Post(srv.URL, invocation.ContentType, bytes.NewReader(data))
+				req, _ := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(data))
+				req.Header.Set("Content-Type", invocation.ContentType)
+				if c.keep {
+					req.Header.Set(invocation.HeaderKeepReport, "1")
+				}
+				resp, err := client.Do(req)
 				if err != nil {
 					b.Fatal(err)
 				}

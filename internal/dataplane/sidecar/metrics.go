@@ -47,6 +47,7 @@ var (
 	bytesDesc    = prometheus.NewDesc("ziptrail_store_bytes", "Object bytes held in pod memory.", nil, nil)
 	capacityDesc = prometheus.NewDesc("ziptrail_store_capacity_bytes", "The pod's object memory cap.", nil, nil)
 	unackedDesc  = prometheus.NewDesc("ziptrail_sidecar_events_unacknowledged", "Events reported to the operator and kept until it acknowledges them (once a saved checkpoint holds them).", nil, nil)
+	keptDesc     = prometheus.NewDesc("ziptrail_sidecar_reports_kept", "Outcome reports of invocations the operator's dispatcher sent, kept unsent until the operator saves their answers (sent if it does not in time).", nil, nil)
 )
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -54,6 +55,7 @@ func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- bytesDesc
 	ch <- capacityDesc
 	ch <- unackedDesc
+	ch <- keptDesc
 	ch <- recordsDesc
 	ch <- recordBytesDesc
 }
@@ -62,11 +64,12 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(objectsDesc, prometheus.GaugeValue, float64(c.s.Store.Len()))
 	ch <- prometheus.MustNewConstMetric(bytesDesc, prometheus.GaugeValue, float64(c.s.Store.Used()))
 	ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, float64(c.s.cfg.MemoryLimit))
-	unacked := 0
+	unacked, kept := 0, 0
 	if c.s.ctl != nil {
-		unacked = c.s.ctl.Unacked()
+		unacked, kept = c.s.ctl.Unacked(), c.s.ctl.Kept()
 	}
 	ch <- prometheus.MustNewConstMetric(unackedDesc, prometheus.GaugeValue, float64(unacked))
+	ch <- prometheus.MustNewConstMetric(keptDesc, prometheus.GaugeValue, float64(kept))
 	keys, bytes := c.s.records.usage()
 	ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, float64(keys))
 	ch <- prometheus.MustNewConstMetric(recordBytesDesc, prometheus.GaugeValue, float64(bytes))

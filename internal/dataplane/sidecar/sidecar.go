@@ -239,6 +239,7 @@ func (s *Sidecar) Start(ctx context.Context) error {
 					}
 				}})
 		s.ctl.Log = s.cfg.Log
+		s.ctl.KeepFor = s.cfg.KeepReportsFor
 		// The stream outlives SIGTERM (ctx) until the shutdown below is
 		// done: the operator must not take the pod's live group members
 		// for dead while Knative drains it.
@@ -524,22 +525,32 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, body []b
 	// (delegate.go), an engine-dispatched one's so that the operator that
 	// owns the session learns it even when the HTTP client that sent it
 	// is gone (a restart, a handover); the engine applies the outcome
-	// once, whichever arrives first.
+	// once, whichever arrives first. An engine-dispatched one's report is
+	// kept unsent, named in the answer, until the operator releases it
+	// (controlclient/kept.go): the dispatcher's answer is the first copy.
 	report := s.ctl != nil
+	rep := &outcomeReport{}
+	defer rep.end(s) // an answer that ended before its report: nothing kept
 	ow := &outputsWriter{w: w, ctx: r.Context(), limit: s.maxOutputs(), budget: s.outputsBudget(), wait: s.putTimeout(), all: report,
 		// Objects the function sent through the local API are reported on
 		// their own: the response says how many, so none is missed.
 		head: func(h http.Header) {
 			h.Del(invocation.HeaderStaleOwner) // this sidecar's to say, not the function's
+			h.Del(invocation.HeaderOutcomeKept)
 			s.api.MarkOutputsSent(h, env.Session, env.Invocation)
 			if report {
 				h.Set(headerReported, "1")
+				if !env.Delegated && r.Header.Get(invocation.HeaderKeepReport) != "" {
+					rep.kept = s.ctl.Reserve()
+					h.Set(invocation.HeaderOutcomeKept, invocation.FormatKept(s.cfg.Pod, rep.kept))
+				}
 			}
 		}}
 	defer ow.release()
 	fail := func(code int, msg string) {
 		w.Header().Del("Content-Length")
 		w.Header().Del("Content-Type")
+		w.Header().Del(invocation.HeaderOutcomeKept) // a failure is reported at once
 		http.Error(w, msg, code)
 		if report {
 			s.reportOutcome(env, code, nil, nil, 0, msg)
@@ -587,7 +598,7 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, body []b
 			ow.WriteHeader(http.StatusOK)
 		}
 		if report {
-			s.reportOutcome(env, ow.code, nil, nil, 0, "")
+			rep.outcome(s, env, ow.code, nil, nil, 0)
 		}
 		return
 	}
@@ -603,7 +614,7 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, body []b
 	if !invocation.IsOutputs(w.Header().Get("Content-Type")) { // a delegated invocation's plain return value
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(ow.buf.Bytes())
-		s.reportOutcome(env, http.StatusOK, nil, ow.buf.Bytes(), sentLocally, "")
+		rep.outcome(s, env, http.StatusOK, nil, ow.buf.Bytes(), sentLocally)
 		return
 	}
 	outs, err := invocation.DecodeOutputs(ow.buf.Bytes())
@@ -633,7 +644,7 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, body []b
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(out)
 	if report {
-		s.reportOutcome(env, http.StatusOK, outs, nil, sentLocally, "")
+		rep.outcome(s, env, http.StatusOK, outs, nil, sentLocally)
 	}
 }
 

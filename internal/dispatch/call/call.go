@@ -69,6 +69,10 @@ type Options struct {
 	// that saw a newer owner of the fence's checkpoint refuses the
 	// invocation: Result.Err is then a *StaleOwnerError.
 	Fence func(env *invocation.Envelope) string
+	// KeepReport asks the receiving sidecar to keep its report of the
+	// outcome until the sender, having applied the answer, releases it
+	// (invocation.HeaderKeepReport): the operator's dispatcher.
+	KeepReport bool
 }
 
 // ErrStaleOwner matches a *StaleOwnerError.
@@ -266,6 +270,9 @@ func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []by
 	}
 	if fence != "" {
 		req.Header.Set(invocation.HeaderOwnerFence, fence)
+	}
+	if opts.KeepReport {
+		req.Header.Set(invocation.HeaderKeepReport, "1")
 	}
 	if refs := env.Refs(); len(refs) > 0 {
 		req.Header.Set(invocation.HeaderRefs, strings.Join(refs, ","))

@@ -108,6 +108,19 @@ func dialOptions(token TokenSource, opts []grpc.DialOption) []grpc.DialOption {
 // Send queues an event for the operator; with QueueLimit events not
 // acknowledged yet, it waits for room (QueueWait at most).
 func (c *Client) Send(m *controlv1.SidecarMessage) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.waitRoom(); err != nil {
+		return err
+	}
+	c.queue([]*controlv1.SidecarMessage{m})
+	return nil
+}
+
+// waitRoom waits (QueueWait at most) until fewer than QueueLimit events
+// and kept reports wait for the operator. c.mu is held; it is released
+// while waiting.
+func (c *Client) waitRoom() error {
 	limit, wait := c.QueueLimit, c.QueueWait
 	if limit <= 0 {
 		limit = 65536
@@ -116,9 +129,7 @@ func (c *Client) Send(m *controlv1.SidecarMessage) error {
 		wait = 30 * time.Second
 	}
 	var timer *time.Timer
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for len(c.unacked) >= limit {
+	for len(c.unacked)+c.keptFilled >= limit {
 		if timer == nil {
 			timer = time.NewTimer(wait)
 			defer timer.Stop()
@@ -129,11 +140,11 @@ func (c *Client) Send(m *controlv1.SidecarMessage) error {
 		case <-room:
 		case <-timer.C:
 			c.mu.Lock()
-			return fmt.Errorf("%w: %d events wait for the operator's acknowledgement (it acknowledges what a saved checkpoint holds)", ErrQueueFull, len(c.unacked))
+			return fmt.Errorf("%w: %d events and %d kept reports wait for the operator (it acknowledges and releases what a saved checkpoint holds)",
+				ErrQueueFull, len(c.unacked), c.keptFilled)
 		}
 		c.mu.Lock()
 	}
-	c.queue([]*controlv1.SidecarMessage{m})
 	return nil
 }
 

@@ -61,14 +61,22 @@ func (c *Client) Reserve() uint64 {
 
 // Keep holds msgs under id until the operator releases it, or sends them
 // (see above). Keep with no messages ends the reservation: nothing was
-// kept.
-func (c *Client) Keep(id uint64, msgs ...*controlv1.SidecarMessage) {
+// kept. Kept reports count against QueueLimit with the events: with as
+// many waiting, Keep waits for room as Send does, and fails (keeping
+// nothing) with ErrQueueFull after QueueWait.
+func (c *Client) Keep(id uint64, msgs ...*controlv1.SidecarMessage) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if k := c.kept[id]; len(msgs) == 0 || k != nil && k.released && !k.filled {
+		delete(c.kept, id)
+		return nil
+	}
+	if err := c.waitRoom(); err != nil {
+		delete(c.kept, id)
+		return err
+	}
 	k := c.kept[id]
 	switch {
-	case len(msgs) == 0:
-		delete(c.kept, id)
 	case k == nil || k.filled:
 		// Not a reservation of this client: sent, never lost.
 		c.queue(msgs)
@@ -82,12 +90,14 @@ func (c *Client) Keep(id uint64, msgs ...*controlv1.SidecarMessage) {
 		k.msgs, k.filled, k.at, k.n = msgs, true, time.Now(), c.keptN
 		c.keptFilled++
 	}
+	return nil
 }
 
 // release forgets the reports the operator saved.
 func (c *Client) release(ids []uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	freed := false
 	for _, id := range ids {
 		k := c.kept[id]
 		switch {
@@ -95,9 +105,14 @@ func (c *Client) release(ids []uint64) {
 		case k.filled:
 			delete(c.kept, id)
 			c.keptFilled--
+			freed = true
 		default:
 			k.released = true
 		}
+	}
+	if freed {
+		close(c.room)
+		c.room = make(chan struct{})
 	}
 }
 

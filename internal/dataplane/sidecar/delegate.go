@@ -205,14 +205,14 @@ func (r *outcomeReport) outcome(s *Sidecar, env *invocation.Envelope, code int, 
 		s.reportOutcome(env, code, outs, ret, sentLocally, "")
 		return
 	}
-	s.ctl.Keep(r.kept, s.outcomeMessages(env, code, outs, ret, sentLocally, "")...)
+	_ = s.ctl.Keep(r.kept, s.outcomeMessages(env, code, outs, ret, sentLocally, "")...) // as Send's: ErrQueueFull after QueueWait
 	r.kept = 0
 }
 
 // end drops a reservation its answer did not fill.
 func (r *outcomeReport) end(s *Sidecar) {
 	if r.kept != 0 {
-		s.ctl.Keep(r.kept)
+		_ = s.ctl.Keep(r.kept)
 	}
 }
 

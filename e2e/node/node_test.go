@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/ziptrail/ziptrail/internal/localk8s"
@@ -209,11 +210,18 @@ var _ = Describe("Deployments and Services", func() {
 
 		By("scaling up to 5 and down to 1")
 		scale := func(n int32) {
-			s, err := cs.AppsV1().Deployments(ns).GetScale(ctx, "echo", metav1.GetOptions{})
-			Expect(err).NotTo(HaveOccurred())
-			s.Spec.Replicas = n
-			_, err = cs.AppsV1().Deployments(ns).UpdateScale(ctx, "echo", s, metav1.UpdateOptions{})
-			Expect(err).NotTo(HaveOccurred())
+			// The deployment controller writes the Deployment too (its
+			// status): a scale read before that write conflicts with it, and
+			// is read and written again, as kubectl scale does.
+			Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				s, err := cs.AppsV1().Deployments(ns).GetScale(ctx, "echo", metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				s.Spec.Replicas = n
+				_, err = cs.AppsV1().Deployments(ns).UpdateScale(ctx, "echo", s, metav1.UpdateOptions{})
+				return err
+			})).To(Succeed())
 		}
 		scale(5)
 		Eventually(func() []corev1.Pod { return readyPods(ns, "echo") }).Should(HaveLen(5))

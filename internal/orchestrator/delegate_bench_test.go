@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/checkpoint"
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/sidecar"
@@ -49,16 +50,23 @@ func (fixedKeys) Keys(context.Context, string) (*controlv1.Keys, error) {
 // chain between two functions (a ring, Immediate triggers), each behind
 // its own real sidecar connected to the operator's control server, with
 // the engine firing every step (Delegate off) or the producers' sidecars
-// (Delegate on). ms/step is a session's time over its steps.
+// (Delegate on), without checkpoints or saving them in a real Redis.
+// ms/step is a session's time over its steps.
 func BenchmarkChainStep(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		b.Run(fmt.Sprintf("delegate=%v", on), func(b *testing.B) { benchChain(b, on) })
+	for _, redis := range []bool{false, true} {
+		for _, on := range []bool{false, true} {
+			b.Run(fmt.Sprintf("redis=%v/delegate=%v", redis, on), func(b *testing.B) { benchChain(b, on, redis) })
+		}
 	}
 }
 
-func benchChain(b *testing.B, delegate bool) {
+func benchChain(b *testing.B, delegate, redis bool) {
 	const steps = 50
-	o, err := New(Options{Resolver: &testservers.Functions{}, Log: logr.Discard(), Delegate: delegate})
+	opts := Options{Resolver: &testservers.Functions{}, Log: logr.Discard(), Delegate: delegate}
+	if redis {
+		opts.Checkpoint = &checkpoint.Store{Client: testservers.StartRedis(b).Client, Key: "ziptrail:bench:chain"}
+	}
+	o, err := New(opts)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"sort"
 	"strings"
@@ -121,10 +122,30 @@ func TestOperatorRestartMidSession(t *testing.T) {
 
 	second, stop2, done2 := start()
 	defer func() { stop2(); <-done2 }()
-	waitFor(t, "the session to be restored", func() bool {
+	// Seen once in 6 runs under load (2026-12-06): not restored within
+	// 30 s, cause unknown; what the second operator had is said if again.
+	var last string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		s, err := second.Sessions().Get(id)
-		return err == nil && s.State == sessions.Running
-	})
+		if err == nil && s.State == sessions.Running {
+			break
+		}
+		last = fmt.Sprintf("session %v %s %s", err, s.State, s.Error)
+		select {
+		case err := <-done2:
+			t.Fatalf("the second operator's Run ended before it restored the session: %v (%s)", err, last)
+		default:
+		}
+		if time.Now().After(deadline) {
+			data, gen, _, lerr := store.Load(context.Background())
+			var failing error
+			if p := second.failing.Load(); p != nil {
+				failing = *p
+			}
+			t.Fatalf("the session was not restored within 30 s: %s; the checkpoint: generation %d, %d bytes, %v; the second operator's saves: %v",
+				last, gen, len(data), lerr, failing)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := second.Sessions().Wait(ctx, id)

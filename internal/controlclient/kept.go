@@ -68,11 +68,11 @@ func (c *Client) Keep(id uint64, msgs ...*controlv1.SidecarMessage) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if k := c.kept[id]; len(msgs) == 0 || k != nil && k.released && !k.filled {
-		delete(c.kept, id)
+		c.drop(id)
 		return nil
 	}
 	if err := c.waitRoom(); err != nil {
-		delete(c.kept, id)
+		c.drop(id)
 		return err
 	}
 	k := c.kept[id]
@@ -91,6 +91,14 @@ func (c *Client) Keep(id uint64, msgs ...*controlv1.SidecarMessage) error {
 		c.keptFilled++
 	}
 	return nil
+}
+
+// drop forgets the reservation id, kept report or not. c.mu is held.
+func (c *Client) drop(id uint64) {
+	if k := c.kept[id]; k != nil && k.filled {
+		c.keptFilled--
+	}
+	delete(c.kept, id)
 }
 
 // release forgets the reports the operator saved.

@@ -45,19 +45,15 @@ func TestAcksWaitForTheSaveAndHoldTheSenderBack(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = cl.Run(ctx) }()
-	obj := func(key string) *controlv1.SidecarMessage {
-		return &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
-			Session: "s", Bucket: "b", Key: key, Inline: []byte("x")}}}
-	}
 	for _, k := range []string{"a", "b"} {
-		if err := cl.Send(obj(k)); err != nil {
+		if err := cl.Send(objectEvent(k)); err != nil {
 			t.Fatal(err)
 		}
 		<-ev.got // applied
 	}
 	// Applied, not saved: nothing is acknowledged, so a third event finds
 	// the queue full.
-	if err := cl.Send(obj("c")); !errors.Is(err, controlclient.ErrQueueFull) {
+	if err := cl.Send(objectEvent("c")); !errors.Is(err, controlclient.ErrQueueFull) {
 		t.Fatalf("a third event with two awaiting their save: %v, want ErrQueueFull after the wait", err)
 	}
 	if n := cl.Unacked(); n != 2 {
@@ -66,7 +62,7 @@ func TestAcksWaitForTheSaveAndHoldTheSenderBack(t *testing.T) {
 	// A Send waiting for room goes through once a save acknowledges.
 	sent := make(chan error, 1)
 	cl.QueueWait = 20 * time.Second
-	go func() { sent <- cl.Send(obj("d")) }()
+	go func() { sent <- cl.Send(objectEvent("d")) }()
 	ev.save()
 	if err := <-sent; err != nil {
 		t.Fatalf("a Send waiting for room after the save: %v", err)

@@ -27,10 +27,6 @@ func TestKeptReportsAreSentOnlyWhenNotReleased(t *testing.T) {
 	defer cancel()
 	go func() { _ = cl.Run(ctx) }()
 	<-keys
-	obj := func(key string) *controlv1.SidecarMessage {
-		return &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
-			Session: "s", Bucket: "b", Key: key, Inline: []byte("x")}}}
-	}
 	wait := func(what string) {
 		t.Helper()
 		select {
@@ -50,10 +46,10 @@ func TestKeptReportsAreSentOnlyWhenNotReleased(t *testing.T) {
 	}
 
 	released, unreleased, empty := cl.Reserve(), cl.Reserve(), cl.Reserve()
-	cl.Keep(released, obj("released"))
-	cl.Keep(unreleased, obj("unreleased"))
+	cl.Keep(released, objectEvent("released"))
+	cl.Keep(unreleased, objectEvent("unreleased"))
 	cl.Keep(empty) // an answer that ended before its report: nothing kept
-	if err := cl.Send(obj("sent")); err != nil {
+	if err := cl.Send(objectEvent("sent")); err != nil {
 		t.Fatal(err)
 	}
 	wait("the event sent after the kept ones")
@@ -112,10 +108,6 @@ func TestAKeptReportWithoutReleaseIsSentAfterKeepFor(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = cl.Run(ctx) }()
-	obj := func(key string) *controlv1.SidecarMessage {
-		return &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
-			Session: "s", Bucket: "b", Key: key, Inline: []byte("x")}}}
-	}
 	next := func(what string) string {
 		t.Helper()
 		select {
@@ -127,7 +119,7 @@ func TestAKeptReportWithoutReleaseIsSentAfterKeepFor(t *testing.T) {
 		defer rec.mu.Unlock()
 		return rec.objects[len(rec.objects)-1].Key
 	}
-	if err := cl.Send(obj("hello")); err != nil {
+	if err := cl.Send(objectEvent("hello")); err != nil {
 		t.Fatal(err)
 	}
 	next("the first event") // the stream is up and registered
@@ -136,9 +128,9 @@ func TestAKeptReportWithoutReleaseIsSentAfterKeepFor(t *testing.T) {
 	srv.ReleaseKept("ns", map[string][]uint64{"p1": {early}})
 	_ = srv.Drop("ns", "other", nil) // after the release on the same stream
 	<-drops
-	cl.Keep(early, obj("early")) // released before it was filled: dropped
+	cl.Keep(early, objectEvent("early")) // released before it was filled: dropped
 	late := cl.Reserve()
-	cl.Keep(late, obj("late"))
+	cl.Keep(late, objectEvent("late"))
 	if k := next("the report kept without a release"); k != "late" {
 		t.Fatalf("the operator got %q, want late (the released report is never sent)", k)
 	}

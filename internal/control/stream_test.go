@@ -53,6 +53,12 @@ func (a *testAuth) tokens() []string {
 }
 
 // testToken is a TokenSource of a test token.
+// objectEvent is an ObjectReady of key in session s, bucket b.
+func objectEvent(key string) *controlv1.SidecarMessage {
+	return &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
+		Session: "s", Bucket: "b", Key: key, Inline: []byte("x")}}}
+}
+
 func testToken(ns, pod string) controlclient.TokenSource {
 	return func() (string, error) { return "test:" + ns + ":" + pod, nil }
 }
@@ -98,10 +104,6 @@ func TestClientSurvivesOperatorRestart(t *testing.T) {
 	done := make(chan struct{})
 	go func() { _ = cl.Run(ctx); close(done) }()
 
-	obj := func(key string) *controlv1.SidecarMessage {
-		return &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
-			Session: "s", Bucket: "b", Key: key, Inline: []byte("x")}}}
-	}
 	wait := func(what string, ch <-chan struct{}) {
 		t.Helper()
 		select {
@@ -113,7 +115,7 @@ func TestClientSurvivesOperatorRestart(t *testing.T) {
 	if k := <-keys; k.ActiveKeyId != "k1" {
 		t.Fatalf("keys %v", k)
 	}
-	if err := cl.Send(obj("a")); err != nil {
+	if err := cl.Send(objectEvent("a")); err != nil {
 		t.Fatal(err)
 	}
 	wait("first event", rec.got)
@@ -130,7 +132,7 @@ func TestClientSurvivesOperatorRestart(t *testing.T) {
 	// kubelet rotates the token.
 	gs.Stop()
 	for _, k := range []string{"b", "c"} {
-		if err := cl.Send(obj(k)); err != nil {
+		if err := cl.Send(objectEvent(k)); err != nil {
 			t.Fatal(err)
 		}
 	}

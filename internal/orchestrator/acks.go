@@ -130,14 +130,11 @@ var (
 // idempotently.
 
 // keptReleases are the releases waiting for a save, by the channel of the
-// save (afterSave) that holds them.
+// save (afterSave) that holds them, then by namespace and pod.
 type keptReleases struct {
 	mu      sync.Mutex
-	batches map[<-chan struct{}]map[podRef][]uint64
+	batches map[<-chan struct{}]map[string]map[string][]uint64
 }
-
-// podRef names a sidecar by its pod.
-type podRef struct{ namespace, pod string }
 
 // releaseKept releases, after the next save, the report named by the
 // answer h of an invocation of namespace. It is called while the answer's
@@ -149,16 +146,15 @@ func (o *Orchestrator) releaseKept(namespace string, h http.Header) {
 		return
 	}
 	ch := o.afterSave()
-	ref := podRef{namespace, pod}
 	k := &o.kept
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.batches == nil {
-		k.batches = map[<-chan struct{}]map[podRef][]uint64{}
+		k.batches = map[<-chan struct{}]map[string]map[string][]uint64{}
 	}
 	b := k.batches[ch]
 	if b == nil {
-		b = map[podRef][]uint64{}
+		b = map[string]map[string][]uint64{}
 		k.batches[ch] = b
 		var stop <-chan struct{}
 		if o.runCtx != nil {
@@ -166,7 +162,10 @@ func (o *Orchestrator) releaseKept(namespace string, h http.Header) {
 		}
 		go o.sendReleases(ch, stop)
 	}
-	b[ref] = append(b[ref], id)
+	if b[namespace] == nil {
+		b[namespace] = map[string][]uint64{}
+	}
+	b[namespace][pod] = append(b[namespace][pod], id)
 }
 
 // sendReleases waits for the save ch and releases its batch; an owner that
@@ -187,14 +186,7 @@ func (o *Orchestrator) sendReleases(ch <-chan struct{}, stop <-chan struct{}) {
 	if !saved || o.fence.superseded.Load() {
 		return
 	}
-	byNS := map[string]map[string][]uint64{}
-	for ref, ids := range b {
-		if byNS[ref.namespace] == nil {
-			byNS[ref.namespace] = map[string][]uint64{}
-		}
-		byNS[ref.namespace][ref.pod] = ids
-	}
-	for ns, byPod := range byNS {
+	for ns, byPod := range b {
 		o.opts.Control.ReleaseKept(ns, byPod)
 	}
 }

@@ -16,6 +16,10 @@ import (
 // TokenReview (internal/control.TokenReviewer).
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 
+// Direct routing (internal/dispatch/direct) reads the revisions' private
+// EndpointSlices for their ready pods.
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
+
 // Leader election (cmd/operator --leader-elect) uses a Lease.
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 

@@ -70,11 +70,21 @@ func loadavg() string {
 	return strings.TrimSpace(string(b))
 }
 
-func armName(delegate bool) string {
-	if delegate {
-		return "delegated"
+// arm is one way of running a chain: who fires (the engine, or the
+// producers' sidecars for what they can) and how the operator's
+// invocations travel (straight to a ready pod, or through the ingress and
+// the activator: localcluster.SetDirectDispatch, switched at once).
+type arm struct{ delegate, direct bool }
+
+func armName(a arm) string {
+	name := "engine"
+	if a.delegate {
+		name = "delegated"
 	}
-	return "engine"
+	if a.direct {
+		return name + ", direct"
+	}
+	return name + ", route"
 }
 
 // delegatedFirings reads the engine's count of delegated firings (in this
@@ -94,8 +104,8 @@ func delegatedFirings() int {
 
 // schedule is the arm of each block: off, on, on, off, off, on, ... so
 // that neither arm always runs first after a deploy or last.
-func schedule(arms []bool, rounds int) []bool {
-	var out []bool
+func schedule(arms []arm, rounds int) []arm {
+	var out []arm
 	for r := 0; r < rounds; r++ {
 		a := slices.Clone(arms)
 		if r%2 == 1 {
@@ -131,21 +141,22 @@ func measure(ctx context.Context, c *localcluster.Cluster, cfg config, wf *v1alp
 		}
 		return lat, delegatedFirings() - d0, nil
 	}
-	lat := map[bool][]time.Duration{}
-	deleg := map[bool][]int{}
+	lat := map[arm][]time.Duration{}
+	deleg := map[arm][]int{}
 	blocks := schedule(cfg.arms, cfg.rounds)
 	perArm := len(blocks) / len(cfg.arms)
 	for b, on := range blocks {
-		if err := c.SetDelegateTriggers(ctx, on, wf.Namespace); err != nil {
+		if err := c.SetDelegateTriggers(ctx, on.delegate, wf.Namespace); err != nil {
 			return nil, err
 		}
+		c.SetDirectDispatch(on.direct)
 		// Warm-up: for cfg.warmup (a restarted operator's first sessions
 		// are slow: new connections, its controllers' first reconciles)
 		// and until the pods' sidecars have their delegations (the
 		// operator sends them once it has resolved the routes).
 		warm := time.Now().Add(cfg.warmup)
 		want := 0
-		if on {
+		if on.delegate {
 			want = delegable
 		}
 		for misses := 0; ; {

@@ -79,7 +79,8 @@ func floorPath(ctx context.Context, label, dial, url, ns, wfName, svc string, n 
 		return dialer.DialContext(ctx, network, dial)
 	}
 	defer tr.CloseIdleConnections()
-	opts := call.Options{Client: &http.Client{Transport: tr, Timeout: time.Minute}, MaxTries: 1,
+	// As the operator's dispatcher asks (dispatch.New): the report kept.
+	opts := call.Options{Client: &http.Client{Transport: tr, Timeout: time.Minute}, MaxTries: 1, KeepReport: true,
 		URL: func(context.Context, *invocation.Envelope) (string, error) { return url, nil }}
 	opts.Defaults()
 	one := func(i int) (time.Duration, error) {

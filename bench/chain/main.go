@@ -73,6 +73,8 @@ func main() {
 	ringFunctions := flag.Int("ring-functions", 10, "functions (pods) in the ring")
 	floorN := flag.Int("floor", 2000, "also measure this many invocations of a warm function sent as the dispatcher sends them, without a session (floor.go; 0: no)")
 	delegate := flag.String("delegate", "both", "who fires Immediate and ByName triggers: off (the engine), on (the producers' sidecars, delegated firing) or both, alternating on one cluster")
+	route := flag.String("route", "direct", "how the operator sends invocations: direct (straight to a ready pod), url (through the ingress and the activator) or both, "+
+		"alternating on one cluster (localcluster.SetDirectDispatch, no restart)")
 	rounds := flag.Int("rounds", 2, "with -delegate both: blocks per arm, alternating (off, on, on, off, ...), each after a switch and a warm-up session")
 	warmup := flag.Duration("warmup", 5*time.Second, "warm-up sessions run at least this long at the start of each block")
 	out := flag.String("out", "docs/bench", "directory for chain.json (empty: none)")
@@ -81,7 +83,7 @@ func main() {
 	perf := flag.Bool("perf", false, "with -profile-dir: also `perf record -a -g` each block (every process on the host)")
 	keep := flag.String("state-dir", "", "the local cluster's state directory, kept afterwards (pods' and components' logs; default: a temporary one, removed)")
 	flag.Parse()
-	arms, err := parseArms(*delegate)
+	arms, err := parseArms(*delegate, *route)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "chain:", err)
 		os.Exit(2)
@@ -114,23 +116,42 @@ type config struct {
 	sessions, ring, rounds int
 	ringFunctions          int
 	floor                  int
-	arms                   []bool // delegation off and/or on
+	arms                   []arm // delegation off and/or on, each direct and/or by the route
 	out, profileDir        string
 	stateDir               string
 	perf                   bool
 	warmup                 time.Duration
 }
 
-func parseArms(s string) ([]bool, error) {
-	switch s {
+func parseArms(delegate, route string) ([]arm, error) {
+	var ds, rs []bool
+	switch delegate {
 	case "off":
-		return []bool{false}, nil
+		ds = []bool{false}
 	case "on":
-		return []bool{true}, nil
+		ds = []bool{true}
 	case "both":
-		return []bool{false, true}, nil
+		ds = []bool{false, true}
+	default:
+		return nil, fmt.Errorf("-delegate %q: want off, on or both", delegate)
 	}
-	return nil, fmt.Errorf("-delegate %q: want off, on or both", s)
+	switch route {
+	case "direct":
+		rs = []bool{true}
+	case "url":
+		rs = []bool{false}
+	case "both":
+		rs = []bool{true, false}
+	default:
+		return nil, fmt.Errorf("-route %q: want direct, url or both", route)
+	}
+	var arms []arm
+	for _, d := range ds {
+		for _, r := range rs {
+			arms = append(arms, arm{delegate: d, direct: r})
+		}
+	}
+	return arms, nil
 }
 
 func run(cfg config) error {
@@ -148,7 +169,7 @@ func run(cfg config) error {
 	// chain's, not cold starts'.
 	// Two nodes: 100 functions need 100 pods, and each queue-proxy
 	// requests 25m of CPU (Knative's default) from a node of NumCPU cores.
-	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: os.Stderr, DelegateTriggers: cfg.arms[0],
+	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: os.Stderr, DelegateTriggers: cfg.arms[0].delegate, RouteOnly: !cfg.arms[0].direct,
 		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1"}},
 		Kubernetes: localk8s.Options{NetPrefix: "ztc", ClusterCIDR: netip.MustParsePrefix("10.218.0.0/16"),
 			ServiceCIDR: netip.MustParsePrefix("10.104.0.0/16"), WaitForHost: 30 * time.Minute}})

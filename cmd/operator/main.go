@@ -27,6 +27,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -39,6 +40,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dispatch"
+	"github.com/ziptrail/ziptrail/internal/dispatch/direct"
 	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/orchestrator"
@@ -61,7 +63,7 @@ type config struct {
 	keyReaders                                       string
 	podWebhook                                       podWebhookConfig
 	shard                                            shardConfig
-	delegate                                         bool
+	delegate, direct                                 bool
 	limits                                           orchestrator.Limits
 	drainTimeout, redispatchAfter, saveTimeout       time.Duration
 }
@@ -98,6 +100,8 @@ func main() {
 	flag.DurationVar(&c.resultGrace, "result-grace", orchestrator.DefaultResultGrace, "how long a session's result stays readable after its first full read when its client does not acknowledge it (docs/gateway.md)")
 	flag.BoolVar(&c.delegate, "delegate-triggers", false, "let producers' sidecars fire their workflow's Immediate and ByName triggers themselves, "+
 		"reporting to the engine, which stays the authority (docs/design.md, 'Delegated firing')")
+	flag.BoolVar(&c.direct, "direct-dispatch", true, "send each invocation straight to a ready pod of its function's revision (its queue-proxy), as Knative's activator does, "+
+		"instead of through the ingress and the activator; a revision without a ready pod, a split traffic and a pod's overload go by the route (docs/dispatch.md)")
 	flag.DurationVar(&c.drainTimeout, "engine-drain-timeout", 10*time.Second, "on a graceful stop (rollout, upgrade, a demoted bucket), how long calls in flight may take before the last save "+
 		"(keep it under the pod's terminationGracePeriodSeconds)")
 	flag.DurationVar(&c.redispatchAfter, "engine-redispatch-after", orchestrator.DefaultRedispatchAfter, "after a restore, how long to wait for news of an invocation in flight "+
@@ -130,6 +134,7 @@ func run(c config) error {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Client:                  clientOptions(), // Secrets uncached (cache.go)
+		Cache:                   cache.Options{ByObject: direct.CacheOptions()},
 		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
 		HealthProbeBindAddress:  c.probeAddr,
 		LeaderElection:          c.leaderElect,
@@ -201,6 +206,9 @@ func run(c config) error {
 			}
 			return err == nil && wf.DeletionTimestamp.IsZero(), err
 		},
+	}
+	if c.direct {
+		opts.Router = &direct.Router{Reader: mgr.GetClient()}
 	}
 	var eng *engine
 	if c.shard.buckets > 0 {

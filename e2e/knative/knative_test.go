@@ -15,6 +15,8 @@ import (
 	netv1alpha1 "knative.dev/networking/pkg/apis/networking/v1alpha1"
 	"knative.dev/pkg/apis"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+
+	"github.com/ziptrail/ziptrail/internal/dispatch/direct"
 )
 
 const echoImage = "ziptrail.dev/e2e/echo:latest"
@@ -288,6 +290,9 @@ spec:
 		Expect(err).NotTo(HaveOccurred(), out)
 		svc := waitReady(ns, name)
 		Expect(svc.Status.Traffic).To(HaveLen(2))
+		// A split is Knative's to make: direct routing leaves it to the
+		// route (internal/dispatch/direct).
+		Expect(direct.Revision(svc)).To(BeEmpty())
 	})
 
 	It("splits 90/10 between two revisions within ±5 % over 500 requests", func() {

@@ -66,6 +66,12 @@ type Options struct {
 	// ErrStaleOwner; not retried). It is called for every invocation and
 	// must be safe for concurrent use.
 	Fence func(env *invocation.Envelope) string
+	// Router, when set, picks a ready pod of the function's revision for
+	// each invocation, which then goes straight to that pod's
+	// queue-proxy instead of through the ingress and the activator
+	// (package direct; call.Options.Router says when the route takes it
+	// after all).
+	Router call.Router
 }
 
 // ErrStaleOwner matches a receiving sidecar's refusal of an invocation
@@ -124,6 +130,19 @@ func New(opts Options) (*Dispatcher, error) {
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = 1 << 20
 	}
+	// Requests straight to pods dial the pod, whatever Ingress says.
+	direct := opts.Client
+	if opts.Router != nil {
+		base, _ := opts.Client.Transport.(*http.Transport)
+		if base == nil {
+			base = http.DefaultTransport.(*http.Transport)
+		}
+		tr := base.Clone()
+		tr.MaxIdleConnsPerHost = opts.Concurrency
+		c := *opts.Client
+		c.Transport = tr
+		direct = &c
+	}
 	if opts.Ingress != "" {
 		// Dial the ingress whatever the URL's host; the Host header routes.
 		base, _ := opts.Client.Transport.(*http.Transport)
@@ -146,8 +165,11 @@ func New(opts Options) (*Dispatcher, error) {
 		MaxBody: opts.MaxBody, ProducerNode: opts.ProducerNode, Receivers: &call.Receivers{}, Fence: opts.Fence,
 		// The orchestrator releases the report each answer names, once a
 		// save holds the answer (orchestrator/acks.go).
-		KeepReport: true,
-		OnRetry:    func(reason string) { retries.WithLabelValues(reason).Inc() },
+		KeepReport:   true,
+		Router:       opts.Router,
+		DirectClient: direct,
+		OnRetry:      func(reason string) { retries.WithLabelValues(reason).Inc() },
+		OnRoute:      func(route string) { routes.WithLabelValues(route).Inc() },
 		URL: func(ctx context.Context, env *invocation.Envelope) (string, error) {
 			u, err := opts.Resolver.URL(ctx, env.Namespace, env.Function)
 			if err != nil {

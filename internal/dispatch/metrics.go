@@ -28,6 +28,11 @@ var (
 		Name: "ziptrail_invocation_queue_full_total",
 		Help: "Invocations refused because the dispatch queue was full.",
 	})
+	routes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ziptrail_invocation_requests_total",
+		Help: "Requests sent for invocations, by route: direct (straight to a ready pod's queue-proxy), fallback (straight to a pod that did not take it, " +
+			"then sent by the route at once), url (through Knative's ingress and activator).",
+	}, []string{"route"})
 	queued = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "ziptrail_invocations_queued",
 		Help: "Invocations waiting for a dispatch worker.",
@@ -35,10 +40,13 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(latency, inflight, retries, queueFull, queued)
+	metrics.Registry.MustRegister(latency, inflight, retries, queueFull, queued, routes)
 	for _, r := range []string{call.RetryNotSent, call.RetryRefused, call.RetryDNS, call.RetryResolve, call.RetryUnavailable,
 		call.RetryLostResponse, call.RetryGateway} {
 		retries.WithLabelValues(r) // exported from 0
+	}
+	for _, r := range []string{call.RouteDirect, call.RouteFallback, call.RouteURL} {
+		routes.WithLabelValues(r)
 	}
 }
 

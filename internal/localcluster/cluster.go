@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -43,6 +44,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/dispatch"
+	"github.com/ziptrail/ziptrail/internal/dispatch/direct"
 	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/localk8s"
 	"github.com/ziptrail/ziptrail/internal/localknative"
@@ -91,8 +93,15 @@ type Options struct {
 	// environment's ZIPTRAIL_DELEGATE_TRIGGERS (true or false), when set,
 	// overrides it: a suite runs with either setting unchanged.
 	DelegateTriggers bool
-	Log              io.Writer   // progress output; default io.Discard
-	LogLevel         zap.Options // controller logs
+	// RouteOnly sends every invocation of the operator through the
+	// ingress and the activator, as the operator's --direct-dispatch=false
+	// does; by default invocations go straight to a ready pod
+	// (dispatch/direct). The environment's ZIPTRAIL_DIRECT_DISPATCH (true
+	// or false), when set, overrides it. SetDirectDispatch switches it on
+	// a running cluster.
+	RouteOnly bool
+	Log       io.Writer   // progress output; default io.Discard
+	LogLevel  zap.Options // controller logs
 }
 
 // State is what a running cluster writes to <state dir>/cluster.json, so
@@ -145,13 +154,16 @@ type Cluster struct {
 	InputsAddr   string // large session inputs, on the host address
 
 	// opMu guards operator, which the supervisor replaces (supervise).
-	opMu     sync.Mutex
-	operator *operatorRun
-	down     bool // Down began: the supervisor restarts nothing
-	restarts atomic.Int64
-	gw       atomic.Pointer[gateway.Handler]
-	gateway  *http.Server
-	tiers    *tierServers
+	opMu sync.Mutex
+	// routeOnly: the operator sends every invocation by the route
+	// (Options.RouteOnly, SetDirectDispatch).
+	routeOnly atomic.Bool
+	operator  *operatorRun
+	down      bool // Down began: the supervisor restarts nothing
+	restarts  atomic.Int64
+	gw        atomic.Pointer[gateway.Handler]
+	gateway   *http.Server
+	tiers     *tierServers
 	// podWebhook gives queue-proxy the same-node directory (samenode.go).
 	podWebhook *http.Server
 }
@@ -197,6 +209,9 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if opts.Nodes <= 0 {
 		opts.Nodes = 1
 	}
+	if err := directFromEnv(&opts); err != nil {
+		return nil, err
+	}
 	if err := delegateFromEnv(&opts); err != nil {
 		return nil, err
 	}
@@ -211,6 +226,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	step := func(format string, args ...any) { fmt.Fprintf(opts.Log, "==> "+format+"\n", args...) }
 	c := &Cluster{opts: opts}
+	c.routeOnly.Store(opts.RouteOnly)
 	defer func() {
 		if err != nil {
 			_ = c.Down(context.WithoutCancel(ctx))
@@ -413,6 +429,7 @@ func portOf(addr string) int {
 
 func newManager(cfg *rest.Config) (ctrl.Manager, error) {
 	return ctrl.NewManager(cfg, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache: cache.Options{ByObject: direct.CacheOptions()},
 		// A restarted operator registers its controllers again in this process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 }
@@ -596,7 +613,10 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		Inputs:  inputs,
 		// Delegated firing (docs/design.md), as the chart's
 		// engine.delegateTriggers.
-		Delegate:    c.opts.DelegateTriggers,
+		Delegate: c.opts.DelegateTriggers,
+		// Straight to ready pods, as the chart's operator (its
+		// --direct-dispatch); the switch is the cluster's, for benchmarks.
+		Router:      switchedRouter{c: c, r: &direct.Router{Reader: mgr.GetClient()}},
 		Limits:      limits,
 		LimitEvents: limitEvents,
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dispatch"
+	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 	"github.com/ziptrail/ziptrail/internal/engine"
 	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/invocation"
@@ -33,8 +34,12 @@ import (
 
 // Options configure an Orchestrator.
 type Options struct {
-	Resolver   dispatch.Resolver
-	Ingress    string // see dispatch.Options.Ingress
+	Resolver dispatch.Resolver
+	Ingress  string // see dispatch.Options.Ingress
+	// Router, when set, sends invocations straight to a ready pod of the
+	// function's revision (see dispatch.Options.Router, package
+	// dispatch/direct).
+	Router     call.Router
 	Control    *control.Server
 	Checkpoint *checkpoint.Store
 	// TickInterval is how often the engine's clock advances (ByTime windows,
@@ -249,7 +254,7 @@ func New(opts Options) (*Orchestrator, error) {
 	}
 	o.engine.SetPool(opts.pool)
 	d, err := dispatch.New(dispatch.Options{Resolver: opts.Resolver, Ingress: opts.Ingress, Concurrency: opts.Concurrency,
-		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult, ProducerNode: o.producerNode, Fence: o.ownerFence})
+		MaxBody: invocation.MaxEnvelopeBytes, OnResult: o.onResult, ProducerNode: o.producerNode, Fence: o.ownerFence, Router: opts.Router})
 	if err != nil {
 		return nil, err
 	}

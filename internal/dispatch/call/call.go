@@ -73,7 +73,55 @@ type Options struct {
 	// outcome until the sender, having applied the answer, releases it
 	// (invocation.HeaderKeepReport): the operator's dispatcher.
 	KeepReport bool
+	// Router, when set, picks a ready pod for each try, to which the
+	// invocation goes straight (its queue-proxy's port, with
+	// DirectClient) instead of by URL through Knative's ingress and
+	// activator. A try the pod provably did not take (no connection;
+	// 502, 503 or 429 from before the function: queue-proxy's overload)
+	// goes by URL at once, in the same try; a lost answer is asked of
+	// the same pod again, whose sidecar answers from its record.
+	Router Router
+	// DirectClient sends the Router's tries (default Client).
+	DirectClient *http.Client
+	// OnRoute, when set, is called for every request sent, with its
+	// route: RouteDirect, RouteFallback (a pod's refusal, then by URL),
+	// RouteURL.
+	OnRoute func(route string)
 }
+
+// Routes a request takes (Options.OnRoute).
+const (
+	RouteDirect   = "direct"   // straight to the pod the Router picked
+	RouteFallback = "fallback" // the picked pod did not take it: by URL at once
+	RouteURL      = "url"      // by URL: Knative's ingress and activator
+)
+
+func (o *Options) onRoute(route string) {
+	if o.OnRoute != nil {
+		o.OnRoute(route)
+	}
+}
+
+// Router picks where an invocation goes straight to, as Knative's
+// activator picks a pod of a revision. It must be safe for concurrent use.
+type Router interface {
+	// Pick returns the address (host:port) of a ready pod of env's
+	// service with room for one more request, preferring node (the
+	// producer's, "" when unknown), and done, to be called once with
+	// the try's verdict when the try ended; "" (and a nil done) sends
+	// the invocation by its URL.
+	Pick(env *invocation.Envelope, node string) (addr string, done func(Verdict))
+}
+
+// Verdict is how a try sent straight to a pod ended, for its Router.
+type Verdict int
+
+const (
+	Answered   Verdict = iota // the pod answered (whatever the function said)
+	Unreached                 // no connection: the pod is gone or not listening
+	Overloaded                // 502, 503 or 429 from before the function
+	Lost                      // the request was written and its answer lost
+)
 
 // ErrStaleOwner matches a *StaleOwnerError.
 var ErrStaleOwner = errors.New("refused as from a stale engine owner")
@@ -186,8 +234,9 @@ func Send(ctx context.Context, opts *Options, env *invocation.Envelope) Result {
 		}
 	}
 	backoff := opts.BaseBackoff
+	pin := "" // a pod whose answer was lost: its sidecar has the record
 	for res.Tries = 1; ; res.Tries++ {
-		tr := try(ctx, opts, env, body, fence, res.Tries == 1)
+		tr := try(ctx, opts, env, body, fence, res.Tries == 1, &pin)
 		res.Status, res.Header, res.Body, res.Err = tr.status, tr.header, tr.body, tr.err
 		opts.Receivers.learn(env, tr.header)
 		reason := RetryReason(env, tr.status, tr.header, tr.err, tr.written, opts.Receivers.Honours(env))
@@ -229,7 +278,10 @@ type tried struct {
 	written bool // the request had a connection: it may have reached the function
 }
 
-func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []byte, fence string, first bool) (t tried) {
+// try sends env once: straight to a pod when opts.Router picks one (or
+// to *pin, the pod of a lost answer), by URL when it does not or when
+// the pod provably did not take it.
+func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []byte, fence string, first bool, pin *string) (t tried) {
 	wrote := func(bool) {}
 	if first && opts.Wrote != nil {
 		once := false
@@ -240,12 +292,76 @@ func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []by
 			}
 		}
 	}
+	node := ""
+	if opts.ProducerNode != nil {
+		if node = opts.ProducerNode(env); !validHeaderValue(node) {
+			node = ""
+		}
+	}
+	if opts.Router != nil {
+		addr, done := *pin, func(Verdict) {}
+		if addr == "" {
+			addr, done = opts.Router.Pick(env, node)
+		}
+		if addr != "" {
+			client := opts.DirectClient
+			if client == nil {
+				client = opts.Client
+			}
+			// A failure before the function is not the caller's to see:
+			// the route is tried at once, and Wrote learns only of it.
+			direct := func(ok bool) {
+				if ok {
+					wrote(true)
+				}
+			}
+			t = attempt(ctx, opts, client, "http://"+addr+"/", env, body, fence, node, direct)
+			v := verdict(env, t)
+			done(v)
+			switch v {
+			case Answered:
+				*pin = ""
+				opts.onRoute(RouteDirect)
+				return t
+			case Lost:
+				// Sent again, to the same pod: its sidecar answers
+				// from its record or waits for the run.
+				*pin = addr
+				opts.onRoute(RouteDirect)
+				return t
+			}
+			*pin = ""
+			opts.onRoute(RouteFallback)
+		}
+	}
 	u, err := opts.URL(ctx, env)
 	if err != nil {
 		wrote(false)
-		t.err = resolveError{fmt.Errorf("resolve %s/%s: %w", env.Namespace, env.Function, err)}
+		t = tried{err: resolveError{fmt.Errorf("resolve %s/%s: %w", env.Namespace, env.Function, err)}}
 		return t
 	}
+	opts.onRoute(RouteURL)
+	return attempt(ctx, opts, opts.Client, u, env, body, fence, node, wrote)
+}
+
+// verdict reads a try sent straight to a pod.
+func verdict(env *invocation.Envelope, t tried) Verdict {
+	switch {
+	case t.err != nil && !t.written:
+		return Unreached
+	case t.err != nil && errors.As(t.err, new(permanentError)):
+		return Answered
+	case t.err != nil:
+		return Lost
+	}
+	if RetryReason(env, t.status, t.header, nil, true, false) == RetryUnavailable {
+		return Overloaded
+	}
+	return Answered
+}
+
+// attempt sends env's request to u with client.
+func attempt(ctx context.Context, opts *Options, client *http.Client, u string, env *invocation.Envelope, body []byte, fence, node string, wrote func(bool)) (t tried) {
 	// Nothing can have reached the function before the transport had a
 	// connection (GotConn runs on Do's goroutine, before anything is
 	// written); once it had one, only an answer proves anything.
@@ -277,12 +393,10 @@ func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []by
 	if refs := env.Refs(); len(refs) > 0 {
 		req.Header.Set(invocation.HeaderRefs, strings.Join(refs, ","))
 	}
-	if opts.ProducerNode != nil {
-		if node := opts.ProducerNode(env); node != "" && validHeaderValue(node) {
-			req.Header.Set(invocation.HeaderProducerNode, node)
-		}
+	if node != "" {
+		req.Header.Set(invocation.HeaderProducerNode, node)
 	}
-	resp, err := opts.Client.Do(req)
+	resp, err := client.Do(req)
 	t.written = connected.Load()
 	if err != nil {
 		wrote(false)

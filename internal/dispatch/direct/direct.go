@@ -1,0 +1,321 @@
+// Package direct picks, for each invocation the operator's dispatcher
+// sends, a ready pod of the function's Knative revision, so that the
+// request goes straight to that pod's queue-proxy instead of through
+// Knative's ingress and activator — as Knative's activator itself picks a
+// pod once a revision has some (docs/dispatch.md, "Direct routing").
+//
+// What it relies on of Knative, pinned by e2e/knative's
+// TestDirectRoutingPins: a revision's private Service (the
+// ServerlessService's, `<revision>-private`) selects the revision's pods;
+// its EndpointSlices carry the revision's and the service type's labels
+// (serving.knative.dev/revision, networking.internal.knative.dev/serviceType
+// = Private) and a port named "http" that is queue-proxy's serving port;
+// an endpoint is ready when queue-proxy's readiness probe passes. A
+// Service whose traffic is split, a revision with no ready pod (scaled to
+// zero, cold), an h2c revision (no "http" port) and a pod at its
+// containerConcurrency are all sent by the route, so scale-from-zero,
+// Knative's buffering and traffic splits stay Knative's. Queue-proxy
+// counts the requests it serves, so the autoscaler sees the direct load
+// as it sees the activator's.
+package direct
+
+import (
+	"context"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	netapi "knative.dev/networking/pkg/apis/networking"
+	"knative.dev/serving/pkg/apis/serving"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+	"knative.dev/serving/pkg/networking"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ziptrail/ziptrail/internal/dispatch/call"
+	"github.com/ziptrail/ziptrail/internal/invocation"
+)
+
+// DefaultTTL is how long a Service's revision and that revision's ready
+// pods are kept before they are read again (from the manager's cache).
+const DefaultTTL = 500 * time.Millisecond
+
+// PortName is the name of queue-proxy's HTTP/1 serving port on a
+// revision's private Service (networking.ServicePortNameHTTP1).
+const PortName = netapi.ServicePortNameHTTP1
+
+// Router is a call.Router over a Kubernetes client (the operator's
+// cache): Knative Services for their revision, the revisions' private
+// EndpointSlices for their ready pods. The zero value is not usable; set
+// Reader.
+type Router struct {
+	Reader client.Reader
+	TTL    time.Duration    // default DefaultTTL
+	Now    func() time.Time // default time.Now
+
+	mu       sync.Mutex
+	services map[string]*service // namespace/service
+	inflight map[string]int      // pod address → requests sent straight to it and not ended
+}
+
+// service is what one Knative Service routes to, read at most every TTL.
+type service struct {
+	read     time.Time
+	revision string // "" when traffic is split or no revision is ready
+	cc       int    // the revision's containerConcurrency (0: unlimited)
+	pods     []Pod  // its ready pods
+	// refreshing: a read is under way; others use what is known.
+	refreshing bool
+}
+
+// Pod is a ready pod of a revision: its queue-proxy's address and its node.
+type Pod struct{ Addr, Node string }
+
+var _ call.Router = (*Router)(nil)
+
+// Pick implements call.Router: a ready pod with room on node when there
+// is one, else the least loaded of two picked at random among those with
+// room; "" when none (the route takes it).
+func (r *Router) Pick(env *invocation.Envelope, node string) (string, func(call.Verdict)) {
+	svc := r.service(env.Namespace, env.Function)
+	if svc == nil || len(svc.pods) == 0 {
+		return "", nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	addr := pick(svc.pods, svc.cc, node, r.inflight)
+	if addr == "" {
+		return "", nil
+	}
+	if r.inflight == nil {
+		r.inflight = map[string]int{}
+	}
+	r.inflight[addr]++
+	once := false
+	return addr, func(v call.Verdict) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if once {
+			return
+		}
+		once = true
+		if r.inflight[addr] <= 1 {
+			delete(r.inflight, addr)
+		} else {
+			r.inflight[addr]--
+		}
+		if v == call.Unreached || v == call.Overloaded {
+			// Not this pod, until the next read says otherwise.
+			r.forget(env.Namespace, env.Function, addr)
+		}
+	}
+}
+
+// pick chooses among pods (under the Router's lock): on node first, then
+// the less loaded of two random choices, skipping pods at cc.
+func pick(pods []Pod, cc int, node string, inflight map[string]int) string {
+	room := func(p Pod) bool { return cc <= 0 || inflight[p.Addr] < cc }
+	if node != "" {
+		best, load := "", -1
+		for _, p := range pods {
+			if p.Node == node && room(p) && (load < 0 || inflight[p.Addr] < load) {
+				best, load = p.Addr, inflight[p.Addr]
+			}
+		}
+		if best != "" {
+			return best
+		}
+	}
+	a, b := pods[rand.IntN(len(pods))], pods[rand.IntN(len(pods))]
+	if inflight[b.Addr] < inflight[a.Addr] {
+		a, b = b, a
+	}
+	for _, p := range []Pod{a, b} {
+		if room(p) {
+			return p.Addr
+		}
+	}
+	// Both full: any with room (a pod at cc would queue in queue-proxy,
+	// where the activator would have held the request).
+	start := rand.IntN(len(pods))
+	for i := range pods {
+		if p := pods[(start+i)%len(pods)]; room(p) {
+			return p.Addr
+		}
+	}
+	return ""
+}
+
+// forget drops addr from a Service's pods (under the lock).
+func (r *Router) forget(namespace, name, addr string) {
+	svc := r.services[namespace+"/"+name]
+	if svc == nil {
+		return
+	}
+	pods := make([]Pod, 0, len(svc.pods))
+	for _, p := range svc.pods {
+		if p.Addr != addr {
+			pods = append(pods, p)
+		}
+	}
+	cp := *svc
+	cp.pods = pods
+	r.services[namespace+"/"+name] = &cp
+}
+
+// service returns what namespace/name routes to, reading it again when
+// it is older than the TTL (one reader at a time; the others use the old
+// one, or the route when there is none yet).
+func (r *Router) service(namespace, name string) *service {
+	now := r.now()
+	key := namespace + "/" + name
+	r.mu.Lock()
+	svc := r.services[key]
+	fresh := svc != nil && now.Sub(svc.read) < r.ttl()
+	if fresh || (svc != nil && svc.refreshing) {
+		r.mu.Unlock()
+		return svc
+	}
+	if r.services == nil {
+		r.services = map[string]*service{}
+	}
+	if svc != nil {
+		// Stale: this request goes where the last read said, and the
+		// next ones where a read in the background says.
+		cp := *svc
+		cp.refreshing = true
+		r.services[key] = &cp
+		r.mu.Unlock()
+		go r.refresh(namespace, name, now)
+		return svc
+	}
+	r.services[key] = &service{refreshing: true}
+	r.mu.Unlock()
+	return r.refresh(namespace, name, now)
+}
+
+// refresh reads namespace/name and keeps what it read.
+func (r *Router) refresh(namespace, name string, now time.Time) *service {
+	ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+	defer cancel()
+	read := r.read(ctx, namespace, name)
+	read.read = now
+	r.mu.Lock()
+	r.services[namespace+"/"+name] = read
+	r.mu.Unlock()
+	return read
+}
+
+// readTimeout bounds one read of the cache (its first read of
+// EndpointSlices waits for the informer's sync).
+const readTimeout = 2 * time.Second
+
+// read reads a Service's revision and its ready pods; on any failure, a
+// service with none (the route is used until the next read).
+func (r *Router) read(ctx context.Context, namespace, name string) *service {
+	out := &service{}
+	var ksvc servingv1.Service
+	if err := r.Reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &ksvc); err != nil {
+		return out
+	}
+	rev := Revision(&ksvc)
+	if rev == "" {
+		return out
+	}
+	out.revision = rev
+	if cc := ksvc.Spec.Template.Spec.ContainerConcurrency; cc != nil && ksvc.Status.LatestCreatedRevisionName == rev {
+		out.cc = int(*cc)
+	}
+	var slices discoveryv1.EndpointSliceList
+	if err := r.Reader.List(ctx, &slices, client.InNamespace(namespace), client.MatchingLabels(SliceLabels(rev))); err != nil {
+		return out
+	}
+	out.pods = ReadyPods(slices.Items)
+	return out
+}
+
+// Revision is the revision that all of a Knative Service's traffic goes
+// to, "" when its traffic is split or not ready: such a Service is sent
+// by the route.
+func Revision(ksvc *servingv1.Service) string {
+	if !ksvc.IsReady() {
+		return ""
+	}
+	rev := ""
+	for _, t := range ksvc.Status.Traffic {
+		if t.Percent == nil || *t.Percent == 0 {
+			continue
+		}
+		if *t.Percent != 100 || rev != "" {
+			return ""
+		}
+		rev = t.RevisionName
+	}
+	return rev
+}
+
+// SliceLabels select a revision's private-Service EndpointSlices.
+func SliceLabels(revision string) map[string]string {
+	return map[string]string{serving.RevisionLabelKey: revision, networking.ServiceTypeKey: string(networking.ServiceTypePrivate)}
+}
+
+// ReadyPods are the ready, not terminating endpoints of slices at their
+// "http" port, each once.
+func ReadyPods(slices []discoveryv1.EndpointSlice) []Pod {
+	var pods []Pod
+	seen := map[string]bool{}
+	for i := range slices {
+		s := &slices[i]
+		port := int32(0)
+		for _, p := range s.Ports {
+			if p.Name != nil && *p.Name == PortName && p.Port != nil {
+				port = *p.Port
+			}
+		}
+		if port == 0 || (s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6) {
+			continue
+		}
+		for _, e := range s.Endpoints {
+			if e.Conditions.Ready == nil || !*e.Conditions.Ready || (e.Conditions.Terminating != nil && *e.Conditions.Terminating) || len(e.Addresses) == 0 {
+				continue
+			}
+			addr := net.JoinHostPort(e.Addresses[0], strconv.Itoa(int(port)))
+			if seen[addr] {
+				continue
+			}
+			seen[addr] = true
+			node := ""
+			if e.NodeName != nil {
+				node = *e.NodeName
+			}
+			pods = append(pods, Pod{Addr: addr, Node: node})
+		}
+	}
+	return pods
+}
+
+func (r *Router) ttl() time.Duration {
+	if r.TTL > 0 {
+		return r.TTL
+	}
+	return DefaultTTL
+}
+
+func (r *Router) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// CacheOptions restrict a manager's cache of EndpointSlices to Knative's
+// private ones (the Router reads no other), so that the operator does not
+// hold every EndpointSlice of the cluster.
+func CacheOptions() map[client.Object]cache.ByObject {
+	return map[client.Object]cache.ByObject{&discoveryv1.EndpointSlice{}: {
+		Label: labels.SelectorFromSet(labels.Set{networking.ServiceTypeKey: string(networking.ServiceTypePrivate)})}}
+}

@@ -1,0 +1,107 @@
+package direct
+
+import (
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/utils/ptr"
+	"knative.dev/pkg/apis"
+	duckv1 "knative.dev/pkg/apis/duck/v1"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+)
+
+func endpoint(ip, node string, ready, terminating bool) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: []string{ip}, NodeName: ptr.To(node),
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready), Terminating: ptr.To(terminating)}}
+}
+
+func TestReadyPodsAreTheReadyEndpointsAtTheHTTPPort(t *testing.T) {
+	slices := []discoveryv1.EndpointSlice{
+		{AddressType: discoveryv1.AddressTypeIPv4,
+			Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8012)}, {Name: ptr.To("https"), Port: ptr.To[int32](8112)}},
+			Endpoints: []discoveryv1.Endpoint{
+				endpoint("10.0.0.1", "n1", true, false),
+				endpoint("10.0.0.2", "n2", false, false), // not ready
+				endpoint("10.0.0.3", "n2", true, true),   // terminating
+				endpoint("10.0.0.4", "n2", true, false),
+			}},
+		// The same pod in a second slice (a slice being replaced).
+		{AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8012)}},
+			Endpoints: []discoveryv1.Endpoint{endpoint("10.0.0.1", "n1", true, false)}},
+		// An h2c revision: no "http" port; not ours to send to.
+		{AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http2"), Port: ptr.To[int32](8013)}},
+			Endpoints: []discoveryv1.Endpoint{endpoint("10.0.0.5", "n1", true, false)}},
+		{AddressType: discoveryv1.AddressTypeFQDN, Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8012)}},
+			Endpoints: []discoveryv1.Endpoint{endpoint("pod.example", "n1", true, false)}},
+	}
+	want := []Pod{{"10.0.0.1:8012", "n1"}, {"10.0.0.4:8012", "n2"}}
+	if got := ReadyPods(slices); !reflect.DeepEqual(got, want) {
+		t.Fatalf("ReadyPods: %v, want %v", got, want)
+	}
+}
+
+func TestRevisionIsTheOneTakingAllTraffic(t *testing.T) {
+	svc := func(ready bool, traffic ...servingv1.TrafficTarget) *servingv1.Service {
+		s := &servingv1.Service{}
+		st := corev1.ConditionFalse
+		if ready {
+			st = corev1.ConditionTrue
+		}
+		s.Status.Conditions = duckv1.Conditions{{Type: apis.ConditionReady, Status: st}}
+		s.Status.ObservedGeneration = s.Generation
+		s.Status.Traffic = traffic
+		return s
+	}
+	target := func(rev string, pct int64) servingv1.TrafficTarget {
+		return servingv1.TrafficTarget{RevisionName: rev, Percent: ptr.To(pct)}
+	}
+	for _, tc := range []struct {
+		name string
+		svc  *servingv1.Service
+		want string
+	}{
+		{"all to one", svc(true, target("f-00002", 100)), "f-00002"},
+		{"a tagged target without traffic", svc(true, target("f-00002", 100), target("f-00001", 0)), "f-00002"},
+		{"split", svc(true, target("f-00002", 50), target("f-00001", 50)), ""},
+		{"not ready", svc(false, target("f-00002", 100)), ""},
+		{"no traffic yet", svc(true), ""},
+	} {
+		if got := Revision(tc.svc); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestPickPrefersTheNodeThenTheLeastLoadedWithRoom(t *testing.T) {
+	pods := []Pod{{"a:8012", "n1"}, {"b:8012", "n2"}, {"c:8012", "n2"}}
+	// The producer's node first, its least loaded pod.
+	if got := pick(pods, 0, "n2", map[string]int{"b:8012": 3, "c:8012": 1}); got != "c:8012" {
+		t.Fatalf("on n2: %s, want c", got)
+	}
+	// The producer's node full (containerConcurrency 1): elsewhere.
+	if got := pick(pods, 1, "n2", map[string]int{"b:8012": 1, "c:8012": 1}); got != "a:8012" {
+		t.Fatalf("n2 full: %s, want a", got)
+	}
+	// Everything full: none, the route (the activator) holds it.
+	if got := pick(pods, 1, "", map[string]int{"a:8012": 1, "b:8012": 1, "c:8012": 1}); got != "" {
+		t.Fatalf("all full: %s, want none", got)
+	}
+	// Unknown node: two random choices, the less loaded; never a full one.
+	for range 100 {
+		if got := pick(pods, 2, "n9", map[string]int{"a:8012": 2, "b:8012": 2}); got != "c:8012" {
+			t.Fatalf("two full: %s, want c", got)
+		}
+	}
+}
+
+// TestAPodThatDidNotTakeAnInvocationIsNotPickedAgain: until the next read
+// of its EndpointSlices, a pod that was gone or overloaded is left out.
+func TestAPodThatDidNotTakeAnInvocationIsNotPickedAgain(t *testing.T) {
+	r := &Router{services: map[string]*service{"ns/f": {pods: []Pod{{"a:8012", "n1"}, {"b:8012", "n1"}}}}}
+	r.forget("ns", "f", "a:8012")
+	if got := r.services["ns/f"].pods; !reflect.DeepEqual(got, []Pod{{"b:8012", "n1"}}) {
+		t.Fatalf("pods after forgetting a: %v", got)
+	}
+}

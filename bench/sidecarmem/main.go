@@ -1,5 +1,7 @@
 // Command sidecarmem checks the design target "sidecar memory overhead
-// ≤ 4 MiB over stock queue-proxy": it builds queue-proxy-zl and Knative's
+// ≤ 4 MiB over stock queue-proxy" and, with -latency, what queue-proxy-zl
+// adds to an invocation's latency over stock queue-proxy (issue 33: ≤ 100
+// µs at p50): it builds queue-proxy-zl and Knative's
 // stock queue-proxy (knative.dev/serving/cmd/queue at the go.mod version,
 // so both share every dependency version), runs each in its own network
 // namespace next to a tiny user container, and reads the resident memory
@@ -8,7 +10,7 @@
 // binary from a cold page cache; GOGC and GOMEMLIMIT are left as they are
 // (and reported). Needs root (network namespaces).
 //
-//	go run ./bench/sidecarmem [-reps 3] [-requests 2000] [-concurrency 8] [-json out.json] [-zl prebuilt-queue-proxy-zl]
+//	go run ./bench/sidecarmem [-reps 3] [-requests 2000] [-concurrency 8] [-latency 2000] [-json out.json] [-zl prebuilt-queue-proxy-zl]
 package main
 
 import (
@@ -45,6 +47,7 @@ type config struct {
 	Reps        int    `json:"reps"`
 	Requests    int    `json:"requests"`
 	Concurrency int    `json:"concurrency"`
+	Latency     int    `json:"latency_invocations,omitempty"`
 	Settle      string `json:"settle"`
 	GOGC        string `json:"gogc"`
 	GOMEMLIMIT  string `json:"gomemlimit"`
@@ -68,6 +71,8 @@ type runResult struct {
 	Idle   memSample `json:"idle"`
 	AfterN memSample `json:"after_n"`
 	After2 memSample `json:"after_2n"`
+	// Latency: with -latency, after the memory readings.
+	Latency *latencyResult `json:"latency,omitempty"`
 }
 
 func main() {
@@ -75,6 +80,8 @@ func main() {
 	flag.IntVar(&cfg.Reps, "reps", 3, "repetitions per binary (medians are reported)")
 	flag.IntVar(&cfg.Requests, "requests", 2000, "plain HTTP requests per load batch (N)")
 	flag.IntVar(&cfg.Concurrency, "concurrency", 8, "concurrent keep-alive clients")
+	flag.IntVar(&cfg.Latency, "latency", 0, "also measure this many invocations, one after another, through each queue-proxy and straight to its user container, "+
+		"as the operator's dispatcher sends them (after the memory readings; 0: no)")
 	flag.DurationVar(&cfg.settle, "settle", 2*time.Second, "idle time before each reading")
 	jsonPath := flag.String("json", "", "also write the results as JSON to this file")
 	flag.StringVar(&cfg.ZLBinary, "zl", "", "measure this queue-proxy-zl binary instead of building ./cmd/queue-proxy-zl (e.g. a candidate fix)")
@@ -87,7 +94,7 @@ func main() {
 		}
 		return
 	}
-	if cfg.Reps < 1 || cfg.Requests < 1 || cfg.Concurrency < 1 {
+	if cfg.Reps < 1 || cfg.Requests < 1 || cfg.Concurrency < 1 || cfg.Latency < 0 {
 		fmt.Fprintln(os.Stderr, "sidecarmem: -reps, -requests and -concurrency must be positive")
 		os.Exit(2)
 	}
@@ -142,6 +149,7 @@ func run(cfg config, jsonPath string) error {
 		}
 	}
 	printReport(cfg, bins)
+	printLatency(cfg, bins)
 	if jsonPath != "" {
 		return writeJSON(jsonPath, cfg, bins)
 	}
@@ -174,6 +182,13 @@ func measure(ctx context.Context, network *netns.Network, b *binary, id, dir str
 		if *step.into, err = readMem(p.pid()); err != nil {
 			return r, err
 		}
+	}
+	if cfg.Latency > 0 {
+		l, err := measureLatency(ctx, id, p.url(), p.userURL(), cfg.Latency)
+		if err != nil {
+			return r, p.withLog(err)
+		}
+		r.Latency = &l
 	}
 	return r, nil
 }

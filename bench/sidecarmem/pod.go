@@ -139,6 +139,12 @@ func (p *pod) url() string {
 	return "http://" + net.JoinHostPort(p.net.IP.String(), strconv.Itoa(queuePort)) + "/"
 }
 
+// userURL is the user container's address, reached from the host over
+// the bridge: the floor under queue-proxy.
+func (p *pod) userURL() string {
+	return "http://" + net.JoinHostPort(p.net.IP.String(), strconv.Itoa(userPort)) + "/"
+}
+
 func (p *pod) closeExited() { p.once.Do(func() { close(p.exited) }) }
 
 // alive reports whether neither process has exited, so a crashed

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 	"github.com/ziptrail/ziptrail/internal/dispatch/direct"
+	"github.com/ziptrail/ziptrail/internal/dispatch/podpick"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
@@ -40,6 +41,15 @@ func (c *Cluster) SetDirectDispatch(on bool) { c.routeOnly.Store(!on) }
 type switchedRouter struct {
 	c *Cluster
 	r *direct.Router
+}
+
+// Ready passes direct.Router.Ready on (none when switched off): the
+// delegated triggers' pods, sent to the producers' sidecars.
+func (s switchedRouter) Ready(namespace, service string) ([]podpick.Pod, int) {
+	if s.c.routeOnly.Load() {
+		return nil, 0
+	}
+	return s.r.Ready(namespace, service)
 }
 
 func (s switchedRouter) Pick(env *invocation.Envelope, node string) (string, func(call.Verdict)) {

@@ -13,6 +13,7 @@ import (
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/dispatch/podpick"
 	"github.com/ziptrail/ziptrail/internal/engine"
 )
 
@@ -35,14 +36,59 @@ func init() { metrics.Registry.MustRegister(delegatedFirings) }
 type delegations struct {
 	mu sync.RWMutex
 	by map[string]*controlv1.Delegations // workflow key -> its triggers
+	// src is what each workflow's set was made from, made again while
+	// the targets' ready pods change (refreshDelegations).
+	src map[string]delegationSource
+}
+
+type delegationSource struct {
+	wf   *v1alpha1.Workflow
+	spec engine.WorkflowSpec
+}
+
+// readyPods is what direct routing knows of a Knative Service's ready
+// pods (direct.Router.Ready): Options.Router, when it has it.
+type readyPods interface {
+	Ready(namespace, service string) ([]podpick.Pod, int)
+}
+
+// delegationRefresh is how often the delegated targets' ready pods are
+// compared with what the sidecars were sent (direct routing).
+const delegationRefresh = time.Second
+
+// refreshDelegations sends the workflows' sidecars their delegated
+// triggers again when the targets' ready pods changed, until ctx ends.
+func (o *Orchestrator) refreshDelegations(ctx context.Context) {
+	if _, ok := o.opts.Router.(readyPods); !ok || !o.opts.Delegate {
+		return
+	}
+	t := time.NewTicker(delegationRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		o.deleg.mu.RLock()
+		srcs := make([]delegationSource, 0, len(o.deleg.src))
+		for _, s := range o.deleg.src {
+			srcs = append(srcs, s)
+		}
+		o.deleg.mu.RUnlock()
+		for _, s := range srcs {
+			o.setDelegations(s.wf, s.spec, true)
+		}
+	}
 }
 
 // delegationTimeout bounds resolving a workflow's routes.
 const delegationTimeout = 5 * time.Second
 
 // setDelegations computes a workflow's delegable triggers with their
-// targets' routes (the URLs the dispatcher invokes) and sends them to its
-// pods' sidecars. A target whose route is not known yet is left out: the
+// targets' routes (the URLs the dispatcher invokes; with direct routing,
+// the ready pods too) and sends them to its pods' sidecars, when they
+// changed. A target whose route is not known yet is left out: the
 // engine fires it. Without Options.Delegate, or with the workflow not
 // ready, the set is empty (the sidecars fire nothing themselves).
 func (o *Orchestrator) setDelegations(wf *v1alpha1.Workflow, spec engine.WorkflowSpec, ready bool) {
@@ -61,14 +107,28 @@ func (o *Orchestrator) setDelegations(wf *v1alpha1.Workflow, spec engine.Workflo
 				if err != nil {
 					continue
 				}
-				msg.Triggers = append(msg.Triggers, &controlv1.DelegatedTrigger{Trigger: t.Name, Bucket: t.Bucket, Key: t.Key,
-					Function: target, Service: svc, Url: u.String(), Ingress: o.opts.Ingress})
+				dt := &controlv1.DelegatedTrigger{Trigger: t.Name, Bucket: t.Bucket, Key: t.Key,
+					Function: target, Service: svc, Url: u.String(), Ingress: o.opts.Ingress}
+				if rp, ok := o.opts.Router.(readyPods); ok {
+					pods, cc := rp.Ready(wf.Namespace, svc)
+					for _, p := range pods {
+						dt.Pods = append(dt.Pods, &controlv1.Pod{Addr: p.Addr, Node: p.Node})
+					}
+					dt.ContainerConcurrency = int32(cc)
+				}
+				msg.Triggers = append(msg.Triggers, dt)
 			}
 		}
 	}
 	o.deleg.mu.Lock()
 	if o.deleg.by == nil {
 		o.deleg.by = map[string]*controlv1.Delegations{}
+		o.deleg.src = map[string]delegationSource{}
+	}
+	if o.opts.Delegate && ready {
+		o.deleg.src[key] = delegationSource{wf: wf, spec: spec}
+	} else {
+		delete(o.deleg.src, key)
 	}
 	old := o.deleg.by[key]
 	if len(msg.Triggers) == 0 {

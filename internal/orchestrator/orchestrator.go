@@ -305,6 +305,7 @@ func (o *Orchestrator) Run(ctx context.Context) error {
 	fctx, stopFeed := context.WithCancel(ctx)
 	defer stopFeed()
 	go o.feed(fctx)
+	go o.refreshDelegations(fctx)
 	o.sendUnsent()
 	tick := time.NewTicker(o.opts.TickInterval)
 	defer tick.Stop()

@@ -1103,16 +1103,24 @@ func (x *Delegations) GetTriggers() []*DelegatedTrigger {
 
 // DelegatedTrigger is one trigger and one of its targets.
 type DelegatedTrigger struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Trigger       string                 `protobuf:"bytes,1,opt,name=trigger,proto3" json:"trigger,omitempty"`
-	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
-	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`           // ByName: the key that fires; empty: every key (Immediate)
-	Function      string                 `protobuf:"bytes,4,opt,name=function,proto3" json:"function,omitempty"` // the target, a function of the workflow
-	Service       string                 `protobuf:"bytes,5,opt,name=service,proto3" json:"service,omitempty"`   // its Knative Service
-	Url           string                 `protobuf:"bytes,6,opt,name=url,proto3" json:"url,omitempty"`           // where the operator's dispatcher invokes it
-	Ingress       string                 `protobuf:"bytes,7,opt,name=ingress,proto3" json:"ingress,omitempty"`   // host:port to dial for it (the operator's --ingress); empty: the URL's host
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Trigger  string                 `protobuf:"bytes,1,opt,name=trigger,proto3" json:"trigger,omitempty"`
+	Bucket   string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key      string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`           // ByName: the key that fires; empty: every key (Immediate)
+	Function string                 `protobuf:"bytes,4,opt,name=function,proto3" json:"function,omitempty"` // the target, a function of the workflow
+	Service  string                 `protobuf:"bytes,5,opt,name=service,proto3" json:"service,omitempty"`   // its Knative Service
+	Url      string                 `protobuf:"bytes,6,opt,name=url,proto3" json:"url,omitempty"`           // where the operator's dispatcher invokes it
+	Ingress  string                 `protobuf:"bytes,7,opt,name=ingress,proto3" json:"ingress,omitempty"`   // host:port to dial for it (the operator's --ingress); empty: the URL's host
+	// Direct routing (docs/dispatch.md): the ready pods of the revision
+	// all of the service's traffic goes to, when the operator routes
+	// directly; the sidecar sends straight to one of them (url when none
+	// has room, or one refuses) and counts its requests in flight against
+	// container_concurrency (0: no limit). The operator sends the set again
+	// when it changes.
+	Pods                 []*Pod `protobuf:"bytes,8,rep,name=pods,proto3" json:"pods,omitempty"`
+	ContainerConcurrency int32  `protobuf:"varint,9,opt,name=container_concurrency,json=containerConcurrency,proto3" json:"container_concurrency,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *DelegatedTrigger) Reset() {
@@ -1194,6 +1202,74 @@ func (x *DelegatedTrigger) GetIngress() string {
 	return ""
 }
 
+func (x *DelegatedTrigger) GetPods() []*Pod {
+	if x != nil {
+		return x.Pods
+	}
+	return nil
+}
+
+func (x *DelegatedTrigger) GetContainerConcurrency() int32 {
+	if x != nil {
+		return x.ContainerConcurrency
+	}
+	return 0
+}
+
+// Pod is a ready pod of a revision: its queue-proxy's address (host:port)
+// and its node.
+type Pod struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Addr          string                 `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"`
+	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Pod) Reset() {
+	*x = Pod{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Pod) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Pod) ProtoMessage() {}
+
+func (x *Pod) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Pod.ProtoReflect.Descriptor instead.
+func (*Pod) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Pod) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *Pod) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 // Redirect tells an authenticated sidecar that another operator replica
 // owns its workflow's bucket (docs/sharding.md): the operator ends the
 // stream after it, and the sidecar reconnects to address (host:port) with
@@ -1209,7 +1285,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1297,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1310,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Redirect) GetAddress() string {
@@ -1264,7 +1340,7 @@ type GroupJoinResult struct {
 
 func (x *GroupJoinResult) Reset() {
 	*x = GroupJoinResult{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1352,7 @@ func (x *GroupJoinResult) String() string {
 func (*GroupJoinResult) ProtoMessage() {}
 
 func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1365,7 @@ func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupJoinResult.ProtoReflect.Descriptor instead.
 func (*GroupJoinResult) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GroupJoinResult) GetJoinId() string {
@@ -1331,7 +1407,7 @@ type GroupView struct {
 
 func (x *GroupView) Reset() {
 	*x = GroupView{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1419,7 @@ func (x *GroupView) String() string {
 func (*GroupView) ProtoMessage() {}
 
 func (x *GroupView) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1432,7 @@ func (x *GroupView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupView.ProtoReflect.Descriptor instead.
 func (*GroupView) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GroupView) GetSession() string {
@@ -1424,7 +1500,7 @@ type GroupMember struct {
 
 func (x *GroupMember) Reset() {
 	*x = GroupMember{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1512,7 @@ func (x *GroupMember) String() string {
 func (*GroupMember) ProtoMessage() {}
 
 func (x *GroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1525,7 @@ func (x *GroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
 func (*GroupMember) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GroupMember) GetRank() uint32 {
@@ -1508,7 +1584,7 @@ type Tiers struct {
 
 func (x *Tiers) Reset() {
 	*x = Tiers{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1596,7 @@ func (x *Tiers) String() string {
 func (*Tiers) ProtoMessage() {}
 
 func (x *Tiers) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1609,7 @@ func (x *Tiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tiers.ProtoReflect.Descriptor instead.
 func (*Tiers) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Tiers) GetRedisAddr() string {
@@ -1600,7 +1676,7 @@ type Rejected struct {
 
 func (x *Rejected) Reset() {
 	*x = Rejected{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1688,7 @@ func (x *Rejected) String() string {
 func (*Rejected) ProtoMessage() {}
 
 func (x *Rejected) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1701,7 @@ func (x *Rejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejected.ProtoReflect.Descriptor instead.
 func (*Rejected) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Rejected) GetSeq() uint64 {
@@ -1659,7 +1735,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1671,7 +1747,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1684,7 +1760,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1706,7 +1782,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1794,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1807,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Keys) GetKeys() []*Key {
@@ -1758,7 +1834,7 @@ type Key struct {
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1770,7 +1846,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1783,7 +1859,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Key) GetId() string {
@@ -1811,7 +1887,7 @@ type DropObjects struct {
 
 func (x *DropObjects) Reset() {
 	*x = DropObjects{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1823,7 +1899,7 @@ func (x *DropObjects) String() string {
 func (*DropObjects) ProtoMessage() {}
 
 func (x *DropObjects) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1836,7 +1912,7 @@ func (x *DropObjects) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropObjects.ProtoReflect.Descriptor instead.
 func (*DropObjects) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{21}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DropObjects) GetSession() string {
@@ -1864,7 +1940,7 @@ type KeepAlive struct {
 
 func (x *KeepAlive) Reset() {
 	*x = KeepAlive{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[22]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +1952,7 @@ func (x *KeepAlive) String() string {
 func (*KeepAlive) ProtoMessage() {}
 
 func (x *KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[22]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +1965,7 @@ func (x *KeepAlive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAlive.ProtoReflect.Descriptor instead.
 func (*KeepAlive) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{22}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KeepAlive) GetRefs() []string {
@@ -1994,7 +2070,7 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\x05Saved\x12\x12\n" +
 	"\x04kept\x18\x01 \x03(\x06R\x04kept\"P\n" +
 	"\vDelegations\x12A\n" +
-	"\btriggers\x18\x01 \x03(\v2%.ziptrail.control.v1.DelegatedTriggerR\btriggers\"\xb8\x01\n" +
+	"\btriggers\x18\x01 \x03(\v2%.ziptrail.control.v1.DelegatedTriggerR\btriggers\"\x9b\x02\n" +
 	"\x10DelegatedTrigger\x12\x18\n" +
 	"\atrigger\x18\x01 \x01(\tR\atrigger\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
@@ -2002,7 +2078,12 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\bfunction\x18\x04 \x01(\tR\bfunction\x12\x18\n" +
 	"\aservice\x18\x05 \x01(\tR\aservice\x12\x10\n" +
 	"\x03url\x18\x06 \x01(\tR\x03url\x12\x18\n" +
-	"\aingress\x18\a \x01(\tR\aingress\"<\n" +
+	"\aingress\x18\a \x01(\tR\aingress\x12,\n" +
+	"\x04pods\x18\b \x03(\v2\x18.ziptrail.control.v1.PodR\x04pods\x123\n" +
+	"\x15container_concurrency\x18\t \x01(\x05R\x14containerConcurrency\"-\n" +
+	"\x03Pod\x12\x12\n" +
+	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\"<\n" +
 	"\bRedirect\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\"T\n" +
@@ -2068,7 +2149,7 @@ func file_ziptrail_control_v1_control_proto_rawDescGZIP() []byte {
 	return file_ziptrail_control_v1_control_proto_rawDescData
 }
 
-var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*GetKeysRequest)(nil),   // 0: ziptrail.control.v1.GetKeysRequest
 	(*SidecarMessage)(nil),   // 1: ziptrail.control.v1.SidecarMessage
@@ -2082,18 +2163,19 @@ var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*Saved)(nil),            // 9: ziptrail.control.v1.Saved
 	(*Delegations)(nil),      // 10: ziptrail.control.v1.Delegations
 	(*DelegatedTrigger)(nil), // 11: ziptrail.control.v1.DelegatedTrigger
-	(*Redirect)(nil),         // 12: ziptrail.control.v1.Redirect
-	(*GroupJoinResult)(nil),  // 13: ziptrail.control.v1.GroupJoinResult
-	(*GroupView)(nil),        // 14: ziptrail.control.v1.GroupView
-	(*GroupMember)(nil),      // 15: ziptrail.control.v1.GroupMember
-	(*Tiers)(nil),            // 16: ziptrail.control.v1.Tiers
-	(*Rejected)(nil),         // 17: ziptrail.control.v1.Rejected
-	(*Ack)(nil),              // 18: ziptrail.control.v1.Ack
-	(*Keys)(nil),             // 19: ziptrail.control.v1.Keys
-	(*Key)(nil),              // 20: ziptrail.control.v1.Key
-	(*DropObjects)(nil),      // 21: ziptrail.control.v1.DropObjects
-	(*KeepAlive)(nil),        // 22: ziptrail.control.v1.KeepAlive
-	nil,                      // 23: ziptrail.control.v1.ObjectReady.MetadataEntry
+	(*Pod)(nil),              // 12: ziptrail.control.v1.Pod
+	(*Redirect)(nil),         // 13: ziptrail.control.v1.Redirect
+	(*GroupJoinResult)(nil),  // 14: ziptrail.control.v1.GroupJoinResult
+	(*GroupView)(nil),        // 15: ziptrail.control.v1.GroupView
+	(*GroupMember)(nil),      // 16: ziptrail.control.v1.GroupMember
+	(*Tiers)(nil),            // 17: ziptrail.control.v1.Tiers
+	(*Rejected)(nil),         // 18: ziptrail.control.v1.Rejected
+	(*Ack)(nil),              // 19: ziptrail.control.v1.Ack
+	(*Keys)(nil),             // 20: ziptrail.control.v1.Keys
+	(*Key)(nil),              // 21: ziptrail.control.v1.Key
+	(*DropObjects)(nil),      // 22: ziptrail.control.v1.DropObjects
+	(*KeepAlive)(nil),        // 23: ziptrail.control.v1.KeepAlive
+	nil,                      // 24: ziptrail.control.v1.ObjectReady.MetadataEntry
 }
 var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	2,  // 0: ziptrail.control.v1.SidecarMessage.hello:type_name -> ziptrail.control.v1.Hello
@@ -2102,30 +2184,31 @@ var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
 	5,  // 3: ziptrail.control.v1.SidecarMessage.function_finished:type_name -> ziptrail.control.v1.FunctionFinished
 	6,  // 4: ziptrail.control.v1.SidecarMessage.group_join:type_name -> ziptrail.control.v1.GroupJoin
 	7,  // 5: ziptrail.control.v1.SidecarMessage.group_leave:type_name -> ziptrail.control.v1.GroupLeave
-	23, // 6: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
-	19, // 7: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
-	21, // 8: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
-	22, // 9: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
-	18, // 10: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
-	17, // 11: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
-	16, // 12: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
-	14, // 13: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
-	13, // 14: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
-	12, // 15: ziptrail.control.v1.OperatorMessage.redirect:type_name -> ziptrail.control.v1.Redirect
+	24, // 6: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
+	20, // 7: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
+	22, // 8: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
+	23, // 9: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
+	19, // 10: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
+	18, // 11: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
+	17, // 12: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
+	15, // 13: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
+	14, // 14: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
+	13, // 15: ziptrail.control.v1.OperatorMessage.redirect:type_name -> ziptrail.control.v1.Redirect
 	10, // 16: ziptrail.control.v1.OperatorMessage.delegations:type_name -> ziptrail.control.v1.Delegations
 	9,  // 17: ziptrail.control.v1.OperatorMessage.saved:type_name -> ziptrail.control.v1.Saved
 	11, // 18: ziptrail.control.v1.Delegations.triggers:type_name -> ziptrail.control.v1.DelegatedTrigger
-	15, // 19: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
-	20, // 20: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
-	1,  // 21: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
-	0,  // 22: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
-	8,  // 23: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
-	19, // 24: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
-	23, // [23:25] is the sub-list for method output_type
-	21, // [21:23] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	12, // 19: ziptrail.control.v1.DelegatedTrigger.pods:type_name -> ziptrail.control.v1.Pod
+	16, // 20: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
+	21, // 21: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
+	1,  // 22: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
+	0,  // 23: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
+	8,  // 24: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
+	20, // 25: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
+	24, // [24:26] is the sub-list for method output_type
+	22, // [22:24] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_ziptrail_control_v1_control_proto_init() }
@@ -2162,7 +2245,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ziptrail_control_v1_control_proto_rawDesc), len(file_ziptrail_control_v1_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

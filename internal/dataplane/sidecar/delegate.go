@@ -12,6 +12,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dispatch/call"
+	"github.com/ziptrail/ziptrail/internal/dispatch/podpick"
 	"github.com/ziptrail/ziptrail/internal/engine"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
@@ -44,6 +45,34 @@ type delegator struct {
 	// receivers are the targets whose sidecars answered with their
 	// idempotency key: a lost answer of theirs is sent again (call.Send).
 	receivers call.Receivers
+	// inflight counts the requests sent straight to each target pod.
+	inflight podpick.Inflight
+}
+
+// pushedPods is a call.Router over the ready pods the operator sent with a
+// delegated trigger (direct routing, docs/dispatch.md): a delegated
+// invocation goes straight to one of them, by its URL when none has room
+// or the one picked refuses it.
+type pushedPods struct {
+	t        *controlv1.DelegatedTrigger
+	inflight *podpick.Inflight
+}
+
+func (p pushedPods) Pick(_ *invocation.Envelope, node string) (string, func(call.Verdict)) {
+	if len(p.t.Pods) == 0 {
+		return "", nil
+	}
+	pods := make([]podpick.Pod, 0, len(p.t.Pods))
+	for _, pod := range p.t.Pods {
+		if pod.GetAddr() != "" {
+			pods = append(pods, podpick.Pod{Addr: pod.GetAddr(), Node: pod.GetNode()})
+		}
+	}
+	addr, done := p.inflight.Pick(pods, int(p.t.ContainerConcurrency), node)
+	if addr == "" {
+		return "", nil
+	}
+	return addr, func(call.Verdict) { done() }
 }
 
 // setDelegations replaces the triggers this sidecar fires (nil: none).
@@ -131,7 +160,9 @@ func (s *Sidecar) sendDelegated(env *invocation.Envelope, t *controlv1.Delegated
 	defer cancel()
 	sent := make(chan bool, 1)
 	opts := call.Options{Client: s.deleg.client(t.Ingress), Wrote: func(ok bool) { sent <- ok }, Receivers: &s.deleg.receivers,
-		URL: func(context.Context, *invocation.Envelope) (string, error) { return t.Url, nil }}
+		URL:          func(context.Context, *invocation.Envelope) (string, error) { return t.Url, nil },
+		Router:       pushedPods{t: t, inflight: &s.deleg.inflight},
+		DirectClient: s.deleg.client("")}
 	if node := s.cfg.SameNode.Node; node != "" {
 		opts.ProducerNode = func(*invocation.Envelope) string { return node }
 	}

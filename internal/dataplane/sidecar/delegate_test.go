@@ -240,3 +240,81 @@ func TestDelegatedFiring(t *testing.T) {
 		t.Errorf("the producer reported %q of its own invocation, want its 4 objects and its end", own)
 	}
 }
+
+// TestDelegatedFiringGoesStraightToThePushedPods: with direct routing the
+// operator sends, with each delegated trigger, its target's ready pods;
+// the producer's sidecar sends the invocation straight to one of them,
+// and by the trigger's URL (the route) when the pod it picked refuses
+// (gone): the invocation is claimed either way, and sent once.
+func TestDelegatedFiringGoesStraightToThePushedPods(t *testing.T) {
+	ev := &delegEvents{got: make(chan struct{}, 64), ownEnds: make(chan string, 64)}
+	addr := controlServer(t, ev)
+	consumer := workflowSidecar(t, addr, "c", "work")
+	var mu sync.Mutex
+	got := map[string][]string{} // path -> invocation ids
+	fn := func(path string) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var env invocation.Envelope
+			_ = json.NewDecoder(r.Body).Decode(&env)
+			mu.Lock()
+			got[path] = append(got[path], env.Invocation)
+			mu.Unlock()
+			_, _ = w.Write([]byte("ok"))
+		})
+	}
+	pod := httptest.NewServer(consumer.Wrap(fn("pod")))
+	defer pod.Close()
+	route := httptest.NewServer(consumer.Wrap(fn("route")))
+	defer route.Close()
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	podAddr, goneAddr := strings.TrimPrefix(pod.URL, "http://"), strings.TrimPrefix(gone.URL, "http://")
+	ev.mu.Lock()
+	ev.deleg = &controlv1.Delegations{Triggers: []*controlv1.DelegatedTrigger{
+		{Trigger: "t", Bucket: "a", Function: "work", Service: "wf-work", Url: route.URL, Pods: []*controlv1.Pod{{Addr: podAddr}}},
+		{Trigger: "u", Bucket: "b", Function: "work", Service: "wf-work", Url: route.URL, Pods: []*controlv1.Pod{{Addr: goneAddr}}},
+	}}
+	ev.mu.Unlock()
+	producer := workflowSidecar(t, addr, "p", "entry")
+	deadline := time.Now().Add(time.Minute)
+	for producer.deleg.byBucket.Load() == nil || len(*producer.deleg.byBucket.Load()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the producer's sidecar never got its delegated triggers")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	pfn := httptest.NewServer(producer.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", invocation.OutputsContentType)
+		_ = json.NewEncoder(w).Encode(invocation.Outputs{Objects: []invocation.Object{
+			{Bucket: "a", Key: "k0", Inline: []byte("0")}, {Bucket: "b", Key: "k1", Inline: []byte("1")}}})
+	})))
+	defer pfn.Close()
+	resp, body := post(t, pfn.URL, invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-entry", Session: "s1", Invocation: "s1.0"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	outs, err := invocation.DecodeOutputs(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range outs.Objects {
+		if len(o.FiredLocally) != 1 {
+			t.Errorf("%s/%s: fired %v, want one claim", o.Bucket, o.Key, o.FiredLocally)
+		}
+	}
+	direct, byRoute := engine.DelegatedInvocation("s1", "t", "work", "a", "k0"), engine.DelegatedInvocation("s1", "u", "work", "b", "k1")
+	for deadline := time.Now().Add(time.Minute); ; {
+		mu.Lock()
+		n := len(got["pod"]) + len(got["route"])
+		mu.Unlock()
+		if n >= 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(got["pod"]) != fmt.Sprint([]string{direct}) || fmt.Sprint(got["route"]) != fmt.Sprint([]string{byRoute}) {
+		t.Fatalf("the pod got %v, the route %v; want [%s] straight and [%s] by the route (its pod was gone)", got["pod"], got["route"], direct, byRoute)
+	}
+}

@@ -21,7 +21,6 @@ package direct
 
 import (
 	"context"
-	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
@@ -37,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/internal/dispatch/call"
+	"github.com/ziptrail/ziptrail/internal/dispatch/podpick"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
@@ -59,7 +59,7 @@ type Router struct {
 
 	mu       sync.Mutex
 	services map[string]*service // namespace/service
-	inflight map[string]int      // pod address → requests sent straight to it and not ended
+	inflight podpick.Inflight    // requests sent straight to each pod and not ended
 }
 
 // service is what one Knative Service routes to, read at most every TTL.
@@ -73,41 +73,24 @@ type service struct {
 }
 
 // Pod is a ready pod of a revision: its queue-proxy's address and its node.
-type Pod struct{ Addr, Node string }
+type Pod = podpick.Pod
 
 var _ call.Router = (*Router)(nil)
 
 // Pick implements call.Router: a ready pod with room on node when there
-// is one, else the least loaded of two picked at random among those with
-// room; "" when none (the route takes it).
+// is one, else the less loaded of two picked at random among those with
+// room (podpick); "" when none (the route takes it).
 func (r *Router) Pick(env *invocation.Envelope, node string) (string, func(call.Verdict)) {
 	svc := r.service(env.Namespace, env.Function)
 	if svc == nil || len(svc.pods) == 0 {
 		return "", nil
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	addr := pick(svc.pods, svc.cc, node, r.inflight)
+	addr, done := r.inflight.Pick(svc.pods, svc.cc, node)
 	if addr == "" {
 		return "", nil
 	}
-	if r.inflight == nil {
-		r.inflight = map[string]int{}
-	}
-	r.inflight[addr]++
-	once := false
 	return addr, func(v call.Verdict) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if once {
-			return
-		}
-		once = true
-		if r.inflight[addr] <= 1 {
-			delete(r.inflight, addr)
-		} else {
-			r.inflight[addr]--
-		}
+		done()
 		if v == call.Unreached || v == call.Overloaded {
 			// Not this pod, until the next read says otherwise.
 			r.forget(env.Namespace, env.Function, addr)
@@ -115,55 +98,26 @@ func (r *Router) Pick(env *invocation.Envelope, node string) (string, func(call.
 	}
 }
 
-// pick chooses among pods (under the Router's lock): on node first, then
-// the less loaded of two random choices, skipping pods at cc.
-func pick(pods []Pod, cc int, node string, inflight map[string]int) string {
-	room := func(p Pod) bool { return cc <= 0 || inflight[p.Addr] < cc }
-	if node != "" {
-		best, load := "", -1
-		for _, p := range pods {
-			if p.Node == node && room(p) && (load < 0 || inflight[p.Addr] < load) {
-				best, load = p.Addr, inflight[p.Addr]
-			}
-		}
-		if best != "" {
-			return best
-		}
+// Ready returns the ready pods of the revision a Knative Service's
+// traffic all goes to, and its containerConcurrency (none: the route).
+func (r *Router) Ready(namespace, service string) ([]Pod, int) {
+	svc := r.service(namespace, service)
+	if svc == nil {
+		return nil, 0
 	}
-	a, b := pods[rand.IntN(len(pods))], pods[rand.IntN(len(pods))]
-	if inflight[b.Addr] < inflight[a.Addr] {
-		a, b = b, a
-	}
-	for _, p := range []Pod{a, b} {
-		if room(p) {
-			return p.Addr
-		}
-	}
-	// Both full: any with room (a pod at cc would queue in queue-proxy,
-	// where the activator would have held the request).
-	start := rand.IntN(len(pods))
-	for i := range pods {
-		if p := pods[(start+i)%len(pods)]; room(p) {
-			return p.Addr
-		}
-	}
-	return ""
+	return svc.pods, svc.cc
 }
 
-// forget drops addr from a Service's pods (under the lock).
+// forget drops addr from a Service's pods.
 func (r *Router) forget(namespace, name, addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	svc := r.services[namespace+"/"+name]
 	if svc == nil {
 		return
 	}
-	pods := make([]Pod, 0, len(svc.pods))
-	for _, p := range svc.pods {
-		if p.Addr != addr {
-			pods = append(pods, p)
-		}
-	}
 	cp := *svc
-	cp.pods = pods
+	cp.pods = podpick.Without(svc.pods, addr)
 	r.services[namespace+"/"+name] = &cp
 }
 

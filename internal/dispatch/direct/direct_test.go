@@ -74,28 +74,6 @@ func TestRevisionIsTheOneTakingAllTraffic(t *testing.T) {
 	}
 }
 
-func TestPickPrefersTheNodeThenTheLeastLoadedWithRoom(t *testing.T) {
-	pods := []Pod{{"a:8012", "n1"}, {"b:8012", "n2"}, {"c:8012", "n2"}}
-	// The producer's node first, its least loaded pod.
-	if got := pick(pods, 0, "n2", map[string]int{"b:8012": 3, "c:8012": 1}); got != "c:8012" {
-		t.Fatalf("on n2: %s, want c", got)
-	}
-	// The producer's node full (containerConcurrency 1): elsewhere.
-	if got := pick(pods, 1, "n2", map[string]int{"b:8012": 1, "c:8012": 1}); got != "a:8012" {
-		t.Fatalf("n2 full: %s, want a", got)
-	}
-	// Everything full: none, the route (the activator) holds it.
-	if got := pick(pods, 1, "", map[string]int{"a:8012": 1, "b:8012": 1, "c:8012": 1}); got != "" {
-		t.Fatalf("all full: %s, want none", got)
-	}
-	// Unknown node: two random choices, the less loaded; never a full one.
-	for range 100 {
-		if got := pick(pods, 2, "n9", map[string]int{"a:8012": 2, "b:8012": 2}); got != "c:8012" {
-			t.Fatalf("two full: %s, want c", got)
-		}
-	}
-}
-
 // TestAPodThatDidNotTakeAnInvocationIsNotPickedAgain: until the next read
 // of its EndpointSlices, a pod that was gone or overloaded is left out.
 func TestAPodThatDidNotTakeAnInvocationIsNotPickedAgain(t *testing.T) {

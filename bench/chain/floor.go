@@ -34,9 +34,9 @@ import (
 // the path a step takes, two shorter ones for the decomposition: straight
 // to the pod's queue-proxy-zl (no ingress, no activator), and straight to
 // the function server (no Knative at all).
-func floor(ctx context.Context, c *localcluster.Cluster, n int) ([]row, error) {
-	wf := chainWorkflow(1)
-	wf.Name = "floor"
+func floor(ctx context.Context, c *localcluster.Cluster, n int, lang string) ([]row, error) {
+	wf := chainWorkflow(1, lang)
+	wf.Name = "floor" + langSuffix(lang)
 	remove, err := deploy(ctx, c, wf)
 	if err != nil {
 		return nil, err
@@ -54,10 +54,10 @@ func floor(ctx context.Context, c *localcluster.Cluster, n int) ([]row, error) {
 	ip := pods[0].Status.PodIP
 	paths := []struct{ label, dial string }{
 		// As dispatch.New dials the ingress for every request.
-		{"Knative floor: ingress, activator, queue-proxy-zl, function", strings.TrimPrefix(c.Knative.IngressLocalURL, "http://")},
-		// For the decomposition only: no step is sent these ways.
-		{"without ingress and activator: queue-proxy-zl, function", net.JoinHostPort(ip, "8012")},
-		{"the function server alone", net.JoinHostPort(ip, "8080")},
+		{"Knative floor: ingress, activator, queue-proxy-zl, function" + langLabel(lang), strings.TrimPrefix(c.Knative.IngressLocalURL, "http://")},
+		// What a step sent by direct routing (docs/dispatch.md) cannot go below.
+		{"straight to the pod: queue-proxy-zl, function" + langLabel(lang), net.JoinHostPort(ip, "8012")},
+		{"the function server alone" + langLabel(lang), net.JoinHostPort(ip, "8080")},
 	}
 	var rows []row
 	for _, p := range paths {

@@ -75,6 +75,7 @@ func main() {
 	delegate := flag.String("delegate", "both", "who fires Immediate and ByName triggers: off (the engine), on (the producers' sidecars, delegated firing) or both, alternating on one cluster")
 	route := flag.String("route", "direct", "how the operator sends invocations: direct (straight to a ready pod), url (through the ingress and the activator) or both, "+
 		"alternating on one cluster (localcluster.SetDirectDispatch, no restart)")
+	langs := flag.String("lang", "python", "the functions' language: python, go (the Go SDK, bench/chain/gofunc) or both, one after the other")
 	rounds := flag.Int("rounds", 2, "with -delegate both: blocks per arm, alternating (off, on, on, off, ...), each after a switch and a warm-up session")
 	warmup := flag.Duration("warmup", 5*time.Second, "warm-up sessions run at least this long at the start of each block")
 	out := flag.String("out", "docs/bench", "directory for chain.json (empty: none)")
@@ -103,7 +104,17 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(config{lengths: *lengths, sessions: *n, ring: *ring, ringFunctions: *ringFunctions, floor: *floorN, arms: arms, rounds: max(1, *rounds), out: *out, warmup: *warmup,
+	var ls []string
+	switch *langs {
+	case langPython, langGo:
+		ls = []string{*langs}
+	case "both":
+		ls = []string{langPython, langGo}
+	default:
+		fmt.Fprintf(os.Stderr, "chain: -lang %q: want python, go or both\n", *langs)
+		os.Exit(2)
+	}
+	if err := run(config{langs: ls, lengths: *lengths, sessions: *n, ring: *ring, ringFunctions: *ringFunctions, floor: *floorN, arms: arms, rounds: max(1, *rounds), out: *out, warmup: *warmup,
 		profileDir: *profileDir, perf: *perf, stateDir: *keep}); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "chain:", err)
@@ -116,7 +127,8 @@ type config struct {
 	sessions, ring, rounds int
 	ringFunctions          int
 	floor                  int
-	arms                   []arm // delegation off and/or on, each direct and/or by the route
+	arms                   []arm    // delegation off and/or on, each direct and/or by the route
+	langs                  []string // the functions' languages
 	out, profileDir        string
 	stateDir               string
 	perf                   bool
@@ -182,34 +194,36 @@ func run(cfg config) error {
 	}
 	rep := report{Host: hostInfo(), Sessions: cfg.sessions, Rounds: cfg.rounds}
 	fmt.Println("| chain | firing | sessions | p50 | p95 | per step (p50) | delegated firings a session |\n|---|---|---|---|---|---|---|")
-	if cfg.floor > 0 {
-		rows, err := floor(ctx, c, cfg.floor)
-		if err != nil {
-			return err
+	for _, lang := range cfg.langs {
+		if cfg.floor > 0 {
+			rows, err := floor(ctx, c, cfg.floor, lang)
+			if err != nil {
+				return err
+			}
+			rep.Results = append(rep.Results, rows...)
 		}
-		rep.Results = append(rep.Results, rows...)
-	}
-	for _, ls := range strings.Split(cfg.lengths, ",") {
-		if ls == "" {
-			continue
+		for _, ls := range strings.Split(cfg.lengths, ",") {
+			if ls == "" {
+				continue
+			}
+			length, err := strconv.Atoi(ls)
+			if err != nil {
+				return err
+			}
+			rows, err := measure(ctx, c, cfg, chainWorkflow(length, lang), fmt.Sprintf("%d functions%s", length, langLabel(lang)), length, 0, "x", "x")
+			if err != nil {
+				return err
+			}
+			rep.Results = append(rep.Results, rows...)
 		}
-		length, err := strconv.Atoi(ls)
-		if err != nil {
-			return err
+		if cfg.ring > 0 {
+			label := fmt.Sprintf("%d steps, ring of %d%s", cfg.ring, cfg.ringFunctions, langLabel(lang))
+			rows, err := measure(ctx, c, cfg, ringWorkflow(cfg.ring, cfg.ringFunctions, lang), label, cfg.ring, cfg.ring-1, "0", strconv.Itoa(cfg.ring))
+			if err != nil {
+				return err
+			}
+			rep.Results = append(rep.Results, rows...)
 		}
-		rows, err := measure(ctx, c, cfg, chainWorkflow(length), fmt.Sprintf("%d functions", length), length, 0, "x", "x")
-		if err != nil {
-			return err
-		}
-		rep.Results = append(rep.Results, rows...)
-	}
-	if cfg.ring > 0 {
-		label := fmt.Sprintf("%d steps, ring of %d", cfg.ring, cfg.ringFunctions)
-		rows, err := measure(ctx, c, cfg, ringWorkflow(cfg.ring, cfg.ringFunctions), label, cfg.ring, cfg.ring-1, "0", strconv.Itoa(cfg.ring))
-		if err != nil {
-			return err
-		}
-		rep.Results = append(rep.Results, rows...)
 	}
 	rep.Host.LoadAfter = loadavg()
 	if cfg.out == "" {
@@ -222,6 +236,30 @@ func run(cfg config) error {
 	return os.WriteFile(filepath.Join(cfg.out, "chain.json"), append(js, '\n'), 0o644)
 }
 
+// The functions' languages (-lang): Python, the SDK most users write
+// with, and Go, whose function server costs little enough to show the
+// platform's own cost.
+const (
+	langPython = "python"
+	langGo     = "go"
+)
+
+func langLabel(lang string) string {
+	if lang == langGo {
+		return " (Go)"
+	}
+	return ""
+}
+
+// function is a chain's or a ring's function in lang: inline Python code
+// (handler or ringHandler) or the same in Go (bench/chain/gofunc).
+func function(lang, name, code string, env ...corev1.EnvVar) v1alpha1.FunctionSpec {
+	if lang == langGo {
+		return v1alpha1.FunctionSpec{Name: name, Image: "ghcr.io/ziptrail/bench-chain-go:latest", Env: env}
+	}
+	return pythonFunction(name, code, env...)
+}
+
 // pythonFunction runs inline Python code on the image catalog's generic
 // Python (config/local/images.yaml), which has the SDK on PYTHONPATH.
 func pythonFunction(name, code string, env ...corev1.EnvVar) v1alpha1.FunctionSpec {
@@ -229,10 +267,10 @@ func pythonFunction(name, code string, env ...corev1.EnvVar) v1alpha1.FunctionSp
 }
 
 // chainWorkflow is f0 -> f1 -> ... -> f(length-1), each returning its input.
-func chainWorkflow(length int) *v1alpha1.Workflow {
-	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("chain%d", length), Namespace: "bench"}, Spec: v1alpha1.WorkflowSpec{Entry: "f0"}}
+func chainWorkflow(length int, lang string) *v1alpha1.Workflow {
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("chain%d%s", length, langSuffix(lang)), Namespace: "bench"}, Spec: v1alpha1.WorkflowSpec{Entry: "f0"}}
 	for i := 0; i < length; i++ {
-		wf.Spec.Functions = append(wf.Spec.Functions, pythonFunction(fmt.Sprintf("f%d", i), handler))
+		wf.Spec.Functions = append(wf.Spec.Functions, function(lang, fmt.Sprintf("f%d", i), handler))
 		if i > 0 {
 			wf.Spec.Dependencies = append(wf.Spec.Dependencies, v1alpha1.Dependency{From: []string{fmt.Sprintf("f%d", i-1)}, To: []string{fmt.Sprintf("f%d", i)}})
 		}
@@ -242,12 +280,12 @@ func chainWorkflow(length int) *v1alpha1.Workflow {
 
 // ringWorkflow is a chain of steps invocations around functions r0..r(size-1):
 // r(j) writes bucket h(j+1 mod size), whose Immediate trigger invokes r(j+1).
-func ringWorkflow(steps, size int) *v1alpha1.Workflow {
-	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ring%d", steps), Namespace: "bench"},
+func ringWorkflow(steps, size int, lang string) *v1alpha1.Workflow {
+	wf := &v1alpha1.Workflow{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ring%d%s", steps, langSuffix(lang)), Namespace: "bench"},
 		Spec: v1alpha1.WorkflowSpec{Entry: "r0", Buckets: []v1alpha1.NamedBucket{{Name: "output"}}}}
 	for j := 0; j < size; j++ {
 		fn, bucket := fmt.Sprintf("r%d", j), fmt.Sprintf("h%d", j)
-		wf.Spec.Functions = append(wf.Spec.Functions, pythonFunction(fn, ringHandler,
+		wf.Spec.Functions = append(wf.Spec.Functions, function(lang, fn, ringHandler,
 			corev1.EnvVar{Name: "RING_INDEX", Value: strconv.Itoa(j)}, corev1.EnvVar{Name: "RING_SIZE", Value: strconv.Itoa(size)},
 			corev1.EnvVar{Name: "RING_STEPS", Value: strconv.Itoa(steps)}))
 		wf.Spec.Buckets = append(wf.Spec.Buckets, v1alpha1.NamedBucket{Name: bucket})
@@ -255,6 +293,14 @@ func ringWorkflow(steps, size int) *v1alpha1.Workflow {
 			Spec: v1alpha1.TriggerSpec{Bucket: bucket, Primitive: v1alpha1.Immediate, Targets: []string{fn}}})
 	}
 	return wf
+}
+
+// langSuffix keeps the workflows of two languages apart.
+func langSuffix(lang string) string {
+	if lang == langGo {
+		return "go"
+	}
+	return ""
 }
 
 // percentile is the nearest-rank percentile of sorted latencies.

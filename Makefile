@@ -97,8 +97,8 @@ bench-sort: deps ## Sort of 1/2/4 GiB on the local cluster through each shuffle 
 	$(DEPS_ENV); go run ./bench/sort
 
 .PHONY: bench-sidecarmem
-bench-sidecarmem: deps ## Resident memory of queue-proxy-zl vs stock queue-proxy (root).
-	$(DEPS_ENV); go run ./bench/sidecarmem
+bench-sidecarmem: deps ## Resident memory and invocation latency of queue-proxy-zl vs stock queue-proxy (root).
+	$(DEPS_ENV); go run ./bench/sidecarmem -latency 2000
 
 # The chaos checker (bench/chaos, docs/guarantees.md "How we test it"):
 # sessions of four shapes under nemeses (operator SIGKILL/SIGSTOP, rollout

@@ -53,13 +53,15 @@ var _ = Describe("direct routing with Knative's autoscaler", func() {
 			Skip("reads the in-process operator's metrics")
 		}
 		Expect(cluster.DirectDispatch()).To(BeTrue(), "direct routing is the local cluster's default, as the chart's")
-		// One request at a time per pod, at most 5 pods, from zero.
+		// Knative's KPA aims at one request at a time per pod (a soft
+		// target: no containerConcurrency limit, which would leave the
+		// revision to the activator), at most 5 pods, from zero.
 		ns := deploy("direct", v1alpha1.WorkflowSpec{Entry: "work", Functions: []v1alpha1.FunctionSpec{
 			scaled(pyFunction("work", `
 import time
 def handle(inv):
     time.sleep(2)
-    return inv.objects[0].bytes()[::-1]`), 0, 5, 1, map[string]string{"autoscaling.knative.dev/window": "6s"}),
+    return inv.objects[0].bytes()[::-1]`), 0, 5, 0, map[string]string{"autoscaling.knative.dev/target": "1", "autoscaling.knative.dev/window": "6s"}),
 		}})
 		reversed := func(r *streamed) error {
 			want := []byte(r.input)

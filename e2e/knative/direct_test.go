@@ -48,6 +48,13 @@ var _ = Describe("direct routing's view of Knative", Ordered, func() {
 
 	It("finds a ready pod in the revision's private EndpointSlices, whose queue-proxy serves at the \"http\" port", func() {
 		Eventually(func() int { return readyPods(ns, rev) }).Should(Equal(1))
+		// Knative's webhook writes the default containerConcurrency (0)
+		// into the template: direct routing takes only such revisions.
+		ksvc, err := serving.ServingV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ksvc.Spec.Template.Spec.ContainerConcurrency).NotTo(BeNil())
+		Expect(*ksvc.Spec.Template.Spec.ContainerConcurrency).To(BeZero())
+		Expect(direct.Unbounded(ksvc, rev)).To(BeTrue())
 		// The private Service's EndpointSlices carry the revision's and
 		// the service type's labels, and queue-proxy's port as "http".
 		var slices discoveryv1.EndpointSliceList

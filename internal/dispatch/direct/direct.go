@@ -11,10 +11,11 @@
 // (serving.knative.dev/revision, networking.internal.knative.dev/serviceType
 // = Private) and a port named "http" that is queue-proxy's serving port;
 // an endpoint is ready when queue-proxy's readiness probe passes. A
-// Service whose traffic is split, a revision with no ready pod (scaled to
-// zero, cold), an h2c revision (no "http" port) and a pod at its
-// containerConcurrency are all sent by the route, so scale-from-zero,
-// Knative's buffering and traffic splits stay Knative's. Queue-proxy
+// Service whose traffic is split or rolling out, a revision with no ready
+// pod (scaled to zero, cold), an h2c revision (no "http" port) and a
+// revision with a containerConcurrency limit (Unbounded) are all sent by
+// the route, so scale-from-zero, Knative's buffering, traffic splits and
+// hard concurrency limits stay Knative's. Queue-proxy
 // counts the requests it serves, so the autoscaler sees the direct load
 // as it sees the activator's.
 package direct
@@ -66,7 +67,7 @@ type Router struct {
 type service struct {
 	read     time.Time
 	revision string // "" when traffic is split or no revision is ready
-	cc       int    // the revision's containerConcurrency (0: unlimited)
+	cc       int    // the revision's containerConcurrency: 0 (unlimited) unless a test sets it
 	pods     []Pod  // its ready pods
 	// refreshing: a read is under way; others use what is known.
 	refreshing bool
@@ -177,19 +178,32 @@ func (r *Router) read(ctx context.Context, namespace, name string) *service {
 		return out
 	}
 	rev := Revision(&ksvc)
-	if rev == "" {
+	if rev == "" || !Unbounded(&ksvc, rev) {
 		return out
 	}
 	out.revision = rev
-	if cc := ksvc.Spec.Template.Spec.ContainerConcurrency; cc != nil && ksvc.Status.LatestCreatedRevisionName == rev {
-		out.cc = int(*cc)
-	}
 	var slices discoveryv1.EndpointSliceList
 	if err := r.Reader.List(ctx, &slices, client.InNamespace(namespace), client.MatchingLabels(SliceLabels(rev))); err != nil {
 		return out
 	}
 	out.pods = ReadyPods(slices.Items)
 	return out
+}
+
+// Unbounded reports whether revision, the one all of ksvc's traffic goes
+// to, takes any number of requests at once (containerConcurrency 0, as
+// Knative's webhook writes it into the template from config-defaults),
+// and is the Service's latest (its template says so; not during a
+// rollout). A revision with a hard limit is left to the route: Knative's
+// activator then counts every request to its pods against the limit, and
+// a second balancer counting apart from it (this operator, each of its
+// replicas, each sidecar firing delegated triggers) would send a pod more
+// than it takes; queue-proxy would queue the excess behind the running
+// requests — a group of members that wait for each other (a collective)
+// would never start.
+func Unbounded(ksvc *servingv1.Service, revision string) bool {
+	cc := ksvc.Spec.Template.Spec.ContainerConcurrency
+	return cc != nil && *cc == 0 && ksvc.Status.LatestCreatedRevisionName == revision && ksvc.Status.LatestReadyRevisionName == revision
 }
 
 // Revision is the revision that all of a Knative Service's traffic goes

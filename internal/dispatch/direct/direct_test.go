@@ -36,7 +36,7 @@ func TestReadyPodsAreTheReadyEndpointsAtTheHTTPPort(t *testing.T) {
 		{AddressType: discoveryv1.AddressTypeFQDN, Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8012)}},
 			Endpoints: []discoveryv1.Endpoint{endpoint("pod.example", "n1", true, false)}},
 	}
-	want := []Pod{{"10.0.0.1:8012", "n1"}, {"10.0.0.4:8012", "n2"}}
+	want := []Pod{{Addr: "10.0.0.1:8012", Node: "n1"}, {Addr: "10.0.0.4:8012", Node: "n2"}}
 	if got := ReadyPods(slices); !reflect.DeepEqual(got, want) {
 		t.Fatalf("ReadyPods: %v, want %v", got, want)
 	}
@@ -74,12 +74,38 @@ func TestRevisionIsTheOneTakingAllTraffic(t *testing.T) {
 	}
 }
 
+// TestARevisionWithAConcurrencyLimitOrARolloutGoesByTheRoute: only the
+// Service's latest revision, ready, without a containerConcurrency limit,
+// is routed directly.
+func TestARevisionWithAConcurrencyLimitOrARolloutGoesByTheRoute(t *testing.T) {
+	svc := func(cc *int64, created, ready string) *servingv1.Service {
+		s := &servingv1.Service{}
+		s.Spec.Template.Spec.ContainerConcurrency = cc
+		s.Status.LatestCreatedRevisionName, s.Status.LatestReadyRevisionName = created, ready
+		return s
+	}
+	for _, tc := range []struct {
+		name string
+		svc  *servingv1.Service
+		want bool
+	}{
+		{"unlimited, settled", svc(ptr.To[int64](0), "f-00002", "f-00002"), true},
+		{"a limit", svc(ptr.To[int64](1), "f-00002", "f-00002"), false},
+		{"not defaulted", svc(nil, "f-00002", "f-00002"), false},
+		{"a new revision not ready yet", svc(ptr.To[int64](0), "f-00003", "f-00002"), false},
+	} {
+		if got := Unbounded(tc.svc, "f-00002"); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
 // TestAPodThatDidNotTakeAnInvocationIsNotPickedAgain: until the next read
 // of its EndpointSlices, a pod that was gone or overloaded is left out.
 func TestAPodThatDidNotTakeAnInvocationIsNotPickedAgain(t *testing.T) {
-	r := &Router{services: map[string]*service{"ns/f": {pods: []Pod{{"a:8012", "n1"}, {"b:8012", "n1"}}}}}
+	r := &Router{services: map[string]*service{"ns/f": {pods: []Pod{{Addr: "a:8012", Node: "n1"}, {Addr: "b:8012", Node: "n1"}}}}}
 	r.forget("ns", "f", "a:8012")
-	if got := r.services["ns/f"].pods; !reflect.DeepEqual(got, []Pod{{"b:8012", "n1"}}) {
+	if got := r.services["ns/f"].pods; !reflect.DeepEqual(got, []Pod{{Addr: "b:8012", Node: "n1"}}) {
 		t.Fatalf("pods after forgetting a: %v", got)
 	}
 }

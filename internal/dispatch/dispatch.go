@@ -134,13 +134,8 @@ func New(opts Options) (*Dispatcher, error) {
 	direct := opts.Client
 	if opts.Router != nil {
 		base, _ := opts.Client.Transport.(*http.Transport)
-		if base == nil {
-			base = http.DefaultTransport.(*http.Transport)
-		}
-		tr := base.Clone()
-		tr.MaxIdleConnsPerHost = opts.Concurrency
 		c := *opts.Client
-		c.Transport = tr
+		c.Transport = call.DirectTransport(base, opts.Concurrency)
 		direct = &c
 	}
 	if opts.Ingress != "" {

@@ -103,6 +103,17 @@ func (d *delegator) client(ingress string) *http.Client {
 	return c.(*http.Client)
 }
 
+// directClient is the kept-alive HTTP client for requests straight to
+// target pods (direct routing): dials bounded by call.DirectDialTimeout.
+func (d *delegator) directClient() *http.Client {
+	const key = "\x00direct" // not an ingress address
+	if c, ok := d.clients.Load(key); ok {
+		return c.(*http.Client)
+	}
+	c, _ := d.clients.LoadOrStore(key, &http.Client{Transport: call.DirectTransport(nil, 64), Timeout: 15 * time.Minute})
+	return c.(*http.Client)
+}
+
 // fireDelegated invokes the delegated triggers' targets for the outputs of
 // env's invocation and records on each output what it made. An execution
 // that is a re-execution fires nothing itself (its original may have); nor
@@ -162,7 +173,7 @@ func (s *Sidecar) sendDelegated(env *invocation.Envelope, t *controlv1.Delegated
 	opts := call.Options{Client: s.deleg.client(t.Ingress), Wrote: func(ok bool) { sent <- ok }, Receivers: &s.deleg.receivers,
 		URL:          func(context.Context, *invocation.Envelope) (string, error) { return t.Url, nil },
 		Router:       pushedPods{t: t, inflight: &s.deleg.inflight},
-		DirectClient: s.deleg.client("")}
+		DirectClient: s.deleg.directClient()}
 	if node := s.cfg.SameNode.Node; node != "" {
 		opts.ProducerNode = func(*invocation.Envelope) string { return node }
 	}

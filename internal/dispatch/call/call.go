@@ -113,6 +113,26 @@ type Router interface {
 	Pick(env *invocation.Envelope, node string) (addr string, done func(Verdict))
 }
 
+// DirectDialTimeout bounds the dial of a try sent straight to a pod: a
+// pod's address answers within a millisecond or not at all (a
+// NetworkPolicy that drops the sender's packets, a pod gone without its
+// address being reused), and the route is there to take the invocation.
+const DirectDialTimeout = time.Second
+
+// DirectTransport is base (nil: http.DefaultTransport) for tries sent
+// straight to pods: dials bounded by DirectDialTimeout, perHost idle
+// connections kept per pod.
+func DirectTransport(base *http.Transport, perHost int) *http.Transport {
+	if base == nil {
+		base = http.DefaultTransport.(*http.Transport)
+	}
+	tr := base.Clone()
+	dialer := &net.Dialer{Timeout: DirectDialTimeout, KeepAlive: 30 * time.Second}
+	tr.DialContext = dialer.DialContext
+	tr.MaxIdleConnsPerHost = perHost
+	return tr
+}
+
 // Verdict is how a try sent straight to a pod ended, for its Router.
 type Verdict int
 

@@ -61,7 +61,15 @@ type Router struct {
 	mu       sync.Mutex
 	services map[string]*service // namespace/service
 	inflight podpick.Inflight    // requests sent straight to each pod and not ended
+	// unreachable: pods that took no connection, until when they are
+	// left out whatever their EndpointSlices say (a NetworkPolicy that
+	// drops the operator's packets would otherwise cost a dial timeout
+	// at every read).
+	unreachable map[string]time.Time
 }
+
+// UnreachableFor is how long a pod that took no connection is left out.
+const UnreachableFor = 10 * time.Second
 
 // service is what one Knative Service routes to, read at most every TTL.
 type service struct {
@@ -92,9 +100,12 @@ func (r *Router) Pick(env *invocation.Envelope, node string) (string, func(call.
 	}
 	return addr, func(v call.Verdict) {
 		done()
-		if v == call.Unreached || v == call.Overloaded {
+		switch v {
+		case call.Overloaded:
 			// Not this pod, until the next read says otherwise.
-			r.forget(env.Namespace, env.Function, addr)
+			r.forget(env.Namespace, env.Function, addr, time.Time{})
+		case call.Unreached:
+			r.forget(env.Namespace, env.Function, addr, r.now().Add(UnreachableFor))
 		}
 	}
 }
@@ -109,10 +120,17 @@ func (r *Router) Ready(namespace, service string) ([]Pod, int) {
 	return svc.pods, svc.cc
 }
 
-// forget drops addr from a Service's pods.
-func (r *Router) forget(namespace, name, addr string) {
+// forget drops addr from a Service's pods, and from what later reads
+// find until until (zero: the next read may find it again).
+func (r *Router) forget(namespace, name, addr string, until time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if !until.IsZero() {
+		if r.unreachable == nil {
+			r.unreachable = map[string]time.Time{}
+		}
+		r.unreachable[addr] = until
+	}
 	svc := r.services[namespace+"/"+name]
 	if svc == nil {
 		return
@@ -160,9 +178,23 @@ func (r *Router) refresh(namespace, name string, now time.Time) *service {
 	read := r.read(ctx, namespace, name)
 	read.read = now
 	r.mu.Lock()
+	read.pods = r.reachable(read.pods, now)
 	r.services[namespace+"/"+name] = read
 	r.mu.Unlock()
 	return read
+}
+
+// reachable is pods without those left out as unreachable at now (under
+// the lock); it forgets what has expired.
+func (r *Router) reachable(pods []Pod, now time.Time) []Pod {
+	for addr, until := range r.unreachable {
+		if !now.Before(until) {
+			delete(r.unreachable, addr)
+		} else {
+			pods = podpick.Without(pods, addr)
+		}
+	}
+	return pods
 }
 
 // readTimeout bounds one read of the cache (its first read of

@@ -3,6 +3,7 @@ package direct
 import (
 	"reflect"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -104,8 +105,28 @@ func TestARevisionWithAConcurrencyLimitOrARolloutGoesByTheRoute(t *testing.T) {
 // of its EndpointSlices, a pod that was gone or overloaded is left out.
 func TestAPodThatDidNotTakeAnInvocationIsNotPickedAgain(t *testing.T) {
 	r := &Router{services: map[string]*service{"ns/f": {pods: []Pod{{Addr: "a:8012", Node: "n1"}, {Addr: "b:8012", Node: "n1"}}}}}
-	r.forget("ns", "f", "a:8012")
+	r.forget("ns", "f", "a:8012", time.Time{})
 	if got := r.services["ns/f"].pods; !reflect.DeepEqual(got, []Pod{{Addr: "b:8012", Node: "n1"}}) {
 		t.Fatalf("pods after forgetting a: %v", got)
+	}
+}
+
+// TestAnUnreachablePodStaysOutAcrossReads: a pod that took no connection
+// is left out of what the next reads find, for UnreachableFor.
+func TestAnUnreachablePodStaysOutAcrossReads(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := &Router{Now: func() time.Time { return now }, services: map[string]*service{"ns/f": {pods: []Pod{{Addr: "a:8012"}, {Addr: "b:8012"}}}}}
+	r.forget("ns", "f", "a:8012", now.Add(UnreachableFor))
+	filtered := func() []Pod {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.reachable([]Pod{{Addr: "a:8012"}, {Addr: "b:8012"}}, now)
+	}
+	if got := filtered(); !reflect.DeepEqual(got, []Pod{{Addr: "b:8012"}}) {
+		t.Fatalf("within UnreachableFor: %v", got)
+	}
+	now = now.Add(UnreachableFor)
+	if got := filtered(); len(got) != 2 {
+		t.Fatalf("after UnreachableFor: %v", got)
 	}
 }

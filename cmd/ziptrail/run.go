@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -129,15 +130,32 @@ func runRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	g.register(fs)
 	input := fs.String("input", "", "the session input: a file, or - for stdin (default: empty)")
 	quiet := fs.Bool("q", false, "print only the result")
+	output := fs.String("o", "", "write the result to this file instead of stdout: its bytes exactly, the file complete or not there at all")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up waiting for the result after this long")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return errors.New("usage: ziptrail run WORKFLOW [--input FILE|-] [-n NAMESPACE] [-q]")
+		return errors.New("usage: ziptrail run WORKFLOW [--input FILE|-] [-n NAMESPACE] [-q] [-o FILE]")
 	}
 	wf := pos[0]
+	// The result goes to a temporary file next to -o's, renamed once it
+	// is whole: a failed or cut session leaves no partial result behind.
+	dst := stdout
+	var out *os.File
+	if *output != "" {
+		if out, err = os.CreateTemp(filepath.Dir(*output), "."+filepath.Base(*output)+".*.partial"); err != nil {
+			return fmt.Errorf("result file: %w", err)
+		}
+		defer func() {
+			if out != nil {
+				out.Close()
+				os.Remove(out.Name())
+			}
+		}()
+		dst = out
+	}
 	body, size, closeInput, err := openInput(*input, stdin)
 	if err != nil {
 		return fmt.Errorf("read input: %w", err)
@@ -177,8 +195,9 @@ func runRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		defer close(streamed)
 		streamEvents(ctx, hc, gw, g.namespace, s.ID, s.Started, progress)
 	}()
-	// The result streams to stdout as it arrives, whatever its size.
-	res := &lastByte{w: stdout}
+	// The result streams to stdout (or -o's file) as it arrives, whatever
+	// its size.
+	res := &lastByte{w: dst}
 	err = awaitResult(ctx, hc, gw, g.namespace, s.ID, res)
 	final := s
 	if gerr := hc.call(ctx, http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gw, g.namespace, s.ID), nil, 0, nil, http.StatusOK, &final); gerr == nil {
@@ -194,11 +213,37 @@ func runRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if final.Ended != nil {
 		took = " in " + final.Ended.Sub(final.Started).Round(time.Millisecond).String()
 	}
+	if out != nil {
+		err := out.Sync()
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Rename(out.Name(), *output)
+		}
+		if err != nil {
+			return fmt.Errorf("result file: %w", err)
+		}
+		out = nil
+		fmt.Fprintf(progress, "==> result written to %s\n", *output)
+	}
 	fmt.Fprintf(progress, "==> %s%s: %d invocations, %d objects; result %d bytes\n", final.State, took, final.Invocations, final.Objects, res.n)
-	if res.n > 0 && res.last != '\n' {
+	// The result's bytes are the result's: a newline is added only to end
+	// the line on a terminal, never into a pipe or a file.
+	if dst == stdout && res.n > 0 && res.last != '\n' && isTerminal(stdout) {
 		fmt.Fprintln(stdout)
 	}
 	return nil
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // openInput opens the session input: a file (streamed, its length known),

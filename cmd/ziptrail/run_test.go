@@ -161,8 +161,9 @@ func TestRunAndSessions(t *testing.T) {
 	if err := runRun(ctx, []string{"upper", "--input", in, "-n", "team-a", "--state-dir", e.state}, nil, &out, &progress); err != nil {
 		t.Fatalf("run: %v\n%s", err, progress.String())
 	}
-	if out.String() != strings.Repeat(strings.ToUpper(text), 5)+"\n" {
-		t.Errorf("result: %d bytes, want %d", out.Len(), 5*len(text)+1)
+	// Into a pipe or a file the result's bytes exactly: no newline added.
+	if out.String() != strings.Repeat(strings.ToUpper(text), 5) {
+		t.Errorf("result: %d bytes, want %d", out.Len(), 5*len(text))
 	}
 	for _, want := range []string{"==> session upper-", " of team-a/upper started (60000 bytes of input)", "Invoked      run with 1 objects",
 		"Completed", "==> Completed in ", "1 invocations, 1 objects; result 300000 bytes"} {
@@ -177,11 +178,44 @@ func TestRunAndSessions(t *testing.T) {
 	if err := runRun(ctx, []string{"-q", "--gateway", e.url, "--token", e.tok, "-n", "team-a", "--input", "-", "upper"}, strings.NewReader("again"), &out, &progress); err != nil {
 		t.Fatal(err)
 	}
-	if out.String() != "AGAINAGAINAGAINAGAINAGAIN\n" || progress.Len() != 0 {
+	if out.String() != "AGAINAGAINAGAINAGAINAGAIN" || progress.Len() != 0 {
 		t.Errorf("quiet run: result %q, progress %q", out.String(), progress.String())
 	}
 
-	err := runRun(ctx, []string{"nope", "-n", "team-a", "--state-dir", e.state}, nil, &out, &progress)
+	// -o: the result into a file, whole; nothing on stdout.
+	out.Reset()
+	progress.Reset()
+	file := filepath.Join(t.TempDir(), "result.bin")
+	if err := runRun(ctx, []string{"upper", "-o", file, "--gateway", e.url, "--token", e.tok, "-n", "team-a", "--input", "-"}, strings.NewReader("bytes"), &out, &progress); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(file); err != nil || string(got) != "BYTESBYTESBYTESBYTESBYTES" || out.Len() != 0 {
+		t.Errorf("-o: file %q (%v), stdout %q", got, err, out.String())
+	}
+	if !strings.Contains(progress.String(), "==> result written to "+file) {
+		t.Errorf("-o: progress %q", progress.String())
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(file), ".result.bin.*")); len(left) != 0 {
+		t.Errorf("-o left %v behind", left)
+	}
+	// A failed session leaves no file; a directory that does not exist
+	// is refused before anything starts.
+	missing := filepath.Join(t.TempDir(), "nope.bin")
+	if err := runRun(ctx, []string{"nope", "-o", missing, "--gateway", e.url, "--token", e.tok, "-n", "team-a"}, nil, &out, &progress); err == nil {
+		t.Error("-o of an unknown workflow succeeded")
+	}
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Errorf("-o of a failed run left %s: %v", missing, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(missing), ".nope.bin.*")); len(left) != 0 {
+		t.Errorf("a failed -o left %v behind", left)
+	}
+	err := runRun(ctx, []string{"upper", "-o", filepath.Join(t.TempDir(), "no", "such", "dir", "r"), "--gateway", e.url, "--token", e.tok, "-n", "team-a"}, nil, &out, &progress)
+	if err == nil || !strings.Contains(err.Error(), "result file:") {
+		t.Errorf("-o into a missing directory: %v", err)
+	}
+
+	err = runRun(ctx, []string{"nope", "-n", "team-a", "--state-dir", e.state}, nil, &out, &progress)
 	if err == nil || !strings.Contains(err.Error(), "workflow not found: team-a/nope") {
 		t.Errorf("unknown workflow: %v", err)
 	}
@@ -201,11 +235,12 @@ func TestRunAndSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 3 || !strings.HasPrefix(lines[0], "SESSION") || !strings.HasPrefix(lines[1], "upper-") || !strings.HasPrefix(lines[2], "upper-") {
+	// The three runs above (the last with -o).
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "SESSION") || !strings.HasPrefix(lines[1], "upper-") || !strings.HasPrefix(lines[3], "upper-") {
 		t.Fatalf("sessions table, newest first:\n%s", out.String())
 	}
-	if f := strings.Fields(lines[2]); f[1] != "upper" || f[2] != "Completed" || f[3] != "1" || f[4] != "1" {
-		t.Errorf("row %q", lines[2])
+	if f := strings.Fields(lines[3]); f[1] != "upper" || f[2] != "Completed" || f[3] != "1" || f[4] != "1" {
+		t.Errorf("row %q", lines[3])
 	}
 
 	out.Reset()
@@ -255,10 +290,9 @@ func TestRunStreams1GiBResult(t *testing.T) {
 	for i := range data {
 		data[i] = byte(i*7 + i>>11)
 	}
-	// The CLI ends a result without a trailing newline with one.
+	// Into a pipe or a file, the result's bytes exactly.
 	wh := sha256.New()
 	wh.Write(data)
-	wh.Write([]byte{'\n'})
 	want := wh.Sum(nil)
 	st := store.New(size+1, nil)
 	if err := st.Put(ctx, store.Meta{ID: "huge", Bucket: "output", Key: "result", Reads: math.MaxUint32, Expires: time.Now().Add(time.Hour)}, data); err != nil {

@@ -336,6 +336,12 @@ func try(ctx context.Context, opts *Options, env *invocation.Envelope, body []by
 				}
 			}
 			t = attempt(ctx, opts, client, "http://"+addr+"/", env, body, fence, node, direct)
+			if ctx.Err() != nil {
+				// Cancelled (a stopping owner): nothing to learn of the
+				// pod, nothing to send by the route.
+				done(Answered)
+				return t
+			}
 			v := verdict(env, t)
 			done(v)
 			switch v {

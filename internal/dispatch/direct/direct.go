@@ -23,7 +23,9 @@ package direct
 import (
 	"context"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -263,13 +265,13 @@ func SliceLabels(revision string) map[string]string {
 	return map[string]string{serving.RevisionLabelKey: revision, networking.ServiceTypeKey: string(networking.ServiceTypePrivate)}
 }
 
-// ReadyPods are the ready, not terminating endpoints of slices at their
-// "http" port, each once.
-func ReadyPods(slices []discoveryv1.EndpointSlice) []Pod {
+// ReadyPods are the ready, not terminating endpoints of the slices at their
+// "http" port, each once, ordered by address.
+func ReadyPods(list []discoveryv1.EndpointSlice) []Pod {
 	var pods []Pod
 	seen := map[string]bool{}
-	for i := range slices {
-		s := &slices[i]
+	for i := range list {
+		s := &list[i]
 		port := int32(0)
 		for _, p := range s.Ports {
 			if p.Name != nil && *p.Name == PortName && p.Port != nil {
@@ -295,6 +297,9 @@ func ReadyPods(slices []discoveryv1.EndpointSlice) []Pod {
 			pods = append(pods, Pod{Addr: addr, Node: node})
 		}
 	}
+	// In a stable order: the operator compares what it sends sidecars
+	// with what it sent (the cache lists slices in no particular order).
+	slices.SortFunc(pods, func(a, b Pod) int { return strings.Compare(a.Addr, b.Addr) })
 	return pods
 }
 

@@ -181,10 +181,22 @@ func (r *Router) refresh(namespace, name string, now time.Time) *service {
 	read.read = now
 	r.mu.Lock()
 	read.pods = r.reachable(read.pods, now)
+	if len(r.services) >= maxServices {
+		// Bounded: Services not invoked for a minute (deleted ones
+		// among them) are read again when they are.
+		for k, v := range r.services {
+			if !v.refreshing && now.Sub(v.read) > time.Minute {
+				delete(r.services, k)
+			}
+		}
+	}
 	r.services[namespace+"/"+name] = read
 	r.mu.Unlock()
 	return read
 }
+
+// maxServices is the number of Services kept before old ones are dropped.
+const maxServices = 4096
 
 // reachable is pods without those left out as unreachable at now (under
 // the lock); it forgets what has expired.

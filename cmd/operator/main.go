@@ -101,7 +101,7 @@ func main() {
 	flag.BoolVar(&c.delegate, "delegate-triggers", false, "let producers' sidecars fire their workflow's Immediate and ByName triggers themselves, "+
 		"reporting to the engine, which stays the authority (docs/design.md, 'Delegated firing')")
 	flag.BoolVar(&c.direct, "direct-dispatch", true, "send each invocation straight to a ready pod of its function's revision (its queue-proxy), as Knative's activator does, "+
-		"instead of through the ingress and the activator; a revision without a ready pod, a split traffic and a pod's overload go by the route (docs/dispatch.md)")
+		"instead of through the ingress and the activator; a revision without a ready pod, with a containerConcurrency limit or split traffic, and a pod's overload, go by the route (docs/dispatch.md)")
 	flag.DurationVar(&c.drainTimeout, "engine-drain-timeout", 10*time.Second, "on a graceful stop (rollout, upgrade, a demoted bucket), how long calls in flight may take before the last save "+
 		"(keep it under the pod's terminationGracePeriodSeconds)")
 	flag.DurationVar(&c.redispatchAfter, "engine-redispatch-after", orchestrator.DefaultRedispatchAfter, "after a restore, how long to wait for news of an invocation in flight "+

@@ -4,8 +4,8 @@
 // Knative's ingress and activator — as Knative's activator itself picks a
 // pod once a revision has some (docs/dispatch.md, "Direct routing").
 //
-// What it relies on of Knative, pinned by e2e/knative's
-// TestDirectRoutingPins: a revision's private Service (the
+// What it relies on of Knative, pinned against the real Knative by
+// e2e/knative/direct_test.go: a revision's private Service (the
 // ServerlessService's, `<revision>-private`) selects the revision's pods;
 // its EndpointSlices carry the revision's and the service type's labels
 // (serving.knative.dev/revision, networking.internal.knative.dev/serviceType

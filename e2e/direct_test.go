@@ -63,16 +63,6 @@ def handle(inv):
     time.sleep(2)
     return inv.objects[0].bytes()[::-1]`), 0, 5, 0, map[string]string{"autoscaling.knative.dev/target": "1", "autoscaling.knative.dev/window": "6s"}),
 		}})
-		reversed := func(r *streamed) error {
-			want := []byte(r.input)
-			for i, j := 0, len(want)-1; i < j; i, j = i+1, j-1 {
-				want[i], want[j] = want[j], want[i]
-			}
-			if r.result != string(want) {
-				return fmt.Errorf("result %q, want %q", r.result, want)
-			}
-			return nil
-		}
 		atZero := func() {
 			Eventually(func(g Gomega) {
 				all, _, err := podCounts(ns, "direct-work")
@@ -100,7 +90,7 @@ def handle(inv):
 		st.run(ns, "direct", 2*time.Second/30, 900, func(n int) bool {
 			return n < 30 || (w.Reached().IsZero() && time.Since(start) < time.Minute)
 		})
-		runs := st.wait(ns, reversed)
+		runs := st.wait(ns, reversedInput)
 		w.Stop()
 		load := since(before)
 		Expect(w.Max()).To(BeNumerically(">=", 3), "Knative scaled the function up from the direct requests' load (queue-proxy's metrics)")

@@ -246,6 +246,18 @@ func (st *sessionStream) wait(ns string, check func(r *streamed) error) []*strea
 	return st.runs
 }
 
+// reversedInput checks a session whose function returns its input reversed.
+func reversedInput(r *streamed) error {
+	want := []byte(r.input)
+	for i, j := 0, len(want)-1; i < j; i, j = i+1, j-1 {
+		want[i], want[j] = want[j], want[i]
+	}
+	if r.result != string(want) {
+		return fmt.Errorf("result %q, want %q", r.result, want)
+	}
+	return nil
+}
+
 // pyBlobOf builds an object of n bytes from a seed (blobOf is the same in
 // Go): above the inline threshold, so it travels by reference.
 const pyBlobOf = `
@@ -311,16 +323,7 @@ def handle(inv):
 		// At least 30 sessions over 15 s, and on until Knative has scaled up
 		// (at most 6 minutes of load).
 		st.run(ns, "autoscale", 500*time.Millisecond, 720, func(n int) bool { return n < 30 || w.Reached().IsZero() })
-		runs := st.wait(ns, func(r *streamed) error {
-			want := []byte(r.input)
-			for i, j := 0, len(want)-1; i < j; i, j = i+1, j-1 {
-				want[i], want[j] = want[j], want[i]
-			}
-			if r.result != string(want) {
-				return fmt.Errorf("result %q, want %q", r.result, want)
-			}
-			return nil
-		})
+		runs := st.wait(ns, reversedInput)
 		w.Stop()
 		Expect(w.Max()).To(BeNumerically(">=", 2), "Knative scaled the function up from 1 pod")
 		fmt.Fprintf(GinkgoWriter, "autoscaling: %d sessions, 0 failed; ready pods 1 -> %d; load start -> 2nd ready pod: %v\n",

@@ -117,13 +117,7 @@ func TestDelegatedFiring(t *testing.T) {
 	ev.deleg = deleg
 	ev.mu.Unlock()
 	producer := run("p", "entry")
-	deadline := time.Now().Add(time.Minute)
-	for producer.deleg.byBucket.Load() == nil || len(*producer.deleg.byBucket.Load()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the producer's sidecar never got its delegated triggers")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitDelegations(t, producer)
 	pfn := httptest.NewServer(producer.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", invocation.OutputsContentType)
 		_ = json.NewEncoder(w).Encode(invocation.Outputs{Objects: []invocation.Object{
@@ -276,13 +270,7 @@ func TestDelegatedFiringGoesStraightToThePushedPods(t *testing.T) {
 	}}
 	ev.mu.Unlock()
 	producer := workflowSidecar(t, addr, "p", "entry")
-	deadline := time.Now().Add(time.Minute)
-	for producer.deleg.byBucket.Load() == nil || len(*producer.deleg.byBucket.Load()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the producer's sidecar never got its delegated triggers")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitDelegations(t, producer)
 	pfn := httptest.NewServer(producer.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", invocation.OutputsContentType)
 		_ = json.NewEncoder(w).Encode(invocation.Outputs{Objects: []invocation.Object{
@@ -316,5 +304,18 @@ func TestDelegatedFiringGoesStraightToThePushedPods(t *testing.T) {
 	defer mu.Unlock()
 	if fmt.Sprint(got["pod"]) != fmt.Sprint([]string{direct}) || fmt.Sprint(got["route"]) != fmt.Sprint([]string{byRoute}) {
 		t.Fatalf("the pod got %v, the route %v; want [%s] straight and [%s] by the route (its pod was gone)", got["pod"], got["route"], direct, byRoute)
+	}
+}
+
+// waitDelegations waits (a minute at most) until s has its delegated
+// triggers from the operator's Welcome.
+func waitDelegations(t *testing.T, s *Sidecar) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for s.deleg.byBucket.Load() == nil || len(*s.deleg.byBucket.Load()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the producer's sidecar never got its delegated triggers")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -45,9 +45,9 @@ type switchedRouter struct {
 
 // Ready passes direct.Router.Ready on (none when switched off): the
 // delegated triggers' pods, sent to the producers' sidecars.
-func (s switchedRouter) Ready(namespace, service string) ([]podpick.Pod, int) {
+func (s switchedRouter) Ready(namespace, service string) []podpick.Pod {
 	if s.c.routeOnly.Load() {
-		return nil, 0
+		return nil
 	}
 	return s.r.Ready(namespace, service)
 }

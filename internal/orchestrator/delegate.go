@@ -49,7 +49,7 @@ type delegationSource struct {
 // readyPods is what direct routing knows of a Knative Service's ready
 // pods (direct.Router.Ready): Options.Router, when it has it.
 type readyPods interface {
-	Ready(namespace, service string) ([]podpick.Pod, int)
+	Ready(namespace, service string) []podpick.Pod
 }
 
 // delegationRefresh is how often the delegated targets' ready pods are
@@ -110,11 +110,9 @@ func (o *Orchestrator) setDelegations(wf *v1alpha1.Workflow, spec engine.Workflo
 				dt := &controlv1.DelegatedTrigger{Trigger: t.Name, Bucket: t.Bucket, Key: t.Key,
 					Function: target, Service: svc, Url: u.String(), Ingress: o.opts.Ingress}
 				if rp, ok := o.opts.Router.(readyPods); ok {
-					pods, cc := rp.Ready(wf.Namespace, svc)
-					for _, p := range pods {
+					for _, p := range rp.Ready(wf.Namespace, svc) {
 						dt.Pods = append(dt.Pods, &controlv1.Pod{Addr: p.Addr, Node: p.Node})
 					}
-					dt.ContainerConcurrency = int32(cc)
 				}
 				msg.Triggers = append(msg.Triggers, dt)
 			}

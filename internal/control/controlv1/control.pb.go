@@ -1113,14 +1113,12 @@ type DelegatedTrigger struct {
 	Ingress  string                 `protobuf:"bytes,7,opt,name=ingress,proto3" json:"ingress,omitempty"`   // host:port to dial for it (the operator's --ingress); empty: the URL's host
 	// Direct routing (docs/dispatch.md): the ready pods of the revision
 	// all of the service's traffic goes to, when the operator routes
-	// directly; the sidecar sends straight to one of them (url when none
-	// has room, or one refuses) and counts its requests in flight against
-	// container_concurrency (0: no limit). The operator sends the set again
-	// when it changes.
-	Pods                 []*Pod `protobuf:"bytes,8,rep,name=pods,proto3" json:"pods,omitempty"`
-	ContainerConcurrency int32  `protobuf:"varint,9,opt,name=container_concurrency,json=containerConcurrency,proto3" json:"container_concurrency,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// directly (only revisions without a concurrency limit); the sidecar
+	// sends straight to one of them (url when there is none, or the one
+	// picked refuses). The operator sends the set again when it changes.
+	Pods          []*Pod `protobuf:"bytes,8,rep,name=pods,proto3" json:"pods,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DelegatedTrigger) Reset() {
@@ -1207,13 +1205,6 @@ func (x *DelegatedTrigger) GetPods() []*Pod {
 		return x.Pods
 	}
 	return nil
-}
-
-func (x *DelegatedTrigger) GetContainerConcurrency() int32 {
-	if x != nil {
-		return x.ContainerConcurrency
-	}
-	return 0
 }
 
 // Pod is a ready pod of a revision: its queue-proxy's address (host:port)
@@ -2070,7 +2061,7 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\x05Saved\x12\x12\n" +
 	"\x04kept\x18\x01 \x03(\x06R\x04kept\"P\n" +
 	"\vDelegations\x12A\n" +
-	"\btriggers\x18\x01 \x03(\v2%.ziptrail.control.v1.DelegatedTriggerR\btriggers\"\x9b\x02\n" +
+	"\btriggers\x18\x01 \x03(\v2%.ziptrail.control.v1.DelegatedTriggerR\btriggers\"\xe6\x01\n" +
 	"\x10DelegatedTrigger\x12\x18\n" +
 	"\atrigger\x18\x01 \x01(\tR\atrigger\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
@@ -2079,8 +2070,7 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\aservice\x18\x05 \x01(\tR\aservice\x12\x10\n" +
 	"\x03url\x18\x06 \x01(\tR\x03url\x12\x18\n" +
 	"\aingress\x18\a \x01(\tR\aingress\x12,\n" +
-	"\x04pods\x18\b \x03(\v2\x18.ziptrail.control.v1.PodR\x04pods\x123\n" +
-	"\x15container_concurrency\x18\t \x01(\x05R\x14containerConcurrency\"-\n" +
+	"\x04pods\x18\b \x03(\v2\x18.ziptrail.control.v1.PodR\x04pods\"-\n" +
 	"\x03Pod\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\"<\n" +

@@ -51,7 +51,7 @@ type delegator struct {
 
 // pushedPods is a call.Router over the ready pods the operator sent with a
 // delegated trigger (direct routing, docs/dispatch.md): a delegated
-// invocation goes straight to one of them, by its URL when none has room
+// invocation goes straight to one of them, by its URL when there is none
 // or the one picked refuses it.
 type pushedPods struct {
 	t        *controlv1.DelegatedTrigger
@@ -68,7 +68,7 @@ func (p pushedPods) Pick(_ *invocation.Envelope, node string) (string, func(call
 			pods = append(pods, podpick.Pod{Addr: pod.GetAddr(), Node: pod.GetNode()})
 		}
 	}
-	addr, done := p.inflight.Pick(pods, int(p.t.ContainerConcurrency), node)
+	addr, done := p.inflight.Pick(pods, node)
 	if addr == "" {
 		return "", nil
 	}

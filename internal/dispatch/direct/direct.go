@@ -75,10 +75,8 @@ const UnreachableFor = 10 * time.Second
 
 // service is what one Knative Service routes to, read at most every TTL.
 type service struct {
-	read     time.Time
-	revision string // "" when traffic is split or no revision is ready
-	cc       int    // the revision's containerConcurrency: 0 (unlimited) unless a test sets it
-	pods     []Pod  // its ready pods
+	read time.Time
+	pods []Pod // its ready pods
 	// refreshing: a read is under way; others use what is known.
 	refreshing bool
 }
@@ -96,7 +94,7 @@ func (r *Router) Pick(env *invocation.Envelope, node string) (string, func(call.
 	if svc == nil || len(svc.pods) == 0 {
 		return "", nil
 	}
-	addr, done := r.inflight.Pick(svc.pods, svc.cc, node)
+	addr, done := r.inflight.Pick(svc.pods, node)
 	if addr == "" {
 		return "", nil
 	}
@@ -113,13 +111,13 @@ func (r *Router) Pick(env *invocation.Envelope, node string) (string, func(call.
 }
 
 // Ready returns the ready pods of the revision a Knative Service's
-// traffic all goes to, and its containerConcurrency (none: the route).
-func (r *Router) Ready(namespace, service string) ([]Pod, int) {
+// traffic all goes to (none: the route).
+func (r *Router) Ready(namespace, service string) []Pod {
 	svc := r.service(namespace, service)
 	if svc == nil {
-		return nil, 0
+		return nil
 	}
-	return svc.pods, svc.cc
+	return svc.pods
 }
 
 // forget drops addr from a Service's pods, and from what later reads
@@ -227,7 +225,6 @@ func (r *Router) read(ctx context.Context, namespace, name string) *service {
 	if rev == "" || !Unbounded(&ksvc, rev) {
 		return out
 	}
-	out.revision = rev
 	var slices discoveryv1.EndpointSliceList
 	if err := r.Reader.List(ctx, &slices, client.InNamespace(namespace), client.MatchingLabels(SliceLabels(rev))); err != nil {
 		return out

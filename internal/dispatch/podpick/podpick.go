@@ -1,7 +1,8 @@
 // Package podpick chooses a ready pod of a revision for one request, as
 // Knative's activator does: on the producer's node first, else the less
-// loaded of two picked at random, counting the chooser's own requests in
-// flight per pod against the revision's containerConcurrency. The
+// loaded of two picked at random, by the chooser's own requests in flight
+// per pod. Only revisions without a concurrency limit are routed directly
+// (direct.Unbounded), so no pod is ever full. The
 // operator's Router (package direct) and a producer's sidecar firing a
 // delegated trigger share it. It imports no Kubernetes package:
 // queue-proxy-zl links it.
@@ -23,22 +24,18 @@ type Inflight struct {
 	n  map[string]int
 }
 
-// Pick chooses among pods one with room (cc 0: no limit) — on node when
-// one is, else the less loaded of two random choices, else any with room
-// — counts a request in flight to it and returns its address and done,
-// to be called once when the request ended; "" and nil when no pod has
-// room (the route takes the request: the activator holds it, as it would
-// for a pod at its concurrency).
-func (f *Inflight) Pick(pods []Pod, cc int, node string) (string, func()) {
+// Pick chooses among pods — the least loaded on node when one is, else
+// the less loaded of two random choices — counts a request in flight to
+// it and returns its address and done, to be called once when the
+// request ended; "" and nil when pods is empty (the route takes the
+// request).
+func (f *Inflight) Pick(pods []Pod, node string) (string, func()) {
 	if len(pods) == 0 {
 		return "", nil
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	addr := pick(pods, cc, node, f.n)
-	if addr == "" {
-		return "", nil
-	}
+	addr := pick(pods, node, f.n)
 	if f.n == nil {
 		f.n = map[string]int{}
 	}
@@ -57,12 +54,11 @@ func (f *Inflight) release(addr string) {
 	}
 }
 
-func pick(pods []Pod, cc int, node string, inflight map[string]int) string {
-	room := func(p Pod) bool { return cc <= 0 || inflight[p.Addr] < cc }
+func pick(pods []Pod, node string, inflight map[string]int) string {
 	if node != "" {
 		best, load := "", -1
 		for _, p := range pods {
-			if p.Node == node && room(p) && (load < 0 || inflight[p.Addr] < load) {
+			if p.Node == node && (load < 0 || inflight[p.Addr] < load) {
 				best, load = p.Addr, inflight[p.Addr]
 			}
 		}
@@ -72,20 +68,9 @@ func pick(pods []Pod, cc int, node string, inflight map[string]int) string {
 	}
 	a, b := pods[rand.IntN(len(pods))], pods[rand.IntN(len(pods))]
 	if inflight[b.Addr] < inflight[a.Addr] {
-		a, b = b, a
+		return b.Addr
 	}
-	for _, p := range []Pod{a, b} {
-		if room(p) {
-			return p.Addr
-		}
-	}
-	start := rand.IntN(len(pods))
-	for i := range pods {
-		if p := pods[(start+i)%len(pods)]; room(p) {
-			return p.Addr
-		}
-	}
-	return ""
+	return a.Addr
 }
 
 // Without returns pods without addr (a copy).

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/podwebhook"
 )
 
 func helm(t *testing.T, args ...string) (string, error) {
@@ -130,11 +131,18 @@ func TestChart(t *testing.T) {
 		if got := strings.Contains(manifest, "--activator-ext=true"); got != (name == "all features") {
 			t.Errorf("%s: the hook swaps the activator: %v", name, got)
 		}
-		// The same-node data plane: the pod webhook (scoped to ziptrail
-		// revision pods, Ignore on failure, TLS from the chart) and the
-		// node-dir DaemonSet. Off by default.
+		// The pod webhook (scoped to ziptrail revision pods, Ignore on
+		// failure, TLS from the chart) with the objects volume, on by
+		// default; the same-node data plane's webhook and node-dir
+		// DaemonSet, off by default.
 		for _, want := range []string{"kind: MutatingWebhookConfiguration", "failurePolicy: Ignore", "key: serving.knative.dev/revision",
-			"--pod-webhook-port=9445", "kind: DaemonSet", "args: [node-dir", "caBundle: ", "type: kubernetes.io/tls"} {
+			"--pod-webhook-port=9445", "caBundle: ", "type: kubernetes.io/tls", "- name: objects.ziptrail.dev", "path: " + podwebhook.ObjectsPath,
+			"containerPort: 9445"} {
+			if !strings.Contains(manifest, want) {
+				t.Errorf("%s: rendered chart has no %q", name, want)
+			}
+		}
+		for _, want := range []string{"kind: DaemonSet", "args: [node-dir", "- name: pods.ziptrail.dev", "path: " + podwebhook.Path + ","} {
 			if got := strings.Contains(manifest, want); got != (name == "all features") {
 				t.Errorf("%s: rendered chart contains %q: %v", name, want, got)
 			}

@@ -16,14 +16,16 @@ import (
 )
 
 // Environment the operator sets in every function's user container so the
-// SDK finds its sidecar. Containers of a pod share the pod's /dev/shm (one IPC
-// namespace), which is also the only memory-backed mount queue-proxy sees.
+// SDK finds its sidecar. The pod's containers share SidecarDir: a
+// memory-backed volume sized from the workflow's buckets, which the pod
+// webhook mounts in every container (objectsVolumeSize), or without the
+// webhook the pod's /dev/shm (one IPC namespace).
 const (
 	EnvSocket   = "ZIPTRAIL_SOCKET"
 	EnvShmDir   = "ZIPTRAIL_SHM_DIR"
 	EnvWorkflow = "ZIPTRAIL_WORKFLOW"
 	EnvFunction = "ZIPTRAIL_FUNCTION"
-	SidecarDir  = "/dev/shm/ziptrail"
+	SidecarDir  = v1alpha1.ObjectsDir
 )
 
 // ServiceName is the Knative Service that runs a workflow function.
@@ -192,6 +194,7 @@ func desiredService(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec, controlAddr
 		tmpl.Annotations["autoscaling.knative.dev/max-scale"] = strconv.Itoa(int(*f.MaxScale))
 	}
 	tmpl.Annotations[v1alpha1.AnnotationBuckets] = bucketAnnotation(wf)
+	tmpl.Annotations[v1alpha1.AnnotationObjectsVolume] = strconv.FormatInt(objectsVolumeSize(wf), 10)
 	for k, v := range sidecarAnnotations(wf, f, controlAddr) {
 		tmpl.Annotations[k] = v
 	}
@@ -237,6 +240,24 @@ func sidecarAnnotations(wf *v1alpha1.Workflow, f *v1alpha1.FunctionSpec, control
 		a[v1alpha1.AnnotationObjectTTL] = ttl.String()
 	}
 	return a
+}
+
+// objectsVolumeSize is the size of a function pod's memory-backed objects
+// volume (v1alpha1.AnnotationObjectsVolume): the pod's object store, whose
+// cap is the largest memoryLimitPerPod of the workflow's buckets (the one
+// queue-proxy-zl enforces, sidecarAnnotations), plus as much again for the
+// inputs the sidecar pulls into it for the invocations running.
+func objectsVolumeSize(wf *v1alpha1.Workflow) int64 {
+	store := int64(-1)
+	for _, b := range wf.Spec.Buckets {
+		if q := b.Spec.MemoryLimitPerPod; q != nil && q.Value() > store {
+			store = q.Value()
+		}
+	}
+	if store <= 0 {
+		store = v1alpha1.DefaultMemoryLimitPerPod
+	}
+	return 2 * store
 }
 
 // bucketAnnotation tells queue-proxy-zl (through Knative's pod-info volume)

@@ -60,4 +60,22 @@ const (
 	AnnotationInlineThreshold = "ziptrail.dev/inline-threshold"
 	// AnnotationControlAddr is the operator's control Service (host:port).
 	AnnotationControlAddr = "ziptrail.dev/control-addr"
+
+	// AnnotationObjectsVolume is the size in bytes (a decimal integer) of
+	// the memory-backed volume a function pod keeps its objects in, on a
+	// revision template, for the operator's pod webhook: it mounts an
+	// emptyDir (medium Memory, this sizeLimit) at ObjectsDir in every
+	// container of the pod, queue-proxy-zl's included (Knative gives
+	// queue-proxy no volumes of the template), and adds the size to the
+	// containers' memory (internal/podwebhook). Without the webhook the
+	// pod's containers share the pod's /dev/shm instead (64 MiB on
+	// containerd and CRI-O).
+	AnnotationObjectsVolume = "ziptrail.dev/objects-volume"
+	// ObjectsDir is where a function pod's containers share its objects and
+	// the sidecar's local-API socket.
+	ObjectsDir = "/dev/shm/ziptrail"
+	// DefaultMemoryLimitPerPod is the object-store cap of a pod whose
+	// buckets set no memoryLimitPerPod (queue-proxy-zl's default,
+	// ZIPTRAIL_MEMORY_LIMIT).
+	DefaultMemoryLimitPerPod = 256 << 20
 )

@@ -14,10 +14,11 @@ import (
 	"github.com/ziptrail/ziptrail/internal/podwebhook"
 )
 
-// The same-node data plane's pieces in the operator binary: the pod
-// webhook (every replica serves it, not only the leader: admission must
-// not wait for an election) and the node-dir command of the chart's
-// DaemonSet.
+// The pod webhook in the operator binary (every replica serves it, not
+// only the leader: admission must not wait for an election): the objects
+// volume of function pods (podwebhook.ObjectsPath) and the same-node
+// directory (podwebhook.Path; the chart registers it with sameNode
+// enabled); and the node-dir command of the same-node DaemonSet.
 
 type podWebhookConfig struct {
 	port    int
@@ -26,7 +27,7 @@ type podWebhookConfig struct {
 }
 
 func podWebhookFlags(c *podWebhookConfig) {
-	flag.IntVar(&c.port, "pod-webhook-port", 0, "port of the mutating webhook that gives queue-proxy-zl the same-node directory (docs/samenode.md); 0 disables it")
+	flag.IntVar(&c.port, "pod-webhook-port", 0, "port of the mutating webhook that gives function pods their objects volume and queue-proxy-zl the same-node directory (docs/samenode.md); 0 disables it")
 	flag.StringVar(&c.certDir, "pod-webhook-cert-dir", "/etc/ziptrail/webhook-tls", "directory holding the webhook's tls.crt and tls.key")
 	flag.StringVar(&c.hostDir, "pod-webhook-host-dir", podwebhook.DefaultHostDir, "the node directory (hostPath) mounted into queue-proxy")
 }
@@ -41,6 +42,7 @@ func setupPodWebhook(mgr ctrl.Manager, c podWebhookConfig) error {
 	// created once something asks for it.
 	srv := webhook.NewServer(webhook.Options{Port: c.port, CertDir: c.certDir})
 	srv.Register(podwebhook.Path, &webhook.Admission{Handler: &podwebhook.Mutator{HostDir: c.hostDir}})
+	srv.Register(podwebhook.ObjectsPath, &webhook.Admission{Handler: podwebhook.ObjectsMutator{}})
 	return mgr.Add(srv)
 }
 

@@ -412,8 +412,9 @@ var _ = Describe("helm install charts/ziptrail on the local cluster", Ordered, f
 			for _, m := range qp.VolumeMounts {
 				mounts = append(mounts, m.MountPath)
 			}
-			// mount-podinfo and the projected token for the control stream.
-			Expect(mounts).To(ContainElements("/etc/podinfo", "/var/run/secrets/tokens"), "pod %s", p.Name)
+			// mount-podinfo and the projected token for the control stream;
+			// the objects volume from the chart's pod webhook (podWebhook).
+			Expect(mounts).To(ContainElements("/etc/podinfo", "/var/run/secrets/tokens", v1alpha1.ObjectsDir), "pod %s", p.Name)
 		}
 		// The operator's RBAC was enough for everything it did.
 		lead, _ := leader(Default)

@@ -27,7 +27,8 @@ import (
 // data plane on the local cluster (the chart's is <release>-pods).
 const podWebhookName = "ziptrail-local-pods"
 
-// startPodWebhook serves ziptrail's pod webhook (internal/podwebhook) from
+// startPodWebhook serves ziptrail's pod webhooks (internal/podwebhook: the
+// objects volume and the same-node directory) from
 // this process, as the chart's operator replicas do in a cluster, and
 // registers it with the API server (a host process: it reaches the
 // webhook on 127.0.0.1, TLS with a certificate made here). The node
@@ -45,19 +46,20 @@ func (c *Cluster) startPodWebhook(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(podwebhook.Path, &admission.Webhook{Handler: &podwebhook.Mutator{}})
+	mux.Handle(podwebhook.ObjectsPath, &admission.Webhook{Handler: podwebhook.ObjectsMutator{}})
 	c.podWebhook = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
 	go func() { _ = c.podWebhook.Serve(tls.NewListener(ln, c.podWebhook.TLSConfig)) }()
 
-	url := "https://" + ln.Addr().String() + podwebhook.Path
+	base := "https://" + ln.Addr().String()
 	ignore := admissionv1.Ignore
 	none := admissionv1.SideEffectClassNone
 	ifNeeded := admissionv1.IfNeededReinvocationPolicy
 	timeout := int32(5)
-	cfg := &admissionv1.MutatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: podWebhookName},
-		Webhooks: []admissionv1.MutatingWebhook{{
-			Name:                    "pods.ziptrail.dev",
+	hook := func(name, path string) admissionv1.MutatingWebhook {
+		url := base + path
+		return admissionv1.MutatingWebhook{
+			Name:                    name,
 			AdmissionReviewVersions: []string{"v1"},
 			SideEffects:             &none,
 			FailurePolicy:           &ignore,
@@ -69,7 +71,11 @@ func (c *Cluster) startPodWebhook(ctx context.Context) error {
 				{Key: "ziptrail.dev/workflow", Operator: metav1.LabelSelectorOpExists}}},
 			Rules: []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Create},
 				Rule: admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}},
-		}},
+		}
+	}
+	cfg := &admissionv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: podWebhookName},
+		Webhooks:   []admissionv1.MutatingWebhook{hook("objects.ziptrail.dev", podwebhook.ObjectsPath), hook("pods.ziptrail.dev", podwebhook.Path)},
 	}
 	api := c.Clientset.AdmissionregistrationV1().MutatingWebhookConfigurations()
 	if old, err := api.Get(ctx, podWebhookName, metav1.GetOptions{}); err == nil {

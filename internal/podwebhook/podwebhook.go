@@ -68,6 +68,11 @@ func (m *Mutator) dir() string {
 
 // Handle implements admission.Handler.
 func (m *Mutator) Handle(_ context.Context, req admission.Request) admission.Response {
+	return handle(req, m.Mutate)
+}
+
+// handle decodes the pod of req, mutates it and answers the patch.
+func handle(req admission.Request, mutate func(*corev1.Pod) bool) admission.Response {
 	if req.Kind.Kind != "Pod" || req.Kind.Group != "" {
 		return admission.Allowed("not a pod")
 	}
@@ -75,7 +80,7 @@ func (m *Mutator) Handle(_ context.Context, req admission.Request) admission.Res
 	if err := json.Unmarshal(req.Object.Raw, &pod); err != nil {
 		return admission.Errored(http.StatusBadRequest, err)
 	}
-	if !m.Mutate(&pod) {
+	if !mutate(&pod) {
 		return admission.Allowed("unchanged")
 	}
 	out, err := json.Marshal(&pod)

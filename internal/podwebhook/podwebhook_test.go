@@ -45,22 +45,27 @@ func TestWebhookEnvtest(t *testing.T) {
 	ignore := admissionv1.Ignore
 	none := admissionv1.SideEffectClassNone
 	ifNeeded := admissionv1.IfNeededReinvocationPolicy
+	hook := func(name, path string) admissionv1.MutatingWebhook {
+		return admissionv1.MutatingWebhook{
+			Name:                    name,
+			AdmissionReviewVersions: []string{"v1"},
+			SideEffects:             &none,
+			FailurePolicy:           &ignore,
+			ReinvocationPolicy:      &ifNeeded,
+			ClientConfig:            admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Name: "ziptrail-webhook", Namespace: "ziptrail-system", Path: &path}},
+			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+				{Key: labelRevision, Operator: metav1.LabelSelectorOpExists}, {Key: labelWorkflow, Operator: metav1.LabelSelectorOpExists}}},
+			Rules: []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Create},
+				Rule: admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}},
+		}
+	}
 	env := &envtest.Environment{WebhookInstallOptions: envtest.WebhookInstallOptions{
 		MutatingWebhooks: []*admissionv1.MutatingWebhookConfiguration{{
 			ObjectMeta: metav1.ObjectMeta{Name: "ziptrail-pods"},
 			TypeMeta:   metav1.TypeMeta{Kind: "MutatingWebhookConfiguration", APIVersion: "admissionregistration.k8s.io/v1"},
-			Webhooks: []admissionv1.MutatingWebhook{{
-				Name:                    "pods.ziptrail.dev",
-				AdmissionReviewVersions: []string{"v1"},
-				SideEffects:             &none,
-				FailurePolicy:           &ignore,
-				ReinvocationPolicy:      &ifNeeded,
-				ClientConfig:            admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Name: "ziptrail-webhook", Namespace: "ziptrail-system", Path: &path}},
-				ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-					{Key: labelRevision, Operator: metav1.LabelSelectorOpExists}, {Key: labelWorkflow, Operator: metav1.LabelSelectorOpExists}}},
-				Rules: []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Create},
-					Rule: admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}},
-			}},
+			// As the chart registers them: the objects volume for every
+			// namespace, the node directory where it is enabled.
+			Webhooks: []admissionv1.MutatingWebhook{hook("objects.ziptrail.dev", ObjectsPath), hook("pods.ziptrail.dev", path)},
 		}},
 	}}
 	cfg, err := env.Start()
@@ -71,6 +76,7 @@ func TestWebhookEnvtest(t *testing.T) {
 	o := env.WebhookInstallOptions
 	srv := webhook.NewServer(webhook.Options{Host: o.LocalServingHost, Port: o.LocalServingPort, CertDir: o.LocalServingCertDir})
 	srv.Register(Path, &webhook.Admission{Handler: &Mutator{}})
+	srv.Register(ObjectsPath, &webhook.Admission{Handler: ObjectsMutator{}})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() { _ = srv.Start(ctx) }()
@@ -85,11 +91,11 @@ func TestWebhookEnvtest(t *testing.T) {
 	// unchanged until it answers, so create probes until one is mutated.
 	var got corev1.Pod
 	for i := 0; ; i++ {
-		p := pod(fmt.Sprintf("probe-%d", i), revisionLabels, "user-container", QueueProxy)
+		p := objectsPod(fmt.Sprintf("probe-%d", i))
 		if err := c.Create(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		if len(p.Spec.Volumes) > 0 {
+		if len(p.Spec.Volumes) == 2 {
 			got = *p
 			break
 		}
@@ -113,6 +119,9 @@ func TestWebhookEnvtest(t *testing.T) {
 			for _, m := range ctr.VolumeMounts {
 				mounted = mounted || m.Name == VolumeName
 			}
+			if !mountsObjects(ctr) {
+				t.Errorf("container %s lacks the objects volume: %+v", ctr.Name, ctr.VolumeMounts)
+			}
 			env := map[string]corev1.EnvVar{}
 			for _, e := range ctr.Env {
 				env[e.Name] = e
@@ -134,6 +143,7 @@ func TestWebhookEnvtest(t *testing.T) {
 		}
 	}
 	check(&got)
+	checkObjects(t, &got)
 
 	// Untouched: a pod without Knative's revision label, a Knative pod of
 	// a non-ziptrail service, and a revision pod without queue-proxy.

@@ -3,7 +3,10 @@ package ziptrail
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
+	"math"
+	"os"
 	"strconv"
 	"strings"
 
@@ -100,7 +103,7 @@ func (o *BucketObject) DeclareOnly() *BucketObject { return o.SetMetadata(MetaDe
 // The data is copied either way.
 func (o *BucketObject) Send(ctx context.Context, persist bool) error {
 	if outs, ok := ctx.Value(outputsKey{}).(*outputs); ok && !persist {
-		return outs.add(o)
+		return outs.add(ctx, o)
 	}
 	c, err := must("send object")
 	if err != nil {
@@ -173,7 +176,7 @@ func SendObject(ctx context.Context, bucket, key string, data []byte, metadata m
 	if !ok {
 		return &Error{Kind: KindNotFound, Op: "send object", Err: errors.New("called outside a function invocation (use CreateObject(...).Send or Client.SendObject)")}
 	}
-	return outs.add(&BucketObject{Bucket: bucket, Key: key, Data: data, Metadata: metadata})
+	return outs.add(ctx, &BucketObject{Bucket: bucket, Key: key, Data: data, Metadata: metadata})
 }
 
 func (o *BucketObject) check() error {
@@ -183,15 +186,48 @@ func (o *BucketObject) check() error {
 	return nil
 }
 
+// byReference: objects a handler sends larger than this go into the pod's
+// shared memory through the sidecar (Put) and travel in the response as a
+// reference: no copy in the response, and no cap but the pod's object
+// store (the response's is 64 MiB). Python: BY_REFERENCE in
+// ziptrail/server.py.
+const byReference = 1 << 20
+
 // add collects an object sent during the invocation; it returns with the
-// response.
-func (outs *outputs) add(o *BucketObject) error {
+// response. A large one is put into the pod's object store for the
+// session now (freed with the session or its TTL, as the sidecar's own
+// copies of outputs are), and only its reference waits for the response;
+// without a sidecar (a handler served alone, as in a unit test) it is
+// kept inline.
+func (outs *outputs) add(ctx context.Context, o *BucketObject) error {
 	if err := o.check(); err != nil {
 		return err
 	}
+	obj := invocation.Object{Bucket: o.Bucket, Key: o.Key, Size: int64(len(o.Data)), Metadata: maps.Clone(o.Metadata)}
+	if len(o.Data) > byReference {
+		if c, err := Default(); err == nil && c.hasSidecar() {
+			var opts []Option
+			if inv, ok := CurrentInvocation(ctx); ok {
+				opts = append(opts, WithSession(inv.Session))
+			}
+			ref, err := c.Put(ctx, o.Data, math.MaxUint32, opts...)
+			if err != nil {
+				return fmt.Errorf("send object %s/%s (%d bytes) by reference: %w", o.Bucket, o.Key, len(o.Data), err)
+			}
+			obj.Ref = ref
+		}
+	}
+	if obj.Ref == "" {
+		obj.Inline = append([]byte{}, o.Data...)
+	}
 	outs.mu.Lock()
 	defer outs.mu.Unlock()
-	outs.objects = append(outs.objects, invocation.Object{Bucket: o.Bucket, Key: o.Key, Size: int64(len(o.Data)),
-		Inline: append([]byte{}, o.Data...), Metadata: maps.Clone(o.Metadata)})
+	outs.objects = append(outs.objects, obj)
 	return nil
+}
+
+// hasSidecar is whether c's sidecar socket exists (connecting is lazy).
+func (c *Client) hasSidecar() bool {
+	_, err := os.Stat(c.socket)
+	return err == nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 
 	"github.com/ziptrail/ziptrail/internal/engine"
@@ -97,4 +98,49 @@ func TestBucketObjects(t *testing.T) {
 		t.Fatalf("persisted object from another pod: %v (source %q)", err, obj.Source)
 	}
 	obj.Close()
+}
+
+// TestLargeSendObjectFromAHandler: a handler's object larger than the
+// response may carry (the sidecar's cap on a response with outputs is
+// 64 MiB) is put into the pod's object store at once and travels in the
+// response as a reference; before, the sidecar refused the response
+// ("function outputs: they exceed 67108864 bytes"). Small ones stay inline.
+func TestLargeSendObjectFromAHandler(t *testing.T) {
+	keys := keyFile(t, "k1", 7)
+	ctx := context.Background()
+	big := bytes.Repeat([]byte("0123456789abcdef"), 80<<20/16) // 80 MiB
+	shm := functionShm(t)
+	fn := httptest.NewServer(FunctionHandler(func(ctx context.Context, inv *Invocation) ([]byte, error) {
+		if err := SendObject(ctx, "big", "b", big, map[string]string{"part": "1"}); err != nil {
+			return nil, err
+		}
+		return nil, SendObject(ctx, "small", "s", []byte("tiny"), nil)
+	}))
+	defer fn.Close()
+	a := startSidecar(t, sidecarOpts{keys: keys})
+	b := startSidecar(t, sidecarOpts{keys: keys, upstream: fn.URL, shm: shm, env: []string{"ZIPTRAIL_MEMORY_LIMIT=" + strconv.Itoa(256<<20)}})
+	old := SetDefault(b.client) // the function's process shares pod B
+	t.Cleanup(func() { SetDefault(old) })
+	resp, err := a.client.Invoke(ctx, b.url(), []byte("go"), WithSession("s1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Outputs) != 2 {
+		t.Fatalf("outputs %+v", resp.Outputs)
+	}
+	o := resp.Outputs[0]
+	if o.Key != "b" || o.Ref == "" || o.Inline != nil || o.Size != int64(len(big)) || o.Metadata["part"] != "1" {
+		t.Fatalf("the large object: %+v", Output{Bucket: o.Bucket, Key: o.Key, Size: o.Size, Ref: o.Ref, Metadata: o.Metadata})
+	}
+	if s := resp.Outputs[1]; s.Ref != "" || string(s.Inline) != "tiny" {
+		t.Errorf("the small object: %+v", s)
+	}
+	got, err := a.client.Get(ctx, o.Ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	if !bytes.Equal(got.Bytes(), big) {
+		t.Fatal("the large object's bytes differ")
+	}
 }

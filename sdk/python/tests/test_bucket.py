@@ -91,6 +91,35 @@ def test_persist_inside_a_handler_goes_through_the_sidecar(sidecars: Sidecars, m
         assert bytes(got) == b"z" * 100_000 and got.source == "s3"
 
 
+def test_large_send_object_inside_a_handler_goes_by_reference(sidecars: Sidecars):
+    """An object a handler sends larger than BY_REFERENCE is put into the
+    pod's object store for the session at once and travels in the response
+    as a reference (no base64 copy, no 64 MiB response cap); a small one
+    stays inline, and a handler served without a sidecar keeps it inline."""
+    a = sidecars.start()
+    big = bytes(range(256)) * ((ziptrail.server.BY_REFERENCE + 4096) // 256)
+    ziptrail.set_default_client(a.client)
+
+    def handler(inv):
+        ziptrail.send_object("big", "b", big, metadata={"part": "1"})
+        ziptrail.send_object("small", "s", b"tiny")
+        return b"done"
+
+    try:
+        _, out = call(handler)
+    finally:
+        ziptrail.set_default_client(None)
+    large, small = out["objects"]
+    assert large["key"] == "b" and large["size"] == len(big) and large["ref"] and "inline" not in large
+    assert large["metadata"] == {"part": "1"}
+    assert small["key"] == "s" and base64.b64decode(small["inline"]) == b"tiny" and "ref" not in small
+    with a.client.get(large["ref"]) as got:
+        assert bytes(got) == big
+    # No sidecar: inline, as before.
+    _, out = call(lambda inv: ziptrail.send_object("big", "b", big) and b"")
+    assert base64.b64decode(out["objects"][0]["inline"]) == big and "ref" not in out["objects"][0]
+
+
 def test_committed_stubs_match_the_proto(tmp_path):
     """sdk/python/ziptrail/_proto is what hack/generate.sh produces from
     proto/ziptrail/sidecar/v1/sidecar.proto (nothing hand-edited)."""

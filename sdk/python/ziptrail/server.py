@@ -103,12 +103,43 @@ def _append_output(bucket: str, key: str, data: bytes | bytearray | memoryview |
         raise ZiptrailError("send_object", "called outside a function invocation")
     if not bucket or not key:
         raise ZiptrailError("send_object", "bucket and key are required")
-    raw = data.encode() if isinstance(data, str) else bytes(data)
-    obj = {"bucket": bucket, "key": key, "size": len(raw), "inline": base64.b64encode(raw).decode()}
+    if isinstance(data, str):
+        data = data.encode()
+    size = memoryview(data).nbytes
+    ref = _put_by_reference(data, size)
+    if ref:
+        obj = {"bucket": bucket, "key": key, "size": size, "ref": ref}
+    else:
+        obj = {"bucket": bucket, "key": key, "size": size, "inline": base64.b64encode(bytes(data)).decode()}
     if metadata:
         obj["metadata"] = {str(k): str(v) for k, v in metadata.items()}
     outputs.append(obj)
-    return len(raw)
+    return size
+
+
+#: Objects a handler sends larger than this go into the pod's shared memory
+#: through the sidecar (a put) and travel in the response as a reference:
+#: no base64 copy in the response, and no cap but the pod's object store
+#: (the response's is 64 MiB). Go: byReference in sdk/go/bucket.go.
+BY_REFERENCE = 1 << 20
+
+
+def _put_by_reference(data, size: int) -> str:
+    """Puts a large output into the pod's object store for the session and
+    returns its reference, or "" to send it inline (small, or no sidecar:
+    a handler served without one, as in a unit test). The object is freed
+    with its session or its TTL, as the sidecar's own copies of outputs."""
+    if size <= BY_REFERENCE:
+        return ""
+    from . import client as _client  # it imports this module
+    c = _client._default
+    if c is None:
+        sock = os.environ.get(_client.ENV_SOCKET, "")
+        if not sock or not os.path.exists(sock):
+            return ""
+        c = _client.default_client()
+    inv = getattr(_current, "inv", None)
+    return c.put(data, n=0xFFFFFFFF, session=inv.session if inv is not None else "")
 
 
 def _call(handler: Handler, inv: Invocation) -> Answer:

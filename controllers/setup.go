@@ -19,6 +19,9 @@ import (
 // Direct routing (internal/dispatch/direct) reads the revisions' private
 // EndpointSlices for their ready pods.
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
+// The same router checks every endpoint against the revision's running pods
+// (direct.PodIPs): an EndpointSlice alone may be a tenant's.
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // Leader election (cmd/operator --leader-elect) uses a Lease.
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete

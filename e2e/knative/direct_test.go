@@ -12,6 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/internal/controlplane"
@@ -61,9 +62,11 @@ var _ = Describe("direct routing's view of Knative", Ordered, func() {
 		Expect(reader.List(ctx, &slices, client.InNamespace(ns), client.MatchingLabels(direct.SliceLabels(rev)))).To(Succeed())
 		Expect(slices.Items).NotTo(BeEmpty(), "EndpointSlices labelled %v", direct.SliceLabels(rev))
 		Expect(slices.Items[0].Labels).To(HaveKeyWithValue(discoveryv1.LabelServiceName, rev+"-private"))
-		Expect(direct.CacheOptions()).To(HaveLen(1))
-		for _, sel := range direct.CacheOptions() {
-			Expect(sel.Label.Matches(labels.Set(slices.Items[0].Labels))).To(BeTrue(), "the operator's cache selects the slices")
+		Expect(direct.CacheOptions()).To(HaveKey(BeAssignableToTypeOf(&discoveryv1.EndpointSlice{})))
+		for obj, sel := range direct.CacheOptions() {
+			if _, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				Expect(sel.Label.Matches(labels.Set(slices.Items[0].Labels))).To(BeTrue(), "the operator's cache selects the slices")
+			}
 		}
 		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/revision=" + rev})
 		Expect(err).NotTo(HaveOccurred())
@@ -80,6 +83,32 @@ var _ = Describe("direct routing's view of Knative", Ordered, func() {
 		resp.Body.Close()
 		Expect(resp.StatusCode).To(Equal(200), string(body))
 		Expect(string(body)).To(ContainSubstring("echo from " + rev))
+	})
+
+	// As a tenant who may write EndpointSlices in its namespace: one with
+	// the revision's labels, pointing at an address of its choosing (here
+	// the cluster's kubernetes Service, as an attacker would aim the
+	// operator's requests and their bearer at the control plane). The
+	// router takes only addresses of the revision's running pods.
+	It("never sends to an address a forged EndpointSlice names", func() {
+		kube, err := cs.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		decoy := kube.Spec.ClusterIP
+		forged := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: rev + "-private-forged", Namespace: ns, Labels: direct.SliceLabels(rev)},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(direct.PortName), Port: ptr.To[int32](8012)}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{decoy}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}}}
+		Expect(reader.Create(ctx, forged)).To(Succeed())
+		DeferCleanup(func() { _ = reader.Delete(ctx, forged) })
+		var slices discoveryv1.EndpointSliceList
+		Expect(reader.List(ctx, &slices, client.InNamespace(ns), client.MatchingLabels(direct.SliceLabels(rev)))).To(Succeed())
+		Expect(len(slices.Items)).To(BeNumerically(">=", 2), "the forged slice is listed with the revision's")
+		picked := map[string]int{}
+		for range 50 {
+			picked[pick()]++
+		}
+		Expect(picked).NotTo(HaveKey(ContainSubstring(decoy)))
+		Expect(picked).To(HaveLen(1), "the revision's one pod, every time: %v", picked)
 	})
 
 	It("leaves a revision scaled to zero to the route", func() {

@@ -29,7 +29,9 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	netapi "knative.dev/networking/pkg/apis/networking"
 	"knative.dev/serving/pkg/apis/serving"
@@ -229,8 +231,39 @@ func (r *Router) read(ctx context.Context, namespace, name string) *service {
 	if err := r.Reader.List(ctx, &slices, client.InNamespace(namespace), client.MatchingLabels(SliceLabels(rev))); err != nil {
 		return out
 	}
-	out.pods = ReadyPods(slices.Items)
+	var pods corev1.PodList
+	if err := r.Reader.List(ctx, &pods, client.InNamespace(namespace), client.MatchingLabels{serving.RevisionLabelKey: rev}); err != nil {
+		return out
+	}
+	out.pods = ReadyPods(slices.Items, PodIPs(pods.Items))
 	return out
+}
+
+// PodIPs are the addresses a revision's EndpointSlices may send the
+// operator to: those of its running pods (listed by the revision's
+// label, in the slices' namespace) on the pod network. EndpointSlices
+// are the namespace's to write — a tenant allowed to create one could
+// otherwise point the operator's requests, and the bearer of its
+// invocations, at any address (another tenant's pod, a node, a service
+// of the control plane). A pod's IP comes from the network plugin, not
+// from its namespace, so the worst a forged pod or slice does is send a
+// tenant's invocations to its own pod. Pods on the host's network
+// (their IP is the node's) are left out.
+func PodIPs(pods []corev1.Pod) map[string]bool {
+	ips := map[string]bool{}
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.HostNetwork || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		for _, ip := range p.Status.PodIPs {
+			ips[ip.IP] = true
+		}
+		if p.Status.PodIP != "" {
+			ips[p.Status.PodIP] = true
+		}
+	}
+	return ips
 }
 
 // Unbounded reports whether revision, the one all of ksvc's traffic goes
@@ -275,8 +308,9 @@ func SliceLabels(revision string) map[string]string {
 }
 
 // ReadyPods are the ready, not terminating endpoints of the slices at their
-// "http" port, each once, ordered by address.
-func ReadyPods(list []discoveryv1.EndpointSlice) []Pod {
+// "http" port whose address is one of ips (PodIPs), each once, ordered by
+// address.
+func ReadyPods(list []discoveryv1.EndpointSlice, ips map[string]bool) []Pod {
 	var pods []Pod
 	seen := map[string]bool{}
 	for i := range list {
@@ -291,7 +325,8 @@ func ReadyPods(list []discoveryv1.EndpointSlice) []Pod {
 			continue
 		}
 		for _, e := range s.Endpoints {
-			if e.Conditions.Ready == nil || !*e.Conditions.Ready || (e.Conditions.Terminating != nil && *e.Conditions.Terminating) || len(e.Addresses) == 0 {
+			if e.Conditions.Ready == nil || !*e.Conditions.Ready || (e.Conditions.Terminating != nil && *e.Conditions.Terminating) ||
+				len(e.Addresses) == 0 || !ips[e.Addresses[0]] {
 				continue
 			}
 			addr := net.JoinHostPort(e.Addresses[0], strconv.Itoa(int(port)))
@@ -327,9 +362,36 @@ func (r *Router) now() time.Time {
 }
 
 // CacheOptions restrict a manager's cache of EndpointSlices to Knative's
-// private ones (the Router reads no other), so that the operator does not
-// hold every EndpointSlice of the cluster.
+// private ones and of Pods to ziptrail functions' revision pods (the
+// Router reads no other), so that the operator does not hold every
+// EndpointSlice and Pod of the cluster; of a Pod the cache keeps only what
+// PodIPs reads (slimPod).
 func CacheOptions() map[client.Object]cache.ByObject {
-	return map[client.Object]cache.ByObject{&discoveryv1.EndpointSlice{}: {
-		Label: labels.SelectorFromSet(labels.Set{networking.ServiceTypeKey: string(networking.ServiceTypePrivate)})}}
+	revisionPods, err := labels.Parse(serving.RevisionLabelKey + "," + labelWorkflow)
+	if err != nil {
+		panic(err) // constant
+	}
+	return map[client.Object]cache.ByObject{
+		&discoveryv1.EndpointSlice{}: {Label: labels.SelectorFromSet(labels.Set{networking.ServiceTypeKey: string(networking.ServiceTypePrivate)})},
+		&corev1.Pod{}:                {Label: revisionPods, Transform: slimPod},
+	}
+}
+
+// labelWorkflow is on every pod of a ziptrail function (v1alpha1.LabelWorkflow;
+// a test keeps them equal without this package importing the API).
+const labelWorkflow = "ziptrail.dev/workflow"
+
+// slimPod keeps of a cached Pod its identity, labels and what PodIPs reads.
+func slimPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Pod{
+		TypeMeta: p.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+			Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp},
+		Spec:   corev1.PodSpec{HostNetwork: p.Spec.HostNetwork, NodeName: p.Spec.NodeName},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs},
+	}, nil
 }

@@ -7,10 +7,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"knative.dev/pkg/apis"
 	duckv1 "knative.dev/pkg/apis/duck/v1"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
 )
 
 func endpoint(ip, node string, ready, terminating bool) discoveryv1.Endpoint {
@@ -37,9 +40,45 @@ func TestReadyPodsAreTheReadyEndpointsAtTheHTTPPort(t *testing.T) {
 		{AddressType: discoveryv1.AddressTypeFQDN, Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8012)}},
 			Endpoints: []discoveryv1.Endpoint{endpoint("pod.example", "n1", true, false)}},
 	}
+	// A slice a tenant wrote with the revision's labels: its address is
+	// no pod of the revision.
+	slices = append(slices, discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:     []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8012)}},
+		Endpoints: []discoveryv1.Endpoint{endpoint("10.96.0.1", "n1", true, false)}})
+	ips := map[string]bool{"10.0.0.1": true, "10.0.0.2": true, "10.0.0.3": true, "10.0.0.4": true, "10.0.0.5": true}
 	want := []Pod{{Addr: "10.0.0.1:8012", Node: "n1"}, {Addr: "10.0.0.4:8012", Node: "n2"}}
-	if got := ReadyPods(slices); !reflect.DeepEqual(got, want) {
+	if got := ReadyPods(slices, ips); !reflect.DeepEqual(got, want) {
 		t.Fatalf("ReadyPods: %v, want %v", got, want)
+	}
+}
+
+// Only running pods on the pod network vouch for an address.
+func TestPodIPsAreTheRunningPodsOnThePodNetwork(t *testing.T) {
+	pod := func(ip string, phase corev1.PodPhase, host, deleting bool) corev1.Pod {
+		p := corev1.Pod{Spec: corev1.PodSpec{HostNetwork: host}, Status: corev1.PodStatus{Phase: phase, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}}
+		if deleting {
+			p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		}
+		return p
+	}
+	dual := pod("10.0.0.6", corev1.PodRunning, false, false)
+	dual.Status.PodIPs = append(dual.Status.PodIPs, corev1.PodIP{IP: "fd00::6"})
+	got := PodIPs([]corev1.Pod{
+		pod("10.0.0.1", corev1.PodRunning, false, false),
+		pod("10.0.0.2", corev1.PodPending, false, false),
+		pod("192.168.1.10", corev1.PodRunning, true, false), // the node's address
+		pod("10.0.0.4", corev1.PodRunning, false, true),
+		pod("10.0.0.5", corev1.PodSucceeded, false, false),
+		dual,
+	})
+	if want := map[string]bool{"10.0.0.1": true, "10.0.0.6": true, "fd00::6": true}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("PodIPs: %v, want %v", got, want)
+	}
+}
+
+func TestLabelWorkflowIsTheAPIs(t *testing.T) {
+	if labelWorkflow != v1alpha1.LabelWorkflow {
+		t.Fatalf("%q, the API says %q", labelWorkflow, v1alpha1.LabelWorkflow)
 	}
 }
 

@@ -92,9 +92,11 @@ func (o *BucketObject) DeclareOnly() *BucketObject { return o.SetMetadata(MetaDe
 // bucket's triggers decide what it invokes. It takes one of two paths:
 //
 //   - In a handler without persist: the object travels back with the
-//     invocation's response (large ones turned into references by the
-//     sidecar), so the engine sees it together with the invocation's end —
-//     what DynamicGroup and re-execution rules rely on.
+//     invocation's response, so the engine sees it together with the
+//     invocation's end — what DynamicGroup and re-execution rules rely
+//     on. One over 1 MiB is put into the pod's store at once and only its
+//     reference goes with the response (no cap but the store's); the
+//     sidecar turns smaller ones over the inline threshold into references.
 //   - With persist, or outside a handler: through the sidecar's local API
 //     (Client.SendObject), which buffers it now, reports it to the
 //     operator and, with persist, also writes it to the bucket's slow tier

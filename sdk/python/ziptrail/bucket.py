@@ -18,8 +18,11 @@ Which transport ``send_object`` uses:
 * Inside a handler (``serve``), without ``persist``: the object goes back
   with the invocation's response. It becomes ready when the handler
   returns, in the order sent and before the function counts as finished
-  (DynamicGroup relies on that); a large object stays in this pod (the
-  sidecar turns it into a reference as the response passes).
+  (DynamicGroup relies on that); a large object stays in this pod: one
+  over ``server.BY_REFERENCE`` (1 MiB) is put into the pod's store at once
+  and only its reference goes with the response (no cap but the store's),
+  a smaller one the sidecar turns into a reference as the response passes
+  when it is over the bucket's inline threshold.
 * With ``persist=True``, or outside a handler (a client program, a thread
   the handler started): the sidecar's SendObject call over the local API.
   The sidecar buffers the object in this pod, writes it to the slow tier

@@ -469,7 +469,7 @@ func (a *Agent) newNode(ns NodeSpec, network *netns.Network, cat *catalog.Catalo
 		auth = nodeutil.NoAuth()
 	}
 	n, err := nodeutil.NewNode(ns.Name, newProvider,
-		nodeutil.WithClient(client),
+		nodeutil.WithClient(StatusOnly(client)), // statusonly.go
 		nodeutil.AttachProviderRoutes(mux),
 		nodeutil.WithTLSConfig(func(c *tls.Config) error {
 			c.Certificates = []tls.Certificate{cert}

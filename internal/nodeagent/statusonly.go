@@ -30,7 +30,9 @@ func StatusOnly(c kubernetes.Interface) kubernetes.Interface { return statusOnly
 
 type statusOnly struct{ kubernetes.Interface }
 
-func (c statusOnly) CoreV1() corev1client.CoreV1Interface { return statusOnlyCore{c.Interface.CoreV1()} }
+func (c statusOnly) CoreV1() corev1client.CoreV1Interface {
+	return statusOnlyCore{c.Interface.CoreV1()}
+}
 
 type statusOnlyCore struct{ corev1client.CoreV1Interface }
 

@@ -136,13 +136,13 @@ func TestChart(t *testing.T) {
 		// default; the same-node data plane's webhook and node-dir
 		// DaemonSet, off by default.
 		for _, want := range []string{"kind: MutatingWebhookConfiguration", "failurePolicy: Ignore", "key: serving.knative.dev/revision",
-			"--pod-webhook-port=9445", "caBundle: ", "type: kubernetes.io/tls", "- name: objects.ziptrail.dev", "path: " + podwebhook.ObjectsPath,
+			"--pod-webhook-port=9445", "caBundle: ", "type: kubernetes.io/tls", "- name: " + podwebhook.ObjectsWebhook, "path: " + podwebhook.ObjectsPath,
 			"containerPort: 9445"} {
 			if !strings.Contains(manifest, want) {
 				t.Errorf("%s: rendered chart has no %q", name, want)
 			}
 		}
-		for _, want := range []string{"kind: DaemonSet", "args: [node-dir", "- name: pods.ziptrail.dev", "path: " + podwebhook.Path + ","} {
+		for _, want := range []string{"kind: DaemonSet", "args: [node-dir", "- name: " + podwebhook.SameNodeWebhook, "path: " + podwebhook.Path + ","} {
 			if got := strings.Contains(manifest, want); got != (name == "all features") {
 				t.Errorf("%s: rendered chart contains %q: %v", name, want, got)
 			}

@@ -52,30 +52,13 @@ func (c *Cluster) startPodWebhook(ctx context.Context) error {
 	go func() { _ = c.podWebhook.Serve(tls.NewListener(ln, c.podWebhook.TLSConfig)) }()
 
 	base := "https://" + ln.Addr().String()
-	ignore := admissionv1.Ignore
-	none := admissionv1.SideEffectClassNone
-	ifNeeded := admissionv1.IfNeededReinvocationPolicy
-	timeout := int32(5)
 	hook := func(name, path string) admissionv1.MutatingWebhook {
 		url := base + path
-		return admissionv1.MutatingWebhook{
-			Name:                    name,
-			AdmissionReviewVersions: []string{"v1"},
-			SideEffects:             &none,
-			FailurePolicy:           &ignore,
-			ReinvocationPolicy:      &ifNeeded,
-			TimeoutSeconds:          &timeout,
-			ClientConfig:            admissionv1.WebhookClientConfig{URL: &url, CABundle: certPEM},
-			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-				{Key: "serving.knative.dev/revision", Operator: metav1.LabelSelectorOpExists},
-				{Key: "ziptrail.dev/workflow", Operator: metav1.LabelSelectorOpExists}}},
-			Rules: []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Create},
-				Rule: admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}},
-		}
+		return podwebhook.Registration(name, admissionv1.WebhookClientConfig{URL: &url, CABundle: certPEM})
 	}
 	cfg := &admissionv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: podWebhookName},
-		Webhooks:   []admissionv1.MutatingWebhook{hook("objects.ziptrail.dev", podwebhook.ObjectsPath), hook("pods.ziptrail.dev", podwebhook.Path)},
+		Webhooks:   []admissionv1.MutatingWebhook{hook(podwebhook.ObjectsWebhook, podwebhook.ObjectsPath), hook(podwebhook.SameNodeWebhook, podwebhook.Path)},
 	}
 	api := c.Clientset.AdmissionregistrationV1().MutatingWebhookConfigurations()
 	if old, err := api.Get(ctx, podWebhookName, metav1.GetOptions{}); err == nil {

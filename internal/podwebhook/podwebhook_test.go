@@ -41,23 +41,8 @@ func TestWebhookEnvtest(t *testing.T) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		t.Fatal("KUBEBUILDER_ASSETS is not set: run `eval \"$(hack/install-deps.sh --env)\"` first")
 	}
-	path := Path
-	ignore := admissionv1.Ignore
-	none := admissionv1.SideEffectClassNone
-	ifNeeded := admissionv1.IfNeededReinvocationPolicy
 	hook := func(name, path string) admissionv1.MutatingWebhook {
-		return admissionv1.MutatingWebhook{
-			Name:                    name,
-			AdmissionReviewVersions: []string{"v1"},
-			SideEffects:             &none,
-			FailurePolicy:           &ignore,
-			ReinvocationPolicy:      &ifNeeded,
-			ClientConfig:            admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Name: "ziptrail-webhook", Namespace: "ziptrail-system", Path: &path}},
-			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
-				{Key: labelRevision, Operator: metav1.LabelSelectorOpExists}, {Key: labelWorkflow, Operator: metav1.LabelSelectorOpExists}}},
-			Rules: []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Create},
-				Rule: admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}}}},
-		}
+		return Registration(name, admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Name: "ziptrail-webhook", Namespace: "ziptrail-system", Path: &path}})
 	}
 	env := &envtest.Environment{WebhookInstallOptions: envtest.WebhookInstallOptions{
 		MutatingWebhooks: []*admissionv1.MutatingWebhookConfiguration{{
@@ -65,7 +50,7 @@ func TestWebhookEnvtest(t *testing.T) {
 			TypeMeta:   metav1.TypeMeta{Kind: "MutatingWebhookConfiguration", APIVersion: "admissionregistration.k8s.io/v1"},
 			// As the chart registers them: the objects volume for every
 			// namespace, the node directory where it is enabled.
-			Webhooks: []admissionv1.MutatingWebhook{hook("objects.ziptrail.dev", ObjectsPath), hook("pods.ziptrail.dev", path)},
+			Webhooks: []admissionv1.MutatingWebhook{hook(ObjectsWebhook, ObjectsPath), hook(SameNodeWebhook, Path)},
 		}},
 	}}
 	cfg, err := env.Start()

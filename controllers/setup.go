@@ -23,6 +23,10 @@ import (
 // (direct.PodIPs): an EndpointSlice alone may be a tenant's.
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
+// The Workflow controller reads the nodes' allocatable memory to say why a
+// function's pods cannot fit (workflow_fit.go).
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
+
 // Leader election (cmd/operator --leader-elect) uses a Lease.
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 
@@ -30,7 +34,7 @@ import (
 // sink may be nil (no trigger engine in this process).
 func Setup(mgr ctrl.Manager, tiers Tiers, sink WorkflowSink) error {
 	if err := (&WorkflowReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-workflow"), Sink: sink,
-		ControlAddr: tiers.ControlAddr}).SetupWithManager(mgr); err != nil {
+		ControlAddr: tiers.ControlAddr, Nodes: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("workflow controller: %w", err)
 	}
 	if err := (&BucketReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("ziptrail-bucket"), Tiers: tiers}).SetupWithManager(mgr); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -46,8 +47,14 @@ type WorkflowReconciler struct {
 	// TriggerStatusInterval is the least time between two writes of a
 	// child Trigger's counters; default DefaultTriggerStatusInterval.
 	TriggerStatusInterval time.Duration
+	// Nodes, when set, lists the cluster's nodes (uncached: read at most
+	// once a minute) to say why a function's pods cannot be scheduled
+	// (workflow_fit.go).
+	Nodes client.Reader
 
 	triggerWrites triggerWrites
+	nodesOnce     sync.Once
+	nodes         *nodeMemory
 }
 
 // WorkflowSink is what the trigger engine's side needs from reconciles.
@@ -165,18 +172,24 @@ func (r *WorkflowReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 // (servesTraffic), Ready or not.
 func (r *WorkflowReconciler) updateServiceStatus(ctx context.Context, wf *v1alpha1.Workflow, services []*servingv1.Service) (serving bool) {
 	var notReady []string
+	var notReadySvcs []*servingv1.Service
 	serving = true
 	for _, want := range services {
 		got := &servingv1.Service{}
 		err := r.Get(ctx, client.ObjectKeyFromObject(want), got)
 		if err != nil || !got.IsReady() {
 			notReady = append(notReady, want.Name)
+			notReadySvcs = append(notReadySvcs, want)
 		}
 		if err != nil || !servesTraffic(got) {
 			serving = false
 		}
 	}
 	if len(notReady) > 0 {
+		if problems := r.fitProblems(ctx, notReadySvcs); len(problems) > 0 {
+			setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionServicesReady, false, v1alpha1.ReasonDoesNotFit, strings.Join(problems, "; "))
+			return serving
+		}
 		setCondition(&wf.Status.Conditions, wf.Generation, v1alpha1.ConditionServicesReady, false, v1alpha1.ReasonServiceNotReady,
 			fmt.Sprintf("Knative Services not ready: %s", strings.Join(notReady, ", ")))
 		return serving

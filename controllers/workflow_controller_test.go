@@ -1,6 +1,8 @@
 package controllers_test
 
 import (
+	"context"
+
 	"os"
 	"path/filepath"
 
@@ -10,6 +12,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -277,6 +280,50 @@ var _ = Describe("Workflow controller", func() {
 			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonTargetNotFound))
 			g.Expect(c.Message).To(And(ContainSubstring(`function "ghost"`), ContainSubstring(`bucket "nowhere"`)))
 			g.Expect(condition(got.Status.Conditions, v1alpha1.ConditionReady).Status).To(Equal(metav1.ConditionFalse))
+		}).Should(Succeed())
+	})
+
+	It("says, with the numbers, when a function's pods need more memory than any node allocates", func() {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "small-" + ns}}
+		Expect(k8s.Create(ctx, node)).To(Succeed())
+		DeferCleanup(func() { Expect(k8s.Delete(context.Background(), node)).To(Succeed()) })
+		node.Status.Allocatable = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")}
+		Expect(k8s.Status().Update(ctx, node)).To(Succeed())
+		big, small := resource.MustParse("3Gi"), resource.MustParse("256Mi")
+		wf := &v1alpha1.Workflow{
+			ObjectMeta: metav1.ObjectMeta{Name: "toobig", Namespace: ns},
+			Spec: v1alpha1.WorkflowSpec{
+				Entry: "a",
+				Functions: []v1alpha1.FunctionSpec{{Name: "a", Image: "x", Resources: &corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}}}},
+				Buckets: []v1alpha1.NamedBucket{{Name: "huge", Spec: v1alpha1.BucketSpec{MemoryLimitPerPod: &big}},
+					{Name: "fine", Spec: v1alpha1.BucketSpec{MemoryLimitPerPod: &small}}},
+			},
+		}
+		Expect(k8s.Create(ctx, wf)).To(Succeed())
+		Eventually(func(g Gomega) {
+			got := &v1alpha1.Workflow{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wf), got)).To(Succeed())
+			c := condition(got.Status.Conditions, v1alpha1.ConditionServicesReady)
+			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
+			g.Expect(c.Reason).To(Equal(v1alpha1.ReasonDoesNotFit))
+			g.Expect(c.Message).To(Equal("function a: its pods need 7Gi of memory: an objects volume of 6Gi (twice the largest memoryLimitPerPod " +
+				"of the workflow's buckets) and the container's 1Gi; the largest schedulable node, " + node.Name + ", allocates 4Gi: " +
+				"lower memoryLimitPerPod or add a larger node"))
+			g.Expect(condition(got.Status.Conditions, v1alpha1.ConditionReady).Reason).To(Equal(v1alpha1.ReasonDoesNotFit))
+		}).Should(Succeed())
+
+		// Within the node's memory, the Services are only not ready yet.
+		Eventually(func(g Gomega) {
+			got := &v1alpha1.Workflow{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wf), got)).To(Succeed())
+			got.Spec.Buckets[0].Spec.MemoryLimitPerPod = &small
+			g.Expect(k8s.Update(ctx, got)).To(Succeed())
+		}).Should(Succeed())
+		Eventually(func(g Gomega) {
+			got := &v1alpha1.Workflow{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(wf), got)).To(Succeed())
+			g.Expect(condition(got.Status.Conditions, v1alpha1.ConditionServicesReady).Reason).To(Equal(v1alpha1.ReasonServiceNotReady))
 		}).Should(Succeed())
 	})
 

@@ -27,6 +27,10 @@ const (
 	ReasonInvalidSpec        = "InvalidSpec"
 	ReasonChildConflict      = "ChildConflict"
 	ReasonDependenciesFailed = "DependenciesNotReady"
+	// ReasonDoesNotFit: a function's pods need more memory (the objects
+	// volume sized from the buckets, and the container's request) than
+	// any schedulable node allocates.
+	ReasonDoesNotFit = "DoesNotFit"
 )
 
 // Labels and annotations ziptrail puts on the objects it manages.

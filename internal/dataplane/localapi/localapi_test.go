@@ -333,6 +333,19 @@ func TestStoreFullBlocksThenFails(t *testing.T) {
 	}
 	_, err = a.sdk.Put(ctx, random(2<<20), 1)
 	wantReason(t, "put over the cap without a spill tier", err, ReasonStoreFull)
+	// The errors name the object's bucket and the limit that stopped it.
+	_, err = a.sdk.SendObject(ctx, "s1", "out", "k", random(2<<20), false)
+	wantReason(t, "send_object over the cap without a spill tier", err, ReasonStoreFull)
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, "object k of bucket out (2097152 bytes)") ||
+		!strings.Contains(msg, "memoryLimitPerPod of 4194304 bytes") || !strings.Contains(msg, "spillTiers") {
+		t.Errorf("store full: %q does not name the bucket, the limit and the way out", msg)
+	}
+	_, err = a.sdk.SendObject(ctx, "s1", "out", "huge", random(5<<20), false)
+	wantReason(t, "object larger than the cap", err, ReasonTooLarge)
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, "object huge of bucket out") || !strings.Contains(msg, "5242880 bytes, cap 4194304") ||
+		!strings.Contains(msg, "memoryLimitPerPod") {
+		t.Errorf("too large: %q does not name the bucket and the limit", msg)
+	}
 	_, err = a.sdk.Put(ctx, random(5<<20), 1)
 	wantReason(t, "object larger than the cap", err, ReasonTooLarge)
 

@@ -227,7 +227,7 @@ func (s *Server) put(ctx context.Context, m store.Meta, obj *loaded) (string, er
 	wctx, cancel := s.memoryWait(ctx)
 	defer cancel()
 	if err := s.Store.PutOwned(wctx, m, obj.data, obj.free); err != nil {
-		return "", storeFull(wctx, err)
+		return "", s.putError(m, int64(len(obj.data)), storeFull(wctx, err))
 	}
 	obj.free = nil // the store's now
 	rec := ref.Record{Addr: s.Addr, Key: m.ID, Expires: m.Expires, Reads: m.Reads}
@@ -254,6 +254,29 @@ func (s *Server) memoryWait(ctx context.Context) (context.Context, context.Cance
 
 // storeFull names a wait that PutTimeout ended; other errors (the
 // caller's deadline or cancellation among them) pass unchanged.
+// putError says whose object did not fit and which limit stopped it: the
+// store's cap is the largest memoryLimitPerPod of the workflow's buckets
+// (the Workflow controller writes it on the revision), and a full store
+// with no spill tier makes a put wait for room, then fail. size < 0: not
+// known yet.
+func (s *Server) putError(m store.Meta, size int64, err error) error {
+	what := "an object"
+	if m.Bucket != "" {
+		what = fmt.Sprintf("object %s of bucket %s", m.Key, m.Bucket)
+	}
+	if size >= 0 {
+		what += fmt.Sprintf(" (%d bytes)", size)
+	}
+	switch {
+	case errors.Is(err, store.ErrTooLarge):
+		return fmt.Errorf("%s: %w; the cap is this pod's memoryLimitPerPod, the largest of the workflow's buckets: raise it", what, err)
+	case errors.Is(err, errStoreFull):
+		return fmt.Errorf("%s: %w; the pod's objects hold %d of its memoryLimitPerPod of %d bytes and no spill tier took any: "+
+			"give the bucket spillTiers, read or free objects sooner, or raise memoryLimitPerPod", what, err, s.Store.Used(), s.Store.Cap())
+	}
+	return err
+}
+
 func storeFull(wctx context.Context, err error) error {
 	if errors.Is(context.Cause(wctx), errStoreFull) {
 		return fmt.Errorf("%w: %v", errStoreFull, err)

@@ -34,7 +34,7 @@ func (s *Server) SendObject(ctx context.Context, req *sidecarv1.SendObjectReques
 	}
 	obj, release, err := s.loadObject(ctx, req.GetObject(), "")
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(s.putError(store.Meta{Bucket: req.GetBucket(), Key: req.GetKey()}, -1, err))
 	}
 	defer release()
 	data := obj.data

@@ -196,7 +196,7 @@ func (s *Server) Put(ctx context.Context, req *sidecarv1.PutRequest) (*sidecarv1
 	returnTo := returnsFor(ctx)
 	obj, release, err := s.loadObject(ctx, req.GetObject(), returnTo)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(s.putError(store.Meta{}, -1, err))
 	}
 	defer release()
 	if returnTo != "" {

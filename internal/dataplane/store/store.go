@@ -278,6 +278,9 @@ func (s *Store) Remove(id string) {
 }
 
 // Used is the bytes held now; Len the number of objects.
+// Cap is the store's memory cap in bytes.
+func (s *Store) Cap() int64 { return s.cap }
+
 func (s *Store) Used() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -30,6 +30,10 @@ var (
 		Name: "ziptrail_control_events_awaiting_save",
 		Help: "Sidecar events applied but not acknowledged yet: an event is acknowledged once a checkpoint holds it (the sidecar keeps it until then).",
 	})
+	events = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ziptrail_control_events_total",
+		Help: "Sidecar messages received on the control stream, by kind: object_ready, function_started, function_finished, group_join, group_leave.",
+	}, []string{"kind"})
 	tokenReviews = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ziptrail_control_token_reviews_total",
 		Help: "Token checks of the control service, by result: authenticated, rejected, error (TokenReview failed), cached (answered from the cache).",
@@ -54,7 +58,7 @@ func rejected(reason string) { rejections.WithLabelValues(reason).Inc() }
 
 func init() {
 	// The operator's /metrics endpoint serves controller-runtime's registry.
-	metrics.Registry.MustRegister(connectedSidecars, unackedEvents, eventErrors, groupViews, rejections, tokenReviews)
+	metrics.Registry.MustRegister(connectedSidecars, unackedEvents, events, eventErrors, groupViews, rejections, tokenReviews)
 	for _, r := range []string{ReasonNoAuthenticator, ReasonNoToken, ReasonUnauthenticated, ReasonReviewUnavailable, ReasonNotPodBound,
 		ReasonForeignNamespace, ReasonForeignPod, ReasonForeignSession, ReasonForeignInvocation, ReasonKeysForbidden} {
 		rejections.WithLabelValues(r) // export zeros, so alerts on rate() see the series from the start

@@ -429,6 +429,7 @@ func (s *Server) dispatch(ctx context.Context, c *conn, m *controlv1.SidecarMess
 	var err error
 	switch msg := m.Msg.(type) {
 	case *controlv1.SidecarMessage_ObjectReady:
+		events.WithLabelValues("object_ready").Inc()
 		ev := msg.ObjectReady
 		if ev.Bucket == "" || ev.Key == "" || ev.Session == "" {
 			return status.Error(codes.InvalidArgument, "ObjectReady needs session, bucket and key")
@@ -441,21 +442,25 @@ func (s *Server) dispatch(ctx context.Context, c *conn, m *controlv1.SidecarMess
 		}
 		err = s.events.ObjectReady(ctx, id, ev)
 	case *controlv1.SidecarMessage_FunctionStarted:
+		events.WithLabelValues("function_started").Inc()
 		ev := msg.FunctionStarted
 		if s.refuse(c, m.Seq, ev.Session, ev.InvocationId, false, "FunctionStarted") {
 			return nil
 		}
 		err = s.events.FunctionStarted(ctx, id, ev)
 	case *controlv1.SidecarMessage_FunctionFinished:
+		events.WithLabelValues("function_finished").Inc()
 		ev := msg.FunctionFinished
 		if s.refuse(c, m.Seq, ev.Session, ev.InvocationId, true, "FunctionFinished") {
 			return nil
 		}
 		err = s.events.FunctionFinished(ctx, id, ev)
 	case *controlv1.SidecarMessage_GroupJoin:
+		events.WithLabelValues("group_join").Inc()
 		s.groupJoin(c, msg.GroupJoin)
 		return nil
 	case *controlv1.SidecarMessage_GroupLeave:
+		events.WithLabelValues("group_leave").Inc()
 		s.groupLeave(c, msg.GroupLeave)
 		return nil
 	case *controlv1.SidecarMessage_Hello:

@@ -138,19 +138,25 @@ func New(opts Options) (*Dispatcher, error) {
 		c.Transport = call.DirectTransport(base, opts.Concurrency)
 		direct = &c
 	}
-	if opts.Ingress != "" {
-		// Dial the ingress whatever the URL's host; the Host header routes.
-		base, _ := opts.Client.Transport.(*http.Transport)
+	// The route's requests: connections kept per function host (as many
+	// as workers) and MaxIdleConns in all, not http.DefaultTransport's 2
+	// and 100, which made steps dial anew under load or across more than
+	// 100 functions.
+	if base, ok := opts.Client.Transport.(*http.Transport); ok || opts.Client.Transport == nil {
 		if base == nil {
 			base = http.DefaultTransport.(*http.Transport)
 		}
 		tr := base.Clone()
-		ingress := opts.Ingress
-		dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-		tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return dialer.DialContext(ctx, network, ingress)
+		if opts.Ingress != "" {
+			// Dial the ingress whatever the URL's host; the Host header routes.
+			ingress := opts.Ingress
+			dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+			tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return dialer.DialContext(ctx, network, ingress)
+			}
 		}
 		tr.MaxIdleConnsPerHost = opts.Concurrency
+		tr.MaxIdleConns = call.MaxIdleConns
 		c := *opts.Client
 		c.Transport = tr
 		opts.Client = &c

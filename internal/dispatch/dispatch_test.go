@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
@@ -375,5 +376,49 @@ func TestQueueBoundsBytesAndReportsInvalid(t *testing.T) {
 	}
 	if r := <-results; r.Err == nil || r.Envelope.Session != "s" {
 		t.Errorf("invalid envelope reported as %+v", r)
+	}
+}
+
+// TestConnectionsAreKeptAcrossManyFunctions: a chain of more functions than
+// http.DefaultTransport keeps idle connections for (100) reuses one
+// connection per function host, round after round. With the default, the
+// least recently used connection, which a cycle through the functions
+// needs next, was closed each time: every step dialed anew.
+func TestConnectionsAreKeptAcrossManyFunctions(t *testing.T) {
+	const functions = 150
+	var dialed atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") }))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			dialed.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	results := make(chan Result, 1)
+	d, err := New(Options{Resolver: staticResolver{"http://{svc}.{ns}.ziptrail.local"}, Ingress: strings.TrimPrefix(srv.URL, "http://"),
+		Concurrency: 1, OnResult: func(r Result) { results <- r }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d.Start(ctx)
+	for round := 0; round < 3; round++ {
+		for i := 0; i < functions; i++ {
+			env := &invocation.Envelope{Namespace: "ns", Function: fmt.Sprintf("f%d", i), Session: "s", Invocation: fmt.Sprintf("%d.%d", round, i)}
+			if err := d.Submit(env); err != nil {
+				t.Fatal(err)
+			}
+			if r := <-results; r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		}
+	}
+	if n := dialed.Load(); n != functions {
+		t.Errorf("%d connections for 3 rounds through %d functions, want %d (one per function host)", n, functions, functions)
+	}
+	if tr := call.DirectTransport(nil, 4); tr.MaxIdleConns != call.MaxIdleConns {
+		t.Errorf("requests straight to pods keep %d idle connections in all, want %d", tr.MaxIdleConns, call.MaxIdleConns)
 	}
 }

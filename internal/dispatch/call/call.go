@@ -119,9 +119,20 @@ type Router interface {
 // address being reused), and the route is there to take the invocation.
 const DirectDialTimeout = time.Second
 
+// MaxIdleConns is how many idle connections a sender of invocations keeps
+// in all (for IdleConnTimeout, 90 s): one or more per pod, or per
+// function host through the ingress, that a step may go to next.
+// http.DefaultTransport keeps 100, and evicts the least recently used:
+// with more functions than that in a chain, each step's connection was
+// the one evicted last, so every step dialed anew (measured with
+// bench/chain's 100-function chain: a step's request took 2–3.4 ms from
+// sent to answered against 0.6–1.2 ms for the same request to one warm
+// function).
+const MaxIdleConns = 4096
+
 // DirectTransport is base (nil: http.DefaultTransport) for tries sent
 // straight to pods: dials bounded by DirectDialTimeout, perHost idle
-// connections kept per pod.
+// connections kept per pod, MaxIdleConns in all.
 func DirectTransport(base *http.Transport, perHost int) *http.Transport {
 	if base == nil {
 		base = http.DefaultTransport.(*http.Transport)
@@ -130,6 +141,7 @@ func DirectTransport(base *http.Transport, perHost int) *http.Transport {
 	dialer := &net.Dialer{Timeout: DirectDialTimeout, KeepAlive: 30 * time.Second}
 	tr.DialContext = dialer.DialContext
 	tr.MaxIdleConnsPerHost = perHost
+	tr.MaxIdleConns = MaxIdleConns
 	return tr
 }
 

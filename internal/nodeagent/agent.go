@@ -4,7 +4,9 @@
 // network namespace with its own IP from its node's podCIDR (a veth on the
 // node's bridge) and, per container, a mount namespace with what a kubelet
 // gives a container: volumes (emptyDir, ConfigMap, Secret, downward API,
-// projected service-account tokens), /dev/shm, /etc/hosts and resolv.conf.
+// projected service-account tokens), /dev/shm, /etc/hosts and resolv.conf,
+// and cgroups with the pod's and each container's resource limits
+// (cgroup.go).
 // Images are mapped to local programs by an image catalog (package catalog).
 // Probes, restart back-off, lifecycle hooks, graceful termination, pod
 // status pushed through the PodNotifier, `kubectl logs` and `kubectl exec`
@@ -53,6 +55,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/netns"
 	"github.com/ziptrail/ziptrail/internal/nodeagent/catalog"
+	"github.com/ziptrail/ziptrail/internal/nodeagent/cgroups"
 	"github.com/ziptrail/ziptrail/internal/nodeagent/sandbox"
 )
 
@@ -181,6 +184,7 @@ func Cleanup(ctx context.Context, cfg Config) error {
 	}
 	errs = append(errs, sweepLinks(ctx, cfg.NetPrefix))
 	errs = append(errs, sandbox.CleanupDir(cfg.podsDir()))
+	errs = append(errs, cleanupCgroups(cfg))
 	return errors.Join(errs...)
 }
 
@@ -257,6 +261,10 @@ type Agent struct {
 	cancel    context.CancelFunc // stops the nodes' controllers
 	running   []*nodeutil.Node
 	brokers   []record.EventBroadcaster
+	// cgroups is the host's cgroup hierarchy (nil when it is not usable:
+	// pods then run without resource limits); cgroupsErr says why.
+	cgroups    *cgroups.Hierarchy
+	cgroupsErr error
 }
 
 // Run registers the nodes, serves their kubelet APIs and runs their pods
@@ -305,6 +313,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	nodeCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a := &Agent{cfg: cfg, ready: map[string]bool{}, cancel: cancel}
+	a.detectCgroups()
 	ok := false
 	defer func() {
 		if !ok {
@@ -417,6 +426,7 @@ func (a *Agent) Stop() error {
 	}
 	sandbox.RemovePendingMountPoints()
 	errs = append(errs, sandbox.CleanupDir(a.cfg.podsDir()))
+	errs = append(errs, a.removeCgroups())
 	return errors.Join(errs...)
 }
 
@@ -438,13 +448,14 @@ func (a *Agent) newNode(ns NodeSpec, network *netns.Network, cat *catalog.Catalo
 	if err != nil {
 		return nil, nil, err
 	}
+	nodeCgroup := a.nodeCgroup(ns.Name, recorder)
 	newProvider := func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		alloc := configureNode(pc.Node, ns, nodeIP, cfg.KubeletPort)
 		prov = newProvider(providerConfig{
 			NodeName: ns.Name, NodeIP: nodeIP, Network: network, PodsDir: cfg.podsDir(),
 			DNS: sandbox.DNS{Server: cfg.ClusterDNS, Domain: cfg.ClusterDomain}, Catalog: cat, Client: client,
 			Recorder: recorder, ConfigMaps: pc.ConfigMaps, Secrets: pc.Secrets, Services: pc.Services,
-			Log: cfg.Log, Backoff: cfg.Backoff, NodePaths: nodePaths,
+			Log: cfg.Log, Backoff: cfg.Backoff, NodePaths: nodePaths, Cgroup: nodeCgroup,
 		}, alloc)
 		return prov, nil, nil
 	}

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ziptrail/ziptrail/internal/nodeagent/cgroups"
 	"github.com/ziptrail/ziptrail/internal/nodeagent/probe"
 	"github.com/ziptrail/ziptrail/internal/nodeagent/sandbox"
 )
@@ -46,6 +47,11 @@ type ctrRun struct {
 	exited  chan struct{} // closed when the process is gone
 	started time.Time
 	kill    chan string // a probe asks for a restart (message)
+	// cgroup is the container's cgroup (nil: no limits); oomBase its
+	// OOM-kill count at the start, when the kernel counts them (oomCounted).
+	cgroup     *cgroups.Group
+	oomBase    uint64
+	oomCounted bool
 }
 
 func newCtrRuntime(pr *podRuntime, spec corev1.Container, init bool) *ctrRuntime {
@@ -280,6 +286,11 @@ func (c *ctrRuntime) start() (*ctrRun, bool) {
 	}
 	sb := c.pr.sb
 	c.pr.mu.Unlock()
+	run := &ctrRun{index: index, exited: make(chan struct{}), kill: make(chan string, 1)}
+	c.cgroup(run)
+	if run.cgroup != nil {
+		spec.Cgroups = run.cgroup.Dirs()
+	}
 	id := newID()
 	c.event(corev1.EventTypeNormal, "Created", "Created container: %s", c.spec.Name)
 	cmd, err := sb.Start(c.spec.Name, spec, sb.LogPath(c.spec.Name, index))
@@ -291,10 +302,13 @@ func (c *ctrRuntime) start() (*ctrRun, bool) {
 		c.waitFailure("RunContainerError", "", err.Error())
 		return nil, false
 	}
-	run := &ctrRun{index: index, cmd: cmd, exited: make(chan struct{}), started: time.Now(), kill: make(chan string, 1)}
+	run.cmd, run.started = cmd, time.Now()
 	go func() {
 		_ = cmd.Wait()
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // what the container left behind
+		if run.cgroup != nil {
+			_ = run.cgroup.Kill() // and what left the process group, as a runtime stops a container
+		}
 		close(run.exited)
 	}()
 	c.setState(func() {
@@ -405,6 +419,10 @@ func (c *ctrRuntime) wait(run *ctrRun) int {
 	reason, message := "Completed", ""
 	if code != 0 {
 		reason = "Error"
+		if run.oomKilled() {
+			reason = "OOMKilled"
+			c.reportOOM()
+		}
 		if c.spec.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError {
 			message = c.logTail(run.index)
 		}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/ziptrail/ziptrail/internal/nodeagent/cgroups"
 	"github.com/ziptrail/ziptrail/internal/nodeagent/downward"
 	"github.com/ziptrail/ziptrail/internal/nodeagent/sandbox"
 	"github.com/ziptrail/ziptrail/internal/nodeagent/volumes"
@@ -52,6 +53,7 @@ type podRuntime struct {
 	volumeErr     string
 	sandboxErr    string
 	sandboxFailed int
+	cgroup        *cgroups.Group // the pod's cgroup (nil: no limits)
 }
 
 func newPodRuntime(p *Provider, pod *corev1.Pod) *podRuntime {
@@ -112,7 +114,11 @@ func (pr *podRuntime) run() {
 	if d := pr.pod.Spec.ActiveDeadlineSeconds; d != nil {
 		go pr.enforceDeadline(time.Duration(*d) * time.Second)
 	}
-	if !pr.createSandbox() || !pr.setupVolumes() {
+	if !pr.createSandbox() {
+		return
+	}
+	pr.createCgroup()
+	if !pr.setupVolumes() {
 		return
 	}
 	go pr.refreshVolumes()
@@ -341,6 +347,8 @@ func (pr *podRuntime) waitDeadline(ch <-chan struct{}, minimum time.Duration) bo
 
 // finish tears the sandbox down, pushes the terminal status and forgets the pod.
 func (pr *podRuntime) finish() {
+	// Whatever still runs in the pod's cgroup goes before its sandbox.
+	pr.removeCgroup()
 	pr.mu.Lock()
 	sb := pr.sb
 	pr.mu.Unlock()

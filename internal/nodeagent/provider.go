@@ -24,6 +24,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/netns"
 	"github.com/ziptrail/ziptrail/internal/nodeagent/catalog"
+	"github.com/ziptrail/ziptrail/internal/nodeagent/cgroups"
 	"github.com/ziptrail/ziptrail/internal/nodeagent/sandbox"
 )
 
@@ -44,6 +45,9 @@ type providerConfig struct {
 	Backoff    Backoff
 	// NodePaths: hostPaths that are this node's own (volumes.Sources).
 	NodePaths map[string]string
+	// Cgroup is the node's cgroup, where its pods get theirs (nil: pods
+	// run without resource limits).
+	Cgroup *cgroups.Group
 }
 
 // Backoff is the restart back-off of crashed containers (kubelet: 10 s

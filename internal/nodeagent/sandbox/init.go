@@ -3,19 +3,22 @@
 // process a private mount namespace) plus the bind mounts a kubelet gives a
 // container — its volumes at their mountPaths, the pod's /dev/shm,
 // /etc/hosts and /etc/resolv.conf. The mounts are made by a small re-exec of
-// the agent's own binary (the hidden InitCommand) which then execs the
-// container's command, so the agent itself never changes namespaces (setns
-// and Go's threads do not mix).
+// the agent's own binary (the hidden InitCommand) which first joins the
+// container's cgroups (Spec.Cgroups) and then execs the container's
+// command, so the agent itself never changes namespaces (setns and Go's
+// threads do not mix).
 package sandbox
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -42,7 +45,17 @@ type Spec struct {
 	// CreatedLog is a file the init appends every mount point it had to
 	// create on the host's filesystem to, so the agent can remove them.
 	CreatedLog string `json:"createdLog,omitempty"`
+	// Cgroups are the container's cgroup directories, one per hierarchy.
+	// The init joins them before anything else, so the command runs
+	// within the container's limits from its first instruction. It cannot
+	// open them itself (`ip netns exec` mounts a fresh /sys, without
+	// /sys/fs/cgroup): Start and Exec pass each one's cgroup.procs, open,
+	// as file descriptors 3, 4… and their number in $ZIPTRAIL_CGROUP_FDS.
+	Cgroups []string `json:"cgroups,omitempty"`
 }
+
+// cgroupFDsEnv names the number of cgroup.procs files passed to the init.
+const cgroupFDsEnv = "ZIPTRAIL_CGROUP_FDS"
 
 // MaybeRunInit runs the in-sandbox init and never returns when the process
 // was started as one; otherwise it returns at once. Call it first in main
@@ -70,6 +83,9 @@ func runInit(specPath string, override []string) error {
 	}
 	if len(s.Argv) == 0 {
 		return fmt.Errorf("no command to run")
+	}
+	if err := joinCgroups(s.Cgroups); err != nil {
+		return err
 	}
 	// Namespaces created here belong to this thread; exec from it.
 	runtime.LockOSThread()
@@ -106,6 +122,27 @@ func runInit(specPath string, override []string) error {
 		return err
 	}
 	return syscall.Exec(argv0, s.Argv, s.Env)
+}
+
+// joinCgroups moves the process into the container's cgroups by writing
+// its pid into the cgroup.procs files the agent passed (file descriptors
+// from 3 on), then closes them so the command does not inherit them.
+func joinCgroups(dirs []string) error {
+	n, _ := strconv.Atoi(os.Getenv(cgroupFDsEnv))
+	pid := strconv.Itoa(os.Getpid())
+	var errs []error
+	for i := range n {
+		f := os.NewFile(uintptr(3+i), "cgroup.procs")
+		if _, err := f.WriteString(pid); err != nil {
+			where := fmt.Sprintf("file descriptor %d", 3+i)
+			if len(dirs) == n {
+				where = dirs[i]
+			}
+			errs = append(errs, fmt.Errorf("join cgroup %s: %w", where, err))
+		}
+		f.Close()
+	}
+	return errors.Join(errs...)
 }
 
 // ensureMountPoint creates a missing target (a directory, or an empty file

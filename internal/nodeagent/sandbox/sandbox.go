@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,7 +36,17 @@ type Sandbox struct {
 
 	network *netns.Network
 	mu      sync.Mutex
-	targets []string // mount targets registered as live
+	targets []string                // mount targets registered as live
+	cgroups map[string]*cgroupProcs // container -> its cgroup.procs files
+	retired []*os.File              // replaced cgroup.procs files, closed by Destroy
+}
+
+// cgroupProcs are a container's cgroup.procs files, open for the life of
+// the sandbox: its process and every exec (probes, kubectl exec) join the
+// container's cgroups through them (Spec.Cgroups).
+type cgroupProcs struct {
+	dirs  []string
+	files []*os.File
 }
 
 // Create makes the pod's sandbox: the directory, a /dev/shm tmpfs shared by
@@ -107,6 +119,10 @@ func (s *Sandbox) Start(container string, spec Spec, logPath string) (*exec.Cmd,
 		return nil, err
 	}
 	s.register(spec.Mounts)
+	procs, err := s.cgroupFiles(container, spec.Cgroups)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return nil, err
 	}
@@ -115,7 +131,7 @@ func (s *Sandbox) Start(container string, spec Spec, logPath string) (*exec.Cmd,
 		return nil, err
 	}
 	defer log.Close()
-	cmd, err := s.command(container)
+	cmd, err := s.command(container, procs)
 	if err != nil {
 		return nil, err
 	}
@@ -133,14 +149,22 @@ func (s *Sandbox) Exec(container string, argv []string) (*exec.Cmd, error) {
 	if _, err := os.Stat(s.specPath(container)); err != nil {
 		return nil, fmt.Errorf("container %s has not been started", container)
 	}
-	cmd, err := s.command(container, append([]string{"--"}, argv...)...)
+	s.mu.Lock()
+	var procs []*os.File
+	if p := s.cgroups[container]; p != nil {
+		procs = p.files
+	}
+	s.mu.Unlock()
+	cmd, err := s.command(container, procs, append([]string{"--"}, argv...)...)
 	if err != nil {
 		return nil, err
 	}
 	return cmd, nil
 }
 
-func (s *Sandbox) command(container string, extra ...string) (*exec.Cmd, error) {
+// command runs the init for a container; procs are the cgroup.procs files
+// it joins (file descriptors 3, 4…).
+func (s *Sandbox) command(container string, procs []*os.File, extra ...string) (*exec.Cmd, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -148,7 +172,57 @@ func (s *Sandbox) command(container string, extra ...string) (*exec.Cmd, error) 
 	args := append([]string{"netns", "exec", s.Net.Name, self, InitCommand, s.specPath(container)}, extra...)
 	cmd := exec.Command("ip", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.ExtraFiles = procs
+	cmd.Env = append(os.Environ(), cgroupFDsEnv+"="+strconv.Itoa(len(procs)))
 	return cmd, nil
+}
+
+// cgroupFiles returns the container's cgroup.procs files for dirs, opening
+// them the first time (and again when the directories change).
+func (s *Sandbox) cgroupFiles(container string, dirs []string) ([]*os.File, error) {
+	s.mu.Lock()
+	cur := s.cgroups[container]
+	s.mu.Unlock()
+	if cur != nil && slices.Equal(cur.dirs, dirs) {
+		return cur.files, nil
+	}
+	files := make([]*os.File, 0, len(dirs))
+	for _, d := range dirs {
+		f, err := os.OpenFile(filepath.Join(d, "cgroup.procs"), os.O_WRONLY, 0)
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, fmt.Errorf("container %s: open its cgroup: %w", container, err)
+		}
+		files = append(files, f)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cgroups == nil {
+		s.cgroups = map[string]*cgroupProcs{}
+	}
+	if old := s.cgroups[container]; old != nil {
+		// An exec may be starting with them: closed with the sandbox.
+		s.retired = append(s.retired, old.files...)
+	}
+	s.cgroups[container] = &cgroupProcs{dirs: slices.Clone(dirs), files: files}
+	return files, nil
+}
+
+// closeCgroupFiles closes every cgroup.procs file of the sandbox.
+func (s *Sandbox) closeCgroupFiles() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.cgroups {
+		for _, f := range p.files {
+			f.Close()
+		}
+	}
+	for _, f := range s.retired {
+		f.Close()
+	}
+	s.cgroups, s.retired = nil, nil
 }
 
 // Destroy removes the network namespace, unmounts everything under the
@@ -160,6 +234,7 @@ func (s *Sandbox) Destroy(ctx context.Context) error {
 		errs = append(errs, s.network.DeletePod(ctx, s.Net))
 	}
 	s.unregister()
+	s.closeCgroupFiles()
 	errs = append(errs, UnmountUnder(s.Dir))
 	logs, _ := filepath.Glob(filepath.Join(s.Dir, "containers", "*.created"))
 	for _, l := range logs {

@@ -1,11 +1,11 @@
 // Package volumes materialises a pod's volumes in its sandbox directory on
 // the host, as the kubelet's volume plugins do, and keeps them current:
-// emptyDir (medium Memory as a tmpfs), hostPath, ConfigMap, Secret,
-// downwardAPI and projected volumes, including service-account tokens
-// minted with the TokenRequest API (audience, expiry, bound to the pod) and
-// rewritten at 80% of their lifetime. Files are written atomically (temp file
-// then rename) and only when their content changes; keys that disappear are
-// removed.
+// emptyDir (medium Memory as a tmpfs of the kubelet's size), hostPath,
+// ConfigMap, Secret, downwardAPI and projected volumes, including
+// service-account tokens minted with the TokenRequest API (audience, expiry,
+// bound to the pod) and rewritten at 80% of their lifetime. Files are
+// written atomically (temp file then rename) and only when their content
+// changes; keys that disappear are removed.
 package volumes
 
 import (
@@ -30,6 +30,7 @@ import (
 	corev1listers "k8s.io/client-go/listers/core/v1"
 
 	"github.com/ziptrail/ziptrail/internal/nodeagent/downward"
+	"github.com/ziptrail/ziptrail/internal/nodeagent/limits"
 )
 
 // Sources is where volume contents come from.
@@ -171,8 +172,8 @@ func (s *Set) syncVolume(ctx context.Context, v corev1.Volume) error {
 		_ = os.Chmod(dir, 0o777)
 		if v.EmptyDir.Medium == corev1.StorageMediumMemory && !s.mounted[v.Name] {
 			opts := "mode=1777"
-			if l := v.EmptyDir.SizeLimit; l != nil && !l.IsZero() {
-				opts += ",size=" + strconv.FormatInt(l.Value(), 10)
+			if size, ok := s.memorySize(v.EmptyDir); ok {
+				opts += ",size=" + strconv.FormatInt(size, 10)
 			}
 			if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, opts); err != nil {
 				return fmt.Errorf("mount tmpfs: %w", err)
@@ -210,6 +211,29 @@ func (s *Set) syncVolume(ctx context.Context, v corev1.Volume) error {
 		return s.write(v.Name, dir, files)
 	}
 	return fmt.Errorf("this volume type is not supported by ziptrail-node (supported: emptyDir, hostPath, configMap, secret, downwardAPI, projected)")
+}
+
+// memorySize is a memory-backed emptyDir's tmpfs size, as the kubelet
+// sizes it: the least of the node's allocatable memory, the pod's memory
+// limit (when every container has one) and the volume's sizeLimit. Its
+// pages are charged to the memory cgroup of the container that writes them.
+func (s *Set) memorySize(e *corev1.EmptyDirVolumeSource) (int64, bool) {
+	var size int64
+	lower := func(v int64) {
+		if v > 0 && (size == 0 || v < size) {
+			size = v
+		}
+	}
+	if m, ok := s.src.Allocatable[corev1.ResourceMemory]; ok {
+		lower(m.Value())
+	}
+	if m, ok := limits.PodMemory(s.pod); ok {
+		lower(m)
+	}
+	if l := e.SizeLimit; l != nil {
+		lower(l.Value())
+	}
+	return size, size > 0
 }
 
 func mode(m *int32) os.FileMode {

@@ -10,6 +10,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -121,6 +122,43 @@ func TestNodePaths(t *testing.T) {
 	for _, d := range []string{filepath.Join(root, "n1", "x"), filepath.Join(root, "n2", "x")} {
 		if st, err := os.Stat(d); err != nil || !st.IsDir() {
 			t.Errorf("DirectoryOrCreate did not create %s: %v", d, err)
+		}
+	}
+}
+
+// A memory-backed emptyDir is as large as the least of the node's
+// allocatable memory, the pod's memory limit and its sizeLimit.
+func TestMemoryVolumeSize(t *testing.T) {
+	mi := func(n int64) *resource.Quantity { return resource.NewQuantity(n<<20, resource.BinarySI) }
+	pod := func(limits ...int64) *corev1.Pod {
+		p := &corev1.Pod{}
+		for _, l := range limits {
+			c := corev1.Container{}
+			if l > 0 {
+				c.Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: *mi(l)}
+			}
+			p.Spec.Containers = append(p.Spec.Containers, c)
+		}
+		return p
+	}
+	alloc := corev1.ResourceList{corev1.ResourceMemory: *mi(4096)}
+	for _, tc := range []struct {
+		name  string
+		alloc corev1.ResourceList
+		pod   *corev1.Pod
+		limit *resource.Quantity
+		want  int64
+	}{
+		{"sizeLimit", alloc, pod(0), mi(1), 1 << 20},
+		{"the pod's limit when lower", alloc, pod(64, 32), mi(512), 96 << 20},
+		{"sizeLimit when lower than the pod's", alloc, pod(64, 32), mi(16), 16 << 20},
+		{"no pod limit when a container has none", alloc, pod(64, 0), nil, 4096 << 20},
+		{"tmpfs default without anything", nil, pod(0), nil, 0},
+	} {
+		s := New(t.TempDir(), Sources{Allocatable: tc.alloc}, tc.pod, downward.IPs{})
+		got, _ := s.memorySize(&corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: tc.limit})
+		if got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
 	}
 }

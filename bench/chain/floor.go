@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/controllers"
 	"github.com/ziptrail/ziptrail/internal/dispatch"
 	"github.com/ziptrail/ziptrail/internal/dispatch/call"
@@ -127,4 +128,56 @@ func idPart(s string) string {
 		}
 		return '-'
 	}, s), "-")
+}
+
+// cycleFloor is the floor of a chain's own requests: n invocations sent
+// straight to the queue-proxy-zl of wf's functions' pods, one after the
+// other and each to the next function's pod in turn (f0, f1, ..., f0, ...),
+// as a chain's steps go, with no session behind them. Against the floor to
+// one warm pod it shows what taking turns between many pods costs a
+// request on this host (each pod's processes wake up after the others
+// ran), which no orchestration can remove.
+func cycleFloor(ctx context.Context, c *localcluster.Cluster, wf *v1alpha1.Workflow, label string, n int) ([]time.Duration, error) {
+	type target struct{ addr, svc string }
+	var targets []target
+	for _, f := range wf.Spec.Functions {
+		svc := controllers.ServiceName(wf.Name, f.Name)
+		pods, err := c.FunctionPods(ctx, wf.Namespace, svc)
+		if err != nil || len(pods) == 0 || pods[0].Status.PodIP == "" {
+			return nil, fmt.Errorf("the pod of %s: %v (%d pods)", svc, err, len(pods))
+		}
+		targets = append(targets, target{net.JoinHostPort(pods[0].Status.PodIP, "8012"), svc})
+	}
+	tr := call.DirectTransport(nil, 1)
+	defer tr.CloseIdleConnections()
+	opts := call.Options{Client: &http.Client{Transport: tr, Timeout: time.Minute}, MaxTries: 1, KeepReport: true}
+	opts.Defaults()
+	one := func(i int) (time.Duration, error) {
+		t := targets[(i%len(targets)+len(targets))%len(targets)]
+		opts.URL = func(context.Context, *invocation.Envelope) (string, error) { return "http://" + t.addr + "/", nil }
+		env := &invocation.Envelope{Namespace: wf.Namespace, Workflow: wf.Name, Function: t.svc, Session: "floor-000000000000",
+			Invocation: fmt.Sprintf("c-%s-%d-%d", idPart(label), time.Now().UnixNano(), i), Attempt: 1,
+			Objects: []invocation.Object{{Bucket: "in", Key: "x", Size: 1, Inline: []byte("x")}}}
+		start := time.Now()
+		res := call.Send(ctx, &opts, env)
+		lat := time.Since(start)
+		if res.Err != nil || res.Status != http.StatusOK || string(res.Body) != "x" {
+			return 0, fmt.Errorf("%s: invocation %d: status %d, body %q, %v", label, i, res.Status, res.Body, res.Err)
+		}
+		return lat, nil
+	}
+	for i := 0; i < len(targets); i++ { // warm-up: a connection to every pod
+		if _, err := one(-i); err != nil {
+			return nil, err
+		}
+	}
+	var ls []time.Duration
+	for i := 0; i < n; i++ {
+		l, err := one(i)
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
 }

@@ -38,6 +38,16 @@ var codeErrors = []error{nil, ErrExtendTooFar, store.ErrExhausted, store.ErrExpi
 
 const codeOK = 0
 
+// codeError is a response code's error class; a code added after this
+// side was built (a newer producer, during a rolling upgrade) is
+// ErrRefused, whose message the producer's text completes.
+func codeError(code uint8) error {
+	if int(code) < len(codeErrors) {
+		return codeErrors[code]
+	}
+	return ErrRefused
+}
+
 // errResponse is the answer that tells the consumer err's class.
 func errResponse(err error) response {
 	if err == nil {
@@ -287,7 +297,7 @@ func (c *Client) roundTrip(ctx context.Context, addr string, q request, body fun
 		var de *dstError
 		switch {
 		case answered && p.code != codeOK:
-			return p, fmt.Errorf("%w (producer %s: %s)", codeErrors[p.code], addr, p.msg)
+			return p, fmt.Errorf("%w (producer %s: %s)", codeError(p.code), addr, p.msg)
 		case errors.As(err, &de):
 			return p, de.err
 		case ctx.Err() != nil:

@@ -128,7 +128,9 @@ func readResponse(r *bufio.Reader) (response, error) {
 	}
 	bl, kl, ml := int(binary.LittleEndian.Uint16(h[2:])), int(binary.LittleEndian.Uint16(h[4:])), int(binary.LittleEndian.Uint16(h[6:]))
 	p := response{code: h[0], ok: h[1]&1 != 0, size: binary.LittleEndian.Uint64(h[8:])}
-	if respFixed+bl+kl+ml != n || h[1]&^1 != 0 || int(p.code) >= len(codeErrors) {
+	// A code this side does not know is a newer producer's error class
+	// (the table is append only): refused, with its message (codeError).
+	if respFixed+bl+kl+ml != n || h[1]&^1 != 0 {
 		return response{}, fmt.Errorf("%w: code %d, flags %d, lengths %d+%d+%d in %d", errFrame, h[0], h[1], bl, kl, ml, n)
 	}
 	if p.size > MaxObject || (p.code != codeOK && p.size != 0) {

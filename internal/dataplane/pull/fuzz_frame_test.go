@@ -35,8 +35,9 @@ func FuzzRequestFrame(f *testing.F) {
 }
 
 // FuzzResponseFrame: the consumer's parser of a producer's answer never
-// panics, accepts only known error codes without a body, and bounds the
-// body it announces.
+// panics, accepts error codes only without a body (one it does not know
+// reads as ErrRefused: a newer producer's class), and bounds the body it
+// announces.
 func FuzzResponseFrame(f *testing.F) {
 	f.Add((&response{bucket: "b", key: "k", size: 10}).header())
 	e := errResponse(ErrExtendTooFar)
@@ -48,7 +49,7 @@ func FuzzResponseFrame(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if int(p.code) >= len(codeErrors) || (p.code != codeOK && p.size != 0) || p.size > MaxObject {
+		if (p.code != codeOK && p.size != 0) || p.size > MaxObject || (int(p.code) >= len(codeErrors) && codeError(p.code) != ErrRefused) {
 			t.Fatalf("accepted %+v", p)
 		}
 		if !bytes.HasPrefix(b, p.header()) {
@@ -91,4 +92,19 @@ func FuzzProducerStream(f *testing.F) {
 			t.Fatalf("genuine pull after the fuzz input: %d bytes, %v", len(got), err)
 		}
 	})
+}
+
+// TestANewerProducersErrorCodeIsRefused: the code table is append only, so
+// a producer built later may answer a code this consumer does not know
+// (during a rolling upgrade): it reads as ErrRefused with the producer's
+// message, not as a malformed frame that would end the connection.
+func TestANewerProducersErrorCodeIsRefused(t *testing.T) {
+	b := (&response{code: uint8(len(codeErrors)), msg: "a class added later"}).header()
+	p, err := readResponse(bufio.NewReader(bytes.NewReader(b)))
+	if err != nil {
+		t.Fatalf("a newer producer's error code: %v", err)
+	}
+	if codeError(p.code) != ErrRefused || p.msg != "a class added later" {
+		t.Fatalf("read %+v as %v, want ErrRefused with the message", p, codeError(p.code))
+	}
 }

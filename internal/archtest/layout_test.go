@@ -211,11 +211,6 @@ var exceptions = []exception{
 		issue:  "issue 34",
 	},
 	{
-		rule: ruleDataPlane, from: "internal/dataplane/sidecar", to: "internal/dispatch/podpick",
-		reason: "a producer's sidecar firing a delegated trigger picks a pod with the dispatcher's podpick: podpick is to leave the operator for a shared leaf (next to invocation/call)",
-		issue:  "issue 34",
-	},
-	{
 		rule: ruleOperatorUse, from: "internal/control", to: "internal/controlclient",
 		reason: "control.Audience is controlclient.Audience, and an error message names controlclient.DefaultTokenFile: the control stream's token audience belongs in its contract, controlv1",
 		issue:  "issue 34",

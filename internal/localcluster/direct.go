@@ -7,8 +7,8 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 	"github.com/ziptrail/ziptrail/internal/dispatch/direct"
-	"github.com/ziptrail/ziptrail/internal/dispatch/podpick"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/invocation/podpick"
 )
 
 // EnvDirectDispatch, set to true or false, overrides Options.RouteOnly

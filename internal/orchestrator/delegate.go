@@ -13,8 +13,8 @@ import (
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/dispatch/podpick"
 	"github.com/ziptrail/ziptrail/internal/engine"
+	"github.com/ziptrail/ziptrail/internal/invocation/podpick"
 )
 
 // Delegated firing (docs/control-stream.md, docs/design.md): with

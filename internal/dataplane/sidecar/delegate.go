@@ -12,9 +12,9 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dispatch/call"
-	"github.com/ziptrail/ziptrail/internal/dispatch/podpick"
 	"github.com/ziptrail/ziptrail/internal/engine"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/invocation/podpick"
 )
 
 // Delegated firing (docs/control-stream.md): the operator sends this

@@ -41,8 +41,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/internal/dispatch/call"
-	"github.com/ziptrail/ziptrail/internal/dispatch/podpick"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/invocation/podpick"
 )
 
 // DefaultTTL is how long a Service's revision and that revision's ready

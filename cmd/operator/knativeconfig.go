@@ -40,7 +40,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/ziptrail/ziptrail/internal/controlclient"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 )
 
 // savedAnnotation holds, as JSON, the values an object had before the hook
@@ -97,7 +97,7 @@ func runKnativeConfig(args []string) error {
 	fs.StringVar(&c.namespace, "knative-namespace", "knative-serving", "namespace of Knative Serving")
 	fs.BoolVar(&c.queueProxy, "queue-proxy", true, "set queue-sidecar-image, the token audience and mount-podinfo (false: restore them)")
 	fs.StringVar(&c.queueImage, "queue-sidecar-image", "", "image of queue-proxy-zl")
-	fs.StringVar(&c.tokenAudience, "token-audience", controlclient.Audience, "audience added to queue-sidecar-token-audiences")
+	fs.StringVar(&c.tokenAudience, "token-audience", controlv1.Audience, "audience added to queue-sidecar-token-audiences")
 	fs.BoolVar(&c.activator, "activator-ext", false, "run activator-ext in Knative's activator Deployment (false: restore it)")
 	fs.StringVar(&c.deployment, "activator-deployment", "activator", "Knative's activator Deployment and container name")
 	fs.StringVar(&c.activatorImage, "activator-image", "", "image of activator-ext")
@@ -379,7 +379,7 @@ func swapActivator(ctx context.Context, cs kubernetes.Interface, c knativeConfig
 			Name: tokenVolume,
 			VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{{
 				ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
-					Audience: controlclient.Audience, ExpirationSeconds: &expiry, Path: controlclient.Audience},
+					Audience: controlv1.Audience, ExpirationSeconds: &expiry, Path: controlv1.Audience},
 			}}}},
 		})
 		_, err = cs.AppsV1().Deployments(c.namespace).Update(ctx, d, metav1.UpdateOptions{})

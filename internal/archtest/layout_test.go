@@ -211,16 +211,6 @@ var exceptions = []exception{
 		issue:  "issue 34",
 	},
 	{
-		rule: ruleOperatorUse, from: "internal/control", to: "internal/controlclient",
-		reason: "control.Audience is controlclient.Audience, and an error message names controlclient.DefaultTokenFile: the control stream's token audience belongs in its contract, controlv1",
-		issue:  "issue 34",
-	},
-	{
-		rule: ruleOperatorUse, from: "cmd/operator", to: "internal/controlclient",
-		reason: "knativeconfig.go adds controlclient.Audience to queue-proxy's token audiences: the same constant, to come from controlv1",
-		issue:  "issue 34",
-	},
-	{
 		rule: ruleOperatorUse, from: "cmd/operator", to: "internal/dataplane/samenode",
 		reason: "the operator's node-dir command (podwebhook.go) prepares the same-node directory with samenode.PrepareDir and DirMode: that setup is to move where both may use it, or the command to the data plane",
 		issue:  "issue 34",

@@ -16,12 +16,12 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/ziptrail/ziptrail/internal/controlclient"
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 )
 
 // Audience is the token audience the control service accepts (Knative
-// mounts queue-proxy's token for it, see controlclient.DefaultTokenFile).
-const Audience = controlclient.Audience
+// mounts queue-proxy's token for it, see controlv1.DefaultTokenFile).
+const Audience = controlv1.Audience
 
 // The claims a bound service-account token carries in TokenReview's
 // status.user.extra: the pod the kubelet requested it for, and the node
@@ -278,7 +278,7 @@ func (s *Server) authenticate(ctx context.Context) (Caller, error) {
 	if token == "" {
 		rejected(ReasonNoToken)
 		return Caller{}, status.Errorf(codes.Unauthenticated, "no bearer token: present the pod's projected service-account token "+
-			"for audience %q as \"authorization: Bearer <token>\" (queue-proxy-zl reads it from %s)", Audience, controlclient.DefaultTokenFile)
+			"for audience %q as \"authorization: Bearer <token>\" (queue-proxy-zl reads it from %s)", Audience, controlv1.DefaultTokenFile)
 	}
 	c, err := s.Auth.Authenticate(ctx, token)
 	if err != nil {

@@ -8,20 +8,16 @@ import (
 	"strings"
 
 	"google.golang.org/grpc/credentials"
+
+	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 )
 
-// Audience is the audience of the service-account tokens that callers of
-// the control service present, and that the operator asks TokenReview to
-// check. Knative mounts a token for it into every queue-proxy when
-// config-deployment lists it in queue-sidecar-token-audiences.
-const Audience = "control.ziptrail.dev"
+// Audience is the control stream's token audience (controlv1.Audience).
+const Audience = controlv1.Audience
 
 // DefaultTokenFile is where Knative mounts queue-proxy's token for
-// Audience: knative.dev/serving v0.50.0 projects one token per audience of
-// queue-sidecar-token-audiences into /var/run/secrets/tokens (its
-// queue.TokenDirectory), in a file named after the audience
-// (pkg/reconciler/revision/resources/deploy.go, addToken).
-const DefaultTokenFile = "/var/run/secrets/tokens/" + Audience
+// Audience (controlv1.DefaultTokenFile).
+const DefaultTokenFile = controlv1.DefaultTokenFile
 
 // TokenEnv names the environment variable that overrides DefaultTokenFile.
 const TokenEnv = "ZIPTRAIL_TOKEN_FILE"

@@ -289,7 +289,9 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	knCfg := map[string]map[string]string{
 		// queue-proxy-zl reads the revision's annotations (the Workflow
 		// controller's per-function settings) from the podinfo volume.
-		"config-features": {"queueproxy.mount-podinfo": "enabled"},
+		// Functions may pin their pods to nodes (a revision template's
+		// nodeSelector; e2e places a producer and a consumer apart).
+		"config-features": {"queueproxy.mount-podinfo": "enabled", "kubernetes.podspec-nodeselector": "enabled"},
 		// Knative mounts a token for this audience into queue-proxy
 		// (/var/run/secrets/tokens/<audience>); the control stream
 		// authenticates sidecars with it (docs/control-stream.md).

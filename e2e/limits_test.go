@@ -26,12 +26,7 @@ var _ = Describe("memory limits", func() {
 def handle(inv):
     b = b"x" * (1 << 30)
     return b[:1]`), "64Mi")}})
-		id := startSession(ns, "hog", "go")
-		var s sessions.Session
-		Eventually(func(g Gomega) {
-			s = getSession(g, ns, id)
-			g.Expect(s.State).To(Equal(sessions.Failed))
-		}, 3*time.Minute, time.Second).Should(Succeed())
+		s := waitFailed(ns, startSession(ns, "hog", "go"), 3*time.Minute)
 		Expect(s.Error).To(ContainSubstring("exited before answering"), "%+v", s)
 
 		var pods corev1.PodList
@@ -59,15 +54,20 @@ def handle(inv):
 def handle(inv):
     ziptrail.send_object("small", "blob", b"x" * (32 << 20), session=inv.session)
     return b""`)}})
-		id := startSession(ns, "overcap", "go")
-		var s sessions.Session
-		Eventually(func(g Gomega) {
-			s = getSession(g, ns, id)
-			g.Expect(s.State).To(Equal(sessions.Failed))
-		}, 2*time.Minute, time.Second).Should(Succeed())
+		s := waitFailed(ns, startSession(ns, "overcap", "go"), 2*time.Minute)
 		Expect(s.Error).To(And(ContainSubstring("bucket small"), ContainSubstring("memoryLimitPerPod"), ContainSubstring(fmt.Sprint(32<<20))), "%+v", s)
 	})
 })
+
+// waitFailed waits for a session to fail and returns it.
+func waitFailed(ns, id string, timeout time.Duration) sessions.Session {
+	var s sessions.Session
+	Eventually(func(g Gomega) {
+		s = getSession(g, ns, id)
+		g.Expect(s.State).To(Equal(sessions.Failed))
+	}, timeout, time.Second).Should(Succeed())
+	return s
+}
 
 // withMemoryLimit sets a function container's memory limit (and request).
 func withMemoryLimit(f v1alpha1.FunctionSpec, limit string) v1alpha1.FunctionSpec {

@@ -85,32 +85,15 @@ func floorPath(ctx context.Context, label, dial, url, ns, wfName, svc string, n 
 		URL: func(context.Context, *invocation.Envelope) (string, error) { return url, nil }}
 	opts.Defaults()
 	one := func(i int) (time.Duration, error) {
-		env := &invocation.Envelope{Namespace: ns, Workflow: wfName, Function: svc, Session: "floor-000000000000",
-			// Each path's invocations are its own: a second delivery of
-			// an id would be answered from the sidecar's idempotency
-			// record, without running the function.
-			Invocation: fmt.Sprintf("f-%s-%d", idPart(label), i), Attempt: 1,
-			Objects: []invocation.Object{{Bucket: "in", Key: "x", Size: 1, Inline: []byte("x")}}}
-		t := time.Now()
-		res := call.Send(ctx, &opts, env)
-		lat := time.Since(t)
-		if res.Err != nil || res.Status != http.StatusOK || string(res.Body) != "x" {
-			return 0, fmt.Errorf("%s: invocation %d: status %d, body %q, %v", label, i, res.Status, res.Body, res.Err)
-		}
-		return lat, nil
+		// Each path's invocations are its own: a second delivery of an id
+		// would be answered from the sidecar's idempotency record,
+		// without running the function.
+		return floorCall(ctx, &opts, floorEnvelope(ns, wfName, svc, fmt.Sprintf("f-%s-%d", idPart(label), i)), label, i)
 	}
-	for i := 0; i < max(50, n/10); i++ { // warm-up: connections, the activator's view of the pod
-		if _, err := one(-i); err != nil {
-			return row{}, err
-		}
-	}
-	var ls []time.Duration
-	for i := 0; i < n; i++ {
-		l, err := one(i)
-		if err != nil {
-			return row{}, err
-		}
-		ls = append(ls, l)
+	// Warm-up: connections, the activator's view of the pod.
+	ls, err := timed(max(50, n/10), n, one)
+	if err != nil {
+		return row{}, err
 	}
 	r := latencyRow(label, "none", 1, ls)
 	r.print("–")
@@ -155,18 +138,34 @@ func cycleFloor(ctx context.Context, c *localcluster.Cluster, wf *v1alpha1.Workf
 	one := func(i int) (time.Duration, error) {
 		t := targets[(i%len(targets)+len(targets))%len(targets)]
 		opts.URL = func(context.Context, *invocation.Envelope) (string, error) { return "http://" + t.addr + "/", nil }
-		env := &invocation.Envelope{Namespace: wf.Namespace, Workflow: wf.Name, Function: t.svc, Session: "floor-000000000000",
-			Invocation: fmt.Sprintf("c-%s-%d-%d", idPart(label), time.Now().UnixNano(), i), Attempt: 1,
-			Objects: []invocation.Object{{Bucket: "in", Key: "x", Size: 1, Inline: []byte("x")}}}
-		start := time.Now()
-		res := call.Send(ctx, &opts, env)
-		lat := time.Since(start)
-		if res.Err != nil || res.Status != http.StatusOK || string(res.Body) != "x" {
-			return 0, fmt.Errorf("%s: invocation %d: status %d, body %q, %v", label, i, res.Status, res.Body, res.Err)
-		}
-		return lat, nil
+		id := fmt.Sprintf("c-%s-%d-%d", idPart(label), time.Now().UnixNano(), i)
+		return floorCall(ctx, &opts, floorEnvelope(wf.Namespace, wf.Name, t.svc, id), label, i)
 	}
-	for i := 0; i < len(targets); i++ { // warm-up: a connection to every pod
+	return timed(len(targets), n, one) // warm-up: a connection to every pod
+}
+
+// floorEnvelope is a floor's invocation of the echo function: one inline
+// object "x", no session behind it.
+func floorEnvelope(ns, wf, svc, id string) *invocation.Envelope {
+	return &invocation.Envelope{Namespace: ns, Workflow: wf, Function: svc, Session: "floor-000000000000", Invocation: id, Attempt: 1,
+		Objects: []invocation.Object{{Bucket: "in", Key: "x", Size: 1, Inline: []byte("x")}}}
+}
+
+// floorCall sends env as the dispatcher does and times it; the echo
+// function must answer "x".
+func floorCall(ctx context.Context, opts *call.Options, env *invocation.Envelope, label string, i int) (time.Duration, error) {
+	start := time.Now()
+	res := call.Send(ctx, opts, env)
+	lat := time.Since(start)
+	if res.Err != nil || res.Status != http.StatusOK || string(res.Body) != "x" {
+		return 0, fmt.Errorf("%s: invocation %d: status %d, body %q, %v", label, i, res.Status, res.Body, res.Err)
+	}
+	return lat, nil
+}
+
+// timed makes warm untimed calls (ids 0, -1, ...), then n timed ones.
+func timed(warm, n int, one func(i int) (time.Duration, error)) ([]time.Duration, error) {
+	for i := 0; i < warm; i++ {
 		if _, err := one(-i); err != nil {
 			return nil, err
 		}

@@ -5,7 +5,8 @@
 // another, as functions see it; 1-1 only), Redis SET+GET and S3 PUT+GET
 // (a real redis-server and a real MinIO), for 1-1 transfers and for the
 // scatter, gather and broadcast patterns. It prints one table and writes
-// JSON and a PNG chart.
+// JSON and a PNG chart. The Redis column is cross-checked in the same run
+// with redis-benchmark -c 1 (SET p50 + GET p50 per size, redisbench.go).
 //
 //	go run ./bench/dataplane [-reps 5] [-out docs/bench]
 //
@@ -22,6 +23,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -143,6 +145,11 @@ func run(reps int, outDir string, withS3 bool) error {
 	}
 	fmt.Fprintln(os.Stderr)
 	printTable(results, env.names())
+	checks, err := redisCrossCheck(env.redis.Addr, results)
+	if err != nil {
+		return err
+	}
+	printCrossCheck(checks)
 	if only.narrowed() {
 		fmt.Println("\n(narrowed run: no JSON or chart written)")
 		return nil
@@ -150,11 +157,12 @@ func run(reps int, outDir string, withS3 bool) error {
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
-	js, _ := json.MarshalIndent(map[string]any{"host": hostInfo(), "reps": reps, "results": results}, "", "  ")
+	js, _ := json.MarshalIndent(map[string]any{"host": hostInfo(), "reps": reps, "results": results, "redis_benchmark": checks}, "", "  ")
 	if err := os.WriteFile(filepath.Join(outDir, "dataplane.json"), js, 0o644); err != nil {
 		return err
 	}
-	if err := writeChart(filepath.Join(outDir, "dataplane.png"), results, env.names()); err != nil {
+	charted := slices.DeleteFunc(env.names(), func(n string) bool { return n == sdkFloor }) // a floor, not a system
+	if err := writeChart(filepath.Join(outDir, "dataplane.png"), results, charted); err != nil {
 		return err
 	}
 	fmt.Printf("\nwrote %s and %s\n", filepath.Join(outDir, "dataplane.json"), filepath.Join(outDir, "dataplane.png"))
@@ -234,8 +242,8 @@ func printTable(results []Result, systems []string) {
 	for _, s := range systems {
 		fmt.Printf(" %s |", s)
 	}
-	fmt.Printf(" ziptrail vs raw | vs Redis | vs S3 | SDK / SDK in place vs ziptrail |\n|---|---|")
-	fmt.Print(strings.Repeat("---|", len(systems)+4) + "\n")
+	fmt.Printf(" ziptrail vs raw | vs Redis | vs S3 | SDK / SDK in place vs ziptrail | SDK vs its floor |\n|---|---|")
+	fmt.Print(strings.Repeat("---|", len(systems)+5) + "\n")
 	for _, k := range rows {
 		name := k.pattern
 		if k.fan > 1 {
@@ -269,7 +277,13 @@ func printTable(results []Result, systems []string) {
 			}
 		}
 		sdk := strings.Join(sdks, " / ")
-		fmt.Printf(" %s | %s | %s | %s |\n", ratio("raw TCP", true), ratio("Redis", false), ratio("S3", false), sdk)
+		floor := "–"
+		if r, ok := cells[k]["ziptrail SDK"]; ok {
+			if f, ok := cells[k][sdkFloor]; ok && f.Seconds > 0 {
+				floor = fmt.Sprintf("%.2f×", r.Seconds/f.Seconds)
+			}
+		}
+		fmt.Printf(" %s | %s | %s | %s | %s |\n", ratio("raw TCP", true), ratio("Redis", false), ratio("S3", false), sdk, floor)
 	}
 }
 

@@ -17,6 +17,11 @@ import (
 // sdkInPlace is the SDK path with the object produced in place (Alloc).
 const sdkInPlace = "ziptrail SDK in place"
 
+// sdkFloor is what the SDK path cannot go below: the bare pull, plus one
+// round trip from a function to its sidecar for the put and one for the
+// get (the object socket's hello: the sidecars' work left out).
+const sdkFloor = "SDK floor"
+
 // sdkPod is one pod as a function sees it: its sidecar's store, pull
 // server and client, and the local API on a unix socket with a
 // shared-memory directory, with the function's client dialled in.
@@ -54,7 +59,14 @@ func startSDKPod(keys *ref.Keyring) (*sdkPod, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The object socket, as every sidecar serves it next to the API's:
+	// small puts and gets go there (localapi/objbytes.go).
+	objLn, err := localapi.ListenObjects(p.sock)
+	if err != nil {
+		return nil, err
+	}
 	go p.api.Serve(apiLn)
+	go p.api.ServeObjects(objLn)
 	if p.client, err = localapi.Dial(p.sock, p.dir); err != nil {
 		return nil, err
 	}
@@ -116,4 +128,14 @@ func (e *env) sdkGet(ctx context.Context, r string, data []byte) error {
 		return fmt.Errorf("got %d bytes of %d", len(got), len(data))
 	}
 	return nil
+}
+
+func (e *env) sdkFloor(ctx context.Context, data []byte) error {
+	if err := e.sdkA.client.Ping(ctx); err != nil {
+		return err
+	}
+	if err := e.ztOne(ctx, data); err != nil {
+		return err
+	}
+	return e.sdkB.client.Ping(ctx)
 }

@@ -123,7 +123,7 @@ func (e *env) close() {
 }
 
 func (e *env) names() []string {
-	n := []string{"raw TCP", "ziptrail", "ziptrail SDK", sdkInPlace, "Redis"}
+	n := []string{"raw TCP", "ziptrail", "ziptrail SDK", sdkInPlace, sdkFloor, "Redis"}
 	if e.withS3 {
 		n = append(n, "S3")
 	}
@@ -136,6 +136,7 @@ func (e *env) systems() []system {
 		{name: "ziptrail", oneToOne: e.ztOne, pattern: e.ztPattern},
 		{name: "ziptrail SDK", oneToOne: e.sdkOne},
 		{name: sdkInPlace, prepared: e.sdkInPlace},
+		{name: sdkFloor, oneToOne: e.sdkFloor},
 		{name: "Redis", oneToOne: e.redisOne, pattern: e.redisPattern},
 	}
 	if e.withS3 {

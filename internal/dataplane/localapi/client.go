@@ -36,6 +36,9 @@ type Client struct {
 	putIdleBytes int64
 	kept         []keptMap // mappings of released lent files, oldest first
 	closed       bool
+
+	poolOnce  sync.Once
+	poolBytes int64 // idle put files kept (idleLimit)
 }
 
 // Dial connects to the sidecar's unix socket (ZIPTRAIL_SOCKET).

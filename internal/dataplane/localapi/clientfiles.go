@@ -127,10 +127,15 @@ func (c *Client) sweepKeptLocked(now time.Time) [][]byte {
 	return out
 }
 
-// GetMapped gets a referenced object as the SDKs do: as its sealed memfd
-// when the sidecar has one (same-node path, objsock.go), else asking the
-// sidecar to lend its file (no new file, page by page, per get).
+// GetMapped gets a referenced object as the SDKs do: in one exchange on
+// the object socket when the sidecar serves it there (objbytes.go), else
+// as its sealed memfd when the sidecar has one (same-node path,
+// objsock.go), else asking the sidecar to lend its file (no new file,
+// page by page, per get).
 func (c *Client) GetMapped(ctx context.Context, ref string) (*sidecarv1.GetResponse, *Mapped, error) {
+	if c.objBytes(ctx) {
+		return c.getAny(ctx, ref)
+	}
 	if _, sameNode := c.objectSocket(ctx); sameNode && c.Memfds != MemfdNever {
 		resp, m, err := c.getMemfd(ctx, ref)
 		if !errors.Is(err, errFallback) {
@@ -252,7 +257,8 @@ type putFile struct {
 	mem   []byte // a writable mapping kept for the file's next object
 }
 
-// PutObject puts obj with req's other fields: inline when small, else
+// PutObject puts obj with req's other fields: inline when small (on the
+// object socket when the sidecar serves it there, objbytes.go), else
 // written into a file of the directory — one the sidecar gave back after
 // an earlier object was freed when there is one (its pages already
 // there: no new file to fill page by page), else a new one.
@@ -261,6 +267,9 @@ type putFile struct {
 // written into a new sealed memfd instead (samenode.NewSealed, pwrite), which a
 // consumer on this node then maps without another copy.
 func (c *Client) PutObject(ctx context.Context, obj []byte, req *sidecarv1.PutRequest) (*sidecarv1.PutResponse, error) {
+	if len(obj) <= min(c.InlineThreshold, objInlineMax) && c.objBytes(ctx) {
+		return c.putBytes(ctx, obj, req)
+	}
 	if len(obj) > c.InlineThreshold && c.useMemfd(ctx) {
 		f, err := samenode.NewSealed("put", obj)
 		if err != nil {
@@ -439,6 +448,13 @@ func dropAll(dir string, files []putFile) {
 	}
 }
 
+// idleLimit bounds the given-back put files kept idle (poolBytes, taken
+// once).
+func (c *Client) idleLimit() int64 {
+	c.poolOnce.Do(func() { c.poolBytes = poolBytes(c.Dir) })
+	return c.poolBytes
+}
+
 // takeBack makes files the sidecar gave back idle; a name this client
 // did not hand over (or gave up on) is removed.
 func (c *Client) takeBack(names []string) {
@@ -461,7 +477,7 @@ func (c *Client) takeBack(names []string) {
 	// short of room (a pod's /dev/shm is 64 MiB), where the function's
 	// next write and the sidecar's pulls need it.
 	short := len(c.putIdle) > 0 && !shmRoom(c.Dir)
-	for len(c.putIdle) > 0 && (short || c.putIdleBytes > defaultPoolBytes || len(c.putIdle) > maxReturns) {
+	for len(c.putIdle) > 0 && (short || c.putIdleBytes > c.idleLimit() || len(c.putIdle) > maxReturns) {
 		drop = append(drop, c.putIdle[0])
 		c.putIdleBytes -= c.putIdle[0].size
 		c.putIdle = c.putIdle[1:]

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ziptrail/ziptrail/internal/dataplane/streamio"
 )
 
@@ -50,6 +52,23 @@ const (
 	lentTTL          = 2 * time.Minute
 )
 
+// poolBytes is how many idle bytes one side (the sidecar's pool, or a
+// client's given-back put files) keeps by default: a quarter of the
+// directory's volume, at least defaultPoolBytes. The Workflow controller
+// sizes a pod's objects volume at twice the largest memoryLimitPerPod of
+// its buckets, so objects up to half of that limit are filled again
+// instead of allocated, zeroed and faulted page by page each time (the
+// most of a 100 MB get); the volume is counted in the pod's memory, and
+// idle files are dropped whenever the directory is short of room
+// (shmRoom).
+func poolBytes(dir string) int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil || st.Blocks == 0 {
+		return defaultPoolBytes
+	}
+	return max(defaultPoolBytes, int64(st.Blocks)*st.Bsize/4)
+}
+
 // poolFile is a file of the object directory the sidecar made, open
 // read-write and mapped shared (mem) over its whole size.
 type poolFile struct {
@@ -76,7 +95,7 @@ type filePool struct {
 
 func newFilePool(dir string, maxBytes int64) *filePool {
 	if maxBytes <= 0 {
-		maxBytes = defaultPoolBytes
+		maxBytes = poolBytes(dir)
 	}
 	return &filePool{dir: dir, maxBytes: maxBytes, lent: map[string]*poolFile{}}
 }

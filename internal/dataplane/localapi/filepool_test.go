@@ -37,61 +37,65 @@ func getLent(t *testing.T, ctx context.Context, a, b *pod, obj []byte) (string, 
 // the next get, cut to the new object's size: its bytes are the new
 // object's only (none of a previous, larger one past its end).
 func TestLentFilesAreReused(t *testing.T) {
-	a, b := startPod(t, podOpts{}), startPod(t, podOpts{})
-	ctx := context.Background()
-	first := random(3<<20 + 5)
-	path1, m := getLent(t, ctx, a, b, first)
-	if err := m.Close(); err != nil {
-		t.Fatal(err)
-	}
-	second := random(1<<20 + 7)
-	path2, m := getLent(t, ctx, a, b, second)
-	defer m.Close()
-	if path2 != path1 {
-		t.Errorf("the released file was not reused: %s, then %s", path1, path2)
-	}
-	whole, err := os.ReadFile(path2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(whole, second) {
-		t.Errorf("the reused file holds %d bytes, not just the %d of the new object", len(whole), len(second))
-	}
+	bothSockets(t, func(t *testing.T, o podOpts) {
+		a, b := startPod(t, o), startPod(t, o)
+		ctx := context.Background()
+		first := random(3<<20 + 5)
+		path1, m := getLent(t, ctx, a, b, first)
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		second := random(1<<20 + 7)
+		path2, m := getLent(t, ctx, a, b, second)
+		defer m.Close()
+		if path2 != path1 {
+			t.Errorf("the released file was not reused: %s, then %s", path1, path2)
+		}
+		whole, err := os.ReadFile(path2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(whole, second) {
+			t.Errorf("the reused file holds %d bytes, not just the %d of the new object", len(whole), len(second))
+		}
+	})
 }
 
 // TestOpenFilesAreNotRefilled: a file is filled again only after its
 // reader released it; releases naming another lending of it, another
 // file, or a path are ignored.
 func TestOpenFilesAreNotRefilled(t *testing.T) {
-	a, b := startPod(t, podOpts{}), startPod(t, podOpts{})
-	ctx := context.Background()
-	x := random(2 << 20)
-	pathX, mx := getLent(t, ctx, a, b, x)
-	defer mx.Close()
-	name, gen, _ := strings.Cut(mx.token, ":")
-	forged := metadata.AppendToOutgoingContext(ctx, releaseKey, name+":9"+gen, releaseKey, "../"+name+":"+gen+",/etc/passwd:1,"+name)
-	for i := 0; i < 3; i++ {
-		y := random(2 << 20)
-		r, err := a.sdk.Put(ctx, y, 1)
-		if err != nil {
-			t.Fatal(err)
+	bothSockets(t, func(t *testing.T, o podOpts) {
+		a, b := startPod(t, o), startPod(t, o)
+		ctx := context.Background()
+		x := random(2 << 20)
+		pathX, mx := getLent(t, ctx, a, b, x)
+		defer mx.Close()
+		name, gen, _ := strings.Cut(mx.token, ":")
+		forged := metadata.AppendToOutgoingContext(ctx, releaseKey, name+":9"+gen, releaseKey, "../"+name+":"+gen+",/etc/passwd:1,"+name)
+		for i := 0; i < 3; i++ {
+			y := random(2 << 20)
+			r, err := a.sdk.Put(ctx, y, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := b.sdk.RPC().Get(forged, &sidecarv1.GetRequest{Ref: r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.GetObject().GetPath() == pathX {
+				t.Fatal("a file still lent was filled again after a forged release")
+			}
+			_ = os.Remove(resp.GetObject().GetPath())
+			_, my := getLent(t, ctx, a, b, y)
+			if err := my.Close(); err != nil {
+				t.Fatal(err)
+			}
 		}
-		resp, err := b.sdk.RPC().Get(forged, &sidecarv1.GetRequest{Ref: r})
-		if err != nil {
-			t.Fatal(err)
+		if !bytes.Equal(mx.Data, x) {
+			t.Fatal("the open object's bytes changed")
 		}
-		if resp.GetObject().GetPath() == pathX {
-			t.Fatal("a file still lent was filled again after a forged release")
-		}
-		_ = os.Remove(resp.GetObject().GetPath())
-		_, my := getLent(t, ctx, a, b, y)
-		if err := my.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !bytes.Equal(mx.Data, x) {
-		t.Fatal("the open object's bytes changed")
-	}
+	})
 }
 
 // TestCallersThatDoNotBorrowOwnTheirFiles: a get without the lending
@@ -186,17 +190,19 @@ func mustPutT(t *testing.T, p *pod, obj []byte) string {
 // TestReleaseWithAnyGet: a release rides on whatever get comes next, a
 // small object of the pod's own included: the file is idle afterwards.
 func TestReleaseWithAnyGet(t *testing.T) {
-	a, b := startPod(t, podOpts{}), startPod(t, podOpts{})
-	ctx := context.Background()
-	_, m := getLent(t, ctx, a, b, random(2<<20))
-	m.Close()
-	_, small, err := b.sdk.GetMapped(ctx, mustPutT(t, b, []byte("own, small")))
-	if err != nil || string(small.Data) != "own, small" {
-		t.Fatalf("small local get: %q, %v", small.Data, err)
-	}
-	b.api.pool.mu.Lock()
-	defer b.api.pool.mu.Unlock()
-	if len(b.api.pool.idle) != 1 || len(b.api.pool.lent) != 0 {
-		t.Errorf("after the release: %d idle, %d lent files; want 1 idle", len(b.api.pool.idle), len(b.api.pool.lent))
-	}
+	bothSockets(t, func(t *testing.T, o podOpts) {
+		a, b := startPod(t, o), startPod(t, o)
+		ctx := context.Background()
+		_, m := getLent(t, ctx, a, b, random(2<<20))
+		m.Close()
+		_, small, err := b.sdk.GetMapped(ctx, mustPutT(t, b, []byte("own, small")))
+		if err != nil || string(small.Data) != "own, small" {
+			t.Fatalf("small local get: %q, %v", small.Data, err)
+		}
+		b.api.pool.mu.Lock()
+		defer b.api.pool.mu.Unlock()
+		if len(b.api.pool.idle) != 1 || len(b.api.pool.lent) != 0 {
+			t.Errorf("after the release: %d idle, %d lent files; want 1 idle", len(b.api.pool.idle), len(b.api.pool.lent))
+		}
+	})
 }

@@ -61,6 +61,15 @@ type podOpts struct {
 	persist tier.Tier
 	timeout time.Duration
 	dir     string // shared-memory directory; default a test temp dir
+	objects bool   // serve the object socket too (as every sidecar does)
+}
+
+// bothSockets runs f for pods without the object socket (the gRPC Put
+// and Get, as an SDK older than it, or Python's, uses) and with it (small
+// puts and every get on it, objbytes.go).
+func bothSockets(t *testing.T, f func(t *testing.T, o podOpts)) {
+	t.Run("grpc", func(t *testing.T) { f(t, podOpts{}) })
+	t.Run("object socket", func(t *testing.T) { f(t, podOpts{objects: true}) })
 }
 
 func startPod(t testing.TB, o podOpts) *pod {
@@ -125,6 +134,9 @@ func startPod(t testing.TB, o podOpts) *pod {
 	}
 	p.sdk.InlineThreshold = 1024
 	t.Cleanup(func() { p.sdk.Close() })
+	if o.objects {
+		serveObjects(t, p)
+	}
 	return p
 }
 

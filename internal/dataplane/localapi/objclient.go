@@ -1,6 +1,7 @@
 package localapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -44,6 +45,7 @@ type objClient struct {
 	asked     time.Time
 	served    bool
 	sameNode  bool
+	bytes     bool // ops 4 and 5 (objbytes.go)
 	closedAll bool
 }
 
@@ -52,14 +54,29 @@ const helloRetry = 5 * time.Second
 // objectSocket reports whether the sidecar serves the object socket, and
 // whether its gets of same-node objects come as descriptors.
 func (c *Client) objectSocket(ctx context.Context) (served, sameNode bool) {
+	h := c.hello(ctx)
+	return h.served, h.sameNode
+}
+
+// objBytes reports whether small puts and gets go on the object socket
+// (ops 4 and 5, objbytes.go).
+func (c *Client) objBytes(ctx context.Context) bool {
+	return c.Memfds != MemfdNever && c.hello(ctx).bytes
+}
+
+type helloFlags struct{ served, sameNode, bytes bool }
+
+// hello is what the sidecar's object socket said it serves, asked once
+// (again after helloRetry while it was not there).
+func (c *Client) hello(ctx context.Context) helloFlags {
 	o := c.obj
 	if o == nil {
-		return false, false
+		return helloFlags{}
 	}
 	o.mu.Lock()
 	if !o.asked.IsZero() && (o.served || time.Since(o.asked) < helloRetry) {
 		defer o.mu.Unlock()
-		return o.served, o.sameNode
+		return helloFlags{o.served, o.sameNode, o.bytes}
 	}
 	o.mu.Unlock()
 	resp, fds, err := o.roundTrip(ctx, []byte{objHello}, -1)
@@ -69,7 +86,8 @@ func (c *Client) objectSocket(ctx context.Context) (served, sameNode bool) {
 	o.asked = time.Now()
 	o.served = err == nil && len(resp) == 1
 	o.sameNode = o.served && resp[0]&helloSameNode != 0
-	return o.served, o.sameNode
+	o.bytes = o.served && resp[0]&helloBytes != 0
+	return helloFlags{o.served, o.sameNode, o.bytes}
 }
 
 // useMemfd says whether large puts go as memfds.
@@ -86,12 +104,18 @@ func (c *Client) useMemfd(ctx context.Context) bool {
 // folded into an error: ok gives the body, fallback errFallback, an
 // error response its status.
 func (o *objClient) roundTrip(ctx context.Context, req []byte, fd int) ([]byte, []int, error) {
+	return o.send(ctx, append(objMagic[:4:4], req...), fd)
+}
+
+// send is roundTrip of a whole message (the magic first): a message
+// built so spares a copy of a put's bytes.
+func (o *objClient) send(ctx context.Context, msg []byte, fd int) ([]byte, []int, error) {
 	for attempt := 0; ; attempt++ {
 		conn, reused, err := o.conn(ctx)
 		if err != nil {
 			return nil, nil, err
 		}
-		body, fds, transport, err := o.exchange(ctx, conn, req, fd)
+		body, fds, transport, err := o.exchange(ctx, conn, msg, fd)
 		if err == nil || !transport {
 			if transport || errors.Is(err, errObjFrame) {
 				_ = conn.Close()
@@ -113,7 +137,7 @@ var (
 	errObjFrame = errors.New("object socket: malformed response")
 )
 
-func (o *objClient) exchange(ctx context.Context, conn *net.UnixConn, req []byte, fd int) (body []byte, fds []int, transport bool, err error) {
+func (o *objClient) exchange(ctx context.Context, conn *net.UnixConn, msg []byte, fd int) (body []byte, fds []int, transport bool, err error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	} else {
@@ -125,10 +149,12 @@ func (o *objClient) exchange(ctx context.Context, conn *net.UnixConn, req []byte
 	if fd >= 0 {
 		oob = unix.UnixRights(fd)
 	}
-	if _, _, err := conn.WriteMsgUnix(append(objMagic[:4:4], req...), oob, nil); err != nil {
+	if _, _, err := conn.WriteMsgUnix(msg, oob, nil); err != nil {
 		return nil, nil, true, ctxErr(ctx, err)
 	}
-	buf := make([]byte, maxObjResponse+64)
+	bp := objBuffers.Get().(*[]byte)
+	defer objBuffers.Put(bp)
+	buf := *bp
 	roob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, roob)
 	fds = samenode.Rights(roob[:oobn])
@@ -143,7 +169,7 @@ func (o *objClient) exchange(ctx context.Context, conn *net.UnixConn, req []byte
 	}
 	switch buf[4] {
 	case objOK:
-		return buf[5:n], fds, false, nil
+		return bytes.Clone(buf[5:n]), fds, false, nil
 	case objFallback:
 		return nil, fds, false, errFallback
 	case objError:
@@ -203,15 +229,16 @@ func (o *objClient) close() {
 // ErrBufferDone: a PutBuffer was put or discarded already.
 var ErrBufferDone = errors.New("buffer already put or discarded")
 
-// PutBuffer is a large object written in place (Alloc): a sealable
-// memfd, or a file of the shared-memory directory (one given back by the
-// sidecar when there is one), mapped writable. Put hands it over as it
-// is: no copy.
+// PutBuffer is an object written in place (Alloc): a sealable memfd, or
+// a file of the shared-memory directory (one given back by the sidecar
+// when there is one), mapped writable; Put hands it over as it is, no
+// copy. A small one is in the heap and goes in the put's message.
 type PutBuffer struct {
 	Data  []byte
 	c     *Client
 	memfd *os.File // memfd mode
 	pf    putFile  // file mode
+	small bool     // in the heap, put in the message (objbytes.go)
 	done  bool
 }
 
@@ -220,6 +247,9 @@ type PutBuffer struct {
 func (c *Client) Alloc(ctx context.Context, size int) (*PutBuffer, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("size must be positive, got %d", size)
+	}
+	if size <= min(c.InlineThreshold, objInlineMax) && c.objBytes(ctx) {
+		return &PutBuffer{Data: make([]byte, size), c: c, small: true}, nil
 	}
 	if c.useMemfd(ctx) {
 		f, data, err := newMemfd(size)
@@ -316,6 +346,11 @@ func (b *PutBuffer) Put(ctx context.Context, req *sidecarv1.PutRequest) (*sideca
 	}
 	b.done = true
 	size := len(b.Data)
+	if b.small {
+		data := b.Data
+		b.Data = nil
+		return b.c.putBytes(ctx, data, req)
+	}
 	if b.memfd == nil {
 		pf := b.pf
 		pf.since = time.Now()
@@ -368,6 +403,9 @@ func (b *PutBuffer) Discard() error {
 	b.done = true
 	data := b.Data
 	b.Data = nil
+	if b.small {
+		return nil
+	}
 	if b.memfd != nil {
 		return errors.Join(unix.Munmap(data), b.memfd.Close())
 	}
@@ -394,15 +432,21 @@ func (c *Client) getMemfd(ctx context.Context, ref string) (*sidecarv1.GetRespon
 		return nil, nil, errObjFrame
 	}
 	resp := &sidecarv1.GetResponse{Size: size, Source: string(body[10:])}
-	f := os.NewFile(uintptr(fds[0]), "memfd:get")
+	m, err := c.mapMemfd(os.NewFile(uintptr(fds[0]), "memfd:get"), size)
+	return resp, m, err
+}
+
+// mapMemfd maps a sealed memfd a get answered with, read-only; f is the
+// Mapped's (closed with it) or closed.
+func (c *Client) mapMemfd(f *os.File, size int64) (*Mapped, error) {
 	data, err := samenode.MapSealed(f, size)
 	if err != nil {
 		_ = f.Close()
-		return resp, nil, err
+		return nil, err
 	}
 	if len(data) == 0 {
 		_ = f.Close()
-		return resp, &Mapped{Data: data}, nil
+		return &Mapped{Data: data}, nil
 	}
-	return resp, &Mapped{Data: data, Mapped: true, c: c, file: f}, nil
+	return &Mapped{Data: data, Mapped: true, c: c, file: f}, nil
 }

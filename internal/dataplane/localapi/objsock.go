@@ -46,7 +46,8 @@ import (
 //	response: "ZTO1", u8 status, then
 //	          ok hello:    u8 flags (bit 0: the same-node path is on:
 //	                       puts are adopted, gets of same-node objects
-//	                       come as descriptors)
+//	                       come as descriptors; bit 1: ops 4 and 5 are
+//	                       served, objbytes.go)
 //	          ok put:      the reference
 //	          ok get:      u64 size, u16 source length, source; one descriptor
 //	          fallback:    nothing (get: use the gRPC Get)
@@ -160,7 +161,8 @@ func (s *Server) ServeObjects(ln *net.UnixListener) error {
 }
 
 func (s *Server) serveObjConn(c *net.UnixConn) {
-	buf := make([]byte, maxObjRequest+1)
+	buf := make([]byte, maxObjMessage+1)
+	reply := make([]byte, 0, maxObjMessage) // a get's answer (objbytes.go)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	for {
 		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
@@ -169,7 +171,9 @@ func (s *Server) serveObjConn(c *net.UnixConn) {
 			samenode.CloseFDs(fds)
 			return
 		}
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n < len(objMagic)+1 || [4]byte(buf[:4]) != objMagic {
+		// Only a put of bytes carries more than maxObjRequest.
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n < len(objMagic)+1 || [4]byte(buf[:4]) != objMagic ||
+			(n > len(objMagic)+1+maxObjRequest && buf[4] != objPutBytes) {
 			samenode.CloseFDs(fds)
 			objFrames.WithLabelValues("bad_frame").Inc()
 			_ = objReply(c, errReply(fmt.Errorf("%w: malformed object-socket request", ErrBadPayload)), -1)
@@ -189,9 +193,25 @@ func (s *Server) serveObjConn(c *net.UnixConn) {
 			if s.SameNodeGet != nil || s.Adopt != nil {
 				fl |= helloSameNode
 			}
+			fl |= helloBytes
 			out = append(objHeader(objOK), fl)
 		case objPut:
 			out = s.objPut(req, fds)
+		case objPutBytes:
+			keep = len(fds) == 0
+			samenode.CloseFDs(fds)
+			if keep {
+				out = s.objPutBytes(req)
+			}
+		case objGetAny:
+			keep = len(fds) == 0
+			samenode.CloseFDs(fds)
+			if keep {
+				out, sent = s.objGetAny(req, reply)
+			}
+			if sent != nil {
+				fd = int(sent.Fd())
+			}
 		case objGet:
 			keep = len(fds) == 0
 			samenode.CloseFDs(fds)

@@ -21,7 +21,7 @@ import (
 
 // serveObjects starts p's object socket (as the sidecar does next to its
 // API socket).
-func serveObjects(t *testing.T, p *pod) {
+func serveObjects(t testing.TB, p *pod) {
 	t.Helper()
 	ln, err := ListenObjects(p.sock)
 	if err != nil {
@@ -213,6 +213,17 @@ func TestObjectSocketFallback(t *testing.T) {
 
 // objRequest sends one raw object-socket message with fds attached and
 // returns the status byte, the body, and the descriptors that came back.
+// dialObjects connects to p's object socket as a function would.
+func dialObjects(t *testing.T, p *pod) *net.UnixConn {
+	t.Helper()
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: ObjectSocket(p.sock), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func objRequest(t *testing.T, conn *net.UnixConn, msg []byte, fds ...int) (byte, []byte, []int, error) {
 	t.Helper()
 	var oob []byte
@@ -281,13 +292,7 @@ func openFDs(t *testing.T) int {
 func TestObjectSocketAttacks(t *testing.T) {
 	p := startPod(t, podOpts{memory: 64 << 20})
 	serveObjects(t, p)
-	dial := func() *net.UnixConn {
-		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: ObjectSocket(p.sock), Net: "unixpacket"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	dial := func() *net.UnixConn { return dialObjects(t, p) }
 	conn := dial()
 	// Warm up what the server keeps open (its key ring, a served conn).
 	if st, _, _, err := objRequest(t, conn, []byte("ZTO1\x01")); err != nil || st != objOK {
@@ -375,6 +380,10 @@ func TestObjectSocketAttacks(t *testing.T) {
 		{"an unknown op", []byte("ZTO1\x09"), nil},
 		{"not the protocol", []byte("GET / HTTP/1.1\r\n"), nil},
 		{"oversized", append([]byte("ZTO1\x03"), bytes.Repeat([]byte{'r'}, maxObjRequest+10)...), nil},
+		{"an oversized get (op 5)", append([]byte("ZTO1\x05\x01\x00\x00"), bytes.Repeat([]byte{'r'}, maxObjRequest+10)...), nil},
+		{"an oversized put of bytes", append([]byte("ZTO1\x04"), make([]byte, maxObjMessage+10)...), nil},
+		{"a descriptor with a put of bytes", append([]byte("ZTO1\x04"), make([]byte, 64)...), []int{memfd(t, size, all)}},
+		{"a descriptor with a get (op 5)", []byte("ZTO1\x05\x01\x00\x00ref"), []int{memfd(t, size, all)}},
 	} {
 		c := dial()
 		st, _, fds, err := objRequest(t, c, tc.msg, tc.fds...)

@@ -6,7 +6,6 @@
 package localapi
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -73,7 +72,7 @@ type Server struct {
 	PutTimeout      time.Duration // how long a put waits for memory; default 30 s
 	MaxObjectBytes  int64         // the store's cap; larger payload files are refused unread
 	// FilePoolBytes bounds the idle object files kept for reuse
-	// (filepool.go); default 64 MiB.
+	// (filepool.go); default a quarter of Dir's volume, at least 64 MiB.
 	FilePoolBytes int64
 	HTTP          *http.Client // for Invoke; default: no timeout beyond the request's
 	Now           func() time.Time
@@ -257,7 +256,7 @@ func (s *Server) fetch(ctx context.Context, r string) (*sidecarv1.Payload, int64
 			pf = nil
 		}
 		if size <= int64(s.InlineThreshold) {
-			buf = make(pull.Buffer, size)
+			buf = inlineBuffer(ctx, int(size), "remote")
 			return pull.Buffer(buf), nil
 		}
 		var err error
@@ -287,6 +286,10 @@ func (s *Server) files(ctx context.Context) *filePool {
 			s.pool.release(strings.Split(v, ","))
 		}
 	}
+	if slot := lendingSlot(ctx); slot != nil && len(slot.released) > 0 {
+		s.pool.release(slot.released)
+		slot.released = nil
+	}
 	return s.pool
 }
 
@@ -312,6 +315,11 @@ func returnsFor(ctx context.Context) string {
 // handOut returns a filled file to the caller: lent (and named in the
 // response header lentKey) when its request asked, else its own.
 func (s *Server) handOut(ctx context.Context, files *filePool, pf *poolFile) *sidecarv1.Payload {
+	if slot := lendingSlot(ctx); slot != nil { // the object socket's get
+		path, token := files.handOut(pf, true)
+		slot.token = token
+		return pathPayload(path)
+	}
 	lend := false
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		lend = slices.Contains(md.Get(lendKey), lendValue)
@@ -349,7 +357,9 @@ func (s *Server) readLocal(ctx context.Context, id string) (*sidecarv1.GetRespon
 // can truncate, which then fails this call instead of faulting).
 func (s *Server) respond(ctx context.Context, data []byte, source string) (*sidecarv1.GetResponse, error) {
 	if len(data) <= s.InlineThreshold {
-		return &sidecarv1.GetResponse{Object: inlinePayload(bytes.Clone(data)), Size: int64(len(data)), Source: source}, nil
+		buf := inlineBuffer(ctx, len(data), source)
+		copy(buf, data)
+		return &sidecarv1.GetResponse{Object: inlinePayload(buf), Size: int64(len(data)), Source: source}, nil
 	}
 	files := s.files(ctx)
 	pf, err := files.take(int64(len(data)))

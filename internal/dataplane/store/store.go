@@ -98,7 +98,12 @@ func (s *Store) PutOwned(ctx context.Context, m Meta, data []byte, free func()) 
 			s.mu.Unlock()
 			return fmt.Errorf("object %s already stored", m.ID)
 		}
-		s.sweepLocked()
+		// Expired objects are swept only when the object does not fit
+		// (and by the sidecar's periodic Sweep): a sweep visits every
+		// object, which on each put would make a put cost O(objects).
+		if s.used+m.Size > s.cap {
+			s.sweepLocked()
+		}
 		if s.used+m.Size <= s.cap {
 			s.seq++
 			s.objs[m.ID] = &entry{meta: m, data: data, free: free, seq: s.seq}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -172,4 +173,41 @@ func TestObjectSocketBytesAttacks(t *testing.T) {
 	if b, err := os.ReadFile(planted); err != nil || string(b) != "the function's own" {
 		t.Errorf("a file the sidecar never lent was touched: %q %v", b, err)
 	}
+}
+
+// FuzzObjectSocket sends arbitrary messages to a served object socket
+// (ops 4 and 5 seeded; any op may come): the sidecar answers each with a
+// well-formed response or ends the connection, never panics, and a
+// well-formed hello is served afterwards on a new connection.
+func FuzzObjectSocket(f *testing.F) {
+	p := startPod(f, podOpts{objects: true, timeout: 50 * time.Millisecond}) // a full store answers at once
+	r, err := p.sdk.Put(context.Background(), []byte("seed"), 1<<30)
+	if err != nil {
+		f.Fatal(err)
+	}
+	put := append([]byte("ZTO1\x04\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00s"), "data"...)
+	f.Add(put)
+	f.Add(append([]byte("ZTO1\x05\x01\x00\x00"), r...))
+	f.Add(append([]byte("ZTO1\x05\x00\x05\x00a:1,b"), r...))
+	f.Add([]byte("ZTO1\x05\x01\xff\xff"))
+	f.Add([]byte("ZTO1\x04\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"))
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		conn := dialObjects(t, p)
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := conn.Write(msg); err != nil {
+			return
+		}
+		buf := make([]byte, maxObjMessage+64)
+		n, err := conn.Read(buf)
+		if err != nil || n == 0 {
+			return // the connection ended
+		}
+		if n < 5 || string(buf[:4]) != "ZTO1" || buf[4] > objFallback {
+			t.Fatalf("malformed response %q", buf[:min(n, 64)])
+		}
+		c2 := dialObjects(t, p)
+		if st, _, _, err := objRequest(t, c2, []byte("ZTO1\x01")); err != nil || st != objOK {
+			t.Fatalf("the socket no longer serves a hello: %d %v", st, err)
+		}
+	})
 }

@@ -72,8 +72,8 @@ bench: ## Trigger engine benchmarks (single core).
 	go test -run XXX -bench . -cpu 1 -benchtime 2s ./internal/engine
 
 .PHONY: bench-dataplane
-bench-dataplane: deps ## ziptrail vs raw TCP vs Redis vs S3, one run; writes docs/bench/.
-	$(DEPS_ENV); go run ./bench/dataplane
+bench-dataplane: deps ## ziptrail vs raw TCP vs Redis vs S3 (and the SDK path, its floor, redis-benchmark), one run, the systems in turns; writes docs/bench/.
+	$(DEPS_ENV); go run ./bench/dataplane -reps 51
 
 .PHONY: bench-messaging
 bench-messaging: deps ## Direct messages between pods vs Redis LPUSH/BRPOP (Pikachu Fig. 7/8, allreduce, membership, death detection), one run; writes docs/bench/.

@@ -100,26 +100,44 @@ func run(reps int, outDir string, withS3 bool) error {
 		return nil
 	}
 
+	// 1-1: the systems take turns, one transfer each per round, so that
+	// what drifts on a shared machine (load, frequency, another process)
+	// falls on all of them alike, not on whichever ran last.
 	sizes := []int{10_000, 1_000_000, 10_000_000, 100_000_000}
 	for _, size := range sizes {
 		if !only.size(size) || !only.pattern("1-1") {
 			continue
 		}
 		data := payload(size)
+		var systems []system
 		for _, sys := range env.systems() {
-			if !only.system(sys.name) {
-				continue
-			}
-			if sys.prepared != nil {
-				if err := prepared("1-1", 1, size, sys.name, func() (func() error, error) { return sys.prepared(ctx, data) }); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := measure("1-1", 1, size, sys.name, func() error { return sys.oneToOne(ctx, data) }); err != nil {
-				return err
+			if only.system(sys.name) {
+				systems = append(systems, sys)
 			}
 		}
+		times := make([][]float64, len(systems))
+		for i := 0; i < reps; i++ {
+			for j, sys := range systems {
+				f := func() error { return sys.oneToOne(ctx, data) }
+				if sys.prepared != nil {
+					var err error
+					if f, err = sys.prepared(ctx, data); err != nil {
+						return fmt.Errorf("%s 1-1 size %d: %w", sys.name, size, err)
+					}
+				}
+				t := time.Now()
+				if err := f(); err != nil {
+					return fmt.Errorf("%s 1-1 size %d: %w", sys.name, size, err)
+				}
+				times[j] = append(times[j], time.Since(t).Seconds())
+			}
+		}
+		for j, sys := range systems {
+			sort.Float64s(times[j])
+			med := times[j][len(times[j])/2]
+			results = append(results, Result{Pattern: "1-1", Fan: 1, Size: size, System: sys.name, Seconds: med, MBps: float64(size) / med / 1e6})
+		}
+		fmt.Fprintf(os.Stderr, ".")
 	}
 	for _, pattern := range []string{"scatter", "gather", "broadcast"} {
 		if !only.pattern(pattern) {

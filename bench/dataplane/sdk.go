@@ -95,7 +95,7 @@ func (e *env) sdkOne(ctx context.Context, data []byte) error {
 	if err != nil {
 		return err
 	}
-	return e.sdkGet(ctx, r, data)
+	return sdkGet(ctx, e.sdkB, r, data)
 }
 
 // sdkInPlace is the object produced in place: the function wrote it into
@@ -103,7 +103,7 @@ func (e *env) sdkOne(ctx context.Context, data []byte) error {
 // timer starts, as the bare pull's object is in the producer's heap
 // before its timer starts; timed: the buffer's put (no copy) and the get.
 func (e *env) sdkInPlace(ctx context.Context, data []byte) (func() error, error) {
-	buf, err := e.sdkA.client.Alloc(ctx, len(data))
+	buf, err := e.placeA.client.Alloc(ctx, len(data))
 	if err != nil {
 		return nil, err
 	}
@@ -113,12 +113,12 @@ func (e *env) sdkInPlace(ctx context.Context, data []byte) (func() error, error)
 		if err != nil {
 			return err
 		}
-		return e.sdkGet(ctx, resp.GetRef(), data)
+		return sdkGet(ctx, e.placeB, resp.GetRef(), data)
 	}, nil
 }
 
-func (e *env) sdkGet(ctx context.Context, r string, data []byte) error {
-	_, obj, err := e.sdkB.client.GetMapped(ctx, r)
+func sdkGet(ctx context.Context, b *sdkPod, r string, data []byte) error {
+	_, obj, err := b.client.GetMapped(ctx, r)
 	if err != nil {
 		return err
 	}

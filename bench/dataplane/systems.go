@@ -41,6 +41,10 @@ type env struct {
 	clients []*pull.Client
 	// The SDK path: two pods' local APIs.
 	sdkA, sdkB *sdkPod
+	// The in-place SDK system's own pods: the systems take turns, and
+	// sharing a client would hand one system's reused put file to the
+	// other.
+	placeA, placeB *sdkPod
 }
 
 type producer struct {
@@ -77,6 +81,12 @@ func setup(withS3 bool) (*env, error) {
 		return nil, err
 	}
 	if e.sdkB, err = startSDKPod(k); err != nil {
+		return nil, err
+	}
+	if e.placeA, err = startSDKPod(k); err != nil {
+		return nil, err
+	}
+	if e.placeB, err = startSDKPod(k); err != nil {
 		return nil, err
 	}
 	// Raw TCP: a server that answers a size with that many bytes.
@@ -117,8 +127,11 @@ func (e *env) close() {
 	for _, c := range e.clients {
 		c.Close()
 	}
-	e.sdkA.close()
-	e.sdkB.close()
+	for _, p := range []*sdkPod{e.sdkA, e.sdkB, e.placeA, e.placeB} {
+		if p != nil {
+			p.close()
+		}
+	}
 	e.tb.Close()
 }
 

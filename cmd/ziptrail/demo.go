@@ -82,7 +82,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		return nil
 	}
 	kubectl := func(args ...string) error {
-		return run(filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl"), args...)
+		return run(filepath.Join(controlplane.Assets(), "kubectl"), args...)
 	}
 
 	// The chart's operator (2 replicas, leader election), its Services and

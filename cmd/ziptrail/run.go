@@ -23,6 +23,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ziptrail/ziptrail/internal/gateway"
@@ -58,12 +60,47 @@ func (g *gatewayFlags) url() (string, error) {
 	}
 	st, err := localcluster.ReadState(g.stateDir)
 	if errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("no local cluster is running (no %s): start one with `ziptrail local up`, or pass --gateway", localcluster.StateFile(g.stateDir))
+		if svc := g.installedGateway(); svc != "" {
+			return "", fmt.Errorf("no --gateway given; the cluster of your kubeconfig has the session gateway %s: reach it, e.g. `kubectl -n %s port-forward service/%s 8088:8088`, then pass --gateway http://127.0.0.1:8088 (or set ZIPTRAIL_GATEWAY)",
+				svc, strings.Split(svc, "/")[0], strings.Split(svc, "/")[1])
+		}
+		return "", fmt.Errorf("no local cluster is running (no %s): start one with `ziptrail local up`, or pass --gateway (the URL of a Helm-installed ziptrail's Service <release>-gateway, port 8088)", localcluster.StateFile(g.stateDir))
 	}
 	if err != nil {
 		return "", err
 	}
 	return st.GatewayURL, nil
+}
+
+// installedGateway looks, with the kubeconfig's credentials, for a
+// Helm-installed ziptrail's gateway Service (the chart labels it
+// app.kubernetes.io/name=ziptrail and names it <release>-gateway) and
+// returns it as namespace/name, or "" (no kubeconfig, no such Service,
+// not allowed to list Services, or no answer within 5 s).
+func (g *gatewayFlags) installedGateway() string {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = g.kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return ""
+	}
+	cfg.Timeout = 5 * time.Second
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	list, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ziptrail"})
+	if err != nil {
+		return ""
+	}
+	for _, svc := range list.Items {
+		if strings.HasSuffix(svc.Name, "-gateway") {
+			return svc.Namespace + "/" + svc.Name
+		}
+	}
+	return ""
 }
 
 // client is an HTTP client sending the user's Kubernetes credentials, which

@@ -256,9 +256,38 @@ func TestRunAndSessions(t *testing.T) {
 }
 
 func TestRunWithoutCluster(t *testing.T) {
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none")) // no cluster either
 	err := runRun(context.Background(), []string{"upper", "--state-dir", t.TempDir()}, nil, io.Discard, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "ziptrail local up") {
-		t.Errorf("want a hint to start the local cluster, got %v", err)
+	if err == nil || !strings.Contains(err.Error(), "ziptrail local up") || !strings.Contains(err.Error(), "--gateway") {
+		t.Errorf("want a hint to start the local cluster or pass --gateway, got %v", err)
+	}
+}
+
+// TestRunFindsAHelmInstalledGateway: without a local cluster or
+// --gateway, the CLI finds the chart's gateway Service on the cluster of
+// the kubeconfig and says how to reach it.
+func TestRunFindsAHelmInstalledGateway(t *testing.T) {
+	e := startGateway(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", e.certKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k8s, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ziptrail-system"}}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "zt-gateway", Labels: map[string]string{"app.kubernetes.io/name": "ziptrail"}},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http-gateway", Port: 8088}}}}
+	for _, o := range []client.Object{ns, svc} {
+		if err := k8s.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = runRun(ctx, []string{"upper", "--state-dir", t.TempDir(), "--kubeconfig", e.certKubeconfig}, nil, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "ziptrail-system/zt-gateway") || !strings.Contains(err.Error(), "port-forward service/zt-gateway") {
+		t.Errorf("want the chart's gateway named with how to reach it, got %v", err)
 	}
 }
 

@@ -4,12 +4,12 @@
 package controlplane
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -67,9 +67,9 @@ type Env struct {
 // Start launches kube-apiserver and etcd from $KUBEBUILDER_ASSETS and installs
 // the CRDs. It fails with an actionable message when the binaries are absent.
 func Start() (*Env, error) {
-	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	assets := Assets()
 	if assets == "" {
-		return nil, errors.New("KUBEBUILDER_ASSETS is not set: run `eval \"$(hack/install-deps.sh --env)\"` (or `make test`, which does it)")
+		return nil, fmt.Errorf("KUBEBUILDER_ASSETS is not set and %s holds no Kubernetes binaries: run hack/install-deps.sh (or `make test`, which does it)", cacheDir())
 	}
 	for _, bin := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
@@ -132,14 +132,48 @@ func FindBinary(name string) string {
 	if p, err := exec.LookPath(name); err == nil {
 		return p
 	}
-	cache := os.Getenv("ZIPTRAIL_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache", "ziptrail")
-	}
-	p := filepath.Join(cache, "bin", name)
+	p := filepath.Join(cacheDir(), "bin", name)
 	if _, err := os.Stat(p); err != nil {
 		return ""
 	}
 	return p
+}
+
+// cacheDir is hack/install-deps.sh's cache: $ZIPTRAIL_CACHE, default
+// ~/.cache/ziptrail.
+func cacheDir() string {
+	if cache := os.Getenv("ZIPTRAIL_CACHE"); cache != "" {
+		return cache
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "ziptrail")
+}
+
+// Assets is the directory of kube-apiserver, etcd and the other
+// Kubernetes binaries: $KUBEBUILDER_ASSETS, else what hack/install-deps.sh
+// installed in its cache (k8s/<version>-etcd-<version>, the newest when
+// there are several), found without the user's running
+// `eval "$(hack/install-deps.sh --env)"` first. The cache's directories
+// then go first on this process's PATH, as that line would have put them
+// (the processes it starts find kubectl, coredns, the Python venv). ""
+// when neither has them.
+func Assets() string {
+	if a := os.Getenv("KUBEBUILDER_ASSETS"); a != "" {
+		return a
+	}
+	cache := cacheDir()
+	dirs, _ := filepath.Glob(filepath.Join(cache, "k8s", "*-etcd-*"))
+	var found string
+	for _, d := range dirs { // sorted: the last is the newest pin
+		if _, err := os.Stat(filepath.Join(d, "kube-apiserver")); err == nil {
+			found = d
+		}
+	}
+	if found == "" {
+		return ""
+	}
+	_ = os.Setenv("KUBEBUILDER_ASSETS", found)
+	path := strings.Join([]string{filepath.Join(cache, "bin"), found, filepath.Join(cache, "venv", "bin")}, string(os.PathListSeparator))
+	_ = os.Setenv("PATH", path+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return found
 }

@@ -82,10 +82,10 @@ func (o *Options) defaults() error {
 		return errors.New("localk8s: StateDir is required")
 	}
 	if o.Assets == "" {
-		o.Assets = os.Getenv("KUBEBUILDER_ASSETS")
+		o.Assets = controlplane.Assets()
 	}
 	if o.Assets == "" {
-		return errors.New("KUBEBUILDER_ASSETS is not set: run `eval \"$(hack/install-deps.sh --env)\"`")
+		return errors.New("KUBEBUILDER_ASSETS is not set and hack/install-deps.sh's cache holds no Kubernetes binaries: run hack/install-deps.sh")
 	}
 	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"} {
 		if _, err := os.Stat(filepath.Join(o.Assets, b)); err != nil {

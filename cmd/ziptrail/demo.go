@@ -22,8 +22,8 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
+	"github.com/ziptrail/ziptrail/sdk/go/admin"
 )
 
 // runDemo is the README's main job, what a user does: the local cluster
@@ -132,7 +132,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 
 	step("running a session: word count of %s (%d bytes)", *input, len(text))
 	t = time.Now()
-	hc := &http.Client{Transport: gateway.TokenCredentials(c.GatewayToken).Transport(nil)}
+	hc := &http.Client{Transport: admin.TokenCredentials(c.GatewayToken).Transport(nil)}
 	res, sess, err := runSession(ctx, hc, gatewayURL, "demo", "wordcount", text)
 	if err != nil {
 		return err

@@ -31,6 +31,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 	"github.com/ziptrail/ziptrail/internal/retry"
 	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/sdk/go/admin"
 )
 
 // gatewayFlags are the flags of the commands that talk to a session gateway.
@@ -118,7 +119,7 @@ func (g *gatewayFlags) client(notices io.Writer) (*gwClient, error) {
 
 func (g *gatewayFlags) httpClient() (*http.Client, error) {
 	if g.token != "" {
-		return &http.Client{Transport: gateway.TokenCredentials(g.token).Transport(nil)}, nil
+		return &http.Client{Transport: admin.TokenCredentials(g.token).Transport(nil)}, nil
 	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	switch {
@@ -134,7 +135,7 @@ func (g *gatewayFlags) httpClient() (*http.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("Kubernetes credentials for the session gateway (pass --kubeconfig or --token): %w", err)
 	}
-	creds, err := gateway.NewCredentials(cfg)
+	creds, err := admin.NewCredentials(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -206,11 +206,6 @@ var rules = []rule{
 // placements says where it goes.
 var exceptions = []exception{
 	{
-		rule: ruleSDK, from: "sdk/go/admin", to: "internal/gateway",
-		reason: "the admin client takes the gateway's credentials (TokenCredentials, NewCredentials), IdempotencyKeyMetadata and ErrEngineMoving: credentials move into sdk/go/admin, the rest into gatewayv1",
-		issue:  "issue 34",
-	},
-	{
 		rule: ruleOperatorUse, from: "cmd/operator", to: "internal/dataplane/samenode",
 		reason: "the operator's node-dir command (podwebhook.go) prepares the same-node directory with samenode.PrepareDir and DirMode: that setup is to move where both may use it, or the command to the data plane",
 		issue:  "issue 34",

@@ -37,6 +37,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/ziptrail/ziptrail/internal/sessions"
+
+	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 )
 
 // Starter starts a session of a workflow (the trigger engine's adapter).
@@ -82,7 +84,7 @@ var (
 	ErrResultGone = errors.New("result no longer available")
 	// ErrEngineMoving: the workflow's engine bucket is changing owners
 	// (docs/sharding.md); retry in a moment.
-	ErrEngineMoving = errors.New("the workflow's engine is moving to another operator replica")
+	ErrEngineMoving = errors.New(gatewayv1.EngineMovingMessage)
 )
 
 // SessionStore is where the gateway finds sessions: the engine's registry

@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"fmt"
+
+	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 )
 
 // IdempotencyKeyHeader is the HTTP header (gRPC: the metadata key
@@ -14,7 +16,7 @@ import (
 const IdempotencyKeyHeader = "Idempotency-Key"
 
 // IdempotencyKeyMetadata is IdempotencyKeyHeader's gRPC metadata key.
-const IdempotencyKeyMetadata = "idempotency-key"
+const IdempotencyKeyMetadata = gatewayv1.IdempotencyKeyMetadata
 
 // MaxIdempotencyKey is the longest idempotency key accepted.
 const MaxIdempotencyKey = 255

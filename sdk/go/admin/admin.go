@@ -24,7 +24,6 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
@@ -106,9 +105,9 @@ func New(cfg *rest.Config, opts Options) (*Client, error) {
 		c.Namespace = "default"
 	}
 	if opts.Gateway != "" {
-		creds := gateway.TokenCredentials(opts.GatewayToken)
+		creds := TokenCredentials(opts.GatewayToken)
 		if opts.GatewayToken == "" {
-			if creds, err = gateway.NewCredentials(cfg); err != nil {
+			if creds, err = NewCredentials(cfg); err != nil {
 				return nil, &ziptrail.Error{Kind: ziptrail.KindInvalid, Op: "connect", Err: err}
 			}
 		}

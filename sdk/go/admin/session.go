@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 	"github.com/ziptrail/ziptrail/internal/retry"
@@ -61,7 +60,7 @@ type Result struct {
 	Output  []byte
 }
 
-func dialGateway(opts Options, creds *gateway.Credentials) (*grpc.ClientConn, error) {
+func dialGateway(opts Options, creds *Credentials) (*grpc.ClientConn, error) {
 	// Reconnect soon after the gateway comes back (a rollout of the
 	// operator): gRPC's default waits up to 2 minutes between attempts.
 	dial := []grpc.DialOption{grpc.WithConnectParams(retry.GRPCReconnect)}
@@ -121,7 +120,7 @@ func (c *Client) StartSession(ctx context.Context, workflow string, input []byte
 	}
 	var key [16]byte
 	_, _ = rand.Read(key[:])
-	kctx := metadata.AppendToOutgoingContext(ctx, gateway.IdempotencyKeyMetadata, hex.EncodeToString(key[:]))
+	kctx := metadata.AppendToOutgoingContext(ctx, gatewayv1.IdempotencyKeyMetadata, hex.EncodeToString(key[:]))
 	var s *gatewayv1.Session
 	err = c.retried(kctx, "start session", func(ctx context.Context) (err error) {
 		s, err = gw.StartSession(ctx, &gatewayv1.StartSessionRequest{Namespace: c.Namespace, Workflow: workflow, Input: input})
@@ -222,11 +221,11 @@ const waitSlice = time.Minute
 const movingPause = 50 * time.Millisecond
 
 // engineMoving: the gateway could not answer because the workflow's engine
-// bucket is changing owners (gateway.ErrEngineMoving); asking again soon
+// bucket is changing owners (gatewayv1.EngineMovingMessage); asking again soon
 // reaches the new owner.
 func engineMoving(err error) bool {
 	st := status.Convert(err)
-	return st.Code() == codes.Unavailable && strings.Contains(st.Message(), gateway.ErrEngineMoving.Error())
+	return st.Code() == codes.Unavailable && strings.Contains(st.Message(), gatewayv1.EngineMovingMessage)
 }
 
 // Wait blocks until the session ends and returns its output. A failed

@@ -1,10 +1,11 @@
-package gateway
+package admin
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"google.golang.org/grpc/credentials"
 	"k8s.io/client-go/rest"
@@ -15,8 +16,9 @@ import (
 // API server's TLS, which the gateway does not terminate).
 var ErrNoToken = errors.New("no bearer token in the Kubernetes credentials")
 
-// Clients send Kubernetes credentials the way client-go sends them to the
-// API server: whatever the kubeconfig's user has that ends up in an
+// Credentials are what a client of the session gateway (this package's
+// Client, the ziptrail CLI) sends: Kubernetes credentials, the way
+// client-go sends them to the API server: whatever the kubeconfig's user has that ends up in an
 // Authorization header (a token, a token file, an exec or auth-provider
 // plugin such as a cloud login), refreshed as client-go refreshes it.
 type Credentials struct {
@@ -46,7 +48,7 @@ func (c *Credentials) Authorization(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("kubernetes credentials: %w", err)
 	}
 	auth := resp.Header.Get("Authorization")
-	if bearer(auth) == "" {
+	if scheme, token, ok := strings.Cut(strings.TrimSpace(auth), " "); !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" {
 		return "", fmt.Errorf("%w: the kubeconfig's user authenticates otherwise (a client certificate?); "+
 			"use a token, e.g. from `kubectl create token <serviceaccount>`, or a kubeconfig user with one", ErrNoToken)
 	}

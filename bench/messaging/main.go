@@ -45,7 +45,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
+	"github.com/ziptrail/ziptrail/internal/nodedir"
 	"github.com/ziptrail/ziptrail/internal/testservers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
@@ -207,7 +207,7 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 		return err
 	}
 	tb.Cleanup(func() { os.RemoveAll(nodeDir) })
-	if err := samenode.PrepareDir(nodeDir); err != nil {
+	if err := nodedir.Prepare(nodeDir); err != nil {
 		return err
 	}
 	dps := &pods{tb: tb, op: op, bin: bin, env: sidecarEnv, nodeDir: nodeDir, prefix: "same-node-"}

@@ -10,7 +10,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
-	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
+	"github.com/ziptrail/ziptrail/internal/nodedir"
 	"github.com/ziptrail/ziptrail/internal/podwebhook"
 )
 
@@ -47,7 +47,7 @@ func setupPodWebhook(mgr ctrl.Manager, c podWebhookConfig) error {
 }
 
 // exitNodeDir runs `operator node-dir [--path DIR]`: prepare the node
-// directory (samenode.PrepareDir) and wait for SIGTERM, as the chart's
+// directory (nodedir.Prepare) and wait for SIGTERM, as the chart's
 // DaemonSet's container.
 func exitNodeDir() {
 	if len(os.Args) < 2 || os.Args[1] != "node-dir" {
@@ -56,11 +56,11 @@ func exitNodeDir() {
 	fs := flag.NewFlagSet("node-dir", flag.ExitOnError)
 	path := fs.String("path", podwebhook.DefaultHostDir, "the node directory")
 	_ = fs.Parse(os.Args[2:])
-	if err := samenode.PrepareDir(*path); err != nil {
+	if err := nodedir.Prepare(*path); err != nil {
 		fmt.Fprintf(os.Stderr, "operator node-dir: %v\n", err)
 		os.Exit(1)
 	}
-	fmt.Printf("operator node-dir: %s ready (mode %v)\n", *path, samenode.DirMode)
+	fmt.Printf("operator node-dir: %s ready (mode %v)\n", *path, nodedir.Mode)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig

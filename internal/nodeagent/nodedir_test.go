@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
+	"github.com/ziptrail/ziptrail/internal/nodedir"
 )
 
 // Each node of one agent gets its own same-node directory, mode 1733.
@@ -27,7 +28,7 @@ func TestNodeDirs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Mode()&(os.ModeSticky|os.ModePerm) != samenode.DirMode {
+		if st.Mode()&(os.ModeSticky|os.ModePerm) != nodedir.Mode {
 			t.Errorf("%s: mode %v", d, st.Mode())
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/nodedir"
 	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
@@ -47,7 +48,7 @@ func nodeDir(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(d) })
-	if err := samenode.PrepareDir(d); err != nil {
+	if err := nodedir.Prepare(d); err != nil {
 		t.Fatal(err)
 	}
 	return d

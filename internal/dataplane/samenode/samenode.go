@@ -261,19 +261,3 @@ func checkSealed(fd int, size int64) error {
 	}
 	return nil
 }
-
-// DirMode is the node directory's mode: every queue-proxy (whatever its
-// uid) may create its socket there, none may list the others' names or
-// remove a socket it does not own (sticky).
-const DirMode = os.ModeSticky | 0o733
-
-// PrepareDir creates the node directory with DirMode (the node agent on
-// the local cluster, the chart's node-dir DaemonSet on a real one: the
-// kubelet's DirectoryOrCreate makes it 0755 root, where a non-root
-// queue-proxy cannot create its socket).
-func PrepareDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	return os.Chmod(dir, DirMode)
-}

@@ -505,20 +505,6 @@ func TestAdopt(t *testing.T) {
 	}
 }
 
-func TestPrepareDir(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "a", "node")
-	if err := PrepareDir(dir); err != nil {
-		t.Fatal(err)
-	}
-	st, err := os.Stat(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Mode()&(os.ModeSticky|os.ModePerm) != DirMode {
-		t.Fatalf("mode %v, want %v", st.Mode(), DirMode)
-	}
-}
-
 // TestCopyTo: the consumer's one copy into a file (sendfile) and into any
 // WriterAt (through a mapping) give the object's bytes.
 func TestCopyTo(t *testing.T) {

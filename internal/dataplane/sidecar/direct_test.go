@@ -18,6 +18,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
+	"github.com/ziptrail/ziptrail/internal/nodedir"
 	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
@@ -48,7 +49,7 @@ func nodeDirs(t testing.TB) func(node string) string {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = os.RemoveAll(d) })
-		if err := samenode.PrepareDir(d); err != nil {
+		if err := nodedir.Prepare(d); err != nil {
 			t.Fatal(err)
 		}
 		dirs[node] = d

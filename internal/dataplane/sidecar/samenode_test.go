@@ -19,8 +19,8 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
-	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/nodedir"
 	"github.com/ziptrail/ziptrail/internal/testservers"
 )
 
@@ -67,7 +67,7 @@ func TestSameNodePath(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := samenode.PrepareDir(dir); err != nil {
+	if err := nodedir.Prepare(dir); err != nil {
 		t.Fatal(err)
 	}
 	startOn := func(node, uid string) *Sidecar {
@@ -262,7 +262,7 @@ func sameNodePods(t *testing.T, keyByte byte) func(uid string) (*Sidecar, *local
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := samenode.PrepareDir(dir); err != nil {
+	if err := nodedir.Prepare(dir); err != nil {
 		t.Fatal(err)
 	}
 	return func(uid string) (*Sidecar, *localapi.Client) {

@@ -39,10 +39,11 @@ const DefaultURLTTL = 5 * time.Second
 // CachedResolver keeps the URLs another Resolver found for TTL, so that
 // the dispatcher does not read a Knative Service (a cached Get is a deep
 // copy of the whole object, its managed fields included: 8 % of the
-// operator's CPU in a 1,000-step chain, docs/benchmarks.md) for every
-// invocation. A Service's address is derived from its name and namespace
-// and does not change while it exists; a failed lookup (not ready yet,
-// not found) is never kept. The returned URL is the caller's (a copy).
+// operator's CPU in a 1,000-step chain, docs/bench/history/chain.md, "The
+// Knative floor") for every invocation. A Service's address is derived
+// from its name and namespace and does not change while it exists; a
+// failed lookup (not ready yet, not found) is never kept. The returned URL
+// is the caller's (a copy).
 type CachedResolver struct {
 	Resolver Resolver
 	TTL      time.Duration    // default DefaultURLTTL

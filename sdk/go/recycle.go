@@ -12,8 +12,9 @@ import (
 // copied into a buffer Message.Close gives back, so that a member
 // receiving many such messages does not allocate one each time; the
 // allocations, and the garbage collections they cause, are what a
-// receiver spent most on at these sizes (docs/benchmarks.md, "Direct
-// messages").
+// receiver spent most on at these sizes (docs/bench/history/messaging.md,
+// "The 64 MB slow mode was a leak; copies between mappings; recycled
+// buffers").
 
 const (
 	// minRecycled is the smallest message put in a recycled buffer.

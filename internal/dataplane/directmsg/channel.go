@@ -18,7 +18,8 @@
 // receiver copies the size bytes out and credits the sender, who then
 // writes its next message into the same pages. A fresh memfd's page
 // allocation costs more than the two copies at these sizes
-// (docs/benchmarks.md, "Same-node direct channels"), and the receiver's
+// (docs/bench/history/messaging.md, "Same-node direct channels, first
+// run"), and the receiver's
 // copy is what makes a memfd its sender may still write safe: what it
 // holds is what it copied. Both ends keep their mappings of a reused
 // memfd (copies.go): the sender writes into its mapping, the receiver

@@ -19,10 +19,12 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -50,8 +52,12 @@ func (g *gatewayFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&g.retryFor, "retry-for", retry.DefaultFor, "keep retrying a gateway that cannot be reached or answers 503 (an operator rollout) for this long, with back-off (0: no retries)")
 }
 
-// url finds the gateway: the flag, $ZIPTRAIL_GATEWAY, or the state file a
-// running `ziptrail local up` wrote.
+// url finds the gateway: the flag, $ZIPTRAIL_GATEWAY, the state file a
+// running `ziptrail local up` wrote, else a Helm-installed ziptrail's
+// gateway Service on the cluster of the kubeconfig (that of the running
+// `local up --no-operator` first): used when this machine reaches its
+// cluster IP (kube-proxy on the local cluster's host, a pod in the
+// cluster), else named with how to reach it.
 func (g *gatewayFlags) url() (string, error) {
 	if g.gateway != "" {
 		if !strings.Contains(g.gateway, "://") {
@@ -60,48 +66,94 @@ func (g *gatewayFlags) url() (string, error) {
 		return strings.TrimSuffix(g.gateway, "/"), nil
 	}
 	st, err := localcluster.ReadState(g.stateDir)
-	if errors.Is(err, os.ErrNotExist) {
-		if svc := g.installedGateway(); svc != "" {
-			return "", fmt.Errorf("no --gateway given; the cluster of your kubeconfig has the session gateway %s: reach it, e.g. `kubectl -n %s port-forward service/%s 8088:8088`, then pass --gateway http://127.0.0.1:8088 (or set ZIPTRAIL_GATEWAY)",
-				svc, strings.Split(svc, "/")[0], strings.Split(svc, "/")[1])
-		}
-		return "", fmt.Errorf("no local cluster is running (no %s): start one with `ziptrail local up`, or pass --gateway (the URL of a Helm-installed ziptrail's Service <release>-gateway, port 8088)", localcluster.StateFile(g.stateDir))
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", err
 	}
-	return st.GatewayURL, nil
+	if err == nil && st.GatewayURL != "" {
+		return st.GatewayURL, nil
+	}
+	kubeconfig := g.kubeconfig
+	if kubeconfig == "" && err == nil && os.Getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
+		kubeconfig = st.Kubeconfig // local up --no-operator, then helm install
+	}
+	switch svc, url := installedGateway(kubeconfig); {
+	case url != "":
+		return url, nil
+	case svc != nil:
+		return "", fmt.Errorf("no --gateway given; the cluster of your kubeconfig has the session gateway %s/%s, whose cluster IP this machine does not reach: e.g. `kubectl -n %s port-forward service/%s %d:%d`, then pass --gateway http://127.0.0.1:%d (or set ZIPTRAIL_GATEWAY)",
+			svc.Namespace, svc.Name, svc.Namespace, svc.Name, gatewayPort(svc), gatewayPort(svc), gatewayPort(svc))
+	case err == nil:
+		return "", fmt.Errorf("the local cluster runs without the operator (local up --no-operator) and no Helm-installed ziptrail gateway was found on it: install the chart (`helm install ...` as local up printed it), or pass --gateway")
+	}
+	return "", fmt.Errorf("no local cluster is running (no %s): start one with `ziptrail local up`, or pass --gateway (the URL of a Helm-installed ziptrail's Service <release>-gateway, port 8088)", localcluster.StateFile(g.stateDir))
 }
 
-// installedGateway looks, with the kubeconfig's credentials, for a
-// Helm-installed ziptrail's gateway Service (the chart labels it
-// app.kubernetes.io/name=ziptrail and names it <release>-gateway) and
-// returns it as namespace/name, or "" (no kubeconfig, no such Service,
-// not allowed to list Services, or no answer within 5 s).
-func (g *gatewayFlags) installedGateway() string {
+// installedGateway looks, with the kubeconfig's credentials (kubeconfig,
+// else the default rules), for a Helm-installed ziptrail's gateway Service
+// (the chart labels it app.kubernetes.io/name=ziptrail and names it
+// <release>-gateway). url is its address when the gateway answers on its
+// cluster IP within 2 s; svc is nil when there is none to be
+// found (no kubeconfig, no such Service, not allowed to list Services, no
+// answer within 5 s).
+func installedGateway(kubeconfig string) (svc *corev1.Service, url string) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = g.kubeconfig
+	rules.ExplicitPath = kubeconfig
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
-		return ""
+		return nil, ""
 	}
 	cfg.Timeout = 5 * time.Second
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return ""
+		return nil, ""
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	list, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ziptrail"})
 	if err != nil {
-		return ""
+		return nil, ""
 	}
-	for _, svc := range list.Items {
-		if strings.HasSuffix(svc.Name, "-gateway") {
-			return svc.Namespace + "/" + svc.Name
+	for i := range list.Items {
+		if s := &list.Items[i]; strings.HasSuffix(s.Name, "-gateway") {
+			svc = s
+			break
 		}
 	}
-	return ""
+	if svc == nil || svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return svc, ""
+	}
+	// A connection that opens proves nothing (a sandbox's network may
+	// accept any): the answer must be the gateway's (unauthenticated, a
+	// 401 that names it).
+	url = clusterURL(svc)
+	probe := &http.Client{Timeout: 2 * time.Second}
+	resp, err := probe.Get(url + "/v1/namespaces/default/sessions")
+	if err != nil {
+		return svc, ""
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), "session gateway") {
+		return svc, ""
+	}
+	return svc, url
+}
+
+// clusterURL is the gateway Service's address on its cluster IP (a
+// variable: tests point it at a gateway they run).
+var clusterURL = func(svc *corev1.Service) string {
+	return "http://" + net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(gatewayPort(svc)))
+}
+
+// gatewayPort is the gateway Service's HTTP port (the chart names it
+// http-gateway; 8088 by default).
+func gatewayPort(svc *corev1.Service) int {
+	for _, p := range svc.Spec.Ports {
+		if p.Name == "http-gateway" {
+			return int(p.Port)
+		}
+	}
+	return 8088
 }
 
 // client is an HTTP client sending the user's Kubernetes credentials, which

@@ -286,8 +286,41 @@ func TestRunFindsAHelmInstalledGateway(t *testing.T) {
 		}
 	}
 	err = runRun(ctx, []string{"upper", "--state-dir", t.TempDir(), "--kubeconfig", e.certKubeconfig}, nil, io.Discard, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "ziptrail-system/zt-gateway") || !strings.Contains(err.Error(), "port-forward service/zt-gateway") {
+	if err == nil || !strings.Contains(err.Error(), "ziptrail-system/zt-gateway") || !strings.Contains(err.Error(), "port-forward service/zt-gateway 8088:8088") {
 		t.Errorf("want the chart's gateway named with how to reach it, got %v", err)
+	}
+
+	// `local up --no-operator` (a state without a gateway), then the
+	// chart: its kubeconfig is the one asked.
+	state := t.TempDir()
+	js, _ := json.Marshal(localcluster.State{Kubeconfig: e.certKubeconfig})
+	if err := os.WriteFile(localcluster.StateFile(state), js, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", "")
+	err = runRun(ctx, []string{"upper", "--state-dir", state}, nil, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "ziptrail-system/zt-gateway") {
+		t.Errorf("local up --no-operator, then the chart: want its gateway named, got %v", err)
+	}
+
+	// Reached on its cluster IP (here: the test's gateway stands in for
+	// it), the chart's gateway runs the session.
+	before := clusterURL
+	clusterURL = func(*corev1.Service) string { return e.url }
+	t.Cleanup(func() { clusterURL = before })
+	var out bytes.Buffer
+	if err := runRun(ctx, []string{"upper", "-n", "team-a", "-q", "--token", e.tok, "--state-dir", t.TempDir(), "--kubeconfig", e.certKubeconfig, "--input", "-"},
+		strings.NewReader("hi"), &out, io.Discard); err != nil || out.String() != "HIHIHIHIHI" {
+		t.Errorf("through the discovered gateway: %q, %v", out.String(), err)
+	}
+	clusterURL = before
+
+	if err := k8s.Delete(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	err = runRun(ctx, []string{"upper", "--state-dir", state}, nil, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "without the operator") {
+		t.Errorf("local up --no-operator without the chart: want it said, got %v", err)
 	}
 }
 

@@ -98,7 +98,7 @@ var placements = []placement{
 	{"internal/directory", operator, "internal/operator/directory"},
 	{"internal/podwebhook", operator, "internal/operator/podwebhook"},
 	{"internal/controlclient", dataPlane, "internal/dataplane/controlclient"},
-	{"internal/activatorext", dataPlane, "internal/dataplane/activatorext"},
+	{"internal/activatorext/...", dataPlane, "internal/dataplane/activatorext"},
 	{"internal/localk8s", localCluster, "internal/localcluster/k8s"},
 	{"internal/localknative", localCluster, "internal/localcluster/knative"},
 	{"internal/nodeagent/...", localCluster, "internal/localcluster/nodeagent"},

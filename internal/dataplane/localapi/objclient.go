@@ -30,7 +30,8 @@ const (
 	MemfdAuto MemfdMode = iota
 	// MemfdAlways: as sealed memfds whenever the object socket is there.
 	MemfdAlways
-	// MemfdNever: as files, as before the object socket.
+	// MemfdNever: nothing on the object socket, as before it: large puts
+	// as files, small ones and every get through gRPC.
 	MemfdNever
 )
 

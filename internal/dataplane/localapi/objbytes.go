@@ -62,10 +62,6 @@ const (
 	objGetFixed      = 1 + 2
 )
 
-// errObjRefused counts a get op 3's logic refused (its class is in the
-// reply).
-var errObjRefused = fmt.Errorf("%w: refused", ErrBadPayload)
-
 // objBuffers holds message buffers of maxObjMessage bytes.
 var objBuffers = sync.Pool{New: func() any { b := make([]byte, maxObjMessage+64); return &b }}
 
@@ -158,7 +154,7 @@ func (s *Server) objGetAny(req, reply []byte) ([]byte, *os.File) {
 			countCall("Get", nil)
 			return append(append(objHeader(objOK), getMemfd), out[5:]...), f
 		case out[4] == objError:
-			countCall("Get", errObjRefused)
+			countCall("Get", objStatus(out[5:]))
 			return out, nil
 		}
 	}

@@ -62,8 +62,9 @@ const (
 	objGetFixed      = 1 + 2
 )
 
-// objBuffers holds message buffers of maxObjMessage bytes.
-var objBuffers = sync.Pool{New: func() any { b := make([]byte, maxObjMessage+64); return &b }}
+// objBuffers holds message buffers: any object-socket message fits, and
+// one byte more (a longer one is truncated, and refused).
+var objBuffers = sync.Pool{New: func() any { b := make([]byte, maxObjMessage+1); return &b }}
 
 // objPutBytes stores a small object sent in the request.
 func (s *Server) objPutBytes(req []byte) []byte {

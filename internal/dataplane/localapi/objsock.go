@@ -161,82 +161,123 @@ func (s *Server) ServeObjects(ln *net.UnixListener) error {
 }
 
 func (s *Server) serveObjConn(c *net.UnixConn) {
-	buf := make([]byte, maxObjMessage+1)
-	reply := make([]byte, 0, maxObjMessage) // a get's answer (objbytes.go)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	for {
-		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+		bp, n, oobn, flags, err := recvObj(c, oob)
 		fds := samenode.Rights(oob[:oobn])
 		if err != nil || n == 0 {
 			samenode.CloseFDs(fds)
+			if bp != nil {
+				objBuffers.Put(bp)
+			}
 			return
 		}
-		// Only a put of bytes carries more than maxObjRequest.
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n < len(objMagic)+1 || [4]byte(buf[:4]) != objMagic ||
-			(n > len(objMagic)+1+maxObjRequest && buf[4] != objPutBytes) {
-			samenode.CloseFDs(fds)
-			objFrames.WithLabelValues("bad_frame").Inc()
-			_ = objReply(c, errReply(fmt.Errorf("%w: malformed object-socket request", ErrBadPayload)), -1)
-			return
-		}
-		var (
-			out  []byte
-			fd   = -1
-			keep = true
-			sent *os.File // a get's memfd, closed once sent
-		)
-		switch op, req := buf[4], buf[5:n]; op {
-		case objHello:
-			keep = len(fds) == 0
-			samenode.CloseFDs(fds)
-			var fl byte
-			if s.SameNodeGet != nil || s.Adopt != nil {
-				fl |= helloSameNode
-			}
-			fl |= helloBytes
-			out = append(objHeader(objOK), fl)
-		case objPut:
-			out = s.objPut(req, fds)
-		case objPutBytes:
-			keep = len(fds) == 0
-			samenode.CloseFDs(fds)
-			if keep {
-				out = s.objPutBytes(req)
-			}
-		case objGetAny:
-			keep = len(fds) == 0
-			samenode.CloseFDs(fds)
-			if keep {
-				out, sent = s.objGetAny(req, reply)
-			}
-			if sent != nil {
-				fd = int(sent.Fd())
-			}
-		case objGet:
-			keep = len(fds) == 0
-			samenode.CloseFDs(fds)
-			if keep {
-				out, sent = s.objGet(req)
-			}
-			if sent != nil {
-				fd = int(sent.Fd())
-			}
-		default:
-			keep = false
-			samenode.CloseFDs(fds)
-			out = errReply(fmt.Errorf("%w: unknown object-socket op %d", ErrBadPayload, op))
-		}
-		if !keep {
-			out = errReply(fmt.Errorf("%w: descriptors are only accepted with a put", ErrBadPayload))
-		}
-		err = objReply(c, out, fd)
-		if sent != nil {
-			_ = sent.Close()
-		}
-		if err != nil || !keep {
+		more := s.serveObjMsg(c, (*bp)[:n], flags, fds)
+		objBuffers.Put(bp)
+		if !more {
 			return
 		}
 	}
+}
+
+// recvObj receives one message into a pooled buffer, taken only once the
+// message is there: an idle connection holds none, so the sidecar's
+// memory for the object socket follows the messages in flight, not the
+// connections a function opened.
+func recvObj(c *net.UnixConn, oob []byte) (bp *[]byte, n, oobn, flags int, err error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, 0, 0, 0, err
+	}
+	rerr := rc.Read(func(fd uintptr) bool {
+		b := objBuffers.Get().(*[]byte)
+		n, oobn, flags, _, err = unix.Recvmsg(int(fd), *b, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EAGAIN {
+			objBuffers.Put(b)
+			return false // wait until readable, holding nothing
+		}
+		bp = b
+		return true
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err != nil && bp != nil {
+		objBuffers.Put(bp)
+		bp = nil
+	}
+	return bp, n, oobn, flags, err
+}
+
+// serveObjMsg answers one message; false ends the connection.
+func (s *Server) serveObjMsg(c *net.UnixConn, buf []byte, flags int, fds []int) bool {
+	n := len(buf)
+	// Only a put of bytes carries more than maxObjRequest.
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || n < len(objMagic)+1 || [4]byte(buf[:4]) != objMagic ||
+		(n > len(objMagic)+1+maxObjRequest && buf[4] != objPutBytes) {
+		samenode.CloseFDs(fds)
+		objFrames.WithLabelValues("bad_frame").Inc()
+		_ = objReply(c, errReply(fmt.Errorf("%w: malformed object-socket request", ErrBadPayload)), -1)
+		return false
+	}
+	var (
+		out  []byte
+		fd   = -1
+		keep = true
+		sent *os.File // a get's memfd, closed once sent
+	)
+	switch op, req := buf[4], buf[5:n]; op {
+	case objHello:
+		keep = len(fds) == 0
+		samenode.CloseFDs(fds)
+		var fl byte
+		if s.SameNodeGet != nil || s.Adopt != nil {
+			fl |= helloSameNode
+		}
+		fl |= helloBytes
+		out = append(objHeader(objOK), fl)
+	case objPut:
+		out = s.objPut(req, fds)
+	case objPutBytes:
+		keep = len(fds) == 0
+		samenode.CloseFDs(fds)
+		if keep {
+			out = s.objPutBytes(req)
+		}
+	case objGetAny:
+		keep = len(fds) == 0
+		samenode.CloseFDs(fds)
+		if keep {
+			reply := objBuffers.Get().(*[]byte) // the answer is built in it (objbytes.go)
+			defer objBuffers.Put(reply)
+			out, sent = s.objGetAny(req, (*reply)[:0])
+		}
+		if sent != nil {
+			fd = int(sent.Fd())
+		}
+	case objGet:
+		keep = len(fds) == 0
+		samenode.CloseFDs(fds)
+		if keep {
+			out, sent = s.objGet(req)
+		}
+		if sent != nil {
+			fd = int(sent.Fd())
+		}
+	default:
+		samenode.CloseFDs(fds)
+		objFrames.WithLabelValues("bad_frame").Inc()
+		_ = objReply(c, errReply(fmt.Errorf("%w: unknown object-socket op %d", ErrBadPayload, op)), -1)
+		return false
+	}
+	if !keep {
+		out = errReply(fmt.Errorf("%w: descriptors are only accepted with a put", ErrBadPayload))
+	}
+	err := objReply(c, out, fd)
+	if sent != nil {
+		_ = sent.Close()
+	}
+	return err == nil && keep
 }
 
 func objHeader(st byte) []byte { return append(objMagic[:4:4], st) }

@@ -239,11 +239,21 @@ func TestFullInboxHoldsTheSender(t *testing.T) {
 	}
 
 	// The receiver reads: every message, in order, and the inbox stays
-	// within its cap and one message.
-	for i := range n {
+	// within its cap and one message. The send that timed out may have
+	// arrived or not, as the package says of any send that timed out: its
+	// frame may have gone into the socket before its answer was due (the
+	// sockets' buffers are not fixed: TCP may take a little more after the
+	// inbox stopped the reader, which lets the held writer finish and the
+	// late send write; seen once in CI on a loaded machine). Once at most.
+	late := 0
+	for i := 0; i < n; {
 		m, err := rcv.r.Recv(ctx, "s1", "g", 1, Filter{AnySource: true, AnyTag: true})
 		if err != nil {
 			t.Fatalf("receive %d: %v", i, err)
+		}
+		if m.Tag == -2 {
+			late++
+			continue
 		}
 		if m.Tag != int64(i) || len(m.Data) != size || m.Data[0] != byte(i) || m.Data[size-1] != byte(i) {
 			t.Fatalf("message %d: tag %d, %d bytes", i, m.Tag, len(m.Data))
@@ -251,6 +261,7 @@ func TestFullInboxHoldsTheSender(t *testing.T) {
 		if b := rcv.inboxBytes(1); b > capBytes+size {
 			t.Fatalf("after receive %d the inbox holds %d bytes", i, b)
 		}
+		i++
 	}
 	<-flooded
 	for i := range n {
@@ -260,8 +271,11 @@ func TestFullInboxHoldsTheSender(t *testing.T) {
 	}
 	tctx, tcancel = context.WithTimeout(ctx, 100*time.Millisecond)
 	defer tcancel()
-	if m, err := rcv.r.Recv(tctx, "s1", "g", 1, Filter{AnySource: true, Tag: -2}); err == nil {
-		t.Errorf("the send that timed out was queued after all: %q", m.Data)
+	if _, err := rcv.r.Recv(tctx, "s1", "g", 1, Filter{AnySource: true, Tag: -2}); err == nil {
+		late++
+	}
+	if late > 1 {
+		t.Errorf("the send that timed out arrived %d times", late)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -38,7 +39,16 @@ func SignalContainerProcess(ctx context.Context, kubeconfig string, pod *corev1.
 	script := fmt.Sprintf("pkill -%s --ns $$ --nslist net -f %q", sig, "["+pattern[:1]+"]"+pattern[1:])
 	cmd := exec.CommandContext(ctx, kubectl, "--kubeconfig", kubeconfig, "-n", pod.Namespace, "exec", pod.Name,
 		"-c", container, "--", "sh", "-c", script)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if n, nerr := strconv.Atoi(sig); errors.As(err, &ee) && nerr == nil && ee.ExitCode() == 128+n {
+		// The exec's own shell got the signal: it ran in the container, and
+		// when the container's main process was the one killed, the runtime
+		// stopped what else ran there too (as runc does), this shell
+		// included, before or after pkill returned. The signal was sent.
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("pkill -%s %q in pod %s/%s (container %s): %w: %s", sig, pattern, pod.Namespace, pod.Name, container, err, out)
 	}
 	return nil

@@ -36,6 +36,12 @@ func TestExecAcrossNodes(t *testing.T) {
 	g.Expect(err).To(HaveOccurred())
 	g.Expect(errorsAs(err, &exitErr)).To(BeTrue(), "%T %v", err, err)
 	g.Expect(exitErr.ExitStatus()).To(Equal(3))
+
+	// A command killed by a signal exits 128+signal, as a runtime reports
+	// it (not -1, which kubectl refuses: "invalid exit code value").
+	_, _, err = execIn(ns, "left", []string{"sh", "-c", "kill -9 $$"})
+	g.Expect(errorsAs(err, &exitErr)).To(BeTrue(), "%T %v", err, err)
+	g.Expect(exitErr.ExitStatus()).To(Equal(137))
 }
 
 func execIn(ns, pod string, cmd []string) (string, string, error) {

@@ -198,7 +198,14 @@ func (pr *podRuntime) exec(ctx context.Context, name string, argv []string, atta
 	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
-		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated: %v %s", err, stderr.String()), Code: ee.ExitCode()}
+		// A command killed by a signal exits 128+signal, as a container
+		// runtime reports it (ExitCode is -1 then, which kubectl refuses as
+		// "invalid exit code"): e.g. an exec killed with its container.
+		code := ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated: %v %s", err, stderr.String()), Code: code}
 	}
 	return err
 }

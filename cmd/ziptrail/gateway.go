@@ -42,9 +42,11 @@ func (g *gatewayFlags) register(fs *flag.FlagSet) {
 // url finds the gateway: the flag, $ZIPTRAIL_GATEWAY, the state file a
 // running `ziptrail local up` wrote, else a Helm-installed ziptrail's
 // gateway Service on the cluster of the kubeconfig (that of the running
-// `local up --no-operator` first): used when this machine reaches its
-// cluster IP (kube-proxy on the local cluster's host, a pod in the
-// cluster), else named with how to reach it.
+// `local up --no-operator` first): on that local cluster, used when this
+// machine reaches its cluster IP (kube-proxy on its host); else named,
+// with its address or how to reach it, for the user to pass (on a shared
+// cluster a tenant could make a look-alike Service: credentials go only
+// where the user says).
 func (g *gatewayFlags) url() (string, error) {
 	if g.gateway != "" {
 		if !strings.Contains(g.gateway, "://") {
@@ -59,13 +61,18 @@ func (g *gatewayFlags) url() (string, error) {
 	if err == nil && st.GatewayURL != "" {
 		return st.GatewayURL, nil
 	}
-	kubeconfig := g.kubeconfig
+	kubeconfig, ownCluster := g.kubeconfig, false
 	if kubeconfig == "" && err == nil && os.Getenv(clientcmd.RecommendedConfigPathEnvVar) == "" {
-		kubeconfig = st.Kubeconfig // local up --no-operator, then helm install
+		kubeconfig, ownCluster = st.Kubeconfig, true // local up --no-operator, then helm install
 	}
 	switch svc, url := installedGateway(kubeconfig); {
-	case url != "":
+	case url != "" && ownCluster:
 		return url, nil
+	case url != "":
+		// On a shared cluster anyone may create a Service that looks like
+		// the chart's: the user's credentials go only where the user says.
+		return "", fmt.Errorf("no --gateway given; the cluster of your kubeconfig has a session gateway, Service %s/%s, at %s: if it is your ziptrail's, pass --gateway %s (or set ZIPTRAIL_GATEWAY)",
+			svc.Namespace, svc.Name, url, url)
 	case svc != nil:
 		return "", fmt.Errorf("no --gateway given; the cluster of your kubeconfig has the session gateway %s/%s, whose cluster IP this machine does not reach: e.g. `kubectl -n %s port-forward service/%s %d:%d`, then pass --gateway http://127.0.0.1:%d (or set ZIPTRAIL_GATEWAY)",
 			svc.Namespace, svc.Name, svc.Namespace, svc.Name, gatewayPort(svc), gatewayPort(svc), gatewayPort(svc))

@@ -304,14 +304,20 @@ func TestRunFindsAHelmInstalledGateway(t *testing.T) {
 	}
 
 	// Reached on its cluster IP (here: the test's gateway stands in for
-	// it), the chart's gateway runs the session.
+	// it), the chart's gateway runs the session on the local cluster's
+	// own kubeconfig; found through any other, it is named with its
+	// address for the user to pass (credentials go only where told).
 	before := clusterURL
 	clusterURL = func(*corev1.Service) string { return e.url }
 	t.Cleanup(func() { clusterURL = before })
 	var out bytes.Buffer
-	if err := runRun(ctx, []string{"upper", "-n", "team-a", "-q", "--token", e.tok, "--state-dir", t.TempDir(), "--kubeconfig", e.certKubeconfig, "--input", "-"},
+	if err := runRun(ctx, []string{"upper", "-n", "team-a", "-q", "--token", e.tok, "--state-dir", state, "--input", "-"},
 		strings.NewReader("hi"), &out, io.Discard); err != nil || out.String() != "HIHIHIHIHI" {
 		t.Errorf("through the discovered gateway: %q, %v", out.String(), err)
+	}
+	err = runRun(ctx, []string{"upper", "-n", "team-a", "--state-dir", t.TempDir(), "--kubeconfig", e.certKubeconfig}, nil, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "pass --gateway "+e.url) {
+		t.Errorf("a gateway found through another kubeconfig: want its address named, got %v", err)
 	}
 	clusterURL = before
 

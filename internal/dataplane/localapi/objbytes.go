@@ -149,6 +149,8 @@ func (s *Server) objGetAny(req, reply []byte) ([]byte, *os.File) {
 		slot.released = strings.Split(string(req[objGetFixed:objGetFixed+rl]), ",")
 	}
 	r := req[objGetFixed+rl:]
+	// The releases count whatever the answer (a memfd's too).
+	s.files(context.WithValue(ctx, lendSlotKey{}, slot))
 	if s.SameNodeGet != nil || s.Adopt != nil {
 		switch out, f := s.objGet(r); {
 		case f != nil:
@@ -161,11 +163,9 @@ func (s *Server) objGetAny(req, reply []byte) ([]byte, *os.File) {
 	}
 	if flags&getLend != 0 {
 		ctx = context.WithValue(ctx, lendSlotKey{}, slot)
-	} else {
-		s.files(context.WithValue(ctx, lendSlotKey{}, slot)) // the releases still count
 	}
 	// A small object is read (or pulled) straight into the answer, in
-	// the connection's reply buffer.
+	// the reply buffer the caller took for it.
 	var msg []byte
 	ctx = context.WithValue(ctx, inlineIntoKey{}, inlineInto(func(size int, source string) []byte {
 		head := getHead(append(reply[:0], objMagic[:]...), objOK, getInline, int64(size), source)

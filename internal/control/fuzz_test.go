@@ -124,9 +124,13 @@ func FuzzControlMessages(f *testing.F) {
 	f.Add(frames(true,
 		wire(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionStarted{FunctionStarted: &controlv1.FunctionStarted{Session: "s", Function: "map", InvocationId: "s.1", Args: []byte("[]")}}, Seq: 1}),
 		wire(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionFinished{FunctionFinished: &controlv1.FunctionFinished{Session: "s", Function: "map", InvocationId: "s.1", OutputsSent: 3}}, Seq: 2})))
-	f.Add(frames(true, fuzzHello))                                                                              // a second Hello
-	f.Add(frames(false, obj(&controlv1.ObjectReady{Session: "s", Bucket: "b", Key: "k", Inline: []byte("x")}))) // no Hello
-	f.Add(frames(false, []byte{0x0a, 0x02, 0x0a}))                                                              // truncated Hello
+	started := &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionStarted{FunctionStarted: &controlv1.FunctionStarted{Session: "s", Function: "map", InvocationId: "s.d1", Args: []byte("[]")}}, Seq: 1}
+	finished := &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionFinished{FunctionFinished: &controlv1.FunctionFinished{Session: "s", Function: "map", InvocationId: "s.d1"}}, Seq: 2}
+	f.Add(frames(true, wire(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_Events{Events: &controlv1.Events{Events: []*controlv1.SidecarMessage{started, finished}}}})))
+	f.Add(frames(true, wire(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_Events{Events: &controlv1.Events{Events: []*controlv1.SidecarMessage{finished, started}}}}))) // out of order
+	f.Add(frames(true, fuzzHello))                                                                                                                                                 // a second Hello
+	f.Add(frames(false, obj(&controlv1.ObjectReady{Session: "s", Bucket: "b", Key: "k", Inline: []byte("x")})))                                                                    // no Hello
+	f.Add(frames(false, []byte{0x0a, 0x02, 0x0a}))                                                                                                                                 // truncated Hello
 	f.Add(frames(true, []byte{0xff, 0xff, 0xff, 0xff, 0x0f}, []byte{0x12, 0x80, 0x80, 0x80, 0x80, 0x10}))
 	f.Add(frames(true, append(obj(&controlv1.ObjectReady{Session: "s", Bucket: "b", Key: "k", Inline: []byte("x")}), 0xf8, 0x07, 0x01))) // unknown field
 

@@ -72,6 +72,10 @@ func TestControlStream(t *testing.T) {
 	if k == nil || len(k.Keys) != 1 || len(k.Keys[0].Secret) != 32 || k.ActiveKeyId != k.Keys[0].Id {
 		t.Fatalf("want one 32-byte active key, got %v", m)
 	}
+	// Then what the operator understands beyond the first version.
+	if f, err := a.Recv(); err != nil || !f.GetFeatures().GetEvents() {
+		t.Fatalf("after the keys: %v %v, want Features with events", f, err)
+	}
 	sec := &corev1.Secret{}
 	if err := k8s.Get(ctx, client.ObjectKey{Namespace: "team-a", Name: control.KeySecretName}, sec); err != nil {
 		t.Fatalf("key secret: %v", err)
@@ -83,6 +87,9 @@ func TestControlStream(t *testing.T) {
 	}
 	if string(mb.GetKeys().Keys[0].Secret) == string(k.Keys[0].Secret) {
 		t.Fatal("two namespaces share a reference key")
+	}
+	if f, err := b.Recv(); err != nil || f.GetFeatures() == nil {
+		t.Fatalf("team-b after the keys: %v %v, want Features", f, err)
 	}
 
 	// Events reach the engine side with the sender's identity.
@@ -134,12 +141,39 @@ func TestControlStream(t *testing.T) {
 	if _, err := bad.Recv(); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("stream without Hello: %v, want InvalidArgument", err)
 	}
-	noRef := connect("team-a", "pod-c")
-	if _, err := noRef.Recv(); err != nil { // keys
-		t.Fatal(err)
+	// Each stream below sends one bad message after its Hello; the server
+	// ends it with InvalidArgument (what it sent before is read past).
+	refused := func(what string, m *controlv1.SidecarMessage) {
+		t.Helper()
+		st := connect("team-a", "pod-c")
+		_ = st.Send(m)
+		for {
+			if _, err := st.Recv(); err != nil {
+				if status.Code(err) != codes.InvalidArgument {
+					t.Errorf("%s: %v, want InvalidArgument", what, err)
+				}
+				return
+			}
+		}
 	}
-	_ = noRef.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{Session: "s", Bucket: "b", Key: "k"}}})
-	if _, err := noRef.Recv(); status.Code(err) != codes.InvalidArgument {
-		t.Errorf("object without ref or bytes: %v, want InvalidArgument", err)
+	object := func(seq uint64) *controlv1.SidecarMessage {
+		return &controlv1.SidecarMessage{Seq: seq, Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
+			Session: "s", Bucket: "b", Key: "k", Inline: []byte("x")}}}
 	}
+	events := func(seq uint64, evs ...*controlv1.SidecarMessage) *controlv1.SidecarMessage {
+		return &controlv1.SidecarMessage{Seq: seq, Msg: &controlv1.SidecarMessage_Events{Events: &controlv1.Events{Events: evs}}}
+	}
+	refused("object without ref or bytes", &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{Session: "s", Bucket: "b", Key: "k"}}})
+	refused("Events with a seq of its own", events(7, object(1)))
+	refused("Events without events", events(0))
+	refused("Events holding an event without a seq", events(0, object(1), object(0)))
+	refused("Events out of order", events(0, object(2), object(1)))
+	refused("Events holding Events", events(0, events(1, object(2))))
+	refused("Events holding a Hello", events(0, &controlv1.SidecarMessage{Seq: 1, Msg: &controlv1.SidecarMessage_Hello{Hello: &controlv1.Hello{Namespace: "team-a", Pod: "pod-c"}}}))
+	refused("Events holding a bad event", events(0, object(1), &controlv1.SidecarMessage{Seq: 2, Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{}}}))
+	many := make([]*controlv1.SidecarMessage, 257)
+	for i := range many {
+		many[i] = object(uint64(i + 1))
+	}
+	refused("Events with 257 events", events(0, many...))
 }

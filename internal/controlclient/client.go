@@ -13,10 +13,12 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/retry"
@@ -107,13 +109,20 @@ func dialOptions(token TokenSource, opts []grpc.DialOption) []grpc.DialOption {
 
 // Send queues an event for the operator; with QueueLimit events not
 // acknowledged yet, it waits for room (QueueWait at most).
-func (c *Client) Send(m *controlv1.SidecarMessage) error {
+func (c *Client) Send(m *controlv1.SidecarMessage) error { return c.SendAll(m) }
+
+// SendAll queues events for the operator together: they go in one
+// message (Events) to an operator that understands it, in order.
+func (c *Client) SendAll(msgs ...*controlv1.SidecarMessage) error {
+	if len(msgs) == 0 {
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.waitRoom(); err != nil {
 		return err
 	}
-	c.queue([]*controlv1.SidecarMessage{m})
+	c.queue(msgs)
 	return nil
 }
 
@@ -272,6 +281,7 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 		return err
 	}
 	recvErr := make(chan error, 1)
+	var batches atomic.Bool // the operator announced Features.events
 	go func() {
 		for {
 			m, err := st.Recv()
@@ -282,6 +292,10 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 			if rd := m.GetRedirect(); rd != nil {
 				recvErr <- &redirected{addr: rd.Address, bucket: rd.Bucket}
 				return
+			}
+			if f := m.GetFeatures(); f != nil {
+				batches.Store(f.Events)
+				continue
 			}
 			c.handle(m)
 		}
@@ -298,14 +312,23 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 		i := sort.Search(len(c.unacked), func(i int) bool { return c.unacked[i].Seq > sent })
 		batch := slices.Clone(c.unacked[i:])
 		c.mu.Unlock()
-		for _, m := range batch {
+		for len(batch) > 0 {
+			n := 1
+			if batches.Load() {
+				n = eventsMessage(batch)
+			}
+			m := batch[0]
+			if n > 1 {
+				m = &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_Events{Events: &controlv1.Events{Events: batch[:n]}}}
+			}
 			if err := st.Send(m); err != nil {
 				if errors.Is(err, io.EOF) {
 					return <-recvErr // the operator's status
 				}
 				return err
 			}
-			sent = m.Seq
+			sent = batch[n-1].Seq
+			batch = batch[n:]
 		}
 		select {
 		case <-c.wake:
@@ -320,6 +343,24 @@ func (c *Client) stream(ctx context.Context, cl controlv1.ControlClient) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// Bounds of one Events message: the operator's (control.maxEvents), and
+// bytes well below its 4 MiB message limit. A larger event goes alone.
+const (
+	maxEvents      = 256
+	maxEventsBytes = 1 << 20
+)
+
+// eventsMessage is how many of the leading events go in one message.
+func eventsMessage(evs []*controlv1.SidecarMessage) int {
+	size := 0
+	for i, m := range evs {
+		if size += proto.Size(m); i == maxEvents || i > 0 && size > maxEventsBytes {
+			return i
+		}
+	}
+	return len(evs)
 }
 
 // ack forgets every event up to seq.

@@ -122,6 +122,9 @@ func (d *delegEnv) sidecar(ctx context.Context, ns, pod, workflow string) *fakeS
 	if err != nil || m.GetKeys() == nil {
 		t.Fatalf("%s/%s: first message %v, %v; want its keys", ns, pod, m, err)
 	}
+	if m, err = st.Recv(); err != nil || m.GetFeatures() == nil {
+		t.Fatalf("%s/%s: second message %v, %v; want the operator's features", ns, pod, m, err)
+	}
 	return &fakeSidecar{t: t, st: st}
 }
 
@@ -183,7 +186,8 @@ func TestDelegationTrust(t *testing.T) {
 	defer cancel()
 
 	prod := d.sidecar(ctx, "ns", "del-entry-1", "del")
-	// Its workflow's delegated triggers come right after its keys.
+	// Its workflow's delegated triggers come right after its keys and
+	// the operator's features.
 	m, err := prod.st.Recv()
 	if err != nil {
 		t.Fatal(err)

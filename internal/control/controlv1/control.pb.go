@@ -88,6 +88,7 @@ type SidecarMessage struct {
 	//	*SidecarMessage_FunctionFinished
 	//	*SidecarMessage_GroupJoin
 	//	*SidecarMessage_GroupLeave
+	//	*SidecarMessage_Events
 	Msg isSidecarMessage_Msg `protobuf_oneof:"msg"`
 	// seq numbers events per sidecar (from 1); the operator acknowledges them
 	// cumulatively and the sidecar re-sends unacknowledged ones after a
@@ -188,6 +189,15 @@ func (x *SidecarMessage) GetGroupLeave() *GroupLeave {
 	return nil
 }
 
+func (x *SidecarMessage) GetEvents() *Events {
+	if x != nil {
+		if x, ok := x.Msg.(*SidecarMessage_Events); ok {
+			return x.Events
+		}
+	}
+	return nil
+}
+
 func (x *SidecarMessage) GetSeq() uint64 {
 	if x != nil {
 		return x.Seq
@@ -223,6 +233,13 @@ type SidecarMessage_GroupLeave struct {
 	GroupLeave *GroupLeave `protobuf:"bytes,6,opt,name=group_leave,json=groupLeave,proto3,oneof"`
 }
 
+type SidecarMessage_Events struct {
+	// Several events in one message (their own seqs inside). Sent only on
+	// a stream whose operator announced Features.events: an older operator
+	// would ignore it.
+	Events *Events `protobuf:"bytes,7,opt,name=events,proto3,oneof"`
+}
+
 func (*SidecarMessage_Hello) isSidecarMessage_Msg() {}
 
 func (*SidecarMessage_ObjectReady) isSidecarMessage_Msg() {}
@@ -234,6 +251,57 @@ func (*SidecarMessage_FunctionFinished) isSidecarMessage_Msg() {}
 func (*SidecarMessage_GroupJoin) isSidecarMessage_Msg() {}
 
 func (*SidecarMessage_GroupLeave) isSidecarMessage_Msg() {}
+
+func (*SidecarMessage_Events) isSidecarMessage_Msg() {}
+
+// Events are events a sidecar sends together (docs/control-stream.md,
+// "One message a step"): the start, outputs and end of one invocation, or
+// what queued up while the stream was busy. Each carries its own seq and
+// is handled as if sent alone, in order; an Events message carries no seq
+// of its own and holds neither Hello nor Events. At most 256 events.
+type Events struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*SidecarMessage      `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Events) Reset() {
+	*x = Events{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Events) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Events) ProtoMessage() {}
+
+func (x *Events) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Events.ProtoReflect.Descriptor instead.
+func (*Events) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Events) GetEvents() []*SidecarMessage {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
 
 // Hello is the first message of a stream.
 type Hello struct {
@@ -250,7 +318,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[2]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -262,7 +330,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[2]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -275,7 +343,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{2}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Hello) GetNamespace() string {
@@ -346,7 +414,7 @@ type ObjectReady struct {
 
 func (x *ObjectReady) Reset() {
 	*x = ObjectReady{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[3]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -358,7 +426,7 @@ func (x *ObjectReady) String() string {
 func (*ObjectReady) ProtoMessage() {}
 
 func (x *ObjectReady) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[3]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -371,7 +439,7 @@ func (x *ObjectReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectReady.ProtoReflect.Descriptor instead.
 func (*ObjectReady) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{3}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ObjectReady) GetSession() string {
@@ -463,7 +531,7 @@ type FunctionStarted struct {
 
 func (x *FunctionStarted) Reset() {
 	*x = FunctionStarted{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[4]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +543,7 @@ func (x *FunctionStarted) String() string {
 func (*FunctionStarted) ProtoMessage() {}
 
 func (x *FunctionStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[4]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +556,7 @@ func (x *FunctionStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionStarted.ProtoReflect.Descriptor instead.
 func (*FunctionStarted) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{4}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *FunctionStarted) GetSession() string {
@@ -540,7 +608,7 @@ type FunctionFinished struct {
 
 func (x *FunctionFinished) Reset() {
 	*x = FunctionFinished{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[5]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +620,7 @@ func (x *FunctionFinished) String() string {
 func (*FunctionFinished) ProtoMessage() {}
 
 func (x *FunctionFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[5]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +633,7 @@ func (x *FunctionFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionFinished.ProtoReflect.Descriptor instead.
 func (*FunctionFinished) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{5}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FunctionFinished) GetSession() string {
@@ -635,7 +703,7 @@ type GroupJoin struct {
 
 func (x *GroupJoin) Reset() {
 	*x = GroupJoin{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +715,7 @@ func (x *GroupJoin) String() string {
 func (*GroupJoin) ProtoMessage() {}
 
 func (x *GroupJoin) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[6]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +728,7 @@ func (x *GroupJoin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupJoin.ProtoReflect.Descriptor instead.
 func (*GroupJoin) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{6}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GroupJoin) GetJoinId() string {
@@ -719,7 +787,7 @@ type GroupLeave struct {
 
 func (x *GroupLeave) Reset() {
 	*x = GroupLeave{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -731,7 +799,7 @@ func (x *GroupLeave) String() string {
 func (*GroupLeave) ProtoMessage() {}
 
 func (x *GroupLeave) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[7]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -744,7 +812,7 @@ func (x *GroupLeave) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupLeave.ProtoReflect.Descriptor instead.
 func (*GroupLeave) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{7}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GroupLeave) GetSession() string {
@@ -790,6 +858,7 @@ type OperatorMessage struct {
 	//	*OperatorMessage_Redirect
 	//	*OperatorMessage_Delegations
 	//	*OperatorMessage_Saved
+	//	*OperatorMessage_Features
 	Msg           isOperatorMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -797,7 +866,7 @@ type OperatorMessage struct {
 
 func (x *OperatorMessage) Reset() {
 	*x = OperatorMessage{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +878,7 @@ func (x *OperatorMessage) String() string {
 func (*OperatorMessage) ProtoMessage() {}
 
 func (x *OperatorMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[8]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +891,7 @@ func (x *OperatorMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorMessage.ProtoReflect.Descriptor instead.
 func (*OperatorMessage) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{8}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *OperatorMessage) GetMsg() isOperatorMessage_Msg {
@@ -931,6 +1000,15 @@ func (x *OperatorMessage) GetSaved() *Saved {
 	return nil
 }
 
+func (x *OperatorMessage) GetFeatures() *Features {
+	if x != nil {
+		if x, ok := x.Msg.(*OperatorMessage_Features); ok {
+			return x.Features
+		}
+	}
+	return nil
+}
+
 type isOperatorMessage_Msg interface {
 	isOperatorMessage_Msg()
 }
@@ -979,6 +1057,10 @@ type OperatorMessage_Saved struct {
 	Saved *Saved `protobuf:"bytes,11,opt,name=saved,proto3,oneof"`
 }
 
+type OperatorMessage_Features struct {
+	Features *Features `protobuf:"bytes,12,opt,name=features,proto3,oneof"`
+}
+
 func (*OperatorMessage_Keys) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Drop) isOperatorMessage_Msg() {}
@@ -1001,6 +1083,56 @@ func (*OperatorMessage_Delegations) isOperatorMessage_Msg() {}
 
 func (*OperatorMessage_Saved) isOperatorMessage_Msg() {}
 
+func (*OperatorMessage_Features) isOperatorMessage_Msg() {}
+
+// Features follows the Keys on every stream an operator accepts: what it understands beyond the first version of this protocol. A
+// sidecar uses a feature only on a stream that announced it, so old and
+// new sidecars and operators meet in a rolling upgrade (an older sidecar
+// ignores this message, as it ignores every field it does not know).
+type Features struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        bool                   `protobuf:"varint,1,opt,name=events,proto3" json:"events,omitempty"` // SidecarMessage.events
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Features) Reset() {
+	*x = Features{}
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Features) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Features) ProtoMessage() {}
+
+func (x *Features) ProtoReflect() protoreflect.Message {
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Features.ProtoReflect.Descriptor instead.
+func (*Features) Descriptor() ([]byte, []int) {
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Features) GetEvents() bool {
+	if x != nil {
+		return x.Events
+	}
+	return false
+}
+
 // Saved tells a sidecar that the outcomes it kept unsent under these ids
 // are held by a saved checkpoint: it forgets them. A sidecar keeps the
 // outcome report of an invocation the operator's dispatcher sent it
@@ -1018,7 +1150,7 @@ type Saved struct {
 
 func (x *Saved) Reset() {
 	*x = Saved{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1162,7 @@ func (x *Saved) String() string {
 func (*Saved) ProtoMessage() {}
 
 func (x *Saved) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[9]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1175,7 @@ func (x *Saved) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Saved.ProtoReflect.Descriptor instead.
 func (*Saved) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{9}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Saved) GetKept() []uint64 {
@@ -1066,7 +1198,7 @@ type Delegations struct {
 
 func (x *Delegations) Reset() {
 	*x = Delegations{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1210,7 @@ func (x *Delegations) String() string {
 func (*Delegations) ProtoMessage() {}
 
 func (x *Delegations) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[10]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1223,7 @@ func (x *Delegations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delegations.ProtoReflect.Descriptor instead.
 func (*Delegations) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{10}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Delegations) GetTriggers() []*DelegatedTrigger {
@@ -1123,7 +1255,7 @@ type DelegatedTrigger struct {
 
 func (x *DelegatedTrigger) Reset() {
 	*x = DelegatedTrigger{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1267,7 @@ func (x *DelegatedTrigger) String() string {
 func (*DelegatedTrigger) ProtoMessage() {}
 
 func (x *DelegatedTrigger) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[11]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1280,7 @@ func (x *DelegatedTrigger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegatedTrigger.ProtoReflect.Descriptor instead.
 func (*DelegatedTrigger) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{11}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DelegatedTrigger) GetTrigger() string {
@@ -1219,7 +1351,7 @@ type Pod struct {
 
 func (x *Pod) Reset() {
 	*x = Pod{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1231,7 +1363,7 @@ func (x *Pod) String() string {
 func (*Pod) ProtoMessage() {}
 
 func (x *Pod) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[12]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1244,7 +1376,7 @@ func (x *Pod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pod.ProtoReflect.Descriptor instead.
 func (*Pod) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{12}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Pod) GetAddr() string {
@@ -1276,7 +1408,7 @@ type Redirect struct {
 
 func (x *Redirect) Reset() {
 	*x = Redirect{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1288,7 +1420,7 @@ func (x *Redirect) String() string {
 func (*Redirect) ProtoMessage() {}
 
 func (x *Redirect) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[13]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1301,7 +1433,7 @@ func (x *Redirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redirect.ProtoReflect.Descriptor instead.
 func (*Redirect) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{13}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Redirect) GetAddress() string {
@@ -1331,7 +1463,7 @@ type GroupJoinResult struct {
 
 func (x *GroupJoinResult) Reset() {
 	*x = GroupJoinResult{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1475,7 @@ func (x *GroupJoinResult) String() string {
 func (*GroupJoinResult) ProtoMessage() {}
 
 func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[14]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1488,7 @@ func (x *GroupJoinResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupJoinResult.ProtoReflect.Descriptor instead.
 func (*GroupJoinResult) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{14}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GroupJoinResult) GetJoinId() string {
@@ -1398,7 +1530,7 @@ type GroupView struct {
 
 func (x *GroupView) Reset() {
 	*x = GroupView{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1542,7 @@ func (x *GroupView) String() string {
 func (*GroupView) ProtoMessage() {}
 
 func (x *GroupView) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[15]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1555,7 @@ func (x *GroupView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupView.ProtoReflect.Descriptor instead.
 func (*GroupView) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{15}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GroupView) GetSession() string {
@@ -1491,7 +1623,7 @@ type GroupMember struct {
 
 func (x *GroupMember) Reset() {
 	*x = GroupMember{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1635,7 @@ func (x *GroupMember) String() string {
 func (*GroupMember) ProtoMessage() {}
 
 func (x *GroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[16]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1648,7 @@ func (x *GroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
 func (*GroupMember) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{16}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GroupMember) GetRank() uint32 {
@@ -1575,7 +1707,7 @@ type Tiers struct {
 
 func (x *Tiers) Reset() {
 	*x = Tiers{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1719,7 @@ func (x *Tiers) String() string {
 func (*Tiers) ProtoMessage() {}
 
 func (x *Tiers) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[17]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1732,7 @@ func (x *Tiers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tiers.ProtoReflect.Descriptor instead.
 func (*Tiers) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{17}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Tiers) GetRedisAddr() string {
@@ -1667,7 +1799,7 @@ type Rejected struct {
 
 func (x *Rejected) Reset() {
 	*x = Rejected{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1811,7 @@ func (x *Rejected) String() string {
 func (*Rejected) ProtoMessage() {}
 
 func (x *Rejected) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[18]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1824,7 @@ func (x *Rejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejected.ProtoReflect.Descriptor instead.
 func (*Rejected) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{18}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Rejected) GetSeq() uint64 {
@@ -1726,7 +1858,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1870,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[19]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1883,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{19}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1773,7 +1905,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1917,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[20]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1930,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{20}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Keys) GetKeys() []*Key {
@@ -1825,7 +1957,7 @@ type Key struct {
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1837,7 +1969,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[21]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1850,7 +1982,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{21}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Key) GetId() string {
@@ -1878,7 +2010,7 @@ type DropObjects struct {
 
 func (x *DropObjects) Reset() {
 	*x = DropObjects{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[22]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +2022,7 @@ func (x *DropObjects) String() string {
 func (*DropObjects) ProtoMessage() {}
 
 func (x *DropObjects) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[22]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +2035,7 @@ func (x *DropObjects) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropObjects.ProtoReflect.Descriptor instead.
 func (*DropObjects) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{22}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DropObjects) GetSession() string {
@@ -1931,7 +2063,7 @@ type KeepAlive struct {
 
 func (x *KeepAlive) Reset() {
 	*x = KeepAlive{}
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[23]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1943,7 +2075,7 @@ func (x *KeepAlive) String() string {
 func (*KeepAlive) ProtoMessage() {}
 
 func (x *KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_ziptrail_control_v1_control_proto_msgTypes[23]
+	mi := &file_ziptrail_control_v1_control_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1956,7 +2088,7 @@ func (x *KeepAlive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAlive.ProtoReflect.Descriptor instead.
 func (*KeepAlive) Descriptor() ([]byte, []int) {
-	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{23}
+	return file_ziptrail_control_v1_control_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *KeepAlive) GetRefs() []string {
@@ -1979,7 +2111,7 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"!ziptrail/control/v1/control.proto\x12\x13ziptrail.control.v1\".\n" +
 	"\x0eGetKeysRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\xd2\x03\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"\x89\x04\n" +
 	"\x0eSidecarMessage\x122\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1a.ziptrail.control.v1.HelloH\x00R\x05hello\x12E\n" +
 	"\fobject_ready\x18\x02 \x01(\v2 .ziptrail.control.v1.ObjectReadyH\x00R\vobjectReady\x12Q\n" +
@@ -1988,9 +2120,12 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\n" +
 	"group_join\x18\x05 \x01(\v2\x1e.ziptrail.control.v1.GroupJoinH\x00R\tgroupJoin\x12B\n" +
 	"\vgroup_leave\x18\x06 \x01(\v2\x1f.ziptrail.control.v1.GroupLeaveH\x00R\n" +
-	"groupLeave\x12\x10\n" +
+	"groupLeave\x125\n" +
+	"\x06events\x18\a \x01(\v2\x1b.ziptrail.control.v1.EventsH\x00R\x06events\x12\x10\n" +
 	"\x03seq\x18\x0f \x01(\x04R\x03seqB\x05\n" +
-	"\x03msg\"\xaa\x01\n" +
+	"\x03msg\"E\n" +
+	"\x06Events\x12;\n" +
+	"\x06events\x18\x01 \x03(\v2#.ziptrail.control.v1.SidecarMessageR\x06events\"\xaa\x01\n" +
 	"\x05Hello\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x1a\n" +
 	"\bworkflow\x18\x02 \x01(\tR\bworkflow\x12\x1a\n" +
@@ -2041,7 +2176,7 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\tR\asession\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x12\n" +
 	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x16\n" +
-	"\x06failed\x18\x04 \x01(\bR\x06failed\"\xad\x05\n" +
+	"\x06failed\x18\x04 \x01(\bR\x06failed\"\xea\x05\n" +
 	"\x0fOperatorMessage\x12/\n" +
 	"\x04keys\x18\x01 \x01(\v2\x19.ziptrail.control.v1.KeysH\x00R\x04keys\x126\n" +
 	"\x04drop\x18\x02 \x01(\v2 .ziptrail.control.v1.DropObjectsH\x00R\x04drop\x12?\n" +
@@ -2056,8 +2191,11 @@ const file_ziptrail_control_v1_control_proto_rawDesc = "" +
 	"\bredirect\x18\t \x01(\v2\x1d.ziptrail.control.v1.RedirectH\x00R\bredirect\x12D\n" +
 	"\vdelegations\x18\n" +
 	" \x01(\v2 .ziptrail.control.v1.DelegationsH\x00R\vdelegations\x122\n" +
-	"\x05saved\x18\v \x01(\v2\x1a.ziptrail.control.v1.SavedH\x00R\x05savedB\x05\n" +
-	"\x03msg\"\x1b\n" +
+	"\x05saved\x18\v \x01(\v2\x1a.ziptrail.control.v1.SavedH\x00R\x05saved\x12;\n" +
+	"\bfeatures\x18\f \x01(\v2\x1d.ziptrail.control.v1.FeaturesH\x00R\bfeaturesB\x05\n" +
+	"\x03msg\"\"\n" +
+	"\bFeatures\x12\x16\n" +
+	"\x06events\x18\x01 \x01(\bR\x06events\"\x1b\n" +
 	"\x05Saved\x12\x12\n" +
 	"\x04kept\x18\x01 \x03(\x06R\x04kept\"P\n" +
 	"\vDelegations\x12A\n" +
@@ -2139,66 +2277,71 @@ func file_ziptrail_control_v1_control_proto_rawDescGZIP() []byte {
 	return file_ziptrail_control_v1_control_proto_rawDescData
 }
 
-var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_ziptrail_control_v1_control_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_ziptrail_control_v1_control_proto_goTypes = []any{
 	(*GetKeysRequest)(nil),   // 0: ziptrail.control.v1.GetKeysRequest
 	(*SidecarMessage)(nil),   // 1: ziptrail.control.v1.SidecarMessage
-	(*Hello)(nil),            // 2: ziptrail.control.v1.Hello
-	(*ObjectReady)(nil),      // 3: ziptrail.control.v1.ObjectReady
-	(*FunctionStarted)(nil),  // 4: ziptrail.control.v1.FunctionStarted
-	(*FunctionFinished)(nil), // 5: ziptrail.control.v1.FunctionFinished
-	(*GroupJoin)(nil),        // 6: ziptrail.control.v1.GroupJoin
-	(*GroupLeave)(nil),       // 7: ziptrail.control.v1.GroupLeave
-	(*OperatorMessage)(nil),  // 8: ziptrail.control.v1.OperatorMessage
-	(*Saved)(nil),            // 9: ziptrail.control.v1.Saved
-	(*Delegations)(nil),      // 10: ziptrail.control.v1.Delegations
-	(*DelegatedTrigger)(nil), // 11: ziptrail.control.v1.DelegatedTrigger
-	(*Pod)(nil),              // 12: ziptrail.control.v1.Pod
-	(*Redirect)(nil),         // 13: ziptrail.control.v1.Redirect
-	(*GroupJoinResult)(nil),  // 14: ziptrail.control.v1.GroupJoinResult
-	(*GroupView)(nil),        // 15: ziptrail.control.v1.GroupView
-	(*GroupMember)(nil),      // 16: ziptrail.control.v1.GroupMember
-	(*Tiers)(nil),            // 17: ziptrail.control.v1.Tiers
-	(*Rejected)(nil),         // 18: ziptrail.control.v1.Rejected
-	(*Ack)(nil),              // 19: ziptrail.control.v1.Ack
-	(*Keys)(nil),             // 20: ziptrail.control.v1.Keys
-	(*Key)(nil),              // 21: ziptrail.control.v1.Key
-	(*DropObjects)(nil),      // 22: ziptrail.control.v1.DropObjects
-	(*KeepAlive)(nil),        // 23: ziptrail.control.v1.KeepAlive
-	nil,                      // 24: ziptrail.control.v1.ObjectReady.MetadataEntry
+	(*Events)(nil),           // 2: ziptrail.control.v1.Events
+	(*Hello)(nil),            // 3: ziptrail.control.v1.Hello
+	(*ObjectReady)(nil),      // 4: ziptrail.control.v1.ObjectReady
+	(*FunctionStarted)(nil),  // 5: ziptrail.control.v1.FunctionStarted
+	(*FunctionFinished)(nil), // 6: ziptrail.control.v1.FunctionFinished
+	(*GroupJoin)(nil),        // 7: ziptrail.control.v1.GroupJoin
+	(*GroupLeave)(nil),       // 8: ziptrail.control.v1.GroupLeave
+	(*OperatorMessage)(nil),  // 9: ziptrail.control.v1.OperatorMessage
+	(*Features)(nil),         // 10: ziptrail.control.v1.Features
+	(*Saved)(nil),            // 11: ziptrail.control.v1.Saved
+	(*Delegations)(nil),      // 12: ziptrail.control.v1.Delegations
+	(*DelegatedTrigger)(nil), // 13: ziptrail.control.v1.DelegatedTrigger
+	(*Pod)(nil),              // 14: ziptrail.control.v1.Pod
+	(*Redirect)(nil),         // 15: ziptrail.control.v1.Redirect
+	(*GroupJoinResult)(nil),  // 16: ziptrail.control.v1.GroupJoinResult
+	(*GroupView)(nil),        // 17: ziptrail.control.v1.GroupView
+	(*GroupMember)(nil),      // 18: ziptrail.control.v1.GroupMember
+	(*Tiers)(nil),            // 19: ziptrail.control.v1.Tiers
+	(*Rejected)(nil),         // 20: ziptrail.control.v1.Rejected
+	(*Ack)(nil),              // 21: ziptrail.control.v1.Ack
+	(*Keys)(nil),             // 22: ziptrail.control.v1.Keys
+	(*Key)(nil),              // 23: ziptrail.control.v1.Key
+	(*DropObjects)(nil),      // 24: ziptrail.control.v1.DropObjects
+	(*KeepAlive)(nil),        // 25: ziptrail.control.v1.KeepAlive
+	nil,                      // 26: ziptrail.control.v1.ObjectReady.MetadataEntry
 }
 var file_ziptrail_control_v1_control_proto_depIdxs = []int32{
-	2,  // 0: ziptrail.control.v1.SidecarMessage.hello:type_name -> ziptrail.control.v1.Hello
-	3,  // 1: ziptrail.control.v1.SidecarMessage.object_ready:type_name -> ziptrail.control.v1.ObjectReady
-	4,  // 2: ziptrail.control.v1.SidecarMessage.function_started:type_name -> ziptrail.control.v1.FunctionStarted
-	5,  // 3: ziptrail.control.v1.SidecarMessage.function_finished:type_name -> ziptrail.control.v1.FunctionFinished
-	6,  // 4: ziptrail.control.v1.SidecarMessage.group_join:type_name -> ziptrail.control.v1.GroupJoin
-	7,  // 5: ziptrail.control.v1.SidecarMessage.group_leave:type_name -> ziptrail.control.v1.GroupLeave
-	24, // 6: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
-	20, // 7: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
-	22, // 8: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
-	23, // 9: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
-	19, // 10: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
-	18, // 11: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
-	17, // 12: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
-	15, // 13: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
-	14, // 14: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
-	13, // 15: ziptrail.control.v1.OperatorMessage.redirect:type_name -> ziptrail.control.v1.Redirect
-	10, // 16: ziptrail.control.v1.OperatorMessage.delegations:type_name -> ziptrail.control.v1.Delegations
-	9,  // 17: ziptrail.control.v1.OperatorMessage.saved:type_name -> ziptrail.control.v1.Saved
-	11, // 18: ziptrail.control.v1.Delegations.triggers:type_name -> ziptrail.control.v1.DelegatedTrigger
-	12, // 19: ziptrail.control.v1.DelegatedTrigger.pods:type_name -> ziptrail.control.v1.Pod
-	16, // 20: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
-	21, // 21: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
-	1,  // 22: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
-	0,  // 23: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
-	8,  // 24: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
-	20, // 25: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
-	24, // [24:26] is the sub-list for method output_type
-	22, // [22:24] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	3,  // 0: ziptrail.control.v1.SidecarMessage.hello:type_name -> ziptrail.control.v1.Hello
+	4,  // 1: ziptrail.control.v1.SidecarMessage.object_ready:type_name -> ziptrail.control.v1.ObjectReady
+	5,  // 2: ziptrail.control.v1.SidecarMessage.function_started:type_name -> ziptrail.control.v1.FunctionStarted
+	6,  // 3: ziptrail.control.v1.SidecarMessage.function_finished:type_name -> ziptrail.control.v1.FunctionFinished
+	7,  // 4: ziptrail.control.v1.SidecarMessage.group_join:type_name -> ziptrail.control.v1.GroupJoin
+	8,  // 5: ziptrail.control.v1.SidecarMessage.group_leave:type_name -> ziptrail.control.v1.GroupLeave
+	2,  // 6: ziptrail.control.v1.SidecarMessage.events:type_name -> ziptrail.control.v1.Events
+	1,  // 7: ziptrail.control.v1.Events.events:type_name -> ziptrail.control.v1.SidecarMessage
+	26, // 8: ziptrail.control.v1.ObjectReady.metadata:type_name -> ziptrail.control.v1.ObjectReady.MetadataEntry
+	22, // 9: ziptrail.control.v1.OperatorMessage.keys:type_name -> ziptrail.control.v1.Keys
+	24, // 10: ziptrail.control.v1.OperatorMessage.drop:type_name -> ziptrail.control.v1.DropObjects
+	25, // 11: ziptrail.control.v1.OperatorMessage.keep_alive:type_name -> ziptrail.control.v1.KeepAlive
+	21, // 12: ziptrail.control.v1.OperatorMessage.ack:type_name -> ziptrail.control.v1.Ack
+	20, // 13: ziptrail.control.v1.OperatorMessage.rejected:type_name -> ziptrail.control.v1.Rejected
+	19, // 14: ziptrail.control.v1.OperatorMessage.tiers:type_name -> ziptrail.control.v1.Tiers
+	17, // 15: ziptrail.control.v1.OperatorMessage.group_view:type_name -> ziptrail.control.v1.GroupView
+	16, // 16: ziptrail.control.v1.OperatorMessage.group_join_result:type_name -> ziptrail.control.v1.GroupJoinResult
+	15, // 17: ziptrail.control.v1.OperatorMessage.redirect:type_name -> ziptrail.control.v1.Redirect
+	12, // 18: ziptrail.control.v1.OperatorMessage.delegations:type_name -> ziptrail.control.v1.Delegations
+	11, // 19: ziptrail.control.v1.OperatorMessage.saved:type_name -> ziptrail.control.v1.Saved
+	10, // 20: ziptrail.control.v1.OperatorMessage.features:type_name -> ziptrail.control.v1.Features
+	13, // 21: ziptrail.control.v1.Delegations.triggers:type_name -> ziptrail.control.v1.DelegatedTrigger
+	14, // 22: ziptrail.control.v1.DelegatedTrigger.pods:type_name -> ziptrail.control.v1.Pod
+	18, // 23: ziptrail.control.v1.GroupView.members:type_name -> ziptrail.control.v1.GroupMember
+	23, // 24: ziptrail.control.v1.Keys.keys:type_name -> ziptrail.control.v1.Key
+	1,  // 25: ziptrail.control.v1.Control.Connect:input_type -> ziptrail.control.v1.SidecarMessage
+	0,  // 26: ziptrail.control.v1.Control.GetKeys:input_type -> ziptrail.control.v1.GetKeysRequest
+	9,  // 27: ziptrail.control.v1.Control.Connect:output_type -> ziptrail.control.v1.OperatorMessage
+	22, // 28: ziptrail.control.v1.Control.GetKeys:output_type -> ziptrail.control.v1.Keys
+	27, // [27:29] is the sub-list for method output_type
+	25, // [25:27] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_ziptrail_control_v1_control_proto_init() }
@@ -2213,10 +2356,11 @@ func file_ziptrail_control_v1_control_proto_init() {
 		(*SidecarMessage_FunctionFinished)(nil),
 		(*SidecarMessage_GroupJoin)(nil),
 		(*SidecarMessage_GroupLeave)(nil),
+		(*SidecarMessage_Events)(nil),
 	}
-	file_ziptrail_control_v1_control_proto_msgTypes[3].OneofWrappers = []any{}
-	file_ziptrail_control_v1_control_proto_msgTypes[5].OneofWrappers = []any{}
-	file_ziptrail_control_v1_control_proto_msgTypes[8].OneofWrappers = []any{
+	file_ziptrail_control_v1_control_proto_msgTypes[4].OneofWrappers = []any{}
+	file_ziptrail_control_v1_control_proto_msgTypes[6].OneofWrappers = []any{}
+	file_ziptrail_control_v1_control_proto_msgTypes[9].OneofWrappers = []any{
 		(*OperatorMessage_Keys)(nil),
 		(*OperatorMessage_Drop)(nil),
 		(*OperatorMessage_KeepAlive)(nil),
@@ -2228,6 +2372,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 		(*OperatorMessage_Redirect)(nil),
 		(*OperatorMessage_Delegations)(nil),
 		(*OperatorMessage_Saved)(nil),
+		(*OperatorMessage_Features)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2235,7 +2380,7 @@ func file_ziptrail_control_v1_control_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ziptrail_control_v1_control_proto_rawDesc), len(file_ziptrail_control_v1_control_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

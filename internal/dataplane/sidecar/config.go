@@ -83,6 +83,10 @@ type Config struct {
 	// to release it once it saved the answer (controlclient/kept.go);
 	// default controlclient.DefaultKeepFor.
 	KeepReportsFor time.Duration
+	// StartReportHold is how long the start of an invocation a producer's
+	// sidecar sent (delegated firing) waits to be reported with its
+	// outcome, in one control message; default 50 ms (startHold).
+	StartReportHold time.Duration
 	// FunctionCrashRetries is how many times an invocation is sent to
 	// the function again when its process died before answering (the
 	// connection to it failed, and no response header came: crash.go);

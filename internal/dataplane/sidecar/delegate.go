@@ -25,7 +25,7 @@ import (
 // engine derives for that firing (engine.DelegatedInvocation) — and says
 // so on the object (invocation.Object.FiredLocally), so the engine records
 // the firing instead of sending it. The target's sidecar reports that
-// invocation's outcome over its own control stream (reportDelegated).
+// invocation's outcome over its own control stream (reportOutcome).
 
 // headerReported, on the response to a delegated invocation, says the
 // sidecar that ran it reported its outcome to the operator itself.
@@ -205,46 +205,101 @@ func (s *Sidecar) sendDelegated(env *invocation.Envelope, t *controlv1.Delegated
 		Error: fmt.Sprintf("delegated invocation of %s: %v", t.Function, res.Err)}}})
 }
 
-// reportStarted reports that an invocation a producer's sidecar sent
-// (env.Delegated, as received: before its inputs were resolved) starts
-// here, with the arguments a re-execution needs: the engine records the
-// firing from it when it comes before the producer's claim, and this pod
-// owns the invocation's events from then on.
-func (s *Sidecar) reportStarted(env *invocation.Envelope) {
+// startHold is how long a delegated invocation's start report waits to
+// go out with its outcome, in one control message (a step's one report),
+// unless Config.StartReportHold says otherwise; a function that runs
+// longer has its start reported on its own.
+const startHold = 50 * time.Millisecond
+
+// startReport is a delegated invocation's start, held for its outcome.
+type startReport struct {
+	mu    sync.Mutex
+	msg   *controlv1.SidecarMessage
+	timer *time.Timer
+}
+
+// holdStarted returns the report that an invocation a producer's sidecar
+// sent (env.Delegated, as received: before its inputs were resolved)
+// starts here, with the arguments a re-execution needs: the engine
+// records the firing from it when it comes before the producer's claim,
+// and this pod owns the invocation's events from then on. It goes out
+// with the invocation's outcome (reportOutcome), after startHold, or when
+// the invocation ends without one (flush), whichever comes first; nil: no
+// report.
+func (s *Sidecar) holdStarted(env *invocation.Envelope) *startReport {
 	if !env.Delegated || s.ctl == nil {
-		return
+		return nil
 	}
 	args, err := call.RerunArgs(env)
 	if err != nil {
-		return
+		return nil
 	}
-	_ = s.ctl.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionStarted{FunctionStarted: &controlv1.FunctionStarted{
-		Session: env.Session, Function: strings.TrimPrefix(env.Function, env.Workflow+"-"), InvocationId: env.Invocation, Args: args}}})
+	r := &startReport{msg: &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionStarted{FunctionStarted: &controlv1.FunctionStarted{
+		Session: env.Session, Function: strings.TrimPrefix(env.Function, env.Workflow+"-"), InvocationId: env.Invocation, Args: args}}}}
+	r.mu.Lock()
+	hold := s.cfg.StartReportHold
+	if hold <= 0 {
+		hold = startHold
+	}
+	r.timer = time.AfterFunc(hold, func() { r.flush(s) })
+	r.mu.Unlock()
+	return r
+}
+
+// take returns the start report if it has not gone out yet (nil r: nil).
+func (r *startReport) take() *controlv1.SidecarMessage {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.msg
+	r.msg = nil
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	return m
+}
+
+// flush sends the start report on its own if it has not gone out yet.
+func (r *startReport) flush(s *Sidecar) {
+	if m := r.take(); m != nil {
+		_ = s.ctl.Send(m)
+	}
 }
 
 // reportOutcome reports the outcome of an invocation over this sidecar's
 // control stream, as the operator's dispatcher would from the response:
-// its objects, then that it finished, with its return value. code is the
-// function's status; outs its outputs (nil: ret is its whole response).
+// its objects, then that it finished, with its return value, in one
+// message with its start when that was held (st). code is the function's
+// status; outs its outputs (nil: ret is its whole response).
 // For an invocation a producer's sidecar sent (env.Delegated) it is the
 // only report; for one the engine dispatched it is a second one, so that
 // an operator whose HTTP client lost the response learns the outcome
 // (the engine applies whichever comes first): one whose return value is
 // too large to report here is left to the response.
-func (s *Sidecar) reportOutcome(env *invocation.Envelope, code int, outs *invocation.Outputs, ret []byte, sentLocally int, failure string) {
-	for _, m := range s.outcomeMessages(env, code, outs, ret, sentLocally, failure) {
-		_ = s.ctl.Send(m)
+func (s *Sidecar) reportOutcome(env *invocation.Envelope, st *startReport, code int, outs *invocation.Outputs, ret []byte, sentLocally int, failure string) {
+	msgs := s.outcomeMessages(env, code, outs, ret, sentLocally, failure)
+	if m := st.take(); m != nil {
+		msgs = append([]*controlv1.SidecarMessage{m}, msgs...)
+	}
+	if len(msgs) > 0 {
+		_ = s.ctl.SendAll(msgs...)
 	}
 }
 
 // outcomeReport is the report of one answered invocation: kept, when the
-// answer names a reservation (HeaderOutcomeKept), else sent.
-type outcomeReport struct{ kept uint64 }
+// answer names a reservation (HeaderOutcomeKept), else sent (with its
+// held start, for a delegated one).
+type outcomeReport struct {
+	kept    uint64
+	started *startReport
+}
 
 // outcome reports the function's successful (or passed-through) answer.
 func (r *outcomeReport) outcome(s *Sidecar, env *invocation.Envelope, code int, outs *invocation.Outputs, ret []byte, sentLocally int) {
 	if r.kept == 0 {
-		s.reportOutcome(env, code, outs, ret, sentLocally, "")
+		s.reportOutcome(env, r.started, code, outs, ret, sentLocally, "")
 		return
 	}
 	_ = s.ctl.Keep(r.kept, s.outcomeMessages(env, code, outs, ret, sentLocally, "")...) // as Send's: ErrQueueFull after QueueWait

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/ziptrail/ziptrail/internal/control"
 	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
@@ -118,5 +120,94 @@ func TestDelegatedStartReport(t *testing.T) {
 	send("s1.dbad", invocation.Object{Bucket: "in", Key: "k", Ref: "zt1.forged"})
 	if got := strings.Join(wait("s1.dbad", 1), ","); got != "started" {
 		t.Errorf("s1.dbad: events %s", got)
+	}
+}
+
+// wireMessages counts, per invocation, the control messages that carried
+// its events (an Events message is one), as the server receives them.
+type wireMessages struct {
+	mu  sync.Mutex
+	per map[string]int
+}
+
+func (w *wireMessages) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	return h(srv, &countingStream{ServerStream: ss, w: w})
+}
+
+func (w *wireMessages) of(inv string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.per[inv]
+}
+
+type countingStream struct {
+	grpc.ServerStream
+	w *wireMessages
+}
+
+func (c *countingStream) RecvMsg(m any) error {
+	if err := c.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	msg, ok := m.(*controlv1.SidecarMessage)
+	if !ok {
+		return nil
+	}
+	evs := msg.GetEvents().GetEvents()
+	if evs == nil {
+		evs = []*controlv1.SidecarMessage{msg}
+	}
+	seen := map[string]bool{}
+	for _, ev := range evs {
+		inv := ev.GetFunctionStarted().GetInvocationId() + ev.GetObjectReady().GetInvocationId() + ev.GetFunctionFinished().GetInvocationId()
+		if inv != "" && !seen[inv] {
+			seen[inv] = true
+			c.w.mu.Lock()
+			c.w.per[inv]++
+			c.w.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// TestADelegatedStepIsOneControlMessage: a delegated invocation's start,
+// outputs and end reach the operator in one control message (Events),
+// when the function answers within the start's hold.
+func TestADelegatedStepIsOneControlMessage(t *testing.T) {
+	ev := &orderedEvents{}
+	wire := &wireMessages{per: map[string]int{}}
+	addr := controlServer(t, ev, grpc.ChainStreamInterceptor(wire.interceptor))
+	s := workflowSidecar(t, addr, "c", "work", func(c *Config) { c.StartReportHold = time.Minute })
+	fn := httptest.NewServer(s.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", invocation.OutputsContentType)
+		_, _ = w.Write([]byte(`{"objects":[{"bucket":"out","key":"o","inline":"eQ=="},{"bucket":"out","key":"p","inline":"eQ=="}],"return":"cg=="}`))
+	})))
+	defer fn.Close()
+	send := func(inv string) {
+		body, _ := json.Marshal(invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-work", Session: "s1", Invocation: inv, Delegated: true})
+		req, _ := http.NewRequest(http.MethodPost, fn.URL, bytes.NewReader(body))
+		req.Header.Set("Content-Type", invocation.ContentType)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		deadline := time.Now().Add(time.Minute)
+		for len(ev.of(inv)) < 4 || s.ctl.Unacked() > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: events %v, %d not acknowledged", inv, ev.of(inv), s.ctl.Unacked())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	// The first step's events may go before the stream's Features were
+	// read; once they are acknowledged, the Features were.
+	send("s1.dfirst")
+	for i := range 10 {
+		inv := "s1.dstep" + string(rune('a'+i))
+		send(inv)
+		if got, n := strings.Join(ev.of(inv), ","), wire.of(inv); got != "started,object,object,finished" || n != 1 {
+			t.Errorf("%s: events %s in %d control messages, want started,object,object,finished in 1", inv, got, n)
+		}
 	}
 }

@@ -73,16 +73,17 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		recorded := false
+		started := s.holdStarted(env)
+		defer started.flush(s) // an end without a report of its own
 		defer func() {
 			if !recorded {
 				// A panic below (the function's answer was cut): the key
 				// ran and its answer is unknown; its end is reported
 				// failed, for the engine's re-execution rules.
 				s.records.finish(rec, nil, time.Now())
-				s.reportOutcome(env, http.StatusBadGateway, nil, nil, 0, "the function's answer was cut off")
+				s.reportOutcome(env, started, http.StatusBadGateway, nil, nil, 0, "the function's answer was cut off")
 			}
 		}()
-		s.reportStarted(env)
 		ctx, cancel := s.invocationContext(r, env)
 		defer cancel()
 		files, err := s.resolve(ctx, env)
@@ -91,6 +92,7 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			// The function did not run: a later delivery of the key may.
 			recorded = true
 			s.records.abandon(rec)
+			started.flush(s) // before the answer, which the producer may report
 			// 424: the invocation cannot run without its inputs; the
 			// header names the error class for the caller's SDK.
 			if reason := localapi.ReasonOf(err); reason != "" {
@@ -113,7 +115,7 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 		r2.ContentLength = int64(len(body))
 		r2.Header.Set("Content-Length", strconv.Itoa(len(body)))
 		rw := &recorder{w: w}
-		s.serveFunction(rw, r2, body, next, env)
+		s.serveFunction(rw, r2, body, next, env, started)
 		recorded = true
 		s.records.finish(rec, rw.outcome(), time.Now())
 		// The invocation's group memberships end with it.
@@ -139,7 +141,7 @@ func (s *Sidecar) invocationContext(r *http.Request, env *invocation.Envelope) (
 // serveFunction runs the function's handler, streaming its response or,
 // for outputs, buffering (bounded) and rewriting it. r's body is body; a
 // function whose process died before it answered gets r again (crash.go).
-func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, env *invocation.Envelope) {
+func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, env *invocation.Envelope, started *startReport) {
 	// Every invocation's outcome is reported over the control stream: a
 	// delegated one's because the operator does not read its response
 	// (delegate.go), an engine-dispatched one's so that the operator that
@@ -149,7 +151,7 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, body []b
 	// kept unsent, named in the answer, until the operator releases it
 	// (controlclient/kept.go): the dispatcher's answer is the first copy.
 	report := s.ctl != nil
-	rep := &outcomeReport{}
+	rep := &outcomeReport{started: started}
 	defer rep.end(s) // an answer that ended before its report: nothing kept
 	ow := &outputsWriter{w: w, ctx: r.Context(), limit: s.maxOutputs(), budget: s.outputsBudget(), wait: s.putTimeout(), all: report,
 		// Objects the function sent through the local API are reported on
@@ -173,7 +175,7 @@ func (s *Sidecar) serveFunction(w http.ResponseWriter, r *http.Request, body []b
 		w.Header().Del(invocation.HeaderOutcomeKept) // a failure is reported at once
 		http.Error(w, msg, code)
 		if report {
-			s.reportOutcome(env, code, nil, nil, 0, msg)
+			s.reportOutcome(env, started, code, nil, nil, 0, msg)
 		}
 	}
 	for died := 0; ; {

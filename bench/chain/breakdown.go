@@ -77,7 +77,8 @@ func printBreakdown(block string, sessions, steps int, perStep time.Duration, be
 		mean = time.Duration((after.dispatchSecs - before.dispatchSecs) / d * float64(time.Second))
 	}
 	ev := ""
-	for _, k := range []string{"object_ready", "function_started", "function_finished"} {
+	// events: messages that carried several of the others (Events).
+	for _, k := range []string{"object_ready", "function_started", "function_finished", "events"} {
 		ev += fmt.Sprintf(" %s %.1f", k, (after.events[k]-before.events[k])/n)
 	}
 	saves := after.saves - before.saves

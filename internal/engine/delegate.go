@@ -65,7 +65,7 @@ func (s *session) delegated(wf *workflow, t *trigger, target string, obj *Object
 		a.Delegated = true // the consumer's start came first
 		return a, true
 	}
-	s.track(id, &invState{Function: target, Upstream: upstreamOf(a.Objects)})
 	a.Delegated = slices.Contains(claims, id)
+	s.track(id, &invState{Function: target, Upstream: upstreamOf(a.Objects), Issued: !a.Delegated})
 	return a, true
 }

@@ -126,3 +126,44 @@ func TestDelegatedOutputsBeforeTheClaim(t *testing.T) {
 		t.Fatalf("w0 %+v, %d work outstanding: its early output was not counted", inv, s.Outstanding("work"))
 	}
 }
+
+// TestAnUnclaimedDelegableFiringIsTheEngines: with delegation on, a
+// delegable firing no sidecar claimed is sent by the engine under its
+// delegated id; started and not finished, it is in flight, its arguments
+// kept, so that a new owner sends it again after a restore. A claimed
+// one stays the sidecar's. (make chaos-short found sessions stuck after a
+// rollout of the operator: the engine had sent such a firing, the call
+// was lost with the old owner, and the new one, taking the id for a
+// sidecar's, never sent it again.)
+func TestAnUnclaimedDelegableFiringIsTheEngines(t *testing.T) {
+	e := delegatingEngine(t)
+	acts, _ := e.StartSession(delWF, "s", Object{}, t0)
+	entry := acts[0].Invocation
+	e.FunctionStarted(delWF, "s", "entry", entry, []byte(`"entry-args"`), t0)
+	claimed := DelegatedInvocation("s", "imm", "f", "a", "k0")
+	acts = e.ObjectReady(delWF, Object{Bucket: "a", Key: "k0", Session: "s", Inline: []byte("x"), Invocation: entry, FiredLocally: []string{claimed}}, t0)
+	if len(acts) != 2 {
+		t.Fatalf("got %v, want f and g", describe(acts))
+	}
+	for _, a := range acts {
+		args := []byte(`"` + a.Function + `-args"`)
+		e.FunctionStarted(delWF, "s", a.Function, a.Invocation, args, t0) // the orchestrator's, or the consumer's
+	}
+	restored := New(4)
+	for _, name := range []string{delWF, "ns/other"} {
+		if err := restored.SetWorkflow(e.workflow(name).spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := restored.Restore(e.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, f := range restored.InFlight() {
+		got[f.Function] = f.Invocation + " " + string(f.Args)
+	}
+	g := DelegatedInvocation("s", "imm", "g", "a", "k0")
+	if len(got) != 2 || got["g"] != g+` "g-args"` || got["entry"] != entry+` "entry-args"` {
+		t.Fatalf("in flight after a restore: %v, want entry and g (sent by the engine under %s), not f (claimed)", got, g)
+	}
+}

@@ -373,7 +373,7 @@ func (e *Engine) sourceEvent(wfName, sessionID string, ev SourceEvent, rawID str
 		// A resent start, or a re-execution's: nothing new to time.
 		ev.Repeat = inv.Started
 		inv.Started = true
-		if !inv.Finished && len(ev.Args) > 0 && rawID == ev.Invocation && !strings.HasPrefix(rawID, s.id+".d") {
+		if !inv.Finished && len(ev.Args) > 0 && rawID == ev.Invocation && s.engines(rawID, inv) {
 			inv.Args = ev.Args
 		}
 		if live, ok := inv.Reruns[rawID]; ok && !live {

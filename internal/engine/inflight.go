@@ -1,7 +1,5 @@
 package engine
 
-import "strings"
-
 // InFlight is an invocation the engine issued that has not finished.
 type InFlight struct {
 	Workflow, Session, Function, Invocation string
@@ -11,7 +9,8 @@ type InFlight struct {
 }
 
 // InFlight lists the invocations the engine itself issued (not a sidecar's
-// delegated firings, nor re-executions, which have their own rules) that
+// delegated firings, nor re-executions, which have their own rules; a
+// delegable firing no sidecar claimed is the engine's: invState.Issued) that
 // have started and not finished: after a restore, those whose outcome
 // never arrives are sent again by their new owner, under the same id.
 func (e *Engine) InFlight() []InFlight {
@@ -21,7 +20,7 @@ func (e *Engine) InFlight() []InFlight {
 		sh.mu.Lock()
 		for _, s := range sh.sessions {
 			for id, inv := range s.invocations {
-				if inv.Finished || !inv.Started || len(inv.Args) == 0 || strings.HasPrefix(id, s.id+".d") {
+				if inv.Finished || !inv.Started || len(inv.Args) == 0 || !s.engines(id, inv) {
 					continue
 				}
 				out = append(out, InFlight{Workflow: s.wf, Session: s.id, Function: inv.Function, Invocation: id, Args: inv.Args})

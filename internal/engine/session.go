@@ -65,6 +65,18 @@ type invState struct {
 	// it has not finished: a new owner sends it again from them when no
 	// outcome of it arrives (Engine.InFlight).
 	Args []byte `json:"args,omitempty"`
+	// Issued says the engine sent it itself under a delegated firing's id
+	// (a delegable trigger's firing no sidecar claimed): it is the
+	// engine's to send again, as any invocation it issued, not a
+	// sidecar's.
+	Issued bool `json:"issued,omitempty"`
+}
+
+// engines reports whether the engine issued the invocation id of session
+// s (and so keeps its arguments and sends it again after a restore): its
+// sequential ids, and a delegated firing's id it sent itself.
+func (s *session) engines(id string, inv *invState) bool {
+	return inv.Issued || !strings.HasPrefix(id, s.id+".d")
 }
 
 // upstreamOf lists, once each and in order, the base invocations that

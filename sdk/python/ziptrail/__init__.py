@@ -25,13 +25,13 @@ only serves starts fast.
 from .bucket import (META_DECLARE_ONLY, META_EXPECTED_COUNT, META_EXPECTED_KEYS, META_GROUP, BucketObject, Sent,
                      create_object, get_object, send_object)
 from .client import (BytesLike, Client, Data, InlineObject, MappedObject, Response, SharedBuffer, allocate, broadcast,
-                     default_client, gather, get, invoke, put, scatter, set_default_client)
+                     default_client, gather, get, invoke, join, put, scatter, set_default_client)
 from .errors import (BadReferenceError, Closed, ClosedError, CollectiveAbortedError, Conflict, ConflictError,
                      DirectChannelError, ExhaustedError, ExpiredError, Foreign, ForeignError, FunctionFailedError, GroupConflictError,
                      InvalidError, MessageTimeout, MessageTimeoutError, NotFoundError, PeerGone, PeerGoneError,
                      ProducerGoneError, StoreFullError, TimeoutError_, TooLargeError, UnavailableError, ZiptrailError,
                      ZiptrailTimeoutError)
-from .group import ANY, MAX, MIN, SUM, Group, Members, Message, Op, join
+from .group import ANY, MAX, MIN, SUM, Group, Members, Message, Op
 from .invocation import Invocation, Object, decode
 from .server import current_invocation, make_server, serve
 from . import shuffle  # noqa: E402 (after the modules it builds on)

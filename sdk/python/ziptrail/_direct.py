@@ -54,7 +54,7 @@ import time
 from typing import Any
 
 from ._fastmsg import _REQ, _REQ_FIXED, _RESP, _RESP_FIXED
-from .client import InlineObject
+from ._objects import InlineObject
 from .errors import (DirectChannelError, MessageTimeoutError, PeerGoneError, UnavailableError, ZiptrailError,
                      from_reason)
 

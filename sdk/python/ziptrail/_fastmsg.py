@@ -34,7 +34,7 @@ import threading
 import weakref
 from typing import Any, Callable, Union
 
-from .client import _remove
+from ._objects import _remove
 from .errors import (MessageTimeoutError, PeerGoneError, UnavailableError, ZiptrailError, ZiptrailTimeoutError,
                      from_reason)
 

@@ -11,7 +11,7 @@ import sys
 from array import array
 from typing import Any, Callable, Sequence, Union
 
-from .client import _view
+from ._objects import _view
 from .errors import InvalidError
 
 class Op:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from . import server
+from ._objects import DEFAULT_SHM_DIR, ENV_SHM_DIR, ENV_SOCKET
 from .client import BytesLike, Client, Data, SharedBuffer, default_client
 from .errors import InvalidError
 
@@ -172,7 +173,6 @@ def _require_socket() -> None:
     when there is none, instead of a connection error."""
     import os
 
-    from .client import DEFAULT_SHM_DIR, ENV_SHM_DIR, ENV_SOCKET
     from .errors import UnavailableError
 
     shm = os.environ.get(ENV_SHM_DIR) or DEFAULT_SHM_DIR

@@ -88,9 +88,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import _direct
 from ._attached import Attached, Lent
 from ._collectives import RING_MIN_BYTES, _Collectives
+from ._current import current_invocation
 from ._fastmsg import ANY_SOURCE, ANY_TAG, MAX_NAMES, Payload, messaging_call, slack, socket_path, timeout_ms
 from ._reduce import MAX, MIN, SUM, Op, Reduction
-from .client import BytesLike, Data, InlineObject, MappedObject, SharedBuffer, _lent_object, _view
+from ._objects import BytesLike, Data, InlineObject, MappedObject, SharedBuffer, _lent_object, _view
 from .errors import InvalidError, ZiptrailError
 
 if TYPE_CHECKING:
@@ -173,7 +174,6 @@ class Group(_Collectives):
         if size < 1 or not 0 <= rank < size:
             raise InvalidError("join", f"rank must be in 0..size-1 and size at least 1, got rank {rank} of {size}")
         if invocation_id is None:
-            from .server import current_invocation
             inv = current_invocation()
             invocation_id = inv.id if inv is not None and inv.session == session else ""
         timeout = timeout if timeout is not None else client.timeout
@@ -394,19 +394,3 @@ class Group(_Collectives):
 
 def _members(r: Any) -> Members:
     return Members(size=r.size, live=tuple(r.live), gone=tuple(r.gone), epoch=r.epoch, mailbox=r.mailbox)
-
-
-def join(group: str, rank: int, size: int, *, session: str | None = None, mailbox: bool = False, wait_all: bool = False,
-         timeout: float | None = None, client: Client | None = None, invocation_id: str | None = None) -> Group:
-    """Joins ``group`` as ``rank`` of ``size`` from inside a handler: the
-    session and the invocation (whose end ends the membership) are the
-    handler's. Outside a handler pass ``session`` (and leave the group)."""
-    from .client import default_client
-    from .server import current_invocation
-    inv = current_invocation()
-    if session is None:
-        if inv is None:
-            raise InvalidError("join", "called outside a function invocation: pass session= (or use Client.join)")
-        session = inv.session
-    return (client or default_client()).join(session, group, rank, size, mailbox=mailbox, invocation_id=invocation_id,
-                                             wait_all=wait_all, timeout=timeout)

@@ -14,6 +14,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._objects import DEFAULT_SHM_DIR, ENV_SHM_DIR
 from .errors import InvalidError, ZiptrailError
 
 CONTENT_TYPE = "application/vnd.ziptrail.invocation+json"
@@ -133,8 +134,6 @@ def _b64(d: dict, name: str, where: str = "") -> bytes | None:
 
 
 def _shm_dir() -> str:
-    from .client import DEFAULT_SHM_DIR, ENV_SHM_DIR
-
     return os.environ.get(ENV_SHM_DIR) or DEFAULT_SHM_DIR
 
 

@@ -8,11 +8,11 @@ import json
 import mmap
 import os
 import sys
-import threading
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
+from ._current import _current, current_invocation  # noqa: F401 (the API's)
 from ._idempotency import Answer, Record, Records
 from .errors import InvalidError, ZiptrailError
 from .invocation import MAX_ENVELOPE_BYTES, Invocation, _open_inputs, _parse, _shm_dir
@@ -25,8 +25,6 @@ OUTPUTS_CONTENT_TYPE = "application/vnd.ziptrail.outputs+json"
 #: not run again (Go: invocation.HeaderReplayed; the sidecar's replays say
 #: the same).
 HEADER_REPLAYED = "Ziptrail-Idempotent-Replay"
-
-_current = threading.local()
 
 
 class _BadRequest(Exception):
@@ -69,11 +67,6 @@ def _read_headers(rfile) -> _Headers:
             raise _BadRequest(400, f"malformed header line {line[:40]!r}")
         headers.setdefault(name, value.strip())
     raise _BadRequest(431, f"more than {_MAX_HEADERS} headers")
-
-
-def current_invocation() -> Invocation | None:
-    """The invocation the calling thread is handling (used to tag outputs)."""
-    return getattr(_current, "inv", None)
 
 
 def send_object(bucket: str, key: str, data: bytes | bytearray | memoryview | str,
@@ -131,7 +124,7 @@ def _put_by_reference(data, size: int) -> str:
     with its session or its TTL, as the sidecar's own copies of outputs."""
     if size <= BY_REFERENCE:
         return ""
-    from . import client as _client  # it imports this module
+    from . import client as _client  # the server runs without a client until a handler needs one
     c = _client._default
     if c is None:
         sock = os.environ.get(_client.ENV_SOCKET, "")

@@ -62,11 +62,11 @@ func (s *sameNode) startSDK() (*snSDK, error) {
 	}
 	common := func(st *store.Store, addr string) *localapi.Server {
 		return &localapi.Server{Store: st, Addr: addr, Namespace: "bench", Function: "f", InlineThreshold: 64 << 10, MaxObjectBytes: 8 << 30,
-			Keys: func(context.Context) (*ref.Keyring, error) { return keys, nil }}
+			KeySource: localapi.KeysFunc(func(context.Context) (*ref.Keyring, error) { return keys, nil })}
 	}
 	prod := common(s.st, s.addr)
-	prod.Sealing = func(r ref.Record) ref.Record { r.Node, r.Pod = "bench-node", s.pod; return r }
-	prod.Adopt = s.srv.Adopt
+	prod.Sealer = localapi.SealFunc(func(r ref.Record) ref.Record { r.Node, r.Pod = "bench-node", s.pod; return r })
+	prod.Adopter = s.srv
 	cons := common(store.New(8<<30, nil), "127.0.0.1:1")
 	cons.SameNodeGet = func(ctx context.Context, r string) (*samenode.Object, bool, error) {
 		o, err := s.cli.Get(ctx, r)

@@ -53,8 +53,8 @@ func startSDKPod(keys *ref.Keyring) (*sdkPod, error) {
 	p.sock = filepath.Join(sockDir, "s")
 	p.api = &localapi.Server{Store: st, Addr: ln.Addr().String(), Dir: p.dir, Namespace: "bench", Function: "f",
 		InlineThreshold: 64 << 10, MaxObjectBytes: 8 << 30,
-		Keys: func(context.Context) (*ref.Keyring, error) { return keys, nil },
-		Pull: p.pulls.PullTo}
+		KeySource: localapi.KeysFunc(func(context.Context) (*ref.Keyring, error) { return keys, nil }),
+		Puller:    p.pulls}
 	apiLn, err := localapi.Listen(p.sock)
 	if err != nil {
 		return nil, err

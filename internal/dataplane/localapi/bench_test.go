@@ -123,7 +123,7 @@ func BenchmarkBarePull(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
 			a, _ := benchPods(b)
-			kr, _ := a.api.Keys(context.Background())
+			kr, _ := a.api.KeySource.Keys(context.Background())
 			client := &pull.Client{Keys: kr}
 			defer client.Close()
 			obj := random(size)

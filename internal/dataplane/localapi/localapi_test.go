@@ -109,9 +109,9 @@ func startPod(t testing.TB, o podOpts) *pod {
 	p := &pod{dir: o.dir, server: srv, events: make(chan *controlv1.ObjectReady, 16)}
 	p.api = &Server{Store: st, Addr: ln.Addr().String(), Dir: p.dir, Namespace: "ns", Function: "f",
 		TTL: time.Minute, InlineThreshold: 1024, Now: o.now, PutTimeout: o.timeout, MaxObjectBytes: o.memory,
-		Keys: func(context.Context) (*ref.Keyring, error) { return kr, nil },
-		Pull: client.PullTo, Persist: o.persist,
-		Report: func(ev *controlv1.ObjectReady) error { p.events <- ev; return nil }}
+		KeySource: KeysFunc(func(context.Context) (*ref.Keyring, error) { return kr, nil }),
+		Puller:    client, Persist: o.persist,
+		Reporter: ReportFunc(func(ev *controlv1.ObjectReady) error { p.events <- ev; return nil })}
 	if o.redis != nil {
 		p.api.Spilled = tier.Chain{o.redis}
 	}

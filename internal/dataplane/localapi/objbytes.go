@@ -151,7 +151,7 @@ func (s *Server) objGetAny(req, reply []byte) ([]byte, *os.File) {
 	r := req[objGetFixed+rl:]
 	// The releases count whatever the answer (a memfd's too).
 	s.files(context.WithValue(ctx, lendSlotKey{}, slot))
-	if s.SameNodeGet != nil || s.Adopt != nil {
+	if s.SameNodeGet != nil || s.Adopter != nil {
 		switch out, f := s.objGet(r); {
 		case f != nil:
 			countCall("Get", nil)

@@ -231,7 +231,7 @@ func (s *Server) serveObjMsg(c *net.UnixConn, buf []byte, flags int, fds []int) 
 		keep = len(fds) == 0
 		samenode.CloseFDs(fds)
 		var fl byte
-		if s.SameNodeGet != nil || s.Adopt != nil {
+		if s.SameNodeGet != nil || s.Adopter != nil {
 			fl |= helloSameNode
 		}
 		fl |= helloBytes
@@ -381,9 +381,9 @@ func (s *Server) adoptPut(req []byte, fds []int) ([]byte, error) {
 		}
 		return nil, err
 	}
-	if s.Adopt != nil {
+	if s.Adopter != nil {
 		if df, err := dupFile(f); err == nil {
-			if s.Adopt(m.ID, df, int64(size)) != nil {
+			if s.Adopter.Adopt(m.ID, df, int64(size)) != nil {
 				_ = df.Close()
 			}
 		}

@@ -54,7 +54,7 @@ func sameNodePods(t *testing.T) (a, c *pod, sn *samenode.Server) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(nodeDir) })
-	kr, _ := a.api.Keys(context.Background())
+	kr, _ := a.api.KeySource.Keys(context.Background())
 	sn = &samenode.Server{Store: a.api.Store, Keys: func() *ref.Keyring { return kr }, Addr: a.api.Addr, Pod: snPod}
 	ln, err := sn.Listen(nodeDir)
 	if err != nil {
@@ -62,9 +62,9 @@ func sameNodePods(t *testing.T) (a, c *pod, sn *samenode.Server) {
 	}
 	go func() { _ = sn.Serve(ln) }()
 	t.Cleanup(func() { _ = sn.Close() })
-	a.api.Sealing = func(r ref.Record) ref.Record { r.Node, r.Pod = snNode, snPod; return r }
-	a.api.Adopt = sn.Adopt
-	ckr, _ := c.api.Keys(context.Background())
+	a.api.Sealer = SealFunc(func(r ref.Record) ref.Record { r.Node, r.Pod = snNode, snPod; return r })
+	a.api.Adopter = sn
+	ckr, _ := c.api.KeySource.Keys(context.Background())
 	c.api.SameNodeGet = func(ctx context.Context, r string) (*samenode.Object, bool, error) {
 		o, err := (&samenode.Client{Dir: nodeDir, Node: snNode, Keys: ckr}).Get(ctx, r)
 		if err != nil {
@@ -410,7 +410,7 @@ func TestObjectSocketAttacks(t *testing.T) {
 	}
 	tmp.Close()
 	_ = os.Remove(filepath.Join(p.dir, filepath.Base(tmp.Name())))
-	kr, _ := p.api.Keys(context.Background())
+	kr, _ := p.api.KeySource.Keys(context.Background())
 	rec, err := kr.Open(string(first), time.Now())
 	if err != nil {
 		t.Fatal(err)

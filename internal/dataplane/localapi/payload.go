@@ -231,8 +231,8 @@ func (s *Server) put(ctx context.Context, m store.Meta, obj *loaded) (string, er
 	}
 	obj.free = nil // the store's now
 	rec := ref.Record{Addr: s.Addr, Key: m.ID, Expires: m.Expires, Reads: m.Reads}
-	if s.Sealing != nil {
-		rec = s.Sealing(rec)
+	if s.Sealer != nil {
+		rec = s.Sealer.Seal(rec)
 	}
 	r, err := kr.Seal(rec)
 	if err != nil {

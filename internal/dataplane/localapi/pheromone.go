@@ -74,8 +74,8 @@ func (s *Server) SendObject(ctx context.Context, req *sidecarv1.SendObjectReques
 	} else {
 		ev.Ref, resp.Ref = r, r
 	}
-	if s.Report != nil {
-		if err := s.Report(ev); err != nil {
+	if s.Reporter != nil {
+		if err := s.Reporter.Report(ev); err != nil {
 			return nil, toStatus(fmt.Errorf("report object %s/%s to the operator: %w", req.GetBucket(), req.GetKey(), err))
 		}
 		s.sent.add(req.GetSession(), req.GetInvocationId(), req.GetBucket(), req.GetKey(), s.now(), s.ttl(0))

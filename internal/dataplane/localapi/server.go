@@ -25,7 +25,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
@@ -40,11 +39,11 @@ type Server struct {
 	sidecarv1.UnimplementedSidecarServer
 
 	Store *store.Store
-	// Keys returns the namespace's keyring once the sidecar has it.
-	Keys func(ctx context.Context) (*ref.Keyring, error)
-	// Pull fetches a referenced object from its producer (falling back to
-	// the tiers when the producer is gone).
-	Pull func(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (pull.Info, error)
+	// KeySource gives the namespace's keyring once the sidecar has it;
+	// nil: none (the calls that need it fail as not ready).
+	KeySource KeySource
+	// Puller fetches referenced objects; nil: none.
+	Puller Puller
 	// Spilled reads this pod's objects that spilled to the fast tier; nil
 	// when no tier is configured.
 	Spilled pull.Fallback
@@ -56,14 +55,13 @@ type Server struct {
 	// Messages is the pod's messaging router (docs/messaging.md); nil
 	// refuses the messaging calls.
 	Messages *messaging.Router
-	// Report sends an object-ready event to the operator; nil without one.
-	Report func(*controlv1.ObjectReady) error
+	// Reporter sends object-ready events to the operator; nil without one.
+	Reporter Reporter
 
 	Addr string // this pod's data-plane address, sealed into references
-	// Sealing adds what the sidecar seals into every reference it makes
-	// besides the address (its node and pod for the same-node path); nil
-	// adds nothing.
-	Sealing         func(ref.Record) ref.Record
+	// Sealer adds what the sidecar seals into every reference it makes
+	// besides the address; nil adds nothing.
+	Sealer          Sealer
 	Dir             string // shared-memory directory for object files
 	Namespace       string
 	Function        string
@@ -80,11 +78,9 @@ type Server struct {
 	// a producer on this node holds with their sealed memfd (objsock.go);
 	// nil: those gets use the gRPC Get.
 	SameNodeGet SameNodeGetter
-	// Adopt, when set, is given a duplicate of every memfd a function put
-	// through the object socket, with the object's id, so same-node
-	// consumers get that memfd (samenode.Server.Adopt); it owns f on
-	// success.
-	Adopt func(id string, f *os.File, size int64) error
+	// Adopter, when set, is given a duplicate of every memfd a function
+	// put through the object socket (samenode.Server).
+	Adopter Adopter
 
 	seq       atomic.Uint64
 	initOnce  sync.Once
@@ -167,10 +163,10 @@ func (s *Server) ttl(ms int64) time.Duration {
 }
 
 func (s *Server) keys(ctx context.Context) (*ref.Keyring, error) {
-	if s.Keys == nil {
+	if s.KeySource == nil {
 		return nil, errNotReady
 	}
-	kr, err := s.Keys(ctx)
+	kr, err := s.KeySource.Keys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errNotReady, err)
 	}
@@ -242,7 +238,7 @@ func (s *Server) Get(ctx context.Context, req *sidecarv1.GetRequest) (*sidecarv1
 // else into a file of the object directory (a reused one when there is
 // one, see filepool.go), lent to the caller when it asked.
 func (s *Server) fetch(ctx context.Context, r string) (*sidecarv1.Payload, int64, error) {
-	if s.Pull == nil {
+	if s.Puller == nil {
 		return nil, 0, errNotReady
 	}
 	files := s.files(ctx)
@@ -250,7 +246,7 @@ func (s *Server) fetch(ctx context.Context, r string) (*sidecarv1.Payload, int64
 		buf []byte
 		pf  *poolFile
 	)
-	info, err := s.Pull(ctx, r, func(size int64) (io.WriterAt, error) {
+	info, err := s.Puller.PullTo(ctx, r, func(size int64) (io.WriterAt, error) {
 		if pf != nil { // the producer broke off and a tier has it: start over
 			pf.drop()
 			pf = nil

@@ -117,7 +117,7 @@ func (s *Sidecar) serveObjects(api *localapi.Server) {
 		api.SameNodeGet = s.sameNodeMemfd
 	}
 	if s.sameNode != nil {
-		api.Adopt = s.sameNode.Adopt
+		api.Adopter = s.sameNode
 	}
 	ln, err := localapi.ListenObjects(s.cfg.APISocket)
 	if err != nil {

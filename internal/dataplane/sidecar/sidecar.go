@@ -290,20 +290,20 @@ func (s *Sidecar) serveLocalAPI() error {
 	if err := os.MkdirAll(s.cfg.ShmDir, 0o777); err != nil {
 		return fmt.Errorf("shared-memory directory: %w", err)
 	}
-	api := &localapi.Server{Store: s.Store, Addr: s.addr(), Sealing: s.withNode, Messages: s.msgs, Dir: s.cfg.ShmDir, Namespace: s.cfg.Namespace, Function: s.cfg.Function,
+	api := &localapi.Server{Store: s.Store, Addr: s.addr(), Sealer: localapi.SealFunc(s.withNode), Messages: s.msgs, Dir: s.cfg.ShmDir, Namespace: s.cfg.Namespace, Function: s.cfg.Function,
 		TTL: s.cfg.ObjectTTL, InlineThreshold: s.cfg.InlineThreshold, MaxObjectBytes: s.cfg.MemoryLimit, PutTimeout: s.cfg.PutTimeout,
-		Keys: func(ctx context.Context) (*ref.Keyring, error) {
+		KeySource: localapi.KeysFunc(func(ctx context.Context) (*ref.Keyring, error) {
 			if err := s.waitKeys(ctx); err != nil {
 				return nil, err
 			}
 			return s.keys.Load(), nil
-		},
-		Pull: func(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (pull.Info, error) {
+		}),
+		Puller: localapi.PullFunc(func(ctx context.Context, r string, dst func(size int64) (io.WriterAt, error)) (pull.Info, error) {
 			if err := s.waitKeys(ctx); err != nil {
 				return pull.Info{}, err
 			}
 			return s.pullTo(ctx, r, dst)
-		},
+		}),
 	}
 	switch {
 	case s.live():
@@ -317,9 +317,9 @@ func (s *Sidecar) serveLocalAPI() error {
 		}
 	}
 	if s.ctl != nil {
-		api.Report = func(ev *controlv1.ObjectReady) error {
+		api.Reporter = localapi.ReportFunc(func(ev *controlv1.ObjectReady) error {
 			return s.ctl.Send(&controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: ev}})
-		}
+		})
 	}
 	ln, err := localapi.Listen(s.cfg.APISocket)
 	if err != nil {

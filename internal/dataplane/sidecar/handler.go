@@ -27,7 +27,9 @@ import (
 )
 
 // Wrap returns the handler chain extension: resolve inputs on the way in,
-// turn large outputs into references on the way out.
+// turn large outputs into references on the way out. It is a chain of
+// small stages, one concern each, as Knative's sharedmain builds its own
+// handlers: each takes the invocation (call) and hands it on.
 //
 // Trust: an envelope from outside the pod must not name files (it is
 // refused with 400); the inputs this sidecar pulls get fresh random names
@@ -39,9 +41,30 @@ import (
 // of them together at most the larger of MemoryLimit and MaxOutputsBytes,
 // waiting up to PutTimeout for room.
 func (s *Sidecar) Wrap(next http.Handler) http.Handler {
+	h := s.callFunction(next) // the function: crash retries, outputs, delegation, report
+	h = s.withInputs(h)       // its inputs resolved, its envelope re-encoded, its context
+	h = s.withStartReport(h)  // a delegated invocation's start, held for its outcome
+	h = s.withRecord(h)       // its idempotency key: a duplicate answered from the record
+	return s.envelopes(next, h)
+}
+
+// passage is an invocation on its way through Wrap's stages.
+type passage struct {
+	env     *invocation.Envelope
+	started *startReport // its start report, held (delegated firing); nil: none
+	body    []byte       // the envelope as the function gets it
+	ran     bool         // the function was called
+}
+
+// stage is one concern of Wrap's chain: it handles c and hands it on.
+type stage func(w http.ResponseWriter, r *http.Request, c *passage)
+
+// envelopes passes a stock request to next exactly as queue-proxy does,
+// and hands an invocation's envelope, fenced, decoded and checked, to h.
+func (s *Sidecar) envelopes(next http.Handler, h stage) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !invocation.IsEnvelope(r.Header.Get("Content-Type")) {
-			next.ServeHTTP(w, r) // a stock request: exactly as queue-proxy does
+			next.ServeHTTP(w, r)
 			return
 		}
 		// A superseded engine owner's invocation is refused before
@@ -58,13 +81,21 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		// The key is this sidecar's to derive (idempotency.go): the
-		// function gets it, and every answer echoes it, which tells the
-		// caller this sidecar answers a duplicate from its record.
-		key := env.Key()
-		env.IdempotencyKey = key
+		h(w, r, &passage{env: env})
+	})
+}
+
+// withRecord runs an invocation's idempotency key once (idempotency.go):
+// the key is this sidecar's to derive, the function gets it, and every
+// answer echoes it, which tells the caller this sidecar answers a
+// duplicate from its record. A key whose function never ran (its inputs
+// could not be resolved) is left for a later delivery.
+func (s *Sidecar) withRecord(h stage) stage {
+	return func(w http.ResponseWriter, r *http.Request, c *passage) {
+		key := c.env.Key()
+		c.env.IdempotencyKey = key
 		w.Header().Set(invocation.HeaderIdempotencyKey, key)
-		rec, out, unrecorded, err := s.records.acquire(r.Context(), env.Session, key)
+		rec, out, unrecorded, err := s.records.acquire(r.Context(), c.env.Session, key)
 		if err != nil {
 			return // its caller left while it waited for the delivery that runs the key
 		}
@@ -72,27 +103,49 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			replay(w, key, out, unrecorded)
 			return
 		}
-		recorded := false
-		started := s.holdStarted(env)
-		defer started.flush(s) // an end without a report of its own
+		done := false
 		defer func() {
-			if !recorded {
+			if !done {
 				// A panic below (the function's answer was cut): the key
 				// ran and its answer is unknown; its end is reported
 				// failed, for the engine's re-execution rules.
 				s.records.finish(rec, nil, time.Now())
-				s.reportOutcome(env, started, http.StatusBadGateway, nil, nil, 0, "the function's answer was cut off")
+				s.reportOutcome(c.env, c.started, http.StatusBadGateway, nil, nil, 0, "the function's answer was cut off")
 			}
 		}()
-		ctx, cancel := s.invocationContext(r, env)
-		defer cancel()
-		files, err := s.resolve(ctx, env)
-		defer removeAll(files) // the function is done with its inputs
-		if err != nil {
-			// The function did not run: a later delivery of the key may.
-			recorded = true
+		rw := &recorder{w: w}
+		h(rw, r, c)
+		done = true
+		if !c.ran {
 			s.records.abandon(rec)
-			started.flush(s) // before the answer, which the producer may report
+			return
+		}
+		s.records.finish(rec, rw.outcome(), time.Now())
+	}
+}
+
+// withStartReport holds a delegated invocation's start report for its
+// outcome (holdStarted); an end without a report of its own sends it.
+func (s *Sidecar) withStartReport(h stage) stage {
+	return func(w http.ResponseWriter, r *http.Request, c *passage) {
+		c.started = s.holdStarted(c.env)
+		defer c.started.flush(s)
+		h(w, r, c)
+	}
+}
+
+// withInputs gives the invocation its context (invocationContext), pulls
+// its referenced inputs into files of the object directory, removed once
+// the function is done, and encodes the envelope the function gets.
+func (s *Sidecar) withInputs(h stage) stage {
+	return func(w http.ResponseWriter, r *http.Request, c *passage) {
+		ctx, cancel := s.invocationContext(r, c.env)
+		defer cancel()
+		files, err := s.resolve(ctx, c.env)
+		defer removeAll(files)
+		if err != nil {
+			// The function does not run: a later delivery of the key may.
+			c.started.flush(s) // before the answer, which the producer may report
 			// 424: the invocation cannot run without its inputs; the
 			// header names the error class for the caller's SDK.
 			if reason := localapi.ReasonOf(err); reason != "" {
@@ -101,10 +154,8 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 			http.Error(w, "ziptrail: resolve inputs: "+err.Error(), http.StatusFailedDependency)
 			return
 		}
-		body, err := json.Marshal(env)
+		body, err := json.Marshal(c.env)
 		if err != nil {
-			recorded = true
-			s.records.abandon(rec)
 			http.Error(w, "ziptrail: encode the envelope: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -114,13 +165,19 @@ func (s *Sidecar) Wrap(next http.Handler) http.Handler {
 		r2.Body = io.NopCloser(bytes.NewReader(body))
 		r2.ContentLength = int64(len(body))
 		r2.Header.Set("Content-Length", strconv.Itoa(len(body)))
-		rw := &recorder{w: w}
-		s.serveFunction(rw, r2, body, next, env, started)
-		recorded = true
-		s.records.finish(rec, rw.outcome(), time.Now())
-		// The invocation's group memberships end with it.
-		s.msgs.InvocationEnded(env.Invocation, ctx.Err() != nil)
-	})
+		c.body = body
+		h(w, r2, c)
+	}
+}
+
+// callFunction calls the function (serveFunction); the invocation's group
+// memberships end with it.
+func (s *Sidecar) callFunction(next http.Handler) stage {
+	return func(w http.ResponseWriter, r *http.Request, c *passage) {
+		c.ran = true
+		s.serveFunction(w, r, c.body, next, c.env, c.started)
+		s.msgs.InvocationEnded(c.env.Invocation, r.Context().Err() != nil)
+	}
 }
 
 // invocationContext is the context an invocation runs in: not its

@@ -167,3 +167,27 @@ func TestAnUnclaimedDelegableFiringIsTheEngines(t *testing.T) {
 		t.Fatalf("in flight after a restore: %v, want entry and g (sent by the engine under %s), not f (claimed)", got, g)
 	}
 }
+
+// TestACompletedSessionCountsADelegatedFiringNotYetClaimed: the consumer
+// of a delegated firing reports its start and the session's output before
+// the producer's claim reaches the engine (each pod's stream is its own):
+// the session completes, and the invocations it counts include that one.
+// (The e2e spec "ByName fires only for its key" saw 1 invocation of 2
+// with delegated firing on.)
+func TestACompletedSessionCountsADelegatedFiringNotYetClaimed(t *testing.T) {
+	e := delegatingEngine(t)
+	acts, _ := e.StartSession(delWF, "s", Object{}, t0)
+	entry := acts[0].Invocation
+	f := DelegatedInvocation("s", "imm", "f", "a", "k0")
+	e.FunctionStarted(delWF, "s", "f", f, nil, t0)
+	acts = e.ObjectReady(delWF, Object{Bucket: "out", Key: "result", Session: "s", Inline: []byte("done"), Invocation: f}, t0)
+	var done *Action
+	for i := range acts {
+		if acts[i].Kind == ActSessionComplete {
+			done = &acts[i]
+		}
+	}
+	if done == nil || done.Invocations != 2 {
+		t.Fatalf("got %v, want the session complete with 2 invocations (%s and %s)", describe(acts), entry, f)
+	}
+}

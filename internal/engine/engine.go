@@ -225,7 +225,7 @@ func (e *Engine) ObjectReadyFresh(wfName string, obj Object, now time.Time, fres
 		}
 		if obj.Bucket == wf.spec.OutputBucket {
 			res := obj
-			out = append(out, Action{Kind: ActSessionComplete, Workflow: wf.spec.Name, Session: s.id, Result: &res})
+			out = append(out, Action{Kind: ActSessionComplete, Workflow: wf.spec.Name, Session: s.id, Result: &res, Invocations: len(s.invocations)})
 			return append(out, e.end(sh, s, now)...)
 		}
 	}

@@ -69,6 +69,12 @@ type Action struct {
 	Attempt    int        `json:"attempt,omitempty"`
 	Result     *Object    `json:"result,omitempty"`
 	Reason     string     `json:"reason,omitempty"` // why a session failed
+	// Invocations, on ActSessionComplete, is how many invocations the
+	// session had (each once, its re-executions not counted again),
+	// delegated firings included: one whose claim had not reached the
+	// engine when the session's output did (the consumer's start had)
+	// counts too.
+	Invocations int `json:"invocations,omitempty"`
 	// Speculative marks an ActRerun that is a speculative copy of a
 	// straggler (RerunRule.SpeculateAfter), not a re-execution of a late
 	// or failed invocation: the original still runs, the first to finish

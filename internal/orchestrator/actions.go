@@ -36,6 +36,9 @@ func (o *Orchestrator) execute(acts []engine.Action) {
 			if res.Size == 0 {
 				res.Size = int64(len(res.Inline))
 			}
+			// A delegated firing whose claim came after the output is
+			// counted by the engine, not by an ActInvoke.
+			_ = o.sessions.Update(a.Session, func(s *sessions.Session) { s.Invocations = max(s.Invocations, a.Invocations) })
 			_ = o.sessions.Finish(a.Session, sessions.Completed, res, "")
 			o.holdResult(a.Workflow, a.Session, res)
 			sessionsEnded.WithLabelValues(string(sessions.Completed)).Inc()

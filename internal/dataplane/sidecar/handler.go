@@ -145,13 +145,23 @@ func (s *Sidecar) withInputs(h stage) stage {
 		defer removeAll(files)
 		if err != nil {
 			// The function does not run: a later delivery of the key may.
-			c.started.flush(s) // before the answer, which the producer may report
 			// 424: the invocation cannot run without its inputs; the
 			// header names the error class for the caller's SDK.
+			msg := "ziptrail: resolve inputs: " + err.Error()
+			if c.env.Delegated && s.ctl != nil {
+				// A delegated invocation is this pod's once its start is
+				// reported: its failure is this sidecar's to report too
+				// (the producer's would be refused as another pod's), in
+				// one message with the start, before the answer.
+				s.reportOutcome(c.env, c.started, http.StatusFailedDependency, nil, nil, 0, msg)
+				w.Header().Set(headerReported, "1")
+			} else {
+				c.started.flush(s)
+			}
 			if reason := localapi.ReasonOf(err); reason != "" {
 				w.Header().Set(invocation.HeaderErrorReason, reason)
 			}
-			http.Error(w, "ziptrail: resolve inputs: "+err.Error(), http.StatusFailedDependency)
+			http.Error(w, msg, http.StatusFailedDependency)
 			return
 		}
 		body, err := json.Marshal(c.env)

@@ -149,12 +149,7 @@ func TestAnUnclaimedDelegableFiringIsTheEngines(t *testing.T) {
 		args := []byte(`"` + a.Function + `-args"`)
 		e.FunctionStarted(delWF, "s", a.Function, a.Invocation, args, t0) // the orchestrator's, or the consumer's
 	}
-	restored := New(4)
-	for _, name := range []string{delWF, "ns/other"} {
-		if err := restored.SetWorkflow(e.workflow(name).spec); err != nil {
-			t.Fatal(err)
-		}
-	}
+	restored := delegatingEngine(t) // a new owner, the same workflows
 	if err := restored.Restore(e.Snapshot()); err != nil {
 		t.Fatal(err)
 	}

@@ -98,7 +98,7 @@ func main() {
 	flag.Int64Var(&c.inputStoreBytes, "input-store-bytes", 256<<20, "memory held at most for the inputs of running sessions (inputs over 64 KiB); starts beyond it are refused with 503")
 	flag.Int64Var(&c.maxInputBytes, "max-input-bytes", 64<<20, "largest session input the gateway accepts (413 beyond)")
 	flag.DurationVar(&c.resultGrace, "result-grace", orchestrator.DefaultResultGrace, "how long a session's result stays readable after its first full read when its client does not acknowledge it (docs/gateway.md)")
-	flag.BoolVar(&c.delegate, "delegate-triggers", true, "let producers' sidecars fire their workflow's Immediate and ByName triggers themselves, "+
+	flag.BoolVar(&c.delegate, "delegate-triggers", false, "let producers' sidecars fire their workflow's Immediate and ByName triggers themselves, "+
 		"reporting to the engine, which stays the authority (docs/design.md, 'Delegated firing')")
 	flag.BoolVar(&c.direct, "direct-dispatch", true, "send each invocation straight to a ready pod of its function's revision (its queue-proxy), as Knative's activator does, "+
 		"instead of through the ingress and the activator; a revision without a ready pod, with a containerConcurrency limit or split traffic, and a pod's overload, go by the route (docs/dispatch.md)")

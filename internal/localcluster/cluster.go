@@ -76,14 +76,13 @@ type Options struct {
 	// (docs/local-cluster.md, "Image catalog"); default
 	// <repo>/config/local/images.yaml.
 	Catalog string
-	// EngineFiring turns the operator's delegated firing off (its
-	// --delegate-triggers=false, orchestrator.Options.Delegate): by
-	// default, as with the chart, the producers' sidecars fire Immediate
-	// and ByName triggers themselves. See SetDelegateTriggers to switch it
-	// on a running cluster. The environment's ZIPTRAIL_DELEGATE_TRIGGERS
-	// (true or false), when set, overrides it: a suite runs with either
-	// setting unchanged.
-	EngineFiring bool
+	// DelegateTriggers turns on the operator's delegated firing (its
+	// --delegate-triggers, orchestrator.Options.Delegate): the producers'
+	// sidecars fire Immediate and ByName triggers themselves. See
+	// SetDelegateTriggers to switch it on a running cluster. The
+	// environment's ZIPTRAIL_DELEGATE_TRIGGERS (true or false), when set,
+	// overrides it: a suite runs with either setting unchanged.
+	DelegateTriggers bool
 	// RouteOnly sends every invocation of the operator through the
 	// ingress and the activator, as the operator's --direct-dispatch=false
 	// does; by default invocations go straight to a ready pod

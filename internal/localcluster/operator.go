@@ -173,7 +173,7 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 		Inputs:  inputs,
 		// Delegated firing (docs/design.md), as the chart's
 		// engine.delegateTriggers.
-		Delegate: c.DelegateTriggers(),
+		Delegate: c.opts.DelegateTriggers,
 		// Straight to ready pods, as the chart's operator (its
 		// --direct-dispatch); the switch is the cluster's, for benchmarks.
 		Router:      switchedRouter{c: c, r: &direct.Router{Reader: mgr.GetClient()}},

@@ -29,7 +29,7 @@ import (
 // Wrap returns the handler chain extension: resolve inputs on the way in,
 // turn large outputs into references on the way out. It is a chain of
 // small stages, one concern each, as Knative's sharedmain builds its own
-// handlers: each takes the invocation (call) and hands it on.
+// handlers: each takes the invocation (a passage) and hands it on.
 //
 // Trust: an envelope from outside the pod must not name files (it is
 // refused with 400); the inputs this sidecar pulls get fresh random names

@@ -34,13 +34,13 @@ lint: ## gofmt and go vet.
 test: deps lint test-go test-python fuzz-short chaos-short ## Install deps, then run every test suite against real servers, and the short chaos checker.
 
 # The packages that run the local cluster (one per host at a time: each
-# waits for the host, internal/localk8s claimHost) run one after another,
+# waits for the host, internal/localcluster/k8s claimHost) run one after another,
 # alongside the others, one at a time too: in one `go test -p 2` a package
 # waiting for the host held one of the two slots, and the others queued
 # behind it. The race detector writes its reports to files (GORACE
 # log_path), printed again after the run: a long run's log is often read
 # from its end; the cluster packages' output is printed when they end.
-CLUSTER_PKGS = /e2e($$|/)|/internal/localk8s$$
+CLUSTER_PKGS = /e2e($$|/)|/internal/localcluster/k8s$$
 .PHONY: test-go
 test-go:
 	$(DEPS_ENV); races=$$(mktemp -d); out=$$(mktemp); rc=0; \

@@ -15,8 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/podwebhook"
+	"github.com/ziptrail/ziptrail/internal/operator/podwebhook"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 func helm(t *testing.T, args ...string) (string, error) {
@@ -33,7 +33,7 @@ func helm(t *testing.T, args ...string) (string, error) {
 }
 
 func TestChart(t *testing.T) {
-	chart := filepath.Join(controlplane.RepoRoot(), "charts", "ziptrail")
+	chart := filepath.Join(envtest.RepoRoot(), "charts", "ziptrail")
 	allFeatures := filepath.Join(chart, "ci", "all-features-values.yaml")
 
 	for _, values := range [][]string{nil, {"-f", allFeatures}} {
@@ -51,7 +51,7 @@ func TestChart(t *testing.T) {
 		}
 	}
 
-	env, err := controlplane.Start()
+	env, err := envtest.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestChart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	k8s, err := client.New(env.Config, client.Options{Scheme: envtest.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,14 +9,14 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 )
 
-// Reference keys live in one Secret per namespace (internal/control).
+// Reference keys live in one Secret per namespace (internal/operator/control).
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update
 
 // The control stream authenticates sidecars and activator-ext with
-// TokenReview (internal/control.TokenReviewer).
+// TokenReview (internal/operator/control.TokenReviewer).
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 
-// Direct routing (internal/dispatch/direct) reads the revisions' private
+// Direct routing (internal/operator/dispatch/direct) reads the revisions' private
 // EndpointSlices for their ready pods.
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // The same router checks every endpoint against the revision's running pods

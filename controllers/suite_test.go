@@ -14,14 +14,14 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/ziptrail/ziptrail/controllers"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // The suite runs the real reconcilers in a manager against a real
 // kube-apiserver and etcd with the Knative Service CRD installed. No Knative
 // controller runs, so specs play its part by setting Service status.
 var (
-	env    *controlplane.Env
+	env    *envtest.Env
 	k8s    client.Client
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -39,13 +39,13 @@ func TestControllers(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	var err error
-	env, err = controlplane.Start()
+	env, err = envtest.Start()
 	Expect(err).NotTo(HaveOccurred())
-	k8s, err = client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	k8s, err = client.New(env.Config, client.Options{Scheme: envtest.Scheme()})
 	Expect(err).NotTo(HaveOccurred())
 
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:  controlplane.Scheme(),
+		Scheme:  envtest.Scheme(),
 		Metrics: metricsserver.Options{BindAddress: "0"},
 	})
 	Expect(err).NotTo(HaveOccurred())

@@ -9,8 +9,8 @@ import (
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/dispatch/call"
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/invocation/call"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
 )
 
 // routeCounts reads the in-process operator's requests by route

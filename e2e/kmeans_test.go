@@ -16,8 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // kmeansResult is what examples/kmeans prints (local) or sends to its
@@ -74,7 +74,7 @@ func logPodsOnFailure(ns string) {
 
 var _ = Describe("the kmeans sample (k-means, allreduce between function instances)", func() {
 	It("computes with 4 workers on several pods what one process computes", func() {
-		root := controlplane.RepoRoot()
+		root := envtest.RepoRoot()
 		params := strings.TrimSpace(string(sampleInput("kmeans", "params.json")))
 		var p struct{ Workers int }
 		Expect(json.Unmarshal([]byte(params), &p)).To(Succeed())

@@ -13,14 +13,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/podwebhook"
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/operator/podwebhook"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
 )
 
 // A pod's /dev/shm is 64 MiB (containerd's and CRI-O's default, which the
 // node agent mimics), and a function pod keeps its objects there unless the
 // pod webhook gives it the objects volume the Workflow controller sizes from
-// its buckets (internal/podwebhook/objects.go). Before it, this spec failed
+// its buckets (internal/operator/podwebhook/objects.go). Before it, this spec failed
 // in the producer with "No space left on device".
 var _ = Describe("the objects volume", func() {
 	It("gives function pods memory sized from their buckets: a 160 MiB object goes from pod to pod", func() {

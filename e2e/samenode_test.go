@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/podwebhook"
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/operator/podwebhook"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
 )
 
 // sidecarCounter sums a queue-proxy-zl counter (by its result label) over

@@ -23,9 +23,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
+	localk8s "github.com/ziptrail/ziptrail/internal/localcluster/k8s"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 var (
@@ -68,7 +68,7 @@ var _ = BeforeSuite(func() {
 		ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter)))
 		cfg, err := ctrl.GetConfig()
 		Expect(err).NotTo(HaveOccurred())
-		k8s, err = client.New(cfg, client.Options{Scheme: controlplane.Scheme()})
+		k8s, err = client.New(cfg, client.Options{Scheme: envtest.Scheme()})
 		Expect(err).NotTo(HaveOccurred())
 		ingress = "http://" + os.Getenv("E2E_INGRESS")
 		Expect(os.Getenv("E2E_INGRESS")).NotTo(BeEmpty(), "set E2E_INGRESS to Knative's ingress host:port")

@@ -11,13 +11,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 var _ = Describe("the word count sample (DynamicGroup shuffle, DynamicJoin gather)", func() {
 	It("counts the words of a real text like a plain count does", func() {
-		root := controlplane.RepoRoot()
+		root := envtest.RepoRoot()
 		data, err := os.ReadFile(filepath.Join(root, "examples", "wordcount", "workflow.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		wf := &v1alpha1.Workflow{}

@@ -71,7 +71,7 @@ const (
 	// emptyDir (medium Memory, this sizeLimit) at ObjectsDir in every
 	// container of the pod, queue-proxy-zl's included (Knative gives
 	// queue-proxy no volumes of the template), and adds the size to the
-	// containers' memory (internal/podwebhook). Without the webhook the
+	// containers' memory (internal/operator/podwebhook). Without the webhook the
 	// pod's containers share the pod's /dev/shm instead (64 MiB on
 	// containerd and CRI-O).
 	AnnotationObjectsVolume = "ziptrail.dev/objects-volume"

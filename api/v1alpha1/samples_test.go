@@ -15,11 +15,11 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 func samplePaths() []string {
-	paths, err := filepath.Glob(filepath.Join(controlplane.RepoRoot(), "config", "samples", "*.yaml"))
+	paths, err := filepath.Glob(filepath.Join(envtest.RepoRoot(), "config", "samples", "*.yaml"))
 	Expect(err).NotTo(HaveOccurred())
 	return paths
 }

@@ -10,13 +10,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // The suite runs against a real kube-apiserver and etcd so that the CRD
 // schemas, defaults and CEL rules are exercised exactly as a cluster would.
 var (
-	env *controlplane.Env
+	env *envtest.Env
 	k8s client.Client
 	ctx = context.Background()
 )
@@ -28,9 +28,9 @@ func TestAPI(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	var err error
-	env, err = controlplane.Start()
+	env, err = envtest.Start()
 	Expect(err).NotTo(HaveOccurred())
-	k8s, err = client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	k8s, err = client.New(env.Config, client.Options{Scheme: envtest.Scheme()})
 	Expect(err).NotTo(HaveOccurred())
 })
 

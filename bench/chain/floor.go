@@ -10,10 +10,10 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/controllers"
-	"github.com/ziptrail/ziptrail/internal/dispatch"
-	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/invocation/call"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
+	"github.com/ziptrail/ziptrail/internal/operator/dispatch"
 )
 
 // The Knative floor: what one step costs before any of ziptrail's

@@ -47,7 +47,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
+	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
 )
 
 const handler = "import ziptrail\ndef handle(inv):\n    return inv.objects[0].bytes()\nziptrail.serve(handle)\n"
@@ -183,7 +183,7 @@ func run(cfg config) error {
 	// requests 25m of CPU (Knative's default) from a node of NumCPU cores.
 	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: os.Stderr, DelegateTriggers: cfg.arms[0].delegate, RouteOnly: !cfg.arms[0].direct,
 		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1"}},
-		Kubernetes: localk8s.Options{NetPrefix: "ztc", ClusterCIDR: netip.MustParsePrefix("10.218.0.0/16"),
+		Kubernetes: k8s.Options{NetPrefix: "ztc", ClusterCIDR: netip.MustParsePrefix("10.218.0.0/16"),
 			ServiceCIDR: netip.MustParsePrefix("10.104.0.0/16"), WaitForHost: 30 * time.Minute}})
 	if err != nil {
 		return err

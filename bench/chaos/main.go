@@ -39,7 +39,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
+	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
 )
 
 type config struct {
@@ -171,7 +171,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (int, error) {
 
 	fmt.Fprintf(out, "==> the local cluster (Kubernetes, Knative Serving, redis-server, MinIO; %d node(s))\n", cfg.nodes)
 	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: cfg.nodes, NoOperator: true, Log: logFile,
-		Kubernetes: localk8s.Options{WaitForHost: 30 * time.Minute}})
+		Kubernetes: k8s.Options{WaitForHost: 30 * time.Minute}})
 	if err != nil {
 		return 0, fmt.Errorf("local cluster: %w", err)
 	}

@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/chartops"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
+	"github.com/ziptrail/ziptrail/internal/tools/chartops"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 	"github.com/ziptrail/ziptrail/sdk/go/admin"
 )

@@ -44,7 +44,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
+	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
 )
 
 const (
@@ -169,7 +169,7 @@ func run(n, reps int, interval time.Duration, outDir string) error {
 	t0 := time.Now()
 	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: os.Stderr,
 		Knative: map[string]map[string]string{"config-autoscaler": autoscaler},
-		Kubernetes: localk8s.Options{NetPrefix: "ztcs", ClusterCIDR: netip.MustParsePrefix("10.230.0.0/16"),
+		Kubernetes: k8s.Options{NetPrefix: "ztcs", ClusterCIDR: netip.MustParsePrefix("10.230.0.0/16"),
 			ServiceCIDR: netip.MustParsePrefix("10.107.0.0/16"),
 			WaitForHost: 45 * time.Minute}}) // other suites may hold the host's one cluster
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 type system struct {
@@ -28,9 +28,9 @@ type system struct {
 }
 
 type env struct {
-	tb      *testservers.ProcessTB
-	redis   *testservers.Redis
-	s3      *testservers.MinIO
+	tb      *servers.ProcessTB
+	redis   *servers.Redis
+	s3      *servers.MinIO
 	bucket  string
 	keys    *ref.Keyring
 	prods   []*producer
@@ -55,10 +55,10 @@ type producer struct {
 const fanMax = 16
 
 func setup(withS3 bool) (*env, error) {
-	e := &env{tb: &testservers.ProcessTB{ExitOnFatal: true}, withS3: withS3}
-	e.redis = testservers.StartRedis(e.tb)
+	e := &env{tb: &servers.ProcessTB{ExitOnFatal: true}, withS3: withS3}
+	e.redis = servers.StartRedis(e.tb)
 	if withS3 {
-		e.s3 = testservers.StartMinIO(e.tb)
+		e.s3 = servers.StartMinIO(e.tb)
 		e.bucket = e.s3.Bucket(e.tb, "bench")
 	}
 	k, err := ref.NewKeyring("bench", map[string][]byte{"k1": bytes.Repeat([]byte{9}, 32)}, "k1")

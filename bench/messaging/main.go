@@ -46,7 +46,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/nodedir"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
@@ -187,7 +187,7 @@ func attempt[T any](ctx context.Context, cell string, reset func(context.Context
 func reps(n int, scale float64) int { return max(3, int(float64(n)*scale)) }
 
 func run(scale float64, outDir string, want func(string) bool, all bool) error {
-	tb := &testservers.ProcessTB{ExitOnFatal: true}
+	tb := &servers.ProcessTB{ExitOnFatal: true}
 	defer tb.Close()
 	start := time.Now()
 	host := hostInfo()
@@ -196,8 +196,8 @@ func run(scale float64, outDir string, want func(string) bool, all bool) error {
 	if err != nil {
 		return err
 	}
-	op := testservers.StartOperator(tb)
-	rd := testservers.StartRedis(tb)
+	op := servers.StartOperator(tb)
+	rd := servers.StartRedis(tb)
 	// The sidecar arm keeps its pairs on the sidecars' message streams;
 	// the TCP arm's functions talk over direct TCP channels.
 	ps := &pods{tb: tb, op: op, bin: bin, env: append(slices.Clone(sidecarEnv), "ZIPTRAIL_DIRECT_TCP=off")}

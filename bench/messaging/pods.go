@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
@@ -25,8 +25,8 @@ const namespace = "bench"
 // (in /dev/shm, a tmpfs as a pod's emptyDir with medium Memory is),
 // connected to the operator's control server and its directory.
 type pods struct {
-	tb  *testservers.ProcessTB
-	op  *testservers.Operator
+	tb  *servers.ProcessTB
+	op  *servers.Operator
 	bin string
 	seq int
 	mu  sync.Mutex
@@ -41,7 +41,7 @@ type pods struct {
 // pod is one running sidecar with the SDK client a function in that pod
 // would have.
 type pod struct {
-	*testservers.QueueProxy
+	*servers.QueueProxy
 	name   string
 	socket string
 	shm    string
@@ -49,7 +49,7 @@ type pod struct {
 }
 
 // buildSidecar builds queue-proxy-zl once, as sdk/go's tests do.
-func buildSidecar(tb *testservers.ProcessTB) (string, error) {
+func buildSidecar(tb *servers.ProcessTB) (string, error) {
 	dir := tb.TempDir()
 	root, err := repoRoot()
 	if err != nil {
@@ -93,8 +93,8 @@ func (p *pods) start() (*pod, error) {
 	}
 	p.tb.Cleanup(func() { os.RemoveAll(sockDir); os.RemoveAll(shmRoot) })
 	s := &pod{name: name, socket: filepath.Join(sockDir, "sidecar.sock"), shm: filepath.Join(shmRoot, "objects")}
-	s.QueueProxy, err = testservers.RunQueueProxy(testservers.QueueProxyOptions{Binary: p.bin,
-		Upstream: fmt.Sprintf("http://127.0.0.1:%d", testservers.FreePort(p.tb)), Stderr: stderrCounter{},
+	s.QueueProxy, err = servers.RunQueueProxy(servers.QueueProxyOptions{Binary: p.bin,
+		Upstream: fmt.Sprintf("http://127.0.0.1:%d", servers.FreePort(p.tb)), Stderr: stderrCounter{},
 		Env: append([]string{"SERVING_NAMESPACE=" + namespace, "SERVING_POD=" + name, "SERVING_POD_IP=127.0.0.1",
 			"ZIPTRAIL_METRICS_PORT=0", "ZIPTRAIL_OPERATOR_ADDR=" + p.op.Addr, "ZIPTRAIL_TOKEN_FILE=" + token,
 			"ZIPTRAIL_SOCKET=" + s.socket, "ZIPTRAIL_SHM_DIR=" + s.shm,
@@ -117,7 +117,7 @@ func (p *pods) sameNode(tokenFile string) []string {
 	if p.nodeDir == "" {
 		return nil
 	}
-	uid, err := testservers.TokenPodUID(tokenFile)
+	uid, err := servers.TokenPodUID(tokenFile)
 	if err != nil {
 		return nil
 	}

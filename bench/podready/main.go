@@ -1,5 +1,5 @@
 // Command podready measures pod create → Ready on the local Kubernetes
-// cluster (internal/localk8s with the node agent): it starts a cluster with
+// cluster (internal/localcluster/k8s with the node agent): it starts a cluster with
 // two nodes, creates pods of the echo test image with a readiness probe one
 // after another (each waits for the previous one to be Ready, so the numbers
 // are latencies, not queueing), and reports p50/p95/max of the time from the
@@ -35,8 +35,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
+	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 func main() {
@@ -59,12 +59,12 @@ func run(ctx context.Context, n, burst int) (err error) {
 	defer os.RemoveAll(dir)
 	agent := filepath.Join(dir, "ziptrail-node")
 	build := exec.CommandContext(ctx, "go", "build", "-o", agent, "./cmd/ziptrail-node")
-	build.Dir = controlplane.RepoRoot()
+	build.Dir = envtest.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("build ziptrail-node: %w: %s", err, out)
 	}
 	t := time.Now()
-	c, err := localk8s.Start(ctx, localk8s.Options{
+	c, err := k8s.Start(ctx, k8s.Options{
 		StateDir: dir, Nodes: 2, NodeAgent: agent, NetPrefix: "ztb",
 		ClusterCIDR: netip.MustParsePrefix("10.223.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.99.0.0/16"),
 	})
@@ -81,7 +81,7 @@ func run(ctx context.Context, n, burst int) (err error) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	if err := localk8s.WaitDefaultServiceAccount(ctx, cs, ns); err != nil {
+	if err := k8s.WaitDefaultServiceAccount(ctx, cs, ns); err != nil {
 		return err
 	}
 	first, err := createAndWait(ctx, cs, ns, []string{"warm"})

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/engine"
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
 )
 
 // Checkpoint is what the buckets' checkpoints held at the end of a case.
@@ -31,7 +31,7 @@ type Checkpoint struct {
 	BytesPerEndedRecord float64 `json:"bytes_per_ended_record"`
 }
 
-// state mirrors the orchestrator's checkpoint (internal/orchestrator
+// state mirrors the orchestrator's checkpoint (internal/operator/orchestrator
 // checkpoint.go) with the same engine and registry types.
 type state struct {
 	Engine   *engine.Snapshot           `json:"engine"`

@@ -24,9 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/sharding"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/operator/sharding"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
@@ -38,26 +38,26 @@ const (
 // cluster is what every case shares: the API server (envtest), Redis,
 // the functions process, the workflows and their pods' sidecars.
 type cluster struct {
-	tb         *testservers.ProcessTB
+	tb         *servers.ProcessTB
 	dir        string
 	opBin      string // cmd/operator, built
 	qpBin      string // cmd/queue-proxy-zl, built
-	env        *controlplane.Env
+	env        *envtest.Env
 	kubeconfig string
 	k8s        client.Client
 	kube       kubernetes.Interface
-	redis      *testservers.Redis
+	redis      *servers.Redis
 	token      string // the load generator's bearer token (gateway)
 	fnURL      string // the functions process
 	fnPid      int
 	workflows  []string
 	steps      int
-	sidecars   []*testservers.QueueProxy
+	sidecars   []*servers.QueueProxy
 	services   map[string]string // Knative Service -> its sidecar's URL
 }
 
 // build compiles the operator and the sidecar from the working tree.
-func build(tb *testservers.ProcessTB, root string) (op, qp string) {
+func build(tb *servers.ProcessTB, root string) (op, qp string) {
 	dir := tb.TempDir()
 	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/operator", "./cmd/queue-proxy-zl")
 	cmd.Dir = root
@@ -67,18 +67,18 @@ func build(tb *testservers.ProcessTB, root string) (op, qp string) {
 	return filepath.Join(dir, "operator"), filepath.Join(dir, "queue-proxy-zl")
 }
 
-func startCluster(tb *testservers.ProcessTB, root string, buckets, perBucket, steps int) *cluster {
+func startCluster(tb *servers.ProcessTB, root string, buckets, perBucket, steps int) *cluster {
 	c := &cluster{tb: tb, dir: tb.TempDir(), steps: steps, services: map[string]string{}}
 	c.opBin, c.qpBin = build(tb, root)
 	var err error
-	if c.env, err = controlplane.Start(); err != nil {
+	if c.env, err = envtest.Start(); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = c.env.Stop() })
 	if c.kubeconfig, err = c.env.Kubeconfig(c.dir); err != nil {
 		tb.Fatal(err)
 	}
-	if c.k8s, err = client.New(c.env.Config, client.Options{Scheme: controlplane.Scheme()}); err != nil {
+	if c.k8s, err = client.New(c.env.Config, client.Options{Scheme: envtest.Scheme()}); err != nil {
 		tb.Fatal(err)
 	}
 	if c.kube, err = kubernetes.NewForConfig(c.env.Config); err != nil {
@@ -90,7 +90,7 @@ func startCluster(tb *testservers.ProcessTB, root string, buckets, perBucket, st
 			tb.Fatal(err)
 		}
 	}
-	c.redis = testservers.StartRedis(tb)
+	c.redis = servers.StartRedis(tb)
 	c.token = c.runnerToken(ctx)
 	c.startFunctions()
 	c.pickWorkflows(buckets, perBucket)
@@ -165,7 +165,7 @@ func workflow(name string, steps int) *v1alpha1.Workflow {
 // (as through the control Service; it is redirected to the owner).
 func (c *cluster) startSidecar(ctx context.Context, wf, fn string) {
 	pod := wf + "-" + fn + "-pod"
-	token, err := testservers.BoundPodToken(ctx, c.k8s, c.kube, namespace, pod)
+	token, err := servers.BoundPodToken(ctx, c.k8s, c.kube, namespace, pod)
 	if err != nil {
 		c.tb.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func (c *cluster) startSidecar(ctx context.Context, wf, fn string) {
 		c.tb.Fatal(err)
 	}
 	c.tb.Cleanup(func() { os.RemoveAll(sockDir) })
-	q, err := testservers.RunQueueProxy(testservers.QueueProxyOptions{Binary: c.qpBin, Upstream: c.fnURL, Stderr: io.Discard,
+	q, err := servers.RunQueueProxy(servers.QueueProxyOptions{Binary: c.qpBin, Upstream: c.fnURL, Stderr: io.Discard,
 		Env: []string{"SERVING_NAMESPACE=" + namespace, "SERVING_POD=" + pod, "SERVING_POD_IP=127.0.0.1",
 			"ZIPTRAIL_WORKFLOW=" + wf, "ZIPTRAIL_FUNCTION=" + fn, "ZIPTRAIL_METRICS_PORT=0",
 			"ZIPTRAIL_OPERATOR_ADDR=" + replicaIP(0) + ":" + controlPort, "ZIPTRAIL_TOKEN_FILE=" + tokenFile,

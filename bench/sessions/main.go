@@ -35,8 +35,8 @@ import (
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 type options struct {
@@ -100,7 +100,7 @@ func main() {
 		os.Exit(1)
 	}
 	ctrllog.SetLogger(logr.Discard())
-	tb := &testservers.ProcessTB{ExitOnFatal: true}
+	tb := &servers.ProcessTB{ExitOnFatal: true}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() { <-sig; tb.Close(); os.Exit(1) }()
@@ -112,8 +112,8 @@ func main() {
 	}
 }
 
-func run(tb *testservers.ProcessTB, o options) error {
-	root := controlplane.RepoRoot()
+func run(tb *servers.ProcessTB, o options) error {
+	root := envtest.RepoRoot()
 	if err := pickPorts(); err != nil {
 		return err
 	}
@@ -249,7 +249,7 @@ func resummarizeRun(path string, o options) error {
 	}
 	rep.Summary, rep.Ratio, rep.Projection = nil, 0, nil
 	rep.summarize()
-	root := controlplane.RepoRoot()
+	root := envtest.RepoRoot()
 	if err := rep.write(under(root, o.jsonOut), under(root, o.pngOut)); err != nil {
 		return err
 	}

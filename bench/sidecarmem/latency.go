@@ -7,8 +7,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/invocation/call"
 )
 
 // latencyResult is one pod's invocation latencies (-latency), p50 and p95

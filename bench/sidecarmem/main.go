@@ -30,7 +30,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/netns"
+	"github.com/ziptrail/ziptrail/internal/localcluster/netns"
 )
 
 // The namespace prefix and subnet are this benchmark's own: other tests

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/netns"
+	"github.com/ziptrail/ziptrail/internal/localcluster/netns"
 )
 
 // Ports inside every pod, as in a Knative pod.

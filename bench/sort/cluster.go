@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
 )
 
 func redisUsed(ctx context.Context, rdb *redis.Client) int64 {

@@ -44,10 +44,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
+	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 const (
@@ -301,7 +301,7 @@ func loadavg() string {
 
 func run(o options) error {
 	ctx := context.Background()
-	root := controlplane.RepoRoot()
+	root := envtest.RepoRoot()
 	examples := filepath.Join(root, "examples", "sort")
 	rep := &Report{Started: time.Now().UTC(), Error: map[string]Error{}}
 	if out, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output(); err == nil {
@@ -499,7 +499,7 @@ func upCluster(wf *v1alpha1.Workflow) (c *localcluster.Cluster, rdb *redis.Clien
 		// queue-proxy-zl was draining ("cannot reach the sidecar"; the
 		// workflow re-runs such a task after 5 minutes, a benchmark cannot).
 		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1", "scale-down-delay": "15m"}},
-		Kubernetes: localk8s.Options{NetPrefix: "zts", ClusterCIDR: netip.MustParsePrefix("10.219.0.0/16"),
+		Kubernetes: k8s.Options{NetPrefix: "zts", ClusterCIDR: netip.MustParsePrefix("10.219.0.0/16"),
 			ServiceCIDR: netip.MustParsePrefix("10.105.0.0/16"), WaitForHost: 60 * time.Minute}})
 	if err != nil {
 		return nil, nil, nil, err
@@ -540,7 +540,7 @@ func upCluster(wf *v1alpha1.Workflow) (c *localcluster.Cluster, rdb *redis.Clien
 // its warm pods (min-scale 1), its idle CPU measured for d after a
 // minute's settling, written to -out/sort-idle.json.
 func idleOnly(o options, d time.Duration) error {
-	wf, _, _, err := loadWorkflow(filepath.Join(controlplane.RepoRoot(), "examples", "sort"))
+	wf, _, _, err := loadWorkflow(filepath.Join(envtest.RepoRoot(), "examples", "sort"))
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
 )
 
 // FunctionTimes is one function's invocations in a session: how many, and

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
 )
 
 // TestInvocationLog: snapshots of a session, polled while it runs, give

@@ -1,5 +1,5 @@
 // Command activator-ext is Knative Serving's activator with ziptrail's layer
-// (internal/activatorext). It is composed from knative.dev/serving's
+// (internal/dataplane/activatorext). It is composed from knative.dev/serving's
 // pkg/activator packages as Knative's own cmd/activator composes them — same
 // environment, ports, config maps and handler chain — with two additions:
 //
@@ -21,6 +21,6 @@
 // image can replace the activator's (see the chart's activatorExt values).
 package main
 
-import "github.com/ziptrail/ziptrail/internal/activatorext/app"
+import "github.com/ziptrail/ziptrail/internal/dataplane/activatorext/app"
 
 func main() { app.Main() }

@@ -40,7 +40,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // savedAnnotation holds, as JSON, the values an object had before the hook

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/ziptrail/ziptrail/internal/nodedir"
-	"github.com/ziptrail/ziptrail/internal/podwebhook"
+	"github.com/ziptrail/ziptrail/internal/operator/podwebhook"
 )
 
 // The pod webhook in the operator binary (every replica serves it, not

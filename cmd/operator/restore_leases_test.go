@@ -10,14 +10,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // TestRestoreDeletesEngineLeases: the chart's post-delete hook deletes
 // the operator's leader Lease and the sharded engine's bucket Leases it
 // is given, and nothing else.
 func TestRestoreDeletesEngineLeases(t *testing.T) {
-	env, err := controlplane.Start()
+	env, err := envtest.Start()
 	if err != nil {
 		t.Fatal(err)
 	}

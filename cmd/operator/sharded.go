@@ -18,11 +18,11 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/controllers"
-	"github.com/ziptrail/ziptrail/internal/control"
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/gateway"
-	"github.com/ziptrail/ziptrail/internal/orchestrator"
-	"github.com/ziptrail/ziptrail/internal/sharding"
+	"github.com/ziptrail/ziptrail/internal/operator/control"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway"
+	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
+	"github.com/ziptrail/ziptrail/internal/operator/sharding"
 )
 
 // shardConfig is the sharded engine's (docs/sharding.md).

@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // TestShardedReplicasSIGKILL runs two operator processes (this command,
@@ -36,7 +36,7 @@ func TestShardedReplicasSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the operator")
 	}
-	env, err := controlplane.Start()
+	env, err := envtest.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func TestShardedReplicasSIGKILL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	k8s, err := client.New(env.Config, client.Options{Scheme: envtest.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestShardedReplicasSIGKILL(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	redis := testservers.StartRedis(t)
+	redis := servers.StartRedis(t)
 	bin := filepath.Join(dir, "operator")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build the operator: %v\n%s", err, out)

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // TestMain doubles as the sidecar process: the tests re-run this binary
@@ -46,10 +46,10 @@ func startSidecar(t *testing.T, env []string, upstream string) *proc {
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	sock, shm := filepath.Join(sockDir, "sidecar.sock"), filepath.Join(t.TempDir(), "objects")
-	p := &proc{listen: fmt.Sprintf("127.0.0.1:%d", testservers.FreePort(t)), exited: make(chan error, 1)}
+	p := &proc{listen: fmt.Sprintf("127.0.0.1:%d", servers.FreePort(t)), exited: make(chan error, 1)}
 	p.cmd = exec.Command(os.Args[0], "--listen", p.listen, "--upstream", upstream)
 	p.cmd.Env = append(os.Environ(), append(env, "ZT_STANDALONE=1", "SERVING_NAMESPACE=ns", "SERVING_POD_IP=127.0.0.1",
-		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", testservers.FreePort(t)), "ZIPTRAIL_METRICS_PORT=0",
+		fmt.Sprintf("ZIPTRAIL_DATAPLANE_PORT=%d", servers.FreePort(t)), "ZIPTRAIL_METRICS_PORT=0",
 		"ZIPTRAIL_SOCKET="+sock, "ZIPTRAIL_SHM_DIR="+shm, "ZIPTRAIL_INLINE_THRESHOLD=1024")...)
 	p.cmd.Stderr = os.Stderr
 	if err := p.cmd.Start(); err != nil {
@@ -89,7 +89,7 @@ func startSidecar(t *testing.T, env []string, upstream string) *proc {
 // A are read in B; SIGTERM on A backs its unread objects up, after which
 // B still gets them (from S3), while an object already read stays gone.
 func TestStandaloneSIGTERMBackup(t *testing.T) {
-	s3 := testservers.StartMinIO(t)
+	s3 := servers.StartMinIO(t)
 	s3.Bucket(t, "ziptrail")
 	keyFile := filepath.Join(t.TempDir(), "keys.json")
 	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{6}, 32))

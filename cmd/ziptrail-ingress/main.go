@@ -1,7 +1,7 @@
 // Command ziptrail-ingress is the local cluster's Knative networking layer
 // (KIngress): one process that is both the controller for Ingresses of the
 // class ziptrail.ingress.networking.knative.dev and the gateway that serves
-// them (internal/kingress). Knative Serving uses it when config-network has
+// them (internal/localcluster/kingress). Knative Serving uses it when config-network has
 // `ingress-class: ziptrail.ingress.networking.knative.dev`.
 //
 //	ziptrail-ingress --kubeconfig ~/.cache/ziptrail/local/kubeconfig \
@@ -29,7 +29,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/ziptrail/ziptrail/internal/kingress"
+	"github.com/ziptrail/ziptrail/internal/localcluster/kingress"
 )
 
 func main() {

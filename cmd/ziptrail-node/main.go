@@ -1,6 +1,6 @@
 // Command ziptrail-node is the local cluster's Kubernetes node agent: it
 // registers one or more Nodes with the API server and runs the Pods bound to
-// them as Linux namespaces (see internal/nodeagent and docs/local-cluster.md).
+// them as Linux namespaces (see internal/localcluster/nodeagent and docs/local-cluster.md).
 //
 //	ziptrail-node --kubeconfig <path> --state-dir <dir> --catalog <images.yaml> \
 //	    --node zt-node-0=10.217.0.0/24,zt-node-1=10.217.1.0/24 \
@@ -18,8 +18,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/nodeagent"
-	"github.com/ziptrail/ziptrail/internal/nodeagent/sandbox"
+	"github.com/ziptrail/ziptrail/internal/localcluster/nodeagent"
+	"github.com/ziptrail/ziptrail/internal/localcluster/nodeagent/sandbox"
 )
 
 func main() {

@@ -19,9 +19,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/shuffle/calibrate"
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/calibrate"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // runCalibrate implements `ziptrail calibrate`: it measures the
@@ -126,7 +126,7 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if *redisAddr != "" || *s3Endpoint != "" {
 			return errors.New("--local starts its own Redis and MinIO: leave out --redis and --s3-endpoint")
 		}
-		tb := &testservers.ProcessTB{}
+		tb := &servers.ProcessTB{}
 		defer tb.Close()
 		fmt.Fprintln(stderr, "starting redis-server and MinIO on loopback ports")
 		rs, mi, bucket, err := startLocalServers(tb)
@@ -135,7 +135,7 @@ func runCalibrate(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		cfg.Redis = &redis.Options{Addr: rs.Addr}
 		cfg.S3 = calibrate.S3Endpoint{Endpoint: mi.Endpoint, AccessKey: mi.AccessKey, SecretKey: mi.SecretKey, Bucket: bucket}
-		details["s3"] = "MinIO (testservers.StartMinIO) at " + mi.Endpoint + ", data in a temp dir"
+		details["s3"] = "MinIO (servers.StartMinIO) at " + mi.Endpoint + ", data in a temp dir"
 		// The servers are this machine's processes: their CPU per byte
 		// moved is measured, and they share its cores with the workers.
 		cfg.ServerPIDs = map[string]int{}
@@ -331,10 +331,10 @@ func findQueueProxy(ctx context.Context, given string, progress io.Writer) (bin 
 }
 
 // startLocalServers starts redis-server and MinIO with a bucket.
-func startLocalServers(tb *testservers.ProcessTB) (rs *testservers.Redis, mi *testservers.MinIO, bucket string, err error) {
+func startLocalServers(tb *servers.ProcessTB) (rs *servers.Redis, mi *servers.MinIO, bucket string, err error) {
 	err = tb.Do(func() {
-		rs = testservers.StartRedis(tb)
-		mi = testservers.StartMinIO(tb)
+		rs = servers.StartRedis(tb)
+		mi = servers.StartMinIO(tb)
 		bucket = mi.Bucket(tb, "calibrate")
 	})
 	return rs, mi, bucket, err

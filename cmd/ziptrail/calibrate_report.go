@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/shuffle/calibrate"
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
+	"github.com/ziptrail/ziptrail/internal/tools/calibrate"
 )
 
 // What calibrate prints: every measurement, the parameters fitted to them

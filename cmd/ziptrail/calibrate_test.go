@@ -15,9 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/shuffle/calibrate"
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
+	"github.com/ziptrail/ziptrail/internal/tools/calibrate"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // TestCalibrateLocal runs `ziptrail calibrate --local --quick` against the
@@ -26,7 +26,7 @@ import (
 // equals the ConfigMap's calibration, and `explain --calibration` plans
 // with it.
 func TestCalibrateLocal(t *testing.T) {
-	env, err := controlplane.Start()
+	env, err := envtest.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestCalibrateLocal(t *testing.T) {
 	file, raw := filepath.Join(dir, "cal.json"), filepath.Join(dir, "raw.json")
 	var stdout, stderr bytes.Buffer
 	// the sidecar path (real queue-proxy-zl processes) has its own test in
-	// internal/shuffle/calibrate; here it is left out
+	// internal/tools/calibrate; here it is left out
 	err = runCalibrate(ctx, []string{"--local", "--quick", "--duration-per-point", "100ms", "--worker-startup", "600ms", "--queue-proxy-zl", "none",
 		"-o", file, "--raw", raw, "--configmap", "shuffle/cal", "--kubeconfig", kubeconfig}, &stdout, &stderr)
 	if err != nil {

@@ -21,8 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 	"github.com/ziptrail/ziptrail/sdk/go/admin"
 )
 
@@ -39,14 +39,14 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	root := controlplane.RepoRoot()
+	root := envtest.RepoRoot()
 	text, err := os.ReadFile(filepath.Join(root, *input))
 	if err != nil {
 		if text, err = os.ReadFile(*input); err != nil {
 			return fmt.Errorf("read input: %w", err)
 		}
 	}
-	helm := controlplane.FindBinary("helm")
+	helm := envtest.FindBinary("helm")
 	if helm == "" {
 		return errors.New("helm not found on PATH or in $ZIPTRAIL_CACHE/bin: run hack/install-deps.sh (make demo does)")
 	}
@@ -82,7 +82,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		return nil
 	}
 	kubectl := func(args ...string) error {
-		return run(filepath.Join(controlplane.Assets(), "kubectl"), args...)
+		return run(filepath.Join(envtest.Assets(), "kubectl"), args...)
 	}
 
 	// The chart's operator (2 replicas, leader election), its Services and

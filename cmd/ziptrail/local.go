@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
+	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
 )
 
 // runLocal implements `ziptrail local up|down|status`.
@@ -59,7 +59,7 @@ func runLocal(ctx context.Context, args []string, out io.Writer) error {
 		return c.Down(context.Background())
 	case "down":
 		// Removes what a crashed `local up` may have left behind.
-		if st, err := localk8s.ReadState(*stateDir); err == nil {
+		if st, err := k8s.ReadState(*stateDir); err == nil {
 			if pid := st.Owner; st.OwnerAlive() {
 				// An orderly stop first: `local up` stops on SIGTERM.
 				fmt.Fprintf(out, "==> asking `local up` (pid %d) to stop\n", pid)
@@ -70,7 +70,7 @@ func runLocal(ctx context.Context, args []string, out io.Writer) error {
 			}
 		}
 		fmt.Fprintln(out, "==> stopping Kubernetes components, node agent pods, kube-proxy rules")
-		if _, err := localk8s.Down(ctx, *stateDir); err != nil {
+		if _, err := k8s.Down(ctx, *stateDir); err != nil {
 			return err
 		}
 		localcluster.KillLeftovers(*stateDir)
@@ -94,7 +94,7 @@ func defaultStateDir() string {
 // k8sStatus prints the health of each component of the local Kubernetes
 // cluster recorded in stateDir, and each node's Ready condition.
 func k8sStatus(ctx context.Context, stateDir string, out io.Writer) error {
-	hs, err := localk8s.Status(ctx, stateDir)
+	hs, err := k8s.Status(ctx, stateDir)
 	if errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(out, "no local Kubernetes cluster recorded in %s\n", stateDir)
 		return nil

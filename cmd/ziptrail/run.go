@@ -23,9 +23,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/gateway"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
 	"github.com/ziptrail/ziptrail/internal/retry"
-	"github.com/ziptrail/ziptrail/internal/sessions"
 )
 
 // parseInterleaved parses flags that may come before or after the

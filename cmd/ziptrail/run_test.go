@@ -30,16 +30,16 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/control"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
-	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/orchestrator"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/operator/control"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway"
+	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
@@ -51,20 +51,20 @@ type cliEnv struct {
 	state, url           string
 	allowed, denied, tok string
 	certKubeconfig       string
-	fns                  *testservers.Functions
+	fns                  *servers.Functions
 	orch                 *orchestrator.Orchestrator
 	keys                 *control.SecretKeys
 	gateway              http.Handler // the gateway srv serves at url
 }
 
 func startGateway(t *testing.T) cliEnv {
-	env, err := controlplane.Start()
+	env, err := envtest.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
 	ctx := context.Background()
-	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	k8s, err := client.New(env.Config, client.Options{Scheme: envtest.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func startGateway(t *testing.T) cliEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(filepath.Join(controlplane.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
+	data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func startGateway(t *testing.T) cliEnv {
 		t.Fatal(err)
 	}
 
-	fns := &testservers.Functions{}
+	fns := &servers.Functions{}
 	fns.Add(t, "upper-run", ziptrail.FunctionHandler(func(_ context.Context, inv *ziptrail.Invocation) ([]byte, error) {
 		return bytes.Repeat(bytes.ToUpper(inv.Objects[0].Bytes()), 5), nil
 	}))

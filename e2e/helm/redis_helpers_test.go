@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // redisSvc is the Service in releaseNS (= localcluster.SystemNamespace)
@@ -21,8 +21,8 @@ const redisSvc = "redis"
 // whose release checkpoints its engine (tiers.redis.address = redisAddress);
 // the Service goes with the Describe (DeferCleanup), the server with the
 // spec tree.
-func hostRedis() *testservers.Redis {
-	r := testservers.StartRedisOn(GinkgoT(), cluster.State.HostIP)
+func hostRedis() *servers.Redis {
+	r := servers.StartRedisOn(GinkgoT(), cluster.State.HostIP)
 	_, port, err := net.SplitHostPort(r.Addr)
 	Expect(err).NotTo(HaveOccurred())
 	target, err := strconv.Atoi(port)

@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/chartops"
-	"github.com/ziptrail/ziptrail/internal/sessions"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
+	"github.com/ziptrail/ziptrail/internal/tools/chartops"
 )
 
 // Sessions through the chart's operator: its session gateway Service,

@@ -20,9 +20,9 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/sessions"
-	"github.com/ziptrail/ziptrail/internal/sharding"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/operator/sessions"
+	"github.com/ziptrail/ziptrail/internal/operator/sharding"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // The sharded trigger engine (docs/sharding.md) through the chart: its own
@@ -43,7 +43,7 @@ const (
 
 var _ = Describe("the sharded engine through the chart: 3 replicas, the owner of a session in flight SIGKILLed", Ordered, func() {
 	var (
-		redisSrv    *testservers.Redis
+		redisSrv    *servers.Redis
 		createdNS   bool
 		installed   bool
 		before      knativeState

@@ -1,7 +1,7 @@
 // Package helm is the e2e suite of ziptrail's Helm chart on the local
-// cluster: real Kubernetes (internal/localk8s) with the node agent running
+// cluster: real Kubernetes (internal/localcluster/k8s) with the node agent running
 // pods from the image catalog (config/local/images.yaml), real Knative
-// Serving (internal/localknative), and ziptrail installed, upgraded and
+// Serving (internal/localcluster/knative), and ziptrail installed, upgraded and
 // uninstalled with the real `helm` CLI as a user does — the operator runs
 // as the chart's Deployment, not in this process. It starts its own
 // cluster, so it runs as root, and waits for the host's one local cluster
@@ -25,23 +25,23 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/ziptrail/ziptrail/internal/chartops"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
-	"github.com/ziptrail/ziptrail/internal/localknative"
+	localk8s "github.com/ziptrail/ziptrail/internal/localcluster/k8s"
+	"github.com/ziptrail/ziptrail/internal/localcluster/knative"
+	"github.com/ziptrail/ziptrail/internal/tools/chartops"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 var (
 	ctx     = context.Background()
 	cluster *localk8s.Cluster
-	kn      *localknative.Knative
+	kn      *knative.Knative
 	cs      *kubernetes.Clientset
 	dyn     *dynamic.DynamicClient
 	k8s     client.Client
 	kubectl string
-	chart   = filepath.Join(controlplane.RepoRoot(), "charts", "ziptrail")
+	chart   = filepath.Join(envtest.RepoRoot(), "charts", "ziptrail")
 	// rel is the release the Describes install (one at a time), as
-	// internal/chartops drives it: helm, the gateway Service, tokens.
+	// internal/tools/chartops drives it: helm, the gateway Service, tokens.
 	rel *chartops.Release
 )
 
@@ -56,7 +56,7 @@ var _ = BeforeSuite(func() {
 	var err error
 	// helm and kubectl come from hack/install-deps.sh (make test puts them
 	// on PATH; $ZIPTRAIL_CACHE/bin otherwise).
-	Expect(controlplane.FindBinary("helm")).NotTo(BeEmpty(), "helm from hack/install-deps.sh: eval \"$(hack/install-deps.sh --env)\"")
+	Expect(envtest.FindBinary("helm")).NotTo(BeEmpty(), "helm from hack/install-deps.sh: eval \"$(hack/install-deps.sh --env)\"")
 	kubectl = filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
 	Expect(kubectl).To(BeAnExistingFile(), "kubectl from hack/install-deps.sh")
 
@@ -64,7 +64,7 @@ var _ = BeforeSuite(func() {
 	bin := func(pkg string) string {
 		out := filepath.Join(dir, "bin", filepath.Base(pkg))
 		build := exec.Command("go", "build", "-o", out, pkg)
-		build.Dir = controlplane.RepoRoot()
+		build.Dir = envtest.RepoRoot()
 		b, err := build.CombinedOutput()
 		Expect(err).NotTo(HaveOccurred(), "build %s: %s", pkg, b)
 		return out
@@ -77,8 +77,8 @@ var _ = BeforeSuite(func() {
 		Log:         GinkgoWriter,
 	})
 	Expect(err).NotTo(HaveOccurred())
-	kn, err = localknative.Install(ctx, localknative.Options{
-		Cluster: cluster, RepoRoot: controlplane.RepoRoot(), Ingress: ingress, Log: GinkgoWriter,
+	kn, err = knative.Install(ctx, knative.Options{
+		Cluster: cluster, RepoRoot: envtest.RepoRoot(), Ingress: ingress, Log: GinkgoWriter,
 		// Functions scale to zero within seconds (the keep-alive specs wait
 		// for it), and may start at zero.
 		// activator-ext's locality decisions are read from the
@@ -92,7 +92,7 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	dyn, err = dynamic.NewForConfig(cluster.Config)
 	Expect(err).NotTo(HaveOccurred())
-	k8s, err = client.New(cluster.Config, client.Options{Scheme: controlplane.Scheme()})
+	k8s, err = client.New(cluster.Config, client.Options{Scheme: envtest.Scheme()})
 	Expect(err).NotTo(HaveOccurred())
 
 	// helm as a user runs it, with its own configuration and cache.

@@ -15,12 +15,12 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/dispatch/direct"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/operator/dispatch/direct"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
-// What the operator's direct routing (internal/dispatch/direct) relies on
+// What the operator's direct routing (internal/operator/dispatch/direct) relies on
 // of Knative, pinned against the real thing: a Knative upgrade that
 // changes it fails here, not in production.
 var _ = Describe("direct routing's view of Knative", Ordered, func() {
@@ -40,7 +40,7 @@ var _ = Describe("direct routing's view of Knative", Ordered, func() {
 	BeforeAll(func() {
 		ns = newNamespace("kn-direct")
 		var err error
-		reader, err = client.New(cluster.Config, client.Options{Scheme: controlplane.Scheme()})
+		reader, err = client.New(cluster.Config, client.Options{Scheme: envtest.Scheme()})
 		Expect(err).NotTo(HaveOccurred())
 		out, err := kubectlApply(ns, service(name, map[string]string{"autoscaling.knative.dev/min-scale": "1"}, ""))
 		Expect(err).NotTo(HaveOccurred(), out)

@@ -16,7 +16,7 @@ import (
 	"knative.dev/pkg/apis"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
-	"github.com/ziptrail/ziptrail/internal/dispatch/direct"
+	"github.com/ziptrail/ziptrail/internal/operator/dispatch/direct"
 )
 
 const echoImage = "ziptrail.dev/e2e/echo:latest"
@@ -291,7 +291,7 @@ spec:
 		svc := waitReady(ns, name)
 		Expect(svc.Status.Traffic).To(HaveLen(2))
 		// A split is Knative's to make: direct routing leaves it to the
-		// route (internal/dispatch/direct).
+		// route (internal/operator/dispatch/direct).
 		Expect(direct.Revision(svc)).To(BeEmpty())
 	})
 

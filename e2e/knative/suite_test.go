@@ -1,7 +1,7 @@
 // Package knative is the e2e suite of real Knative Serving on the local
 // cluster: Knative's controller, webhook, autoscaler and activator
-// (internal/localknative) with ziptrail-ingress as the KIngress, on the
-// local Kubernetes cluster (internal/localk8s) — plain Knative Services of
+// (internal/localcluster/knative) with ziptrail-ingress as the KIngress, on the
+// local Kubernetes cluster (internal/localcluster/k8s) — plain Knative Services of
 // the echo test image, no ziptrail. It starts its own cluster, so it runs as
 // root, and not while `ziptrail local up` runs (one cluster per host).
 package knative
@@ -27,14 +27,14 @@ import (
 	netclient "knative.dev/networking/pkg/client/clientset/versioned"
 	servingclient "knative.dev/serving/pkg/client/clientset/versioned"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
-	"github.com/ziptrail/ziptrail/internal/localknative"
+	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
+	localknative "github.com/ziptrail/ziptrail/internal/localcluster/knative"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 var (
 	ctx     = context.Background()
-	cluster *localk8s.Cluster
+	cluster *k8s.Cluster
 	kn      *localknative.Knative
 	cs      *kubernetes.Clientset
 	serving *servingclient.Clientset
@@ -67,14 +67,14 @@ var _ = BeforeSuite(func() {
 	bin := func(pkg string) string {
 		out := filepath.Join(dir, "bin", filepath.Base(pkg))
 		build := exec.Command("go", "build", "-o", out, pkg)
-		build.Dir = controlplane.RepoRoot()
+		build.Dir = envtest.RepoRoot()
 		b, err := build.CombinedOutput()
 		Expect(err).NotTo(HaveOccurred(), "build %s: %s", pkg, b)
 		return out
 	}
 	agent, ingress := bin("./cmd/ziptrail-node"), bin("./cmd/ziptrail-ingress")
 	var err error
-	cluster, err = localk8s.Start(ctx, localk8s.Options{
+	cluster, err = k8s.Start(ctx, k8s.Options{
 		StateDir: dir, Nodes: 2, NodeAgent: agent, NetPrefix: "ztkn",
 		ClusterCIDR: netip.MustParsePrefix("10.226.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.102.0.0/16"),
 		WaitForHost: 45 * time.Minute, // other suites may hold the host's one cluster
@@ -82,7 +82,7 @@ var _ = BeforeSuite(func() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	kn, err = localknative.Install(ctx, localknative.Options{
-		Cluster: cluster, RepoRoot: controlplane.RepoRoot(), Ingress: ingress,
+		Cluster: cluster, RepoRoot: envtest.RepoRoot(), Ingress: ingress,
 		ConfigMaps: map[string]map[string]string{"config-autoscaler": autoscaler},
 		Log:        GinkgoWriter,
 	})

@@ -26,7 +26,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
-	"github.com/ziptrail/ziptrail/internal/localk8s"
+	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
 )
 
 // echoImage is the node agent's test image (e2e/images/echo in the catalog).
@@ -40,7 +40,7 @@ func newNamespace() string {
 	DeferCleanup(func() {
 		_ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
 	})
-	Expect(localk8s.WaitDefaultServiceAccount(ctx, cs, ns)).To(Succeed())
+	Expect(k8s.WaitDefaultServiceAccount(ctx, cs, ns)).To(Succeed())
 	return ns
 }
 

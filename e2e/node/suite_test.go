@@ -1,5 +1,5 @@
 // Package node is the e2e suite of the local Kubernetes cluster itself
-// (internal/localk8s): plain Kubernetes objects only, no Knative and no
+// (internal/localcluster/k8s): plain Kubernetes objects only, no Knative and no
 // ziptrail. It starts its own cluster — etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS and the node
 // agent with two nodes — so it runs as root, and not while `ziptrail local
@@ -19,13 +19,13 @@ import (
 	. "github.com/onsi/gomega"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
+	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 var (
 	ctx     = context.Background()
-	cluster *localk8s.Cluster
+	cluster *k8s.Cluster
 	cs      *kubernetes.Clientset
 	kubectl string // path of kubectl
 )
@@ -41,13 +41,13 @@ var _ = BeforeSuite(func() {
 	dir := GinkgoT().TempDir()
 	agent := filepath.Join(dir, "bin", "ziptrail-node")
 	build := exec.Command("go", "build", "-o", agent, "./cmd/ziptrail-node")
-	build.Dir = controlplane.RepoRoot()
+	build.Dir = envtest.RepoRoot()
 	out, err := build.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "build ziptrail-node: %s", out)
-	cluster, err = localk8s.Start(ctx, localk8s.Options{
+	cluster, err = k8s.Start(ctx, k8s.Options{
 		StateDir: dir, Nodes: 2, NodeAgent: agent, NetPrefix: "zten",
 		ClusterCIDR: netip.MustParsePrefix("10.224.0.0/16"), ServiceCIDR: netip.MustParsePrefix("10.101.0.0/16"),
-		// Another suite (internal/localk8s) may hold the host's one cluster.
+		// Another suite (internal/localcluster/k8s) may hold the host's one cluster.
 		WaitForHost: 45 * time.Minute, // the e2e suites, each with its own cluster, take turns
 		Log:         GinkgoWriter,
 	})

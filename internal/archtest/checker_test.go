@@ -11,16 +11,16 @@ import (
 // reaches net/http through a shared leaf, the operator is a client of pull.
 func fakeGraph() *graph {
 	return newGraph(map[string][]string{
-		"internal/dataplane/a":    {"internal/dataplane/b"},
-		"internal/dataplane/b":    {"internal/orchestrator"},
-		"internal/orchestrator":   {"internal/dataplane/pull"},
-		"internal/dataplane/pull": {"internal/dataplane/streamio"},
-		"internal/engine":         {"internal/invocation"},
-		"internal/invocation":     {"net/http"},
-		"net/http":                {"net/http/internal"},
+		"internal/dataplane/a":           {"internal/dataplane/b"},
+		"internal/dataplane/b":           {"internal/operator/orchestrator"},
+		"internal/operator/orchestrator": {"internal/dataplane/pull"},
+		"internal/dataplane/pull":        {"internal/dataplane/streamio"},
+		"internal/engine":                {"internal/invocation"},
+		"internal/invocation":            {"net/http"},
+		"net/http":                       {"net/http/internal"},
 	}, []string{
 		"internal/dataplane/a", "internal/dataplane/b", "internal/dataplane/pull", "internal/dataplane/streamio",
-		"internal/orchestrator", "internal/engine", "internal/invocation",
+		"internal/operator/orchestrator", "internal/engine", "internal/invocation",
 	})
 }
 
@@ -43,17 +43,17 @@ func TestCheckReportsTheImportAndItsChain(t *testing.T) {
 		t.Fatalf("data plane → operator: %d violations, want 1: %v", len(found), found)
 	}
 	v := found[0]
-	if want := []string{"internal/dataplane/b", "internal/orchestrator"}; !slices.Equal(v.chain, want) {
+	if want := []string{"internal/dataplane/b", "internal/operator/orchestrator"}; !slices.Equal(v.chain, want) {
 		t.Errorf("chain %v, want the shortest, %v", v.chain, want)
 	}
 	if want := []string{"internal/dataplane/a"}; !slices.Equal(v.alsoFrom, want) {
 		t.Errorf("also from %v, want %v", v.alsoFrom, want)
 	}
 	for _, want := range []string{
-		"forbidden import internal/dataplane/b → internal/orchestrator",
+		"forbidden import internal/dataplane/b → internal/operator/orchestrator",
 		"importer: internal/dataplane/b (data plane)",
-		"imported: internal/orchestrator (operator)",
-		"chain:    internal/dataplane/b → internal/orchestrator",
+		"imported: internal/operator/orchestrator (operator)",
+		"chain:    internal/dataplane/b → internal/operator/orchestrator",
 	} {
 		if !strings.Contains(v.String(), want) {
 			t.Errorf("message lacks %q:\n%s", want, v)
@@ -72,7 +72,7 @@ func TestCheckReportsTheImportAndItsChain(t *testing.T) {
 
 func TestCheckHonoursExactExceptions(t *testing.T) {
 	g := fakeGraph()
-	crossing := edge{"internal/dataplane/b", "internal/orchestrator"}
+	crossing := edge{"internal/dataplane/b", "internal/operator/orchestrator"}
 
 	found, used := g.check(ruleByID(t, ruleDataPlane), map[edge]bool{crossing: true})
 	if len(found) != 0 || !used[crossing] {
@@ -80,7 +80,7 @@ func TestCheckHonoursExactExceptions(t *testing.T) {
 	}
 
 	// An exception for another import excuses nothing and is not used.
-	other := edge{"internal/dataplane/a", "internal/orchestrator"}
+	other := edge{"internal/dataplane/a", "internal/operator/orchestrator"}
 	found, used = g.check(ruleByID(t, ruleDataPlane), map[edge]bool{other: true})
 	if len(found) != 1 || used[other] {
 		t.Errorf("unrelated exception: violations %v, used %v", found, used)

@@ -82,32 +82,6 @@ var placements = []placement{
 	{"internal/dataplane/localapi/sidecarv1", sharedLeaf, ""}, // sidecar ↔ the SDKs
 	// Test helpers that live beside the code they test.
 	{"internal/operator/control/guard/guardtest", tooling, ""}, // hostile gRPC clients for the servers' tests
-
-	// Today's flat packages, each until `git mv` takes it home (issue 34).
-	{"internal/orchestrator", operator, "internal/operator/orchestrator"},
-	{"internal/dispatch/...", operator, "internal/operator/dispatch"},
-	{"internal/dispatch/call", sharedLeaf, "internal/invocation/call"},
-	{"internal/gateway/...", operator, "internal/operator/gateway"},
-	{"internal/gateway/gatewayv1", sharedLeaf, "internal/operator/gateway/gatewayv1"},
-	{"internal/sessions", operator, "internal/operator/sessions"},
-	{"internal/checkpoint", operator, "internal/operator/checkpoint"},
-	{"internal/sharding", operator, "internal/operator/sharding"},
-	{"internal/control/...", operator, "internal/operator/control"},
-	{"internal/control/controlv1", sharedLeaf, "internal/operator/control/controlv1"},
-	{"internal/control/guard/guardtest", tooling, "internal/operator/control/guard/guardtest"},
-	{"internal/directory", operator, "internal/operator/directory"},
-	{"internal/podwebhook", operator, "internal/operator/podwebhook"},
-	{"internal/controlclient", dataPlane, "internal/dataplane/controlclient"},
-	{"internal/activatorext/...", dataPlane, "internal/dataplane/activatorext"},
-	{"internal/localk8s", localCluster, "internal/localcluster/k8s"},
-	{"internal/localknative", localCluster, "internal/localcluster/knative"},
-	{"internal/nodeagent/...", localCluster, "internal/localcluster/nodeagent"},
-	{"internal/kingress", localCluster, "internal/localcluster/kingress"},
-	{"internal/netns", localCluster, "internal/localcluster/netns"},
-	{"internal/shuffle/calibrate", tooling, "internal/tools/calibrate"},
-	{"internal/testservers", tooling, "internal/tools/servers"},
-	{"internal/controlplane", tooling, "internal/tools/envtest and internal/tools/paths"},
-	{"internal/chartops", tooling, "internal/tools/chartops"}, // bench/chaos and e2e/helm drive a Helm install with it
 }
 
 // dataPlaneClientAPI are the data-plane packages the operator may use, as
@@ -200,9 +174,4 @@ var rules = []rule{
 // relative to the module) that crosses the rule's boundary; what lies
 // behind it is excused with it, any other way across is not. An exception
 // no longer needed fails the test: delete it.
-//
-// internal/shuffle/calibrate, which boots an operator from inside the
-// shuffle tree, needs none: placed in the tooling wing it moves to, its
-// imports break no rule; only its directory is wrong, and its row in
-// placements says where it goes.
 var exceptions = []exception{}

@@ -1,6 +1,6 @@
 // Package localcluster runs the whole of ziptrail on one machine: the local
-// Kubernetes cluster (internal/localk8s: control plane, node agent), real
-// Knative Serving on it (internal/localknative) with queue-proxy-zl as its
+// Kubernetes cluster (internal/localcluster/k8s: control plane, node agent), real
+// Knative Serving on it (internal/localcluster/knative) with queue-proxy-zl as its
 // queue sidecar, and ziptrail's operator — controllers, trigger engine,
 // control stream, session gateway — in this process, with redis-server and
 // MinIO as the storage tiers.
@@ -33,12 +33,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/ziptrail/ziptrail/internal/control"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/dispatch/direct"
-	"github.com/ziptrail/ziptrail/internal/gateway"
-	"github.com/ziptrail/ziptrail/internal/localk8s"
-	"github.com/ziptrail/ziptrail/internal/localknative"
+	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
+	"github.com/ziptrail/ziptrail/internal/localcluster/knative"
+	"github.com/ziptrail/ziptrail/internal/operator/control"
+	"github.com/ziptrail/ziptrail/internal/operator/dispatch/direct"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // CheckpointInterval is how often the local cluster's engine saves its
@@ -71,7 +71,7 @@ type Options struct {
 	// Kubernetes holds the local Kubernetes cluster's network options
 	// (ClusterCIDR, ServiceCIDR, NetPrefix) and WaitForHost; its StateDir,
 	// Nodes, NodeAgent, Catalog and Log are set from the fields above.
-	Kubernetes localk8s.Options
+	Kubernetes k8s.Options
 	// Catalog is the image catalog the node agent's is made from
 	// (docs/local-cluster.md, "Image catalog"); default
 	// <repo>/config/local/images.yaml.
@@ -116,13 +116,13 @@ func ReadState(stateDir string) (State, error) {
 	return st, json.Unmarshal(data, &st)
 }
 
-// Cluster is a running local cluster: Kubernetes (internal/localk8s),
-// Knative Serving (internal/localknative), ziptrail's operator in this
+// Cluster is a running local cluster: Kubernetes (internal/localcluster/k8s),
+// Knative Serving (internal/localcluster/knative), ziptrail's operator in this
 // process, the session gateway and the storage tiers.
 type Cluster struct {
 	opts       Options
-	K8s        *localk8s.Cluster
-	Knative    *localknative.Knative
+	K8s        *k8s.Cluster
+	Knative    *knative.Knative
 	Client     client.Client
 	Clientset  *kubernetes.Clientset
 	Config     *rest.Config
@@ -198,7 +198,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		opts.Log = io.Discard
 	}
 	if opts.Catalog == "" {
-		opts.Catalog = filepath.Join(controlplane.RepoRoot(), "config", "local", "images.yaml")
+		opts.Catalog = filepath.Join(envtest.RepoRoot(), "config", "local", "images.yaml")
 	}
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "bin"), 0o755); err != nil {
 		return nil, err
@@ -248,16 +248,16 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		ko.Log = opts.Log
 	}
 	step("starting Kubernetes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, %d node(s)", ko.Nodes)
-	if c.K8s, err = localk8s.Start(ctx, ko); err != nil {
+	if c.K8s, err = k8s.Start(ctx, ko); err != nil {
 		return nil, err
 	}
 	c.Config, c.Kubeconfig = c.K8s.Config, c.K8s.Kubeconfig
 	if !opts.NoOperator { // else the chart installs them
-		if err := controlplane.InstallCRDs(c.Config); err != nil {
+		if err := envtest.InstallCRDs(c.Config); err != nil {
 			return nil, err
 		}
 	}
-	if c.Client, err = client.New(c.Config, client.Options{Scheme: controlplane.Scheme()}); err != nil {
+	if c.Client, err = client.New(c.Config, client.Options{Scheme: envtest.Scheme()}); err != nil {
 		return nil, err
 	}
 	if c.Clientset, err = c.K8s.Clientset(); err != nil {
@@ -289,8 +289,8 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 			knCfg[name][k] = v
 		}
 	}
-	if c.Knative, err = localknative.Install(ctx, localknative.Options{
-		Cluster: c.K8s, RepoRoot: controlplane.RepoRoot(), Ingress: ingress,
+	if c.Knative, err = knative.Install(ctx, knative.Options{
+		Cluster: c.K8s, RepoRoot: envtest.RepoRoot(), Ingress: ingress,
 		QueueSidecarImage: QueueProxyImage + ":latest", ConfigMaps: knCfg, Log: opts.Log,
 	}); err != nil {
 		return nil, err
@@ -409,7 +409,7 @@ func portOf(addr string) int {
 }
 
 func newManager(cfg *rest.Config) (ctrl.Manager, error) {
-	return ctrl.NewManager(cfg, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
+	return ctrl.NewManager(cfg, ctrl.Options{Scheme: envtest.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
 		Cache: cache.Options{ByObject: direct.CacheOptions()},
 		// A restarted operator registers its controllers again in this process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})

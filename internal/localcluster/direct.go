@@ -5,10 +5,10 @@ import (
 	"os"
 	"strconv"
 
-	"github.com/ziptrail/ziptrail/internal/dispatch/call"
-	"github.com/ziptrail/ziptrail/internal/dispatch/direct"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/invocation/call"
 	"github.com/ziptrail/ziptrail/internal/invocation/podpick"
+	"github.com/ziptrail/ziptrail/internal/operator/dispatch/direct"
 )
 
 // EnvDirectDispatch, set to true or false, overrides Options.RouteOnly

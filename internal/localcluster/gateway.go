@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // adminAccount is the ServiceAccount whose token the local cluster's
@@ -50,7 +50,7 @@ func (c *Cluster) adminCredentials(ctx context.Context) (err error) {
 // for the API server: the session gateway checks bearer tokens only. It
 // returns the token.
 func GatewayCredentials(ctx context.Context, k8s client.Client, cfg *rest.Config, kubeconfig string) (string, error) {
-	data, err := os.ReadFile(filepath.Join(controlplane.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
+	data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
 	if err != nil {
 		return "", fmt.Errorf("the session-runner ClusterRole: %w", err)
 	}

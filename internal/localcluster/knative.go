@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // SystemNamespace holds the Services through which pods reach what the
@@ -140,7 +140,7 @@ func advertise(ctx context.Context, cs kubernetes.Interface, name string, port i
 func buildCommand(ctx context.Context, dir, pkg string, out io.Writer) (string, error) {
 	bin := filepath.Join(dir, filepath.Base(pkg))
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
-	cmd.Dir = controlplane.RepoRoot()
+	cmd.Dir = envtest.RepoRoot()
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("go build %s: %w", pkg, err)

@@ -19,13 +19,13 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/controllers"
-	"github.com/ziptrail/ziptrail/internal/checkpoint"
-	"github.com/ziptrail/ziptrail/internal/control"
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/dispatch"
-	"github.com/ziptrail/ziptrail/internal/dispatch/direct"
-	"github.com/ziptrail/ziptrail/internal/gateway"
-	"github.com/ziptrail/ziptrail/internal/orchestrator"
+	"github.com/ziptrail/ziptrail/internal/operator/checkpoint"
+	"github.com/ziptrail/ziptrail/internal/operator/control"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/operator/dispatch"
+	"github.com/ziptrail/ziptrail/internal/operator/dispatch/direct"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway"
+	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
 )
 
 // operatorRun is one incarnation of the operator: controllers, trigger

@@ -20,14 +20,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/ziptrail/ziptrail/internal/podwebhook"
+	"github.com/ziptrail/ziptrail/internal/operator/podwebhook"
 )
 
 // podWebhookName is the MutatingWebhookConfiguration of the same-node
 // data plane on the local cluster (the chart's is <release>-pods).
 const podWebhookName = "ziptrail-local-pods"
 
-// startPodWebhook serves ziptrail's pod webhooks (internal/podwebhook: the
+// startPodWebhook serves ziptrail's pod webhooks (internal/operator/podwebhook: the
 // objects volume and the same-node directory) from
 // this process, as the chart's operator replicas do in a cluster, and
 // registers it with the API server (a host process: it reaches the

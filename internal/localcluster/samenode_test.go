@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/ziptrail/ziptrail/internal/podwebhook"
+	"github.com/ziptrail/ziptrail/internal/operator/podwebhook"
 )
 
 // TestPodWebhookRegistration: the local cluster's webhook, served from

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/ziptrail/ziptrail/internal/engine"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // The metadata keys are the ones the engine reads (the group key is the
@@ -36,7 +36,7 @@ func TestMetadataKeys(t *testing.T) {
 // through the sidecar into the S3 tier (another pod reads it from there)
 // while a plain send travels with the response.
 func TestBucketObjects(t *testing.T) {
-	s3 := testservers.StartMinIO(t)
+	s3 := servers.StartMinIO(t)
 	s3.Bucket(t, "ziptrail")
 	tier := []string{"ZIPTRAIL_S3_ENDPOINT=" + s3.Endpoint, "ZIPTRAIL_S3_ACCESS_KEY=" + s3.AccessKey, "ZIPTRAIL_S3_SECRET_KEY=" + s3.SecretKey}
 	keys := keyFile(t, "k1", 6)

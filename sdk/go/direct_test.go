@@ -22,7 +22,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 	"github.com/ziptrail/ziptrail/internal/nodedir"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // Same-node direct channels against real sidecars (queue-proxy-zl
@@ -33,7 +33,7 @@ import (
 // for that pod.
 func tokenUID(t testing.TB, file string) string {
 	t.Helper()
-	uid, err := testservers.TokenPodUID(file)
+	uid, err := servers.TokenPodUID(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func nodeDir(t testing.TB) string {
 
 // startNodePod runs a pod's sidecar on node, sharing dir with the node's
 // other pods; upstream is its function ("" none).
-func startNodePod(t testing.TB, op *testservers.Operator, ns, pod, node, dir, upstream string) *sidecar {
+func startNodePod(t testing.TB, op *servers.Operator, ns, pod, node, dir, upstream string) *sidecar {
 	t.Helper()
 	tok := op.PodToken(t, ns, pod)
 	return startSidecar(t, sidecarOpts{namespace: ns, upstream: upstream, env: []string{"SERVING_POD=" + pod,
@@ -86,7 +86,7 @@ func allDirect(t *testing.T, gs []*Group) {
 // receiver that does not read holds its sender back (a send times out)
 // and loses nothing; a rank on another node sends over a TCP channel.
 func TestDirectOrderAndBackPressure(t *testing.T) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	dir := nodeDir(t)
 	a := startNodePod(t, op, "ns", "pod-a", "node-a", dir, "")
 	b := startNodePod(t, op, "ns", "pod-b", "node-a", dir, "")
@@ -189,7 +189,7 @@ func holdBack(t *testing.T, ctx context.Context, from, to *Group, size int) {
 // TestDirectCollectives: every collective with 4 and 8 members on one
 // node (two pods), small and large, through direct channels only.
 func TestDirectCollectives(t *testing.T) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	dir := nodeDir(t)
 	pods := []*sidecar{startNodePod(t, op, "ns", "pod-a", "node-a", dir, ""), startNodePod(t, op, "ns", "pod-b", "node-a", dir, "")}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -225,7 +225,7 @@ func fdCount(t *testing.T) int {
 // direct channel: the receiving SDK drops that channel with an error
 // naming the rank, serves on, and keeps no descriptor.
 func TestDirectHostilePeer(t *testing.T) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	dir := nodeDir(t)
 	a := startNodePod(t, op, "ns", "pod-a", "node-a", dir, "")
 	b := startNodePod(t, op, "ns", "pod-b", "node-a", dir, "")
@@ -388,7 +388,7 @@ func TestDirectPeerKilled(t *testing.T) {
 }
 
 func testDirectPeerKilled(t *testing.T, across, frozen bool) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	dir := nodeDir(t)
 	bNode, bDir := "node-a", dir
 	if across {
@@ -406,7 +406,7 @@ func testDirectPeerKilled(t *testing.T, across, frozen bool) {
 		if attempt == 3 {
 			t.Fatal("the child could not listen three times")
 		}
-		port := testservers.FreePort(t)
+		port := servers.FreePort(t)
 		a = startNodePod(t, op, "ns", fmt.Sprintf("pod-a%d", attempt), "node-a", dir, fmt.Sprintf("http://127.0.0.1:%d", port))
 		c := exec.Command(os.Args[0], "-test.run=^$")
 		c.Env = append(os.Environ(), append(a.env, "ZT_DIRECT_CHILD=1", fmt.Sprintf("PORT=%d", port))...)
@@ -488,7 +488,7 @@ func listening(ctx context.Context, port int, exited <-chan struct{}) bool {
 // of one node, each behind its real sidecar.
 func twoOnANode(t *testing.T, ctx context.Context, opts ...JoinOption) []*Group {
 	t.Helper()
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	dir := nodeDir(t)
 	a := startNodePod(t, op, "ns", "pod-a", "node-a", dir, "")
 	b := startNodePod(t, op, "ns", "pod-b", "node-a", dir, "")

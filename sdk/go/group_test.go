@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // Messaging against real sidecars: queue-proxy-zl processes connected to
@@ -24,7 +24,7 @@ import (
 
 // startPod runs a sidecar for pod in namespace ns, on the operator's
 // directory (the namespace's keys come from the operator).
-func startPod(t testing.TB, op *testservers.Operator, ns, pod string, env ...string) *sidecar {
+func startPod(t testing.TB, op *servers.Operator, ns, pod string, env ...string) *sidecar {
 	t.Helper()
 	return startSidecar(t, sidecarOpts{namespace: ns, env: append([]string{"SERVING_POD=" + pod,
 		"ZIPTRAIL_OPERATOR_ADDR=" + op.Addr, "ZIPTRAIL_TOKEN_FILE=" + op.PodToken(t, ns, pod)}, env...)})
@@ -78,7 +78,7 @@ func randomBytes(n int) []byte {
 // kept, AnySource/AnyTag, membership views and Watch, Leave seen as
 // PeerGone.
 func TestGroupPointToPoint(t *testing.T) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	a, b := startPod(t, op, "ns", "pod-a", viaSidecars), startPod(t, op, "ns", "pod-b", viaSidecars)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -338,7 +338,7 @@ func pathsAre(t *testing.T, gs []*Group, tcp bool, pod func(rank int) int) {
 func TestCollectivesOnSidecars(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			op := testservers.StartOperator(t)
+			op := servers.StartOperator(t)
 			var pods []*sidecar
 			for i := range 4 {
 				pods = append(pods, startPod(t, op, "ns", fmt.Sprintf("pod-%d", i), tr.env...))
@@ -387,7 +387,7 @@ func TestCollectivePeerGoneOnSidecars(t *testing.T) {
 }
 
 func testCollectivePeerGone(t *testing.T, env []string) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	var pods []*sidecar
 	for i := range 4 {
 		pods = append(pods, startPod(t, op, "ns", fmt.Sprintf("pod-%d", i), env...))
@@ -458,7 +458,7 @@ func testCollectivePeerGone(t *testing.T, env []string) {
 // rank to join its own group (no mailbox) until its context ends, and the
 // member here never receives it.
 func TestGroupForeignNamespace(t *testing.T) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	a, b := startPod(t, op, "ns", "pod-a"), startPod(t, op, "ns", "pod-b")
 	x := startPod(t, op, "other", "pod-x")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -504,7 +504,7 @@ func TestGroupForeignNamespace(t *testing.T) {
 // membership ends when the invocation's request ends (no Leave), which the
 // other member watches happen.
 func TestGroupJoinInHandler(t *testing.T) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	shm := functionShm(t)
 	fn := httptest.NewServer(FunctionHandler(func(ctx context.Context, inv *Invocation) ([]byte, error) {
 		g, err := JoinGroup(ctx, "h", 1, 2, WithWaitAll())

@@ -6,14 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // BenchmarkMessagePingPong64B: a 64 B message to a rank in another pod and
 // back (Send, Recv on both ends), between two real sidecar processes on the
 // operator's directory. ns/op is a round trip; µs/one-way is half of it.
 func BenchmarkMessagePingPong64B(b *testing.B) {
-	op := testservers.StartOperator(b)
+	op := servers.StartOperator(b)
 	p0, p1 := startPod(b, op, "ns", "pod-a"), startPod(b, op, "ns", "pod-b")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // TestMessageErrorKinds: the messaging socket's errors get the kinds the
@@ -61,7 +61,7 @@ func TestMessageErrorKinds(t *testing.T) {
 // deadline) ends with ErrTimeout wrapping context.Canceled; messages go
 // on afterwards (the call's connection, dropped, is not reused).
 func TestMessageRecvCancelled(t *testing.T) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	a, b := startPod(t, op, "ns", "pod-a"), startPod(t, op, "ns", "pod-b")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // TestLargeMessagesReuseFiles: large messages across two sidecars reuse
@@ -18,7 +18,7 @@ import (
 // arrive (its file is not filled again before Close), and forged releases
 // change nothing.
 func TestLargeMessagesReuseFiles(t *testing.T) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	a, b := startPod(t, op, "ns", "pod-a", viaSidecars), startPod(t, op, "ns", "pod-b", viaSidecars)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

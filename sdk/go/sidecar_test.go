@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // The SDK is tested against real queue-proxy-zl processes in standalone
@@ -75,7 +75,7 @@ func keyFile(t testing.TB, id string, fill byte) string {
 // sidecar is one running queue-proxy-zl process, with an SDK client on
 // its socket as a function container in its pod would have.
 type sidecar struct {
-	*testservers.QueueProxy
+	*servers.QueueProxy
 	socket string
 	shm    string
 	env    []string // ZIPTRAIL_SOCKET and ZIPTRAIL_SHM_DIR, for other processes of the pod
@@ -116,7 +116,7 @@ func startSidecar(t testing.TB, o sidecarOpts) *sidecar {
 		o.namespace = "ns"
 	}
 	if o.upstream == "" {
-		o.upstream = fmt.Sprintf("http://127.0.0.1:%d", testservers.FreePort(t))
+		o.upstream = fmt.Sprintf("http://127.0.0.1:%d", servers.FreePort(t))
 	}
 	if o.shm == "" {
 		o.shm = filepath.Join(t.TempDir(), "objects")
@@ -133,7 +133,7 @@ func startSidecar(t testing.TB, o sidecarOpts) *sidecar {
 	if o.in != nil {
 		listen, dataplane = o.in.Listen, o.in.DataplanePort
 	}
-	s.QueueProxy = testservers.StartQueueProxy(t, testservers.QueueProxyOptions{Binary: sidecarBinary(t), Upstream: o.upstream,
+	s.QueueProxy = servers.StartQueueProxy(t, servers.QueueProxyOptions{Binary: sidecarBinary(t), Upstream: o.upstream,
 		Listen: listen, DataplanePort: dataplane,
 		Env: append([]string{"SERVING_NAMESPACE=" + o.namespace, "SERVING_POD_IP=127.0.0.1", "ZIPTRAIL_METRICS_PORT=0",
 			"ZIPTRAIL_KEY_FILE=" + o.keys, "ZIPTRAIL_INLINE_THRESHOLD=4096"}, append(s.env, o.env...)...)})

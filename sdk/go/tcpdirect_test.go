@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // TestTCPChannelsAcrossPods: two pods on different nodes (no node
@@ -17,7 +17,7 @@ import (
 // before its frame starts: nothing is cut, nothing lost); a member that
 // leaves is PeerGone to the other, for its receives and its sends.
 func TestTCPChannelsAcrossPods(t *testing.T) {
-	op := testservers.StartOperator(t)
+	op := servers.StartOperator(t)
 	a, b := startPod(t, op, "ns", "pod-a"), startPod(t, op, "ns", "pod-b")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

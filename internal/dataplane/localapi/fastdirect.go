@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/recovery"
 )
 

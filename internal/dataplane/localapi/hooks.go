@@ -5,9 +5,9 @@ import (
 	"io"
 	"os"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // What a Server needs from the pod it serves, one small interface each; a

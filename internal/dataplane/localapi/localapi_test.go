@@ -21,14 +21,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 var secret = bytes.Repeat([]byte{9}, 32)
@@ -374,7 +374,7 @@ func TestStoreFullBlocksThenFails(t *testing.T) {
 }
 
 func TestSpilledObjectsAreServedFromRedis(t *testing.T) {
-	rds := testservers.StartRedis(t)
+	rds := servers.StartRedis(t)
 	red := &tier.Redis{Client: rds.Client, Prefix: "zt:test:"}
 	a := startPod(t, podOpts{memory: 3 << 20, redis: red})
 	b := startPod(t, podOpts{})
@@ -409,7 +409,7 @@ func TestSpilledObjectsAreServedFromRedis(t *testing.T) {
 }
 
 func TestSendObjectPersistAndGetObject(t *testing.T) {
-	s3 := testservers.StartMinIO(t)
+	s3 := servers.StartMinIO(t)
 	persist := s3.Tier(t, s3.Bucket(t, "ziptrail"), "ns/")
 	a := startPod(t, podOpts{persist: persist})
 	ctx := context.Background()

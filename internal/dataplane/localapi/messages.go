@@ -6,10 +6,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // The messaging calls (docs/messaging.md): the function's side of

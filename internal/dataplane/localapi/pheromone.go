@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // Pheromone's named objects: send_object and get_object.

@@ -7,9 +7,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // An empty object sent through the sidecar is reported as an object with

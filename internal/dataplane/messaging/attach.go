@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // Member channels and same-node direct channels (docs/messaging.md,

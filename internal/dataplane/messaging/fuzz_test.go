@@ -13,8 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // The message stream's framings are read from any pod's connection to the

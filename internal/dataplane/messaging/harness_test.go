@@ -16,9 +16,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // The tests of this package run pods' routers as the sidecar runs them:

@@ -6,7 +6,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // accept queues a message from another sidecar (its authenticator

@@ -31,8 +31,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // Errors of messaging; the local API reports each as its own class.

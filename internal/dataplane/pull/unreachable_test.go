@@ -16,7 +16,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // Producers that never answer: a pull from one must fall back to the
@@ -83,7 +83,7 @@ func stallingProducer(t *testing.T, answer []byte) string {
 // fallback chain a consumer's sidecar reads.
 func redisFallback(t *testing.T, id string, data []byte) tier.Chain {
 	t.Helper()
-	rds := testservers.StartRedis(t)
+	rds := servers.StartRedis(t)
 	r := &tier.Redis{Client: rds.Client, Prefix: "zt:obj:ns:"}
 	if err := r.Put(context.Background(), id, data, time.Hour); err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func unresponsive() []struct {
 		name, reason string
 		addr         func(t *testing.T, size int) string
 	}{
-		{"blackholed address", "dial_timeout", func(t *testing.T, _ int) string { return testservers.Blackhole(t, "127.0.0.1:0") }},
+		{"blackholed address", "dial_timeout", func(t *testing.T, _ int) string { return servers.Blackhole(t, "127.0.0.1:0") }},
 		{"listener that never accepts", "response_timeout", func(t *testing.T, _ int) string { return silentListener(t) }},
 		{"half a header, then silence", "response_timeout", func(t *testing.T, size int) string {
 			h := (&response{bucket: "b", key: "o", size: uint64(size)}).header()

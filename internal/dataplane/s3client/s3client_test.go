@@ -15,12 +15,12 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/s3client"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
-func start(t *testing.T) (*testservers.MinIO, *s3client.Client, string) {
+func start(t *testing.T) (*servers.MinIO, *s3client.Client, string) {
 	t.Helper()
-	m := testservers.StartMinIO(t)
+	m := servers.StartMinIO(t)
 	c, err := s3client.New(s3client.Config{Endpoint: m.Endpoint, AccessKey: m.AccessKey, SecretKey: m.SecretKey})
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@
 //
 // Every queue-proxy-zl on a node shares one node directory, DefaultDir
 // (/var/run/ziptrail/node), a hostPath volume that ziptrail's mutating
-// admission webhook (internal/podwebhook, served by the operator,
+// admission webhook (internal/operator/podwebhook, served by the operator,
 // registered by the chart) mounts into the queue-proxy container of
 // Knative revision pods only, never into the user container. Each
 // producer listens on <dir>/<pod UID>.sock. The webhook also gives

@@ -8,11 +8,11 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/controlclient"
+	"github.com/ziptrail/ziptrail/internal/dataplane/controlclient"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // Config of a sidecar; FromEnv reads it from the pod's environment.

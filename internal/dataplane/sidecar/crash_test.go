@@ -24,9 +24,9 @@ import (
 	"go.uber.org/zap"
 	pkgnet "knative.dev/pkg/network"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // The function of these tests is a separate OS process (this test binary
@@ -229,7 +229,7 @@ func noMoreRuns(t *testing.T, fs ...*crashFunction) {
 // end), the outcome reported is a success, and a duplicate delivery is
 // answered from the record (the record holds the final outcome).
 func TestFunctionKilledMidCallRunsAgain(t *testing.T) {
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(testservers.FreePort(t)))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(servers.FreePort(t)))
 	ev := &endsEvents{ends: make(chan *controlv1.FunctionFinished, 16)}
 	u := crashSidecar(t, ev, addr, 2)
 	retries0 := testutil.ToFloat64(functionCrashRetries)
@@ -275,7 +275,7 @@ func TestFunctionKilledMidCallRunsAgain(t *testing.T) {
 // saying so, the end is reported failed with the same words, and the
 // record holds that answer.
 func TestFunctionKilledEveryTimeFails(t *testing.T) {
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(testservers.FreePort(t)))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(servers.FreePort(t)))
 	ev := &endsEvents{ends: make(chan *controlv1.FunctionFinished, 16)}
 	u := crashSidecar(t, ev, addr, 2)
 	retries0 := testutil.ToFloat64(functionCrashRetries)
@@ -321,7 +321,7 @@ func TestFunctionKilledEveryTimeFails(t *testing.T) {
 // TestFunctionAnswering500IsNotRunAgain: a function that answers 500
 // itself answered: its failure is the outcome, it is not sent again.
 func TestFunctionAnswering500IsNotRunAgain(t *testing.T) {
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(testservers.FreePort(t)))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(servers.FreePort(t)))
 	ev := &endsEvents{ends: make(chan *controlv1.FunctionFinished, 16)}
 	u := crashSidecar(t, ev, addr, 2)
 	retries0 := testutil.ToFloat64(functionCrashRetries)
@@ -348,7 +348,7 @@ func TestFunctionAnswering500IsNotRunAgain(t *testing.T) {
 // the function's container is being restarted (connection refused). The
 // sidecar waits for it and the function runs once.
 func TestFunctionDownWhenCalledRunsOnceBack(t *testing.T) {
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(testservers.FreePort(t)))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(servers.FreePort(t)))
 	ev := &endsEvents{ends: make(chan *controlv1.FunctionFinished, 16)}
 	u := crashSidecar(t, ev, addr, 2)
 	retries0 := testutil.ToFloat64(functionCrashRetries)

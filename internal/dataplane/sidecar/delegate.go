@@ -10,11 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/dispatch/call"
 	"github.com/ziptrail/ziptrail/internal/engine"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/invocation/call"
 	"github.com/ziptrail/ziptrail/internal/invocation/podpick"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // Delegated firing (docs/control-stream.md): the operator sends this

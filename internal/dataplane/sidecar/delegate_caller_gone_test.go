@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control"
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/operator/control"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // endEvents are orderedEvents that also note failed ends.

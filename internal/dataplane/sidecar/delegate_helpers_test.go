@@ -10,9 +10,9 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/ziptrail/ziptrail/internal/control"
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/operator/control"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // controlServer runs the real control server (tokens "valid:<ns>:<pod>")
@@ -40,7 +40,7 @@ func workflowSidecar(t testing.TB, addr, pod, fn string, configure ...func(*Conf
 	if err := os.WriteFile(tok, []byte("valid:ns:"+pod), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Namespace: "ns", Workflow: "wf", Function: fn, Pod: pod, PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t),
+	cfg := Config{Namespace: "ns", Workflow: "wf", Function: fn, Pod: pod, PodIP: "127.0.0.1", DataplanePort: servers.FreePort(t),
 		ShmDir: t.TempDir(), MemoryLimit: 1 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, OperatorAddr: addr, TokenFile: tok}
 	for _, f := range configure {
 		f(&cfg)

@@ -13,9 +13,9 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/ziptrail/ziptrail/internal/control"
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/operator/control"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // orderedEvents records the kind and invocation of every event, in the

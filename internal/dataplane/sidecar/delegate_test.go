@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control"
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/engine"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/operator/control"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // delegEvents records what sidecars report and welcomes the workflow's

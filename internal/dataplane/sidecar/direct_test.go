@@ -19,7 +19,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 	"github.com/ziptrail/ziptrail/internal/nodedir"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // The same-node direct channels (docs/messaging.md): real sidecars on the
@@ -30,7 +30,7 @@ import (
 // named after.
 func tokenPodUID(t testing.TB, tokenFile string) string {
 	t.Helper()
-	uid, err := testservers.TokenPodUID(tokenFile)
+	uid, err := servers.TokenPodUID(tokenFile)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // FuzzWrap feeds the sidecar's invocation handling arbitrary request

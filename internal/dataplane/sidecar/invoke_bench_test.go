@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // BenchmarkInvoke: one invocation over real HTTP on loopback to a function
@@ -26,7 +26,7 @@ import (
 //
 //	go test -run XXX -bench Invoke -count 5 ./internal/dataplane/sidecar/
 func BenchmarkInvoke(b *testing.B) {
-	s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(b), ShmDir: b.TempDir(),
+	s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: servers.FreePort(b), ShmDir: b.TempDir(),
 		MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // forgingFunction answers with outputs and a HeaderOutcomeKept of its own,

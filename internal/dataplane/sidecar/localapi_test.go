@@ -17,7 +17,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // startWithAPI runs a sidecar with its local API and returns an SDK client.
@@ -28,9 +28,9 @@ func startWithAPI(t *testing.T, keyFile string) (*Sidecar, *localapi.Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	cfg := Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: filepath.Join(t.TempDir(), "objects"),
+	cfg := Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: servers.FreePort(t), ShmDir: filepath.Join(t.TempDir(), "objects"),
 		MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile, APISocket: filepath.Join(sockDir, "sidecar.sock"),
-		MetricsPort: testservers.FreePort(t)}
+		MetricsPort: servers.FreePort(t)}
 	s := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

@@ -7,10 +7,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // newRouter makes the pod's messaging router (docs/messaging.md): the

@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // The messaging tests run sidecars connected to the operator's real
@@ -45,18 +45,18 @@ func shmDir(t testing.TB) string {
 	return dir
 }
 
-func startMsgPod(t *testing.T, op *testservers.Operator, ns, pod string, opts ...func(*Config)) *msgPod {
+func startMsgPod(t *testing.T, op *servers.Operator, ns, pod string, opts ...func(*Config)) *msgPod {
 	return startMsgPodB(t, op, ns, pod, opts...)
 }
 
-func startMsgPodB(t testing.TB, op *testservers.Operator, ns, pod string, opts ...func(*Config)) *msgPod {
+func startMsgPodB(t testing.TB, op *servers.Operator, ns, pod string, opts ...func(*Config)) *msgPod {
 	t.Helper()
 	sockDir, err := os.MkdirTemp("", "zt")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	cfg := Config{Namespace: ns, Pod: pod, PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: shmDir(t),
+	cfg := Config{Namespace: ns, Pod: pod, PodIP: "127.0.0.1", DataplanePort: servers.FreePort(t), ShmDir: shmDir(t),
 		MemoryLimit: 256 << 20, InlineThreshold: 64 << 10, ObjectTTL: time.Minute, OperatorAddr: op.Addr, TokenFile: op.PodToken(t, ns, pod),
 		APISocket: filepath.Join(sockDir, "sidecar.sock"), BackupTimeout: time.Second}
 	for _, o := range opts {
@@ -112,14 +112,14 @@ func (p *msgPod) recv(ctx context.Context, session, group string, rank uint32, f
 }
 
 var msgOp struct {
-	op    *testservers.Operator
-	redis *testservers.Redis
+	op    *servers.Operator
+	redis *servers.Redis
 }
 
-func messagingEnv(t *testing.T) *testservers.Operator {
+func messagingEnv(t *testing.T) *servers.Operator {
 	t.Helper()
-	op := testservers.StartOperator(t)
-	r := testservers.StartRedis(t)
+	op := servers.StartOperator(t)
+	r := servers.StartRedis(t)
 	op.Server.Tiers = &controlv1.Tiers{RedisAddr: r.Addr}
 	return op
 }
@@ -469,7 +469,7 @@ func TestMessagingFastPath(t *testing.T) {
 // keys and tiers are refused with their class.
 func TestShuffleTiers(t *testing.T) {
 	op := messagingEnv(t)
-	m := testservers.StartMinIO(t)
+	m := servers.StartMinIO(t)
 	op.Server.Tiers.S3Endpoint, op.Server.Tiers.S3AccessKey, op.Server.Tiers.S3SecretKey = m.Endpoint, m.AccessKey, m.SecretKey
 	op.Server.Tiers.S3Bucket = m.Bucket(t, "ziptrail")
 	a := startMsgPod(t, op, "team-a", "pod-a")
@@ -525,7 +525,7 @@ func TestShuffleTiers(t *testing.T) {
 // and back through two in-process sidecars on the fast path: one op is a
 // round trip (one-way = half).
 func BenchmarkMessagePingPong(b *testing.B) {
-	op := testservers.StartOperator(b)
+	op := servers.StartOperator(b)
 	a := startMsgPodB(b, op, "bench", "a")
 	c := startMsgPodB(b, op, "bench", "c")
 	ctx := context.Background()

@@ -15,10 +15,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/control"
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/operator/control"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // The sidecar's annotation keys are the ones the Workflow controller writes.
@@ -173,7 +173,7 @@ func TestLoadRefusesBadPodInfo(t *testing.T) {
 }
 
 // tokenAuth accepts the token "valid:<ns>:<pod>" as that pod's; the real
-// TokenReview is tested in internal/control.
+// TokenReview is tested in internal/operator/control.
 type tokenAuth struct{}
 
 func (tokenAuth) Authenticate(_ context.Context, token string) (control.Caller, error) {
@@ -206,7 +206,7 @@ func (oneKey) Keys(context.Context, string) (*controlv1.Keys, error) {
 // over the authenticated stream, and uses them (a spill lands in the
 // Redis the operator named); a sidecar whose token is refused gets none.
 func TestTiersComeOverTheControlStream(t *testing.T) {
-	rds := testservers.StartRedis(t)
+	rds := servers.StartRedis(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -224,7 +224,7 @@ func TestTiersComeOverTheControlStream(t *testing.T) {
 		if err := os.WriteFile(tok, []byte(token), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		s := New(Config{Namespace: "team-a", Pod: "p1", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(),
+		s := New(Config{Namespace: "team-a", Pod: "p1", PodIP: "127.0.0.1", DataplanePort: servers.FreePort(t), ShmDir: t.TempDir(),
 			MemoryLimit: 1 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, OperatorAddr: ln.Addr().String(), TokenFile: tok, Log: log})
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)

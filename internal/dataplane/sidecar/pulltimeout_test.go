@@ -20,7 +20,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // TestBlackholedProducerFallsBackToBackup is the e2e's "backs up a
@@ -33,7 +33,7 @@ import (
 // invocation and on its function's Get: from S3, once the connect timed
 // out, not when the caller gives up; its metrics count both fallbacks.
 func TestBlackholedProducerFallsBackToBackup(t *testing.T) {
-	s3 := testservers.StartMinIO(t)
+	s3 := servers.StartMinIO(t)
 	bucket := s3.Bucket(t, "ziptrail")
 	keyFile := filepath.Join(t.TempDir(), "keys.json")
 	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{6}, 32))
@@ -43,7 +43,7 @@ func TestBlackholedProducerFallsBackToBackup(t *testing.T) {
 
 	// The producer returns a 2 MB object, kept in its memory.
 	want := bytes.Repeat([]byte("lost node "), 200_000)
-	producer := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(),
+	producer := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: servers.FreePort(t), ShmDir: t.TempDir(),
 		MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile, BackupTimeout: 20 * time.Second,
 		S3: s3.Tier(t, bucket, "ns/")})
 	pctx, terminate := context.WithCancel(context.Background())
@@ -71,7 +71,7 @@ func TestBlackholedProducerFallsBackToBackup(t *testing.T) {
 	terminate()
 	<-producer.Stopped()
 	producer.server.Close()
-	testservers.Blackhole(t, producer.addr())
+	servers.Blackhole(t, producer.addr())
 
 	// The consumer, configured as in a pod.
 	sockDir, err := os.MkdirTemp("", "zt") // unix socket paths are short
@@ -87,8 +87,8 @@ func TestBlackholedProducerFallsBackToBackup(t *testing.T) {
 		t.Setenv(k, v)
 	}
 	cfg := FromEnv()
-	cfg.PodIP, cfg.DataplanePort, cfg.ShmDir = "127.0.0.1", testservers.FreePort(t), filepath.Join(t.TempDir(), "objects")
-	cfg.APISocket, cfg.MetricsPort = filepath.Join(sockDir, "sidecar.sock"), testservers.FreePort(t)
+	cfg.PodIP, cfg.DataplanePort, cfg.ShmDir = "127.0.0.1", servers.FreePort(t), filepath.Join(t.TempDir(), "objects")
+	cfg.APISocket, cfg.MetricsPort = filepath.Join(sockDir, "sidecar.sock"), servers.FreePort(t)
 	consumer := New(cfg)
 	cctx, stop := context.WithCancel(context.Background())
 	defer stop()

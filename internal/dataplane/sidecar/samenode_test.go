@@ -21,7 +21,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi/sidecarv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
 	"github.com/ziptrail/ziptrail/internal/nodedir"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // samenodeGets reads ziptrail_dataplane_samenode_gets_total{result}.
@@ -71,7 +71,7 @@ func TestSameNodePath(t *testing.T) {
 		t.Fatal(err)
 	}
 	startOn := func(node, uid string) *Sidecar {
-		s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(),
+		s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: servers.FreePort(t), ShmDir: t.TempDir(),
 			MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile,
 			SameNode: SameNodeConfig{Dir: dir, Node: node, PodUID: uid}})
 		ctx, cancel := context.WithCancel(context.Background())
@@ -271,7 +271,7 @@ func sameNodePods(t *testing.T, keyByte byte) func(uid string) (*Sidecar, *local
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = os.RemoveAll(sock) })
-		s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: shmDir(t),
+		s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: servers.FreePort(t), ShmDir: shmDir(t),
 			MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile,
 			APISocket: filepath.Join(sock, "sidecar.sock"), SameNode: SameNodeConfig{Dir: dir, Node: "node-a", PodUID: uid}})
 		ctx, cancel := context.WithCancel(context.Background())

@@ -7,7 +7,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // TestTerminatingServesUntilTheEnd: after SIGTERM (Terminating) a pod's
@@ -21,7 +21,7 @@ import (
 // sidecar" (bench/sort, a scale-down mid-sort).
 func TestTerminatingServesUntilTheEnd(t *testing.T) {
 	op := messagingEnv(t)
-	s3 := testservers.StartMinIO(t)
+	s3 := servers.StartMinIO(t)
 	bucket := s3.Bucket(t, "ziptrail")
 	withS3 := func(c *Config) { c.S3 = s3.Tier(t, bucket, "ns/") }
 	a := startMsgPod(t, op, "team-a", "pod-a", withS3)

@@ -21,8 +21,7 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/controlclient"
+	"github.com/ziptrail/ziptrail/internal/dataplane/controlclient"
 	"github.com/ziptrail/ziptrail/internal/dataplane/directmsg"
 	"github.com/ziptrail/ziptrail/internal/dataplane/localapi"
 	"github.com/ziptrail/ziptrail/internal/dataplane/messaging"
@@ -31,6 +30,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/dataplane/samenode"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // Sidecar is one pod's data plane.

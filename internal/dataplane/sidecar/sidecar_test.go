@@ -15,12 +15,12 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // start runs a sidecar with a key file, as in standalone mode.
 func start(t *testing.T, keyFile string) *Sidecar {
-	s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(),
+	s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: servers.FreePort(t), ShmDir: t.TempDir(),
 		MemoryLimit: 64 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

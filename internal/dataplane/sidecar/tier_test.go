@@ -17,7 +17,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 // TestSpillAndShutdownBackup: a producer with a 1 MiB memory cap receives
@@ -25,8 +25,8 @@ import (
 // terminated (SIGTERM path) and every unread object is still readable from
 // a real S3 server, even with Redis emptied.
 func TestSpillAndShutdownBackup(t *testing.T) {
-	rds := testservers.StartRedis(t)
-	s3 := testservers.StartMinIO(t)
+	rds := servers.StartRedis(t)
+	s3 := servers.StartMinIO(t)
 	bucket := s3.Bucket(t, "ziptrail")
 	keyFile := filepath.Join(t.TempDir(), "keys.json")
 	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{5}, 32))
@@ -34,7 +34,7 @@ func TestSpillAndShutdownBackup(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := func(mem int64) Config {
-		return Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(), MemoryLimit: mem,
+		return Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: servers.FreePort(t), ShmDir: t.TempDir(), MemoryLimit: mem,
 			InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: keyFile, BackupTimeout: 20 * time.Second,
 			Redis: &tier.Redis{Client: rds.Client, Prefix: "zt:obj:ns:"},
 			S3:    s3.Tier(t, bucket, "ns/")}

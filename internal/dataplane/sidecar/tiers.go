@@ -7,10 +7,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ziptrail/ziptrail/internal/control/controlv1"
 	"github.com/ziptrail/ziptrail/internal/dataplane/s3client"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
 	"github.com/ziptrail/ziptrail/internal/dataplane/tier"
+	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
 // TiersFrom builds the tier clients the operator described on the control

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 func writeKeyFile(t *testing.T, fill byte) string {
@@ -191,7 +191,7 @@ func TestOversizedOutputsAreRefused(t *testing.T) {
 // response's cap): while one holds most of it, another waits (here: until
 // the put timeout, then a clear "store full"), and the first completes.
 func TestOutputsWaitForMemory(t *testing.T) {
-	s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: testservers.FreePort(t), ShmDir: t.TempDir(),
+	s := New(Config{Namespace: "ns", PodIP: "127.0.0.1", DataplanePort: servers.FreePort(t), ShmDir: t.TempDir(),
 		MemoryLimit: 4 << 20, MaxOutputsBytes: 4 << 20, InlineThreshold: 1024, ObjectTTL: time.Minute, KeyFile: writeKeyFile(t, 6),
 		PutTimeout: 200 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -227,7 +227,7 @@
 //
 // # What a calibration measures
 //
-// `ziptrail calibrate` (package internal/shuffle/calibrate, which
+// `ziptrail calibrate` (package internal/tools/calibrate, which
 // documents the method) fills the Params fields:
 //
 //   - SlowRead, SlowWrite, FastRead, FastWrite: the per-worker throughput

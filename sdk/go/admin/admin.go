@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway/gatewayv1"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 

@@ -24,11 +24,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/gateway"
-	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
-	"github.com/ziptrail/ziptrail/internal/orchestrator"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway/gatewayv1"
+	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
@@ -37,7 +37,7 @@ import (
 // gRPC, driven by the operator's orchestrator and trigger engine, whose
 // functions are Go SDK function servers.
 func TestAdmin(t *testing.T) {
-	env, err := controlplane.Start()
+	env, err := envtest.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestAdmin(t *testing.T) {
 
 // testResources: create, read, apply, update and delete each kind; the
 // API server's validation and conflicts come back as typed errors.
-func testResources(t *testing.T, env *controlplane.Env, ns string) {
+func testResources(t *testing.T, env *envtest.Env, ns string) {
 	ctx := context.Background()
 	c, err := New(env.Config, Options{Namespace: ns})
 	if err != nil {
@@ -143,12 +143,12 @@ func testResources(t *testing.T, env *controlplane.Env, ns string) {
 // counts with its expected-set metadata (DynamicJoin) — started, watched
 // and awaited through the gateway; a failing function fails its session;
 // an unknown workflow is not found.
-func testSessions(t *testing.T, env *controlplane.Env, ns string) {
+func testSessions(t *testing.T, env *envtest.Env, ns string) {
 	// A bound so that a session that never completes fails the test
 	// instead of hanging it; far above what the sessions need.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	fns := &testservers.Functions{}
+	fns := &servers.Functions{}
 	fns.Add(t, "wc-map", ziptrail.FunctionHandler(func(ctx context.Context, inv *ziptrail.Invocation) ([]byte, error) {
 		words := strings.Fields(string(inv.Objects[0].Bytes()))
 		for i, w := range words {
@@ -186,7 +186,7 @@ func testSessions(t *testing.T, env *controlplane.Env, ns string) {
 	done := make(chan error, 1)
 	go func() { done <- orch.Run(octx) }()
 	t.Cleanup(func() { stop(); <-done })
-	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	k8s, err := client.New(env.Config, client.Options{Scheme: envtest.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func testSessions(t *testing.T, env *controlplane.Env, ns string) {
 // userConfig is the REST config of a user of ns: a ServiceAccount's token
 // and no client certificate, as in a user's kubeconfig. An admin may do
 // anything in ns (sessions included); others nothing.
-func userConfig(t *testing.T, k8s client.Client, env *controlplane.Env, ns, name string, admin bool) (*rest.Config, string) {
+func userConfig(t *testing.T, k8s client.Client, env *envtest.Env, ns, name string, admin bool) (*rest.Config, string) {
 	t.Helper()
 	ctx := context.Background()
 	if err := k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}); err != nil {

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/client-go/rest"
 
-	"github.com/ziptrail/ziptrail/internal/gateway"
-	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway/gatewayv1"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 

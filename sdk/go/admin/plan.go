@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway/gatewayv1"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 

@@ -14,11 +14,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/gateway"
-	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
 	"github.com/ziptrail/ziptrail/internal/shuffle/plan"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
@@ -27,10 +27,10 @@ import (
 // with the defaults until the operator's namespace holds a calibration
 // ConfigMap and with it after; the planner's refusals are KindInvalid,
 // a user without the role is refused.
-func testPlan(t *testing.T, env *controlplane.Env, ns string) {
+func testPlan(t *testing.T, env *envtest.Env, ns string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	k8s, err := client.New(env.Config, client.Options{Scheme: envtest.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/ziptrail/ziptrail/internal/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/retry"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )

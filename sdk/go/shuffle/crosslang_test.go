@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 	"github.com/ziptrail/ziptrail/sdk/go/shuffle"
 )
@@ -74,7 +74,7 @@ ziptrail.serve(handler)
 // pyReducerPod runs pyReducer as the user container of its own pod.
 func (tr *tiers) pyReducerPod(t *testing.T) *pod {
 	t.Helper()
-	port := testservers.FreePort(t)
+	port := servers.FreePort(t)
 	p := tr.startPod(t, fmt.Sprintf("http://127.0.0.1:%d", port), "")
 	bin, env := python(t)
 	cmd := exec.Command(bin, "-c", pyReducer)

@@ -17,7 +17,7 @@ import (
 	"testing"
 
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 	"github.com/ziptrail/ziptrail/sdk/go/shuffle"
 )
@@ -78,8 +78,8 @@ type tiers struct {
 
 func startTiers(t *testing.T) *tiers {
 	t.Helper()
-	r := testservers.StartRedis(t)
-	s3 := testservers.StartMinIO(t)
+	r := servers.StartRedis(t)
+	s3 := servers.StartMinIO(t)
 	s3.Bucket(t, "ziptrail")
 	keys := filepath.Join(t.TempDir(), "keys.json")
 	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{5}, 32))
@@ -104,7 +104,7 @@ type pod struct {
 func (tr *tiers) startPod(t *testing.T, upstream, shm string) *pod {
 	t.Helper()
 	if upstream == "" {
-		upstream = fmt.Sprintf("http://127.0.0.1:%d", testservers.FreePort(t))
+		upstream = fmt.Sprintf("http://127.0.0.1:%d", servers.FreePort(t))
 	}
 	if shm == "" {
 		shm = filepath.Join(t.TempDir(), "objects")
@@ -116,7 +116,7 @@ func (tr *tiers) startPod(t *testing.T, upstream, shm string) *pod {
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	socket := filepath.Join(sockDir, "sidecar.sock")
 	p := &pod{shm: shm, env: []string{"ZIPTRAIL_SOCKET=" + socket, "ZIPTRAIL_SHM_DIR=" + shm}}
-	q := testservers.StartQueueProxy(t, testservers.QueueProxyOptions{Binary: sidecarBinary(t), Upstream: upstream,
+	q := servers.StartQueueProxy(t, servers.QueueProxyOptions{Binary: sidecarBinary(t), Upstream: upstream,
 		Env: append([]string{"SERVING_NAMESPACE=ns", "SERVING_POD_IP=127.0.0.1", "ZIPTRAIL_METRICS_PORT=0",
 			"ZIPTRAIL_KEY_FILE=" + tr.keys, "ZIPTRAIL_INLINE_THRESHOLD=4096"}, append(p.env, tr.env...)...)})
 	p.url = q.URL()

@@ -728,7 +728,7 @@ class _Backoff:
 
 
 #: What a gateway's 503 says while a workflow's engine changes operator
-#: replicas (internal/gateway ErrEngineMoving), and the first pause before
+#: replicas (internal/operator/gateway ErrEngineMoving), and the first pause before
 #: asking again (doubling to 1 s).
 _ENGINE_MOVING = "the workflow's engine is moving to another operator replica"
 _MOVING_PAUSE = 0.05

@@ -14,7 +14,7 @@
 //
 // With --control it runs only the operator's control server with its
 // messaging directory, authenticating sidecars with TokenReview on the API
-// server (internal/testservers.StartOperator), and prints "CONTROL <addr>"
+// server (internal/tools/servers.StartOperator), and prints "CONTROL <addr>"
 // once it serves. It then answers lines on stdin, one at a time:
 //
 //	pod <namespace> <name>   ->  TOKEN <path>   (creates the pod and writes its
@@ -49,13 +49,13 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/ziptrail/ziptrail/controllers"
-	"github.com/ziptrail/ziptrail/internal/control"
-	"github.com/ziptrail/ziptrail/internal/controlplane"
-	"github.com/ziptrail/ziptrail/internal/dispatch"
-	"github.com/ziptrail/ziptrail/internal/gateway"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/orchestrator"
-	"github.com/ziptrail/ziptrail/internal/testservers"
+	"github.com/ziptrail/ziptrail/internal/operator/control"
+	"github.com/ziptrail/ziptrail/internal/operator/dispatch"
+	"github.com/ziptrail/ziptrail/internal/operator/gateway"
+	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
+	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
 
 func main() {
@@ -83,7 +83,7 @@ func main() {
 
 func run(dir, gatewayAddr, functionURL string) error {
 	ctrl.SetLogger(logr.Discard())
-	env, err := controlplane.Start()
+	env, err := envtest.Start()
 	if err != nil {
 		return err
 	}
@@ -92,7 +92,7 @@ func run(dir, gatewayAddr, functionURL string) error {
 	if err != nil {
 		return err
 	}
-	k8s, err := client.New(env.Config, client.Options{Scheme: controlplane.Scheme()})
+	k8s, err := client.New(env.Config, client.Options{Scheme: envtest.Scheme()})
 	if err != nil {
 		return err
 	}
@@ -136,8 +136,8 @@ const OperatorNamespace = "ziptrail-system"
 
 // startOperator runs what cmd/operator runs on the leader, minus the
 // control stream (functions here report outputs in their responses).
-func startOperator(ctx context.Context, env *controlplane.Env, addr string, errc chan<- error) error {
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: controlplane.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}})
+func startOperator(ctx context.Context, env *envtest.Env, addr string, errc chan<- error) error {
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: envtest.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}})
 	if err != nil {
 		return err
 	}
@@ -206,10 +206,10 @@ func playKnative(ctx context.Context, k8s client.Client, url *apis.URL) {
 // SIGTERM), creating pods and their tokens on request.
 func runControl(dir string, in io.Reader, out io.Writer) error {
 	ctrl.SetLogger(logr.Discard())
-	h := &testservers.ProcessTB{Dir: dir}
+	h := &servers.ProcessTB{Dir: dir}
 	defer h.Close()
-	var op *testservers.Operator
-	if err := h.Do(func() { op = testservers.StartOperator(h) }); err != nil {
+	var op *servers.Operator
+	if err := h.Do(func() { op = servers.StartOperator(h) }); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "CONTROL %s\n", op.Addr)
@@ -238,7 +238,7 @@ func runControl(dir string, in io.Reader, out io.Writer) error {
 
 // command answers one request line: "pod <namespace> <name>" makes the
 // pod and its token file.
-func command(h *testservers.ProcessTB, op *testservers.Operator, line string) string {
+func command(h *servers.ProcessTB, op *servers.Operator, line string) string {
 	f := strings.Fields(line)
 	if len(f) != 3 || f[0] != "pod" {
 		return fmt.Sprintf("ERR unknown command %q (want: pod <namespace> <name>)", line)

@@ -1,0 +1,179 @@
+// Package envtest starts a real control plane (kube-apiserver + etcd through
+// controller-runtime's envtest) with the ziptrail CRDs and Knative Serving's
+// CRDs installed, for API, controller and e2e tests.
+package envtest
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	ziptrailv1alpha1 "github.com/ziptrail/ziptrail/api/v1alpha1"
+)
+
+// RepoRoot returns the repository root: found from this source file when the
+// sources are on disk (tests, go run), else from the working directory up.
+func RepoRoot() string {
+	if _, file, _, ok := runtime.Caller(0); ok {
+		root := filepath.Join(filepath.Dir(file), "..", "..", "..")
+		if _, err := os.Stat(filepath.Join(root, "config", "crd", "bases")); err == nil {
+			return root
+		}
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "config", "crd", "bases")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			return dir
+		}
+	}
+}
+
+// Scheme returns a scheme with the Kubernetes built-ins, the ziptrail kinds
+// and Knative Serving's v1 kinds.
+func Scheme() *k8sruntime.Scheme {
+	s := k8sruntime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(ziptrailv1alpha1.AddToScheme(s))
+	utilruntime.Must(servingv1.AddToScheme(s))
+	return s
+}
+
+// KnativeServiceGVK is the kind the operator creates per function.
+var KnativeServiceGVK = schema.GroupVersionKind{Group: "serving.knative.dev", Version: "v1", Kind: "Service"}
+
+// Env is a running control plane.
+type Env struct {
+	*envtest.Environment
+	Config *rest.Config
+}
+
+// Start launches kube-apiserver and etcd from $KUBEBUILDER_ASSETS and installs
+// the CRDs. It fails with an actionable message when the binaries are absent.
+func Start() (*Env, error) {
+	assets := Assets()
+	if assets == "" {
+		return nil, fmt.Errorf("KUBEBUILDER_ASSETS is not set and %s holds no Kubernetes binaries: run hack/install-deps.sh (or `make test`, which does it)", cacheDir())
+	}
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
+			return nil, fmt.Errorf("%s not found in KUBEBUILDER_ASSETS=%s: run hack/install-deps.sh", bin, assets)
+		}
+	}
+	te := &envtest.Environment{
+		CRDDirectoryPaths:     crdPaths(),
+		ErrorIfCRDPathMissing: true,
+		Scheme:                Scheme(),
+	}
+	cfg, err := te.Start()
+	if err != nil {
+		// Start may fail after launching the processes (e.g. a CRD the API
+		// server rejects); never leave them running.
+		_ = te.Stop()
+		return nil, fmt.Errorf("start control plane: %w", err)
+	}
+	return &Env{Environment: te, Config: cfg}, nil
+}
+
+// crdPaths are the directories of the CRDs every control plane gets: the
+// ziptrail kinds and Knative Serving's.
+func crdPaths() []string {
+	root := RepoRoot()
+	return []string{filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "config", "knative")}
+}
+
+// InstallCRDs installs the CRDs Start installs into another API server (the
+// full local cluster of internal/localcluster/k8s) and waits until they are served.
+func InstallCRDs(cfg *rest.Config) error {
+	_, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: crdPaths(), ErrorIfPathMissing: true, Scheme: Scheme()})
+	if err != nil {
+		return fmt.Errorf("install CRDs: %w", err)
+	}
+	return nil
+}
+
+// Kubeconfig writes a kubeconfig for the admin user into dir and returns its path.
+func (e *Env) Kubeconfig(dir string) (string, error) {
+	user, err := e.ControlPlane.AddUser(envtest.User{Name: "ziptrail-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return "", fmt.Errorf("add admin user: %w", err)
+	}
+	data, err := user.KubeConfig()
+	if err != nil {
+		return "", fmt.Errorf("render kubeconfig: %w", err)
+	}
+	path := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// FindBinary looks for a server binary on PATH, then in $ZIPTRAIL_CACHE/bin
+// (default ~/.cache/ziptrail/bin), where hack/install-deps.sh builds MinIO
+// and CoreDNS. It returns "" when neither has it.
+func FindBinary(name string) string {
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	p := filepath.Join(cacheDir(), "bin", name)
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
+
+// cacheDir is hack/install-deps.sh's cache: $ZIPTRAIL_CACHE, default
+// ~/.cache/ziptrail.
+func cacheDir() string {
+	if cache := os.Getenv("ZIPTRAIL_CACHE"); cache != "" {
+		return cache
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "ziptrail")
+}
+
+// Assets is the directory of kube-apiserver, etcd and the other
+// Kubernetes binaries: $KUBEBUILDER_ASSETS, else what hack/install-deps.sh
+// installed in its cache (k8s/<version>-etcd-<version>, the newest when
+// there are several), found without the user's running
+// `eval "$(hack/install-deps.sh --env)"` first. The cache's directories
+// then go first on this process's PATH, as that line would have put them
+// (the processes it starts find kubectl, coredns, the Python venv). ""
+// when neither has them.
+func Assets() string {
+	if a := os.Getenv("KUBEBUILDER_ASSETS"); a != "" {
+		return a
+	}
+	cache := cacheDir()
+	dirs, _ := filepath.Glob(filepath.Join(cache, "k8s", "*-etcd-*"))
+	var found string
+	for _, d := range dirs { // sorted: the last is the newest pin
+		if _, err := os.Stat(filepath.Join(d, "kube-apiserver")); err == nil {
+			found = d
+		}
+	}
+	if found == "" {
+		return ""
+	}
+	_ = os.Setenv("KUBEBUILDER_ASSETS", found)
+	path := strings.Join([]string{filepath.Join(cache, "bin"), found, filepath.Join(cache, "venv", "bin")}, string(os.PathListSeparator))
+	_ = os.Setenv("PATH", path+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return found
+}

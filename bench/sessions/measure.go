@@ -136,7 +136,7 @@ func loadavg() string {
 // checkpointSampler reads, once a second, the size of every bucket's
 // snapshot (its running sessions, rewritten when something changed) and
 // the ended sessions' records kept in Redis (each written once, kept for
-// the retention: internal/operator/checkpoint, ended.go).
+// the retention: internal/operator/checkpoint, endedsessions.go).
 type checkpointSampler struct {
 	mu      sync.Mutex
 	samples int

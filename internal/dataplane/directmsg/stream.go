@@ -18,7 +18,7 @@ import (
 // Direct channels across nodes (docs/messaging.md, "Direct channels
 // across nodes"): a TCP connection between the two functions' pods that
 // their sidecars opened on the data-plane port and authenticated
-// (tcpopen.go), then handed each function its end. The frames are the
+// (crossnode.go), then handed each function its end. The frames are the
 // same as a socketpair's, but every message is an inline frame (no
 // descriptor crosses TCP), written with its header in one writev and read
 // off the byte stream.

@@ -13,16 +13,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"k8s.io/apimachinery/pkg/api/meta"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/controllers"
+	"github.com/ziptrail/ziptrail/internal/operator/app"
 	"github.com/ziptrail/ziptrail/internal/operator/checkpoint"
 	"github.com/ziptrail/ziptrail/internal/operator/control"
 	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
-	"github.com/ziptrail/ziptrail/internal/operator/dispatch"
 	"github.com/ziptrail/ziptrail/internal/operator/dispatch/direct"
 	"github.com/ziptrail/ziptrail/internal/operator/gateway"
 	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
@@ -135,109 +130,76 @@ func (c *Cluster) serveGateway(w http.ResponseWriter, r *http.Request) {
 	h.ServeHTTP(w, r)
 }
 
-// startOperator runs the controllers and the trigger engine with its
-// dispatcher (through the local ingress), the control stream (on cl, the
-// bridge address, which pods reach) and the session gateway.
+// startOperator runs the operator as the chart's does (internal/operator/app),
+// with the controllers and the trigger engine with its dispatcher (through
+// the local ingress), the control stream (on cl, the bridge address, which
+// pods reach) and the session gateway.
 func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 	mgr, err := newManager(c.Config)
 	if err != nil {
 		cl.Close()
 		return err
 	}
-	keys := &control.SecretKeys{Client: mgr.GetClient()}
 	inputsLn, err := net.Listen("tcp", c.InputsAddr)
 	if err != nil {
 		cl.Close()
 		return err
 	}
-	// The per-namespace limits at the chart's defaults (docs/limits.md).
-	limits := orchestrator.DefaultLimits()
-	limitEvents := &orchestrator.LimitEvents{Recorder: mgr.GetEventRecorder("ziptrail-limits"), Reader: mgr.GetClient()}
-	inputs := orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: c.InputsAddr, PerNamespace: limits.InputBytesPerNamespace})
-	go func() { _ = inputs.Serve(inputsLn) }()
-	started := false
-	defer func() {
-		if !started { // else stopOperator closes it
-			_ = inputsLn.Close()
-			_ = inputs.Close()
-		}
-	}()
-	opts := orchestrator.Options{
-		Resolver: &dispatch.CachedResolver{Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()}},
-		// Invocations go to the functions' cluster-local URLs
-		// (<service>.<namespace>.svc.cluster.local), which Knative routes
-		// through the cluster-local gateway.
-		Ingress: strings.TrimPrefix(c.Knative.IngressLocalURL, "http://"),
-		Log:     ctrl.Log.WithName("orchestrator"),
-		Keys:    keys,
-		Inputs:  inputs,
-		// Delegated firing (docs/design.md), as the chart's
-		// engine.delegateTriggers.
-		Delegate: c.opts.DelegateTriggers,
+	cfg := app.DefaultConfig() // the chart's defaults, limits included (docs/limits.md)
+	// Invocations go to the functions' cluster-local URLs
+	// (<service>.<namespace>.svc.cluster.local), which Knative routes
+	// through the cluster-local gateway.
+	cfg.Ingress = strings.TrimPrefix(c.Knative.IngressLocalURL, "http://")
+	cfg.InputsAddr, cfg.InputsAdvertise = c.InputsAddr, c.InputsAddr
+	// Delegated firing (docs/design.md), as the chart's
+	// engine.delegateTriggers.
+	cfg.Delegate = c.opts.DelegateTriggers
+	cfg.RedisAddr, cfg.S3Endpoint = c.RedisAddr, c.S3Endpoint
+	cfg.ControlService = serviceHost(controlService, controlPort)
+	opts := app.Options{
 		// Straight to ready pods, as the chart's operator (its
 		// --direct-dispatch); the switch is the cluster's, for benchmarks.
-		Router:      switchedRouter{c: c, r: &direct.Router{Reader: mgr.GetClient()}},
-		Limits:      limits,
-		LimitEvents: limitEvents,
+		Router: switchedRouter{c: c, r: &direct.Router{Reader: mgr.GetClient()}},
+		// The sidecars' tiers, over the authenticated stream: the Services
+		// that lead to this host's redis-server and MinIO (advertised in Up).
+		Tiers: &controlv1.Tiers{},
+		// The shuffle planner reads the calibration where the chart's
+		// operator would: `ziptrail calibrate --configmap ziptrail-system/…`
+		// on this cluster.
+		Calibration: &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: SystemNamespace},
 	}
-	if c.tiers.redis != nil {
-		opts.Checkpoint = &checkpoint.Store{Client: c.tiers.redis, Key: "ziptrail:engine"}
-		opts.CheckpointInterval = CheckpointInterval
-	}
-	orch, err := orchestrator.New(opts)
-	if err != nil {
-		cl.Close()
-		return err
-	}
-	// Load the Workflows before the engine runs: it expires restored
-	// sessions whose workflow it does not know on its first tick, and the
-	// Workflow reconciler may not have run by then.
-	var wfs v1alpha1.WorkflowList
-	if err := c.Client.List(ctx, &wfs); err != nil {
-		cl.Close()
-		return err
-	}
-	for i := range wfs.Items {
-		wf := &wfs.Items[i]
-		_ = orch.SetWorkflow(wf, meta.IsStatusConditionTrue(wf.Status.Conditions, v1alpha1.ConditionReady), "") // the reconciler reports errors
-	}
-	srv := control.NewServer(orch, keys)
-	// Sidecars present the projected token Knative mounts for the audience
-	// in config-deployment's queue-sidecar-token-audiences (set in Up).
-	srv.Auth = &control.TokenReviewer{Client: mgr.GetClient()}
-	// The sidecars' tiers, over the authenticated stream: the Services that
-	// lead to this host's redis-server and MinIO (advertised in Up).
-	srv.Tiers = &controlv1.Tiers{}
 	if c.RedisAddr != "" {
-		srv.Tiers.RedisAddr = serviceHost(redisService, redisPort)
+		opts.Tiers.RedisAddr = serviceHost(redisService, redisPort)
 	}
 	if c.S3Endpoint != "" {
-		srv.Tiers.S3Endpoint, srv.Tiers.S3AccessKey, srv.Tiers.S3SecretKey, srv.Tiers.S3Bucket =
+		opts.Tiers.S3Endpoint, opts.Tiers.S3AccessKey, opts.Tiers.S3SecretKey, opts.Tiers.S3Bucket =
 			serviceHost(s3Service, s3Port), s3AccessKey, s3SecretKey, s3Bucket
 	}
-	orch.SetControl(srv)
-	if err := mgr.Add(manager.RunnableFunc(orch.Run)); err != nil {
+	if c.tiers.redis != nil {
+		opts.Checkpoint = &checkpoint.Store{Client: c.tiers.redis, Key: cfg.CheckpointKey}
+		opts.CheckpointInterval = CheckpointInterval
+	}
+	// Sidecars present the projected token Knative mounts for the audience
+	// in config-deployment's queue-sidecar-token-audiences (set in Up).
+	op, err := app.New(mgr, c.Config, cfg, opts)
+	if err != nil {
 		cl.Close()
+		_ = inputsLn.Close()
 		return err
 	}
-	tiers := controllers.Tiers{Redis: c.RedisAddr != "", S3: c.S3Endpoint != "", ControlAddr: serviceHost(controlService, controlPort)}
-	if err := controllers.Setup(mgr, tiers, orch); err != nil {
-		cl.Close()
-		return err
-	}
-	gs := grpc.NewServer(srv.ServerOptions()...)
-	controlv1.RegisterControlServer(gs, srv)
-	go func() { _ = gs.Serve(srv.Listener(cl)) }()
+	go func() { _ = op.Inputs.Serve(inputsLn) }()
+	gs := app.NewControlServer(op.Control)
+	go func() { _ = gs.Serve(op.Control.Listener(cl)) }()
 	var gen int64
 	if opts.Checkpoint != nil {
 		if _, gen, _, err = opts.Checkpoint.Load(ctx); err != nil {
 			gs.Stop()
+			_ = op.Inputs.Close()
 			return fmt.Errorf("read the engine checkpoint: %w", err)
 		}
 	}
-	c.operator = &operatorRun{runner: start(ctx, mgr), orch: orch, control: gs, srv: srv, inputs: inputs}
+	c.operator = &operatorRun{runner: start(ctx, mgr), orch: op.Orchestrator, control: gs, srv: op.Control, inputs: op.Inputs}
 	go c.supervise(c.operator)
-	started = true
 	if opts.Checkpoint != nil {
 		// The engine restores the checkpoint before it saves its first one;
 		// until then the gateway would not know the restored sessions.
@@ -248,15 +210,6 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 			return err
 		}
 	}
-	rate := limits.RateLimit() // the gateway's requests per namespace
-	rate.Refused = func(ns, wf string, err *gateway.LimitError) {
-		limitEvents.Record(ns, wf, err.Limit, "Request", err.Msg)
-	}
-	// The shuffle planner reads the calibration where the chart's operator
-	// would: `ziptrail calibrate --configmap ziptrail-system/…` on this cluster.
-	c.gw.Store(gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
-		Auth:        &gateway.KubeAuth{Client: mgr.GetClient()},
-		Calibration: &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: SystemNamespace},
-		Limit:       rate}))
+	c.gw.Store(op.Gateway)
 	return nil
 }

@@ -48,12 +48,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/ziptrail/ziptrail/controllers"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
-	"github.com/ziptrail/ziptrail/internal/operator/control"
-	"github.com/ziptrail/ziptrail/internal/operator/dispatch"
+	"github.com/ziptrail/ziptrail/internal/operator/app"
 	"github.com/ziptrail/ziptrail/internal/operator/gateway"
-	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
 	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 	"github.com/ziptrail/ziptrail/internal/tools/servers"
 )
@@ -134,33 +131,32 @@ func run(dir, gatewayAddr, functionURL string) error {
 // calibration ConfigMap.
 const OperatorNamespace = "ziptrail-system"
 
-// startOperator runs what cmd/operator runs on the leader, minus the
-// control stream (functions here report outputs in their responses).
+// startOperator runs the operator as cmd/operator does
+// (internal/operator/app), on the leader, minus the control stream and the
+// input store (functions here report outputs in their responses and get
+// their inputs inline), with the session gateway on addr.
 func startOperator(ctx context.Context, env *envtest.Env, addr string, errc chan<- error) error {
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: envtest.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}})
 	if err != nil {
 		return err
 	}
-	keys := &control.SecretKeys{Client: mgr.GetClient()}
-	orch, err := orchestrator.New(orchestrator.Options{Resolver: dispatch.ServiceResolver{Reader: mgr.GetClient()}, Log: logr.Discard(), Keys: keys})
+	cfg := app.DefaultConfig()
+	cfg.RedisAddr, cfg.S3Endpoint = "", "" // no tiers here, whatever the environment says
+	cfg.Direct = false                     // the functions' URLs, as the Services say
+	cfg.InputsAdvertise = "127.0.0.1:0"    // not served: InlineInputs
+	op, err := app.New(mgr, env.Config, cfg, app.Options{Log: logr.Discard(), InlineInputs: true,
+		// The shuffle planner's calibration, as cmd/operator reads it, in
+		// the namespace the tests play the operator's (re-read each time).
+		Calibration: &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: OperatorNamespace, TTL: time.Nanosecond}})
 	if err != nil {
-		return err
-	}
-	if err := controllers.Setup(mgr, controllers.Tiers{}, orch); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: gateway.New(&gateway.Handler{Starter: orch, Sessions: orch.Sessions(), Results: orch.Results(),
-		Auth: &gateway.KubeAuth{Client: mgr.GetClient()},
-		// The shuffle planner's calibration, as cmd/operator reads it, in
-		// the namespace the tests play the operator's (re-read each time).
-		Calibration: &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: OperatorNamespace, TTL: time.Nanosecond}}),
-		ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: op.Gateway, ReadHeaderTimeout: 10 * time.Second}
 	go func() { errc <- mgr.Start(ctx) }()
-	go func() { errc <- orch.Run(ctx) }()
 	go func() {
 		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			errc <- err

@@ -1,4 +1,4 @@
-package main
+package knativeconfig
 
 // The chart's hook commands: `operator knative-config` (post-install and
 // post-upgrade) points Knative Serving at ziptrail's images, and
@@ -27,7 +27,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -40,6 +39,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/ziptrail/ziptrail/internal/operator/app"
 	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
 
@@ -64,9 +64,9 @@ type knativeConfig struct {
 	activatorEnv   []corev1.EnvVar
 }
 
-// hookCommand runs a hook subcommand when args name one; ok is false
+// HookCommand runs a hook subcommand when args name one; ok is false
 // otherwise.
-func hookCommand(args []string) (ok bool, err error) {
+func HookCommand(args []string) (ok bool, err error) {
 	if len(args) == 0 {
 		return false, nil
 	}
@@ -165,7 +165,7 @@ func runKnativeRestore(args []string) error {
 	fs.StringVar(&ns, "knative-namespace", "knative-serving", "namespace of Knative Serving")
 	fs.StringVar(&deployment, "activator-deployment", "activator", "Knative's activator Deployment and container name")
 	fs.StringVar(&leaseNS, "lease-namespace", "", "namespace of the operator's leader-election Lease, deleted once no operator pod is left")
-	fs.StringVar(&leaseName, "lease-name", leaderElectionID, "name of that Lease")
+	fs.StringVar(&leaseName, "lease-name", app.LeaderElectionID, "name of that Lease")
 	fs.StringVar(&selector, "operator-selector", "", "label selector of the operator's pods (in --lease-namespace)")
 	fs.StringVar(&engineLeases, "engine-leases", "", "comma-separated Leases of the sharded engine's buckets (in --lease-namespace), deleted with that Lease")
 	if err := fs.Parse(args); err != nil {
@@ -445,18 +445,4 @@ func removeVolume(vols []corev1.Volume, name string) []corev1.Volume {
 		}
 	}
 	return out
-}
-
-// exitHook runs a hook subcommand named by os.Args and exits, or returns
-// when os.Args names none.
-func exitHook() {
-	ok, err := hookCommand(os.Args[1:])
-	if !ok {
-		return
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "operator %s: %v\n", os.Args[1], err)
-		os.Exit(1)
-	}
-	os.Exit(0)
 }

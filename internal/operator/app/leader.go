@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
-// leaderElectionID names the operator's leader-election Lease.
-const leaderElectionID = "operator.ziptrail.dev"
+// LeaderElectionID names the operator's leader-election Lease.
+const LeaderElectionID = "operator.ziptrail.dev"
 
 // LeaderLabel is set to "true" on the pod of the elected replica. The
 // control-stream and gateway Services select it: only the leader serves

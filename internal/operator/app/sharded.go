@@ -1,9 +1,8 @@
-package main
+package app
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -24,27 +23,6 @@ import (
 	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
 	"github.com/ziptrail/ziptrail/internal/operator/sharding"
 )
-
-// shardConfig is the sharded engine's (docs/sharding.md).
-type shardConfig struct {
-	buckets  int
-	identity string
-	lease    time.Duration
-	renew    time.Duration
-	retry    time.Duration
-}
-
-func shardFlags(c *shardConfig) {
-	flag.IntVar(&c.buckets, "engine-buckets", 0, "shard the trigger engine into this many buckets owned by the operator's replicas "+
-		"(Knative bucket leader election, one Lease each; every replica serves the control stream and the gateway for its buckets "+
-		"and redirects or proxies the rest); 0 runs one engine on the elected leader")
-	flag.StringVar(&c.identity, "engine-identity", os.Getenv("POD_IP"), "this replica's address (host) as the other replicas and the sidecars reach it (default $POD_IP)")
-	// One setting for both forms: the unsharded leader's Lease and the
-	// sharded engine's bucket Leases.
-	flag.DurationVar(&c.lease, "engine-lease-duration", 15*time.Second, "engine Leases (the leader's, or each bucket's): how long a dead replica keeps the engine")
-	flag.DurationVar(&c.renew, "engine-renew-deadline", 10*time.Second, "engine Leases: how long a replica tries to renew before it gives the engine up")
-	flag.DurationVar(&c.retry, "engine-retry-period", 2*time.Second, "engine Leases: how often they are renewed and free ones tried")
-}
 
 // engine is what the operator's other parts use of the trigger engine,
 // one engine on the leader or one per owned bucket.
@@ -72,8 +50,8 @@ func singleEngine(o *orchestrator.Orchestrator) *engine {
 }
 
 // shardedEngine builds the bucket elections and the sharded engine.
-func shardedEngine(cfg *rest.Config, mgr manager.Manager, sc shardConfig, leaseNS string, opts orchestrator.Options) (*engine, error) {
-	if sc.identity == "" {
+func shardedEngine(cfg *rest.Config, mgr manager.Manager, sc ShardConfig, leaseNS string, opts orchestrator.Options) (*engine, error) {
+	if sc.Identity == "" {
 		return nil, errors.New("--engine-buckets needs --engine-identity (or $POD_IP, from the downward API): the address other replicas redirect and proxy to")
 	}
 	if leaseNS == "" {
@@ -87,14 +65,14 @@ func shardedEngine(cfg *rest.Config, mgr manager.Manager, sc shardConfig, leaseN
 	if err != nil {
 		return nil, err
 	}
-	set, err := sharding.New(kc, sharding.Config{Buckets: sc.buckets, Identity: sc.identity, Namespace: leaseNS,
-		LeaseDuration: sc.lease, RenewDeadline: sc.renew, RetryPeriod: sc.retry, Log: zl.Sugar().Named("buckets"),
+	set, err := sharding.New(kc, sharding.Config{Buckets: sc.Buckets, Identity: sc.Identity, Namespace: leaseNS,
+		LeaseDuration: sc.Lease, RenewDeadline: sc.Renew, RetryPeriod: sc.Retry, Log: zl.Sugar().Named("buckets"),
 		Owner: podOwner(kc, leaseNS, zl.Sugar())})
 	if err != nil {
 		return nil, err
 	}
 	parts := &shardedParts{set: set}
-	eng, err := orchestrator.NewSharded(orchestrator.ShardedOptions{Options: opts, Buckets: set, Identity: sc.identity,
+	eng, err := orchestrator.NewSharded(orchestrator.ShardedOptions{Options: opts, Buckets: set, Identity: sc.Identity,
 		Workflows: func(ctx context.Context) ([]types.NamespacedName, error) {
 			// A bucket may be won before the manager's cache has synced.
 			l, err := listWorkflows(ctx, mgr)

@@ -1,4 +1,4 @@
-package main
+package knativeconfig
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/ziptrail/ziptrail/internal/operator/app"
 	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
@@ -36,7 +37,7 @@ func TestRestoreDeletesEngineLeases(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	names := []string{leaderElectionID, "ziptrail-engine.00-of-02", "ziptrail-engine.01-of-02", "someone-else"}
+	names := []string{app.LeaderElectionID, "ziptrail-engine.00-of-02", "ziptrail-engine.01-of-02", "someone-else"}
 	for _, n := range names {
 		if _, err := cs.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/operator/podwebhook"
 	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 func helm(t *testing.T, args ...string) (string, error) {
@@ -33,7 +34,7 @@ func helm(t *testing.T, args ...string) (string, error) {
 }
 
 func TestChart(t *testing.T) {
-	chart := filepath.Join(envtest.RepoRoot(), "charts", "ziptrail")
+	chart := filepath.Join(paths.RepoRoot(), "charts", "ziptrail")
 	allFeatures := filepath.Join(chart, "ci", "all-features-values.yaml")
 
 	for _, values := range [][]string{nil, {"-f", allFeatures}} {

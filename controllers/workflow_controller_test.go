@@ -24,11 +24,11 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/controllers"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 func loadSample(name, ns string) *v1alpha1.Workflow {
-	data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "config", "samples", name))
+	data, err := os.ReadFile(filepath.Join(paths.RepoRoot(), "config", "samples", name))
 	Expect(err).NotTo(HaveOccurred())
 	wf := &v1alpha1.Workflow{}
 	Expect(yaml.UnmarshalStrict(data, wf)).To(Succeed(), "sample %s", name)

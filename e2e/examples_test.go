@@ -26,13 +26,13 @@ import (
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/localcluster/nodeagent/catalog"
 	"github.com/ziptrail/ziptrail/internal/operator/sessions"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // sampleObjects decodes every document of every examples/*/*.yaml strictly
 // (an unknown or misspelled field fails) into the repository's API types.
 func sampleObjects() map[string][]client.Object {
-	files, err := filepath.Glob(filepath.Join(envtest.RepoRoot(), "examples", "*", "*.yaml"))
+	files, err := filepath.Glob(filepath.Join(paths.RepoRoot(), "examples", "*", "*.yaml"))
 	Expect(err).NotTo(HaveOccurred())
 	Expect(files).NotTo(BeEmpty())
 	out := map[string][]client.Object{}
@@ -63,7 +63,7 @@ func sampleObjects() map[string][]client.Object {
 				Fail(fmt.Sprintf("%s: unexpected kind %q", f, u.GetKind()))
 			}
 			Expect(yaml.UnmarshalStrict(doc, obj)).To(Succeed(), f)
-			rel, _ := filepath.Rel(envtest.RepoRoot(), f)
+			rel, _ := filepath.Rel(paths.RepoRoot(), f)
 			out[rel] = append(out[rel], obj)
 		}
 	}
@@ -75,7 +75,7 @@ func sampleObjects() map[string][]client.Object {
 // the image catalog (config/local/images.yaml) says, in the sample's
 // directory, building a Go sample's package once.
 func loadSample(name, ns string) *v1alpha1.Workflow {
-	data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "examples", name, "workflow.yaml"))
+	data, err := os.ReadFile(filepath.Join(paths.RepoRoot(), "examples", name, "workflow.yaml"))
 	Expect(err).NotTo(HaveOccurred())
 	wf := &v1alpha1.Workflow{}
 	Expect(yaml.UnmarshalStrict(data, wf)).To(Succeed())
@@ -85,7 +85,7 @@ func loadSample(name, ns string) *v1alpha1.Workflow {
 
 // imageCatalog is the catalog the local cluster runs images from.
 func imageCatalog() *catalog.Catalog {
-	c, err := catalog.Load(filepath.Join(envtest.RepoRoot(), "config", "local", "images.yaml"), GinkgoT().TempDir())
+	c, err := catalog.Load(filepath.Join(paths.RepoRoot(), "config", "local", "images.yaml"), GinkgoT().TempDir())
 	Expect(err).NotTo(HaveOccurred())
 	return c
 }
@@ -97,7 +97,7 @@ func runSample(name string, inputs ...string) []string {
 	waitWorkflowReady(wf)
 	var results []string
 	for _, in := range inputs {
-		data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "examples", name, in))
+		data, err := os.ReadFile(filepath.Join(paths.RepoRoot(), "examples", name, in))
 		Expect(err).NotTo(HaveOccurred())
 		result, s := runSession(wf.Namespace, wf.Name, string(data))
 		Expect(s.State).To(Equal(sessions.Completed))
@@ -107,7 +107,7 @@ func runSample(name string, inputs ...string) []string {
 }
 
 func sampleInput(name, file string) []byte {
-	data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "examples", name, file))
+	data, err := os.ReadFile(filepath.Join(paths.RepoRoot(), "examples", name, file))
 	Expect(err).NotTo(HaveOccurred())
 	return data
 }
@@ -116,7 +116,7 @@ var _ = Describe("the samples under examples/", func() {
 	It("decode strictly into the API types and are accepted by the API server", func() {
 		samples := sampleObjects()
 		Expect(len(samples)).To(BeNumerically(">=", 7))
-		root := envtest.RepoRoot()
+		root := paths.RepoRoot()
 		images := imageCatalog()
 		for file, objs := range samples {
 			ns := newNamespace()

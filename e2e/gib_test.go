@@ -21,7 +21,7 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // Objects and results of any size (issue 36): a 1 GiB object sent from
@@ -38,7 +38,7 @@ var _ = Describe("a 1 GiB object and result", func() {
 		const size = 1 << 30
 		bin := filepath.Join(GinkgoT().TempDir(), "ziptrail")
 		build := exec.Command("go", "build", "-o", bin, "./cmd/ziptrail")
-		build.Dir = envtest.RepoRoot()
+		build.Dir = paths.RepoRoot()
 		out, err := build.CombinedOutput()
 		Expect(err).NotTo(HaveOccurred(), "%s", out)
 

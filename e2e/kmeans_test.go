@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ziptrail/ziptrail/internal/operator/sessions"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // kmeansResult is what examples/kmeans prints (local) or sends to its
@@ -74,7 +74,7 @@ func logPodsOnFailure(ns string) {
 
 var _ = Describe("the kmeans sample (k-means, allreduce between function instances)", func() {
 	It("computes with 4 workers on several pods what one process computes", func() {
-		root := envtest.RepoRoot()
+		root := paths.RepoRoot()
 		params := strings.TrimSpace(string(sampleInput("kmeans", "params.json")))
 		var p struct{ Workers int }
 		Expect(json.Unmarshal([]byte(params), &p)).To(Succeed())

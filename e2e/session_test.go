@@ -23,7 +23,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/operator/sessions"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // pythonImage is the image catalog's generic Python (config/local/images.yaml):
@@ -189,7 +189,7 @@ var _ = Describe("the ziptrail CLI", func() {
 	It("runs a session with progress and lists it (ziptrail run, ziptrail sessions)", func() {
 		bin := filepath.Join(GinkgoT().TempDir(), "ziptrail")
 		build := exec.Command("go", "build", "-o", bin, "./cmd/ziptrail")
-		build.Dir = envtest.RepoRoot()
+		build.Dir = paths.RepoRoot()
 		out, err := build.CombinedOutput()
 		Expect(err).NotTo(HaveOccurred(), "%s", out)
 

@@ -15,7 +15,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/operator/sessions"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // sortResult is what examples/sort's collect returns (its validator's
@@ -92,7 +92,7 @@ func humanBytes(n int64) string {
 // expectedInput computes the input's summary with the sample's generator,
 // here, independently of the workflow.
 func expectedInput(seed, records int64) (int64, string) {
-	root := envtest.RepoRoot()
+	root := paths.RepoRoot()
 	cmd := exec.Command("python3", "sort.py", "expected", fmt.Sprint(seed), fmt.Sprint(records))
 	cmd.Dir = filepath.Join(root, "examples", "sort")
 	cmd.Env = append(cmd.Environ(), "PYTHONPATH="+filepath.Join(root, "sdk", "python"))

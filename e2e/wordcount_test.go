@@ -12,12 +12,12 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/operator/sessions"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 var _ = Describe("the word count sample (DynamicGroup shuffle, DynamicJoin gather)", func() {
 	It("counts the words of a real text like a plain count does", func() {
-		root := envtest.RepoRoot()
+		root := paths.RepoRoot()
 		data, err := os.ReadFile(filepath.Join(root, "examples", "wordcount", "workflow.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		wf := &v1alpha1.Workflow{}

@@ -15,13 +15,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 func samplePaths() []string {
-	paths, err := filepath.Glob(filepath.Join(envtest.RepoRoot(), "config", "samples", "*.yaml"))
+	files, err := filepath.Glob(filepath.Join(paths.RepoRoot(), "config", "samples", "*.yaml"))
 	Expect(err).NotTo(HaveOccurred())
-	return paths
+	return files
 }
 
 var _ = Describe("samples", func() {

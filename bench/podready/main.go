@@ -36,7 +36,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 func main() {
@@ -59,7 +59,7 @@ func run(ctx context.Context, n, burst int) (err error) {
 	defer os.RemoveAll(dir)
 	agent := filepath.Join(dir, "ziptrail-node")
 	build := exec.CommandContext(ctx, "go", "build", "-o", agent, "./cmd/ziptrail-node")
-	build.Dir = envtest.RepoRoot()
+	build.Dir = paths.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("build ziptrail-node: %w: %s", err, out)
 	}

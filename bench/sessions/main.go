@@ -33,10 +33,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 	"github.com/ziptrail/ziptrail/internal/tools/servers"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 type options struct {
@@ -113,7 +112,7 @@ func main() {
 }
 
 func run(tb *servers.ProcessTB, o options) error {
-	root := envtest.RepoRoot()
+	root := paths.RepoRoot()
 	if err := pickPorts(); err != nil {
 		return err
 	}
@@ -249,7 +248,7 @@ func resummarizeRun(path string, o options) error {
 	}
 	rep.Summary, rep.Ratio, rep.Projection = nil, 0, nil
 	rep.summarize()
-	root := envtest.RepoRoot()
+	root := paths.RepoRoot()
 	if err := rep.write(under(root, o.jsonOut), under(root, o.pngOut)); err != nil {
 		return err
 	}

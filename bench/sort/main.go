@@ -47,7 +47,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
 	"github.com/ziptrail/ziptrail/internal/shuffle/model"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 const (
@@ -301,7 +301,7 @@ func loadavg() string {
 
 func run(o options) error {
 	ctx := context.Background()
-	root := envtest.RepoRoot()
+	root := paths.RepoRoot()
 	examples := filepath.Join(root, "examples", "sort")
 	rep := &Report{Started: time.Now().UTC(), Error: map[string]Error{}}
 	if out, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output(); err == nil {
@@ -540,7 +540,7 @@ func upCluster(wf *v1alpha1.Workflow) (c *localcluster.Cluster, rdb *redis.Clien
 // its warm pods (min-scale 1), its idle CPU measured for d after a
 // minute's settling, written to -out/sort-idle.json.
 func idleOnly(o options, d time.Duration) error {
-	wf, _, _, err := loadWorkflow(filepath.Join(envtest.RepoRoot(), "examples", "sort"))
+	wf, _, _, err := loadWorkflow(filepath.Join(paths.RepoRoot(), "examples", "sort"))
 	if err != nil {
 		return err
 	}

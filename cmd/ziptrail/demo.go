@@ -23,6 +23,7 @@ import (
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/localcluster"
 	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 	"github.com/ziptrail/ziptrail/sdk/go/admin"
 )
 
@@ -39,14 +40,14 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	root := envtest.RepoRoot()
+	root := paths.RepoRoot()
 	text, err := os.ReadFile(filepath.Join(root, *input))
 	if err != nil {
 		if text, err = os.ReadFile(*input); err != nil {
 			return fmt.Errorf("read input: %w", err)
 		}
 	}
-	helm := envtest.FindBinary("helm")
+	helm := paths.FindBinary("helm")
 	if helm == "" {
 		return errors.New("helm not found on PATH or in $ZIPTRAIL_CACHE/bin: run hack/install-deps.sh (make demo does)")
 	}

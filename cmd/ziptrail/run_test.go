@@ -39,6 +39,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/operator/gateway"
 	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
 	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 	"github.com/ziptrail/ziptrail/internal/tools/servers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
@@ -72,7 +73,7 @@ func startGateway(t *testing.T) cliEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
+	data, err := os.ReadFile(filepath.Join(paths.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

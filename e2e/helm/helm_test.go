@@ -28,7 +28,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/api/v1alpha1"
 	"github.com/ziptrail/ziptrail/internal/operator/sessions"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 const (
@@ -388,7 +388,7 @@ var _ = Describe("helm install charts/ziptrail on the local cluster", Ordered, f
 	})
 
 	It("makes a Workflow applied after the install Ready through Knative, with queue-proxy-zl as its pods' queue-proxy", func() {
-		out, err := kubectlRun("", "-n", wfNS, "apply", "-f", filepath.Join(envtest.RepoRoot(), "examples", "wordcount", "workflow.yaml"))
+		out, err := kubectlRun("", "-n", wfNS, "apply", "-f", filepath.Join(paths.RepoRoot(), "examples", "wordcount", "workflow.yaml"))
 		Expect(err).NotTo(HaveOccurred(), out)
 		waitWorkflowReady("wordcount")
 		for _, fn := range []string{"split", "map", "reduce", "collect"} {
@@ -428,7 +428,7 @@ var _ = Describe("helm install charts/ziptrail on the local cluster", Ordered, f
 	})
 
 	It("runs a word count session through the chart's session gateway, with a correct count", func() {
-		text, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "LICENSE"))
+		text, err := os.ReadFile(filepath.Join(paths.RepoRoot(), "LICENSE"))
 		Expect(err).NotTo(HaveOccurred())
 		r := runSession(wfNS, "wordcount", string(text))
 		Expect(r.status).To(Equal(http.StatusOK), "result %s; session %+v", r.result, r.session)

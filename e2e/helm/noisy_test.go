@@ -39,7 +39,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/operator/control/guard/guardtest"
 	"github.com/ziptrail/ziptrail/internal/operator/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/operator/sessions"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // Noisy neighbours (issue 31): namespace A floods what every namespace
@@ -88,7 +88,7 @@ var _ = Describe("noisy neighbours: one namespace floods, another's word counts 
 			Expect(client.IgnoreAlreadyExists(err)).To(Succeed())
 		}
 		var err error
-		text, err = os.ReadFile(filepath.Join(envtest.RepoRoot(), "LICENSE"))
+		text, err = os.ReadFile(filepath.Join(paths.RepoRoot(), "LICENSE"))
 		Expect(err).NotTo(HaveOccurred())
 	})
 
@@ -140,7 +140,7 @@ var _ = Describe("noisy neighbours: one namespace floods, another's word counts 
 		// The sample as it is, but with its pods' number fixed: a cold start
 		// in one phase and not the other would measure Knative's autoscaler
 		// (this suite scales to zero within seconds), not A's flood.
-		data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "examples", "wordcount", "workflow.yaml"))
+		data, err := os.ReadFile(filepath.Join(paths.RepoRoot(), "examples", "wordcount", "workflow.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		wc := &v1alpha1.Workflow{}
 		Expect(yaml.UnmarshalStrict(data, wc)).To(Succeed())

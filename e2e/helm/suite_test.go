@@ -29,6 +29,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/localcluster/knative"
 	"github.com/ziptrail/ziptrail/internal/tools/chartops"
 	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 var (
@@ -39,7 +40,7 @@ var (
 	dyn     *dynamic.DynamicClient
 	k8s     client.Client
 	kubectl string
-	chart   = filepath.Join(envtest.RepoRoot(), "charts", "ziptrail")
+	chart   = filepath.Join(paths.RepoRoot(), "charts", "ziptrail")
 	// rel is the release the Describes install (one at a time), as
 	// internal/tools/chartops drives it: helm, the gateway Service, tokens.
 	rel *chartops.Release
@@ -56,7 +57,7 @@ var _ = BeforeSuite(func() {
 	var err error
 	// helm and kubectl come from hack/install-deps.sh (make test puts them
 	// on PATH; $ZIPTRAIL_CACHE/bin otherwise).
-	Expect(envtest.FindBinary("helm")).NotTo(BeEmpty(), "helm from hack/install-deps.sh: eval \"$(hack/install-deps.sh --env)\"")
+	Expect(paths.FindBinary("helm")).NotTo(BeEmpty(), "helm from hack/install-deps.sh: eval \"$(hack/install-deps.sh --env)\"")
 	kubectl = filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
 	Expect(kubectl).To(BeAnExistingFile(), "kubectl from hack/install-deps.sh")
 
@@ -64,7 +65,7 @@ var _ = BeforeSuite(func() {
 	bin := func(pkg string) string {
 		out := filepath.Join(dir, "bin", filepath.Base(pkg))
 		build := exec.Command("go", "build", "-o", out, pkg)
-		build.Dir = envtest.RepoRoot()
+		build.Dir = paths.RepoRoot()
 		b, err := build.CombinedOutput()
 		Expect(err).NotTo(HaveOccurred(), "build %s: %s", pkg, b)
 		return out
@@ -78,7 +79,7 @@ var _ = BeforeSuite(func() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	kn, err = knative.Install(ctx, knative.Options{
-		Cluster: cluster, RepoRoot: envtest.RepoRoot(), Ingress: ingress, Log: GinkgoWriter,
+		Cluster: cluster, RepoRoot: paths.RepoRoot(), Ingress: ingress, Log: GinkgoWriter,
 		// Functions scale to zero within seconds (the keep-alive specs wait
 		// for it), and may start at zero.
 		// activator-ext's locality decisions are read from the

@@ -29,7 +29,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
 	localknative "github.com/ziptrail/ziptrail/internal/localcluster/knative"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 var (
@@ -67,7 +67,7 @@ var _ = BeforeSuite(func() {
 	bin := func(pkg string) string {
 		out := filepath.Join(dir, "bin", filepath.Base(pkg))
 		build := exec.Command("go", "build", "-o", out, pkg)
-		build.Dir = envtest.RepoRoot()
+		build.Dir = paths.RepoRoot()
 		b, err := build.CombinedOutput()
 		Expect(err).NotTo(HaveOccurred(), "build %s: %s", pkg, b)
 		return out
@@ -82,7 +82,7 @@ var _ = BeforeSuite(func() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	kn, err = localknative.Install(ctx, localknative.Options{
-		Cluster: cluster, RepoRoot: envtest.RepoRoot(), Ingress: ingress,
+		Cluster: cluster, RepoRoot: paths.RepoRoot(), Ingress: ingress,
 		ConfigMaps: map[string]map[string]string{"config-autoscaler": autoscaler},
 		Log:        GinkgoWriter,
 	})

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 var (
@@ -41,7 +41,7 @@ var _ = BeforeSuite(func() {
 	dir := GinkgoT().TempDir()
 	agent := filepath.Join(dir, "bin", "ziptrail-node")
 	build := exec.Command("go", "build", "-o", agent, "./cmd/ziptrail-node")
-	build.Dir = envtest.RepoRoot()
+	build.Dir = paths.RepoRoot()
 	out, err := build.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "build ziptrail-node: %s", out)
 	cluster, err = k8s.Start(ctx, k8s.Options{

@@ -39,6 +39,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/operator/dispatch/direct"
 	"github.com/ziptrail/ziptrail/internal/operator/gateway"
 	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // CheckpointInterval is how often the local cluster's engine saves its
@@ -198,7 +199,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		opts.Log = io.Discard
 	}
 	if opts.Catalog == "" {
-		opts.Catalog = filepath.Join(envtest.RepoRoot(), "config", "local", "images.yaml")
+		opts.Catalog = filepath.Join(paths.RepoRoot(), "config", "local", "images.yaml")
 	}
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "bin"), 0o755); err != nil {
 		return nil, err
@@ -290,7 +291,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		}
 	}
 	if c.Knative, err = knative.Install(ctx, knative.Options{
-		Cluster: c.K8s, RepoRoot: envtest.RepoRoot(), Ingress: ingress,
+		Cluster: c.K8s, RepoRoot: paths.RepoRoot(), Ingress: ingress,
 		QueueSidecarImage: QueueProxyImage + ":latest", ConfigMaps: knCfg, Log: opts.Log,
 	}); err != nil {
 		return nil, err

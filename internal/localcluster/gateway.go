@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -17,8 +18,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
-
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // adminAccount is the ServiceAccount whose token the local cluster's
@@ -50,7 +49,7 @@ func (c *Cluster) adminCredentials(ctx context.Context) (err error) {
 // for the API server: the session gateway checks bearer tokens only. It
 // returns the token.
 func GatewayCredentials(ctx context.Context, k8s client.Client, cfg *rest.Config, kubeconfig string) (string, error) {
-	data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
+	data, err := os.ReadFile(filepath.Join(paths.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
 	if err != nil {
 		return "", fmt.Errorf("the session-runner ClusterRole: %w", err)
 	}

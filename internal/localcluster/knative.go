@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,8 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
-
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // SystemNamespace holds the Services through which pods reach what the
@@ -140,7 +139,7 @@ func advertise(ctx context.Context, cs kubernetes.Interface, name string, port i
 func buildCommand(ctx context.Context, dir, pkg string, out io.Writer) (string, error) {
 	bin := filepath.Join(dir, filepath.Base(pkg))
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
-	cmd.Dir = envtest.RepoRoot()
+	cmd.Dir = paths.RepoRoot()
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("go build %s: %w", pkg, err)

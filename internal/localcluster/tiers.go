@@ -17,8 +17,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // Credentials and bucket of the local slow tier. The server only listens on
@@ -46,7 +45,7 @@ type tierServers struct {
 func startTiers(ctx context.Context, stateDir, host string, step func(string, ...any)) (*tierServers, error) {
 	t := &tierServers{}
 	killLeftovers(stateDir)
-	if bin := envtest.FindBinary("redis-server"); bin != "" {
+	if bin := paths.FindBinary("redis-server"); bin != "" {
 		port, err := freePort(host)
 		if err != nil {
 			return t, err
@@ -70,7 +69,7 @@ func startTiers(ctx context.Context, stateDir, host string, step func(string, ..
 	} else {
 		step("redis-server not installed: no fast tier, no engine checkpoints")
 	}
-	if bin := envtest.FindBinary("minio"); bin != "" {
+	if bin := paths.FindBinary("minio"); bin != "" {
 		port, err := freePort(host)
 		if err != nil {
 			return t, err

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // Options configure a cluster. Zero values get the defaults of `ziptrail
@@ -93,7 +94,7 @@ func (o *Options) defaults() error {
 		}
 	}
 	if o.CoreDNS == "" {
-		o.CoreDNS = envtest.FindBinary("coredns")
+		o.CoreDNS = paths.FindBinary("coredns")
 	}
 	if o.CoreDNS == "" {
 		return errors.New("coredns not found on PATH or in $ZIPTRAIL_CACHE/bin: run hack/install-deps.sh")

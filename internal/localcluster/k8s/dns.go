@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -15,8 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
-
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // Cluster DNS is CoreDNS as a process on the host, listening on HostIP:1053,
@@ -151,7 +150,7 @@ func (c *Cluster) coreDNS() (*Component, error) {
 	return c.component("coredns", c.opts.CoreDNS, []string{"-conf", path}, "http://"+hostPort("127.0.0.1", rp)+"/ready"), nil
 }
 
-func repoRoot() string { return envtest.RepoRoot() }
+func repoRoot() string { return paths.RepoRoot() }
 
 // WaitDefaultServiceAccount waits until the namespace's default
 // ServiceAccount exists: the ServiceAccount admission plugin rejects pods

@@ -7,14 +7,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 func source(t *testing.T) Source {
 	t.Helper()
-	src, err := FindSource(context.Background(), envtest.RepoRoot())
+	src, err := FindSource(context.Background(), paths.RepoRoot())
 	if err != nil {
 		t.Fatal(err)
 	}

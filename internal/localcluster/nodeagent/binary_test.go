@@ -22,7 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/ziptrail/ziptrail/internal/localcluster/nodeagent/cgroups"
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // The ziptrail-node binary, run with the command line `ziptrail local up`
@@ -139,7 +139,7 @@ func agentBinary(g Gomega) string {
 	buildOnce.Do(func() {
 		built = filepath.Join(catalogDir, "bin", "ziptrail-node")
 		build := exec.Command("go", "build", "-o", built, "./cmd/ziptrail-node")
-		build.Dir = envtest.RepoRoot()
+		build.Dir = paths.RepoRoot()
 		if out, err := build.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("%w: %s", err, out)
 		}

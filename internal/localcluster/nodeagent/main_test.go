@@ -27,6 +27,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/localcluster/nodeagent"
 	"github.com/ziptrail/ziptrail/internal/localcluster/nodeagent/sandbox"
 	ztenv "github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // The suite runs one agent with two nodes against a real kube-apiserver.
@@ -103,7 +104,7 @@ images:
   - image: ziptrail.dev/test/shell
     entrypoint: [sh, -c]
     workingDir: /
-`, ztenv.RepoRoot())), 0o644); err != nil {
+`, paths.RepoRoot())), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

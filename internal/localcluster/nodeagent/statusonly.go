@@ -19,7 +19,7 @@ import (
 // takes metadata.labels and annotations from the request. So a label
 // another client set since the provider last saw the pod is removed again
 // by the next status write — the chart-installed operator's leader label
-// (cmd/operator leader.go), set as its pod turns Ready, was lost that way
+// (internal/operator/app/leader.go), set as its pod turns Ready, was lost that way
 // and the gateway and control Services had no endpoint (a chaos-short run
 // that stopped at "the chain workflow does not work without faults").
 // The kubelet patches status only; this does the equivalent: it reads the

@@ -37,6 +37,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/operator/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
 	"github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 	"github.com/ziptrail/ziptrail/internal/tools/servers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
@@ -98,7 +99,7 @@ func fixtureOn(t testing.TB, cfg *rest.Config, configure func(*fixture, *orchest
 		t.Fatal(err)
 	}
 	// The ClusterRole the chart ships for users.
-	data, err := os.ReadFile(filepath.Join(envtest.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
+	data, err := os.ReadFile(filepath.Join(paths.RepoRoot(), "charts", "ziptrail", "files", "session-runner-role.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,14 +17,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/ziptrail/ziptrail/internal/tools/envtest"
 )
 
 // LeaderLease is the unsharded operator's leader election Lease (its
@@ -59,7 +58,7 @@ func (r *Release) log() io.Writer {
 // Helm runs the helm CLI (PATH or $ZIPTRAIL_CACHE/bin) against the
 // cluster; it returns its output.
 func (r *Release) Helm(ctx context.Context, args ...string) (string, error) {
-	bin := envtest.FindBinary("helm")
+	bin := paths.FindBinary("helm")
 	if bin == "" {
 		return "", fmt.Errorf("helm not found on PATH or in $ZIPTRAIL_CACHE/bin: run hack/install-deps.sh")
 	}
@@ -103,7 +102,7 @@ func (r *Release) Kubectl(ctx context.Context, args ...string) (string, error) {
 func (r *Release) Install(ctx context.Context, values ...string) error {
 	chart := r.Chart
 	if chart == "" {
-		chart = filepath.Join(envtest.RepoRoot(), "charts", "ziptrail")
+		chart = filepath.Join(paths.RepoRoot(), "charts", "ziptrail")
 	}
 	args := []string{"install", r.Name, chart, "-n", r.Namespace, "--create-namespace", "--wait", "--timeout", "10m"}
 	for _, v := range values {
@@ -118,7 +117,7 @@ func (r *Release) Install(ctx context.Context, values ...string) error {
 func (r *Release) Upgrade(ctx context.Context, values ...string) error {
 	chart := r.Chart
 	if chart == "" {
-		chart = filepath.Join(envtest.RepoRoot(), "charts", "ziptrail")
+		chart = filepath.Join(paths.RepoRoot(), "charts", "ziptrail")
 	}
 	args := []string{"upgrade", r.Name, chart, "-n", r.Namespace, "--reuse-values", "--wait", "--timeout", "10m"}
 	for _, v := range values {

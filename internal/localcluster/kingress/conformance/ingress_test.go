@@ -32,7 +32,7 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/localcluster/k8s"
 	"github.com/ziptrail/ziptrail/internal/localcluster/kingress"
-	ztenv "github.com/ziptrail/ziptrail/internal/tools/envtest"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 func TestIngressConformance(t *testing.T) {
@@ -55,7 +55,7 @@ func run(m *testing.M) (int, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	root := ztenv.RepoRoot()
+	root := paths.RepoRoot()
 	dir, err := os.MkdirTemp("", "kingress-conformance-")
 	if err != nil {
 		return 1, err

@@ -6,9 +6,7 @@ package envtest
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
@@ -20,30 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	ziptrailv1alpha1 "github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
-
-// RepoRoot returns the repository root: found from this source file when the
-// sources are on disk (tests, go run), else from the working directory up.
-func RepoRoot() string {
-	if _, file, _, ok := runtime.Caller(0); ok {
-		root := filepath.Join(filepath.Dir(file), "..", "..", "..")
-		if _, err := os.Stat(filepath.Join(root, "config", "crd", "bases")); err == nil {
-			return root
-		}
-	}
-	dir, err := os.Getwd()
-	if err != nil {
-		return "."
-	}
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "config", "crd", "bases")); err == nil {
-			return d
-		}
-		if filepath.Dir(d) == d {
-			return dir
-		}
-	}
-}
 
 // Scheme returns a scheme with the Kubernetes built-ins, the ziptrail kinds
 // and Knative Serving's v1 kinds.
@@ -69,7 +45,7 @@ type Env struct {
 func Start() (*Env, error) {
 	assets := Assets()
 	if assets == "" {
-		return nil, fmt.Errorf("KUBEBUILDER_ASSETS is not set and %s holds no Kubernetes binaries: run hack/install-deps.sh (or `make test`, which does it)", cacheDir())
+		return nil, fmt.Errorf("KUBEBUILDER_ASSETS is not set and %s holds no Kubernetes binaries: run hack/install-deps.sh (or `make test`, which does it)", paths.CacheDir())
 	}
 	for _, bin := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(assets, bin)); err != nil {
@@ -94,7 +70,7 @@ func Start() (*Env, error) {
 // crdPaths are the directories of the CRDs every control plane gets: the
 // ziptrail kinds and Knative Serving's.
 func crdPaths() []string {
-	root := RepoRoot()
+	root := paths.RepoRoot()
 	return []string{filepath.Join(root, "config", "crd", "bases"), filepath.Join(root, "config", "knative")}
 }
 
@@ -125,30 +101,6 @@ func (e *Env) Kubeconfig(dir string) (string, error) {
 	return path, nil
 }
 
-// FindBinary looks for a server binary on PATH, then in $ZIPTRAIL_CACHE/bin
-// (default ~/.cache/ziptrail/bin), where hack/install-deps.sh builds MinIO
-// and CoreDNS. It returns "" when neither has it.
-func FindBinary(name string) string {
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	p := filepath.Join(cacheDir(), "bin", name)
-	if _, err := os.Stat(p); err != nil {
-		return ""
-	}
-	return p
-}
-
-// cacheDir is hack/install-deps.sh's cache: $ZIPTRAIL_CACHE, default
-// ~/.cache/ziptrail.
-func cacheDir() string {
-	if cache := os.Getenv("ZIPTRAIL_CACHE"); cache != "" {
-		return cache
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".cache", "ziptrail")
-}
-
 // Assets is the directory of kube-apiserver, etcd and the other
 // Kubernetes binaries: $KUBEBUILDER_ASSETS, else what hack/install-deps.sh
 // installed in its cache (k8s/<version>-etcd-<version>, the newest when
@@ -161,7 +113,7 @@ func Assets() string {
 	if a := os.Getenv("KUBEBUILDER_ASSETS"); a != "" {
 		return a
 	}
-	cache := cacheDir()
+	cache := paths.CacheDir()
 	dirs, _ := filepath.Glob(filepath.Join(cache, "k8s", "*-etcd-*"))
 	var found string
 	for _, d := range dirs { // sorted: the last is the newest pin

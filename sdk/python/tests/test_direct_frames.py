@@ -12,7 +12,7 @@ import struct
 import pytest
 
 import ziptrail
-from ziptrail import _direct
+from ziptrail import _direct, _directrecv
 
 H = struct.Struct("<IBqQ")
 M = _direct.MAGIC
@@ -47,7 +47,7 @@ def test_copy_frame_is_copied_out_and_credited():
         keep = os.dup(fd)
         send(s, [H.pack(M, _direct.COPY, 7, len(data))], fd)
         base = open_fds()
-        tag, got = _direct.FrameReader().read(r)
+        tag, got = _directrecv.FrameReader().read(r)
         assert tag == 7 and bytes(got) == data
         os.pwrite(keep, b"\0" * len(data), 0)  # the sender reuses its memfd
         os.close(keep)
@@ -69,7 +69,7 @@ def test_sender_closed_with_credits_unread():
         for i, data in enumerate(sent[:2]):
             send(s, [H.pack(M, _direct.COPY, i, len(data))], memfd(data, size=_direct.COPY_MAX))
         send(s, [H.pack(M, _direct.INLINE, 2, len(sent[2])), sent[2]])
-        fr = _direct.FrameReader()
+        fr = _directrecv.FrameReader()
         tag, got = fr.read(r)  # its credit waits, unread, in the sender's socket
         assert tag == 0 and bytes(got) == sent[0]
         s.close()
@@ -111,7 +111,7 @@ def test_hostile_copy_frames(name: str, tmp_path):
             elif name == "two memfds":
                 send(s, [hdr], memfd(b"x" * size), memfd(b"x" * size))
             with pytest.raises(_direct.FrameError):
-                _direct.FrameReader().read(r)
+                _directrecv.FrameReader().read(r)
             assert open_fds() <= base | {str(s.fileno()), str(r.fileno())}
             s.setblocking(False)
             with pytest.raises(BlockingIOError):
@@ -133,7 +133,7 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
     return s, r
 
 
-def read_all(reader: _direct.StreamReader, r: socket.socket, n: int, timeout: float = 60) -> list[tuple[int, bytes]]:
+def read_all(reader: _directrecv.StreamReader, r: socket.socket, n: int, timeout: float = 60) -> list[tuple[int, bytes]]:
     """n frames off r (waiting for them with poll, as the reader thread)."""
     import select
     out = []
@@ -156,7 +156,7 @@ def test_stream_reader_takes_frames_of_every_size():
     s, r = tcp_pair()
     sizes = [0, 1, 100, 200_000, 300_000, 5 << 20, _direct.STREAM_PREALLOC + 1]
     bodies = [bytes([i + 1]) * n for i, n in enumerate(sizes)]
-    reader = _direct.StreamReader()
+    reader = _directrecv.StreamReader()
 
     def write() -> None:
         for i, b in enumerate(bodies):
@@ -191,7 +191,7 @@ def test_stream_reader_refuses_hostile_frames(name: str):
     import threading
     t = threading.Thread(target=lambda: s.sendall(frames[name]))
     t.start()
-    reader = _direct.StreamReader()  # credits nothing: the window is the sender's to keep
+    reader = _directrecv.StreamReader()  # credits nothing: the window is the sender's to keep
     with pytest.raises(_direct.FrameError):
         read_all(reader, r, 2)
     t.join()
@@ -204,7 +204,7 @@ def test_stream_cut_frame_is_the_end():
     s.sendall(H.pack(M, _direct.INLINE, 1, 100) + b"short")
     s.close()
     with pytest.raises(EOFError):
-        read_all(_direct.StreamReader(), r, 1)
+        read_all(_directrecv.StreamReader(), r, 1)
     r.close()
 
 
@@ -216,7 +216,7 @@ def test_stream_sender_keeps_its_window():
     s, r = tcp_pair()
     sender = _direct.Sender(s)
     assert sender.stream
-    reader = _direct.StreamReader()
+    reader = _directrecv.StreamReader()
     size = 1 << 20
     sent = 0
     import queue
@@ -260,7 +260,7 @@ def test_stream_reader_waits_for_the_rest_of_a_frame():
     """A frame begun but not whole is not 'buffered': the reader thread
     would otherwise wake itself in a loop until its bytes come."""
     s, r = tcp_pair()
-    reader = _direct.StreamReader()
+    reader = _directrecv.StreamReader()
     s.sendall(H.pack(M, _direct.INLINE, 1, 3) + b"abc" + H.pack(M, _direct.INLINE, 2, 1000) + b"x" * 10)
     got = read_all(reader, r, 1)
     assert got == [(1, b"abc")]

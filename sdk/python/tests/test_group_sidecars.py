@@ -176,7 +176,7 @@ def test_point_to_point_over_tcp_channels(pods: Pods):
         assert att is not None
         out = att._outs[other].sock
         assert out is not None and out.stream, "the path to the other pod is not a TCP channel"
-        assert isinstance(att.ins[other].reader, ziptrail._direct.StreamReader)
+        assert isinstance(att.ins[other].reader, ziptrail._directrecv.StreamReader)
         g.barrier()
         # Back-pressure: rank 1 reads nothing while rank 0 fills its inbox.
         if g.rank == 0:
@@ -227,7 +227,7 @@ def test_tcp_bursts_from_two_senders_all_arrive(pods: Pods):
                 with g.recv(timeout=LIMIT) as m:
                     assert bytes(m.data) == b"%d:%d" % (m.source, nxt[m.source]), f"from {m.source}"
                     nxt[m.source] += 1
-            assert all(isinstance(ic.reader, ziptrail._direct.StreamReader) for ic in g._att.ins.values())
+            assert all(isinstance(ic.reader, ziptrail._directrecv.StreamReader) for ic in g._att.ins.values())
         else:
             for i in range(n):
                 g.send(0, b"%d:%d" % (g.rank, i))

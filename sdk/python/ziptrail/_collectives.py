@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from ._direct import INLINE_MAX, MEMFD, Memfd, header, sealed_memfd
 from ._fastmsg import Payload, messaging_call, slack, timeout_ms
 from ._reduce import SUM, Op, Reduction, _apply, _convert, _itemsize, _promote, _Vec
-from ._attached import Lent
+from ._membermsgs import Lent
 from ._objects import BytesLike, Data, InlineObject, MappedObject, _lent_object, _remove, _view
 from .errors import CollectiveAbortedError, InvalidError, MessageTimeoutError, PeerGoneError, ZiptrailError
 

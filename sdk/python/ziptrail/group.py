@@ -86,7 +86,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import _direct
-from ._attached import Attached, Lent
+from ._attached import Attached
+from ._membermsgs import Lent
 from ._collectives import RING_MIN_BYTES, _Collectives
 from ._current import current_invocation
 from ._fastmsg import ANY_SOURCE, ANY_TAG, MAX_NAMES, Payload, messaging_call, slack, socket_path, timeout_ms

@@ -65,6 +65,15 @@ type Object struct {
 	FiredLocally []string `json:"firedLocally,omitempty"`
 }
 
+// Len is the object's size in bytes: Size when the object has one (a
+// reference's), else its inline bytes.
+func (o Object) Len() int64 {
+	if o.Size > 0 {
+		return o.Size
+	}
+	return int64(len(o.Inline))
+}
+
 // Envelope is the body of an invocation.
 type Envelope struct {
 	Namespace  string   `json:"namespace"`

@@ -1,26 +1,28 @@
-package dispatch
+package invocation
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-
-	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/invocation/call"
 )
 
 // RerunArgs encodes what a re-execution needs of the invocation it
-// repeats: the envelope as first sent — objects with their contents (an
+// repeats: the envelope as first sent, without its id and attempt —
+// objects with their contents (an
 // empty object stays one), the trigger, DynamicGroup's group and the
 // arguments. The engine keeps it as the invocation's arguments.
-func RerunArgs(env *invocation.Envelope) ([]byte, error) { return call.RerunArgs(env) }
+func RerunArgs(env *Envelope) ([]byte, error) {
+	orig := *env
+	orig.Invocation, orig.Attempt = "", 0
+	return json.Marshal(&orig)
+}
 
 // RerunEnvelope rebuilds a re-execution's envelope: rerun names it (its
 // namespace, function, session, invocation id and attempt), args (from
 // RerunArgs) gives what the original carried. Arguments saved by an
 // earlier version — the original's objects alone, as a JSON array — are
 // still understood.
-func RerunEnvelope(rerun invocation.Envelope, args []byte) (*invocation.Envelope, error) {
+func RerunEnvelope(rerun Envelope, args []byte) (*Envelope, error) {
 	env := rerun
 	if trimmed := bytes.TrimLeft(args, " \t\r\n"); len(trimmed) > 0 && trimmed[0] == '[' {
 		if err := json.Unmarshal(args, &env.Objects); err != nil {
@@ -28,7 +30,7 @@ func RerunEnvelope(rerun invocation.Envelope, args []byte) (*invocation.Envelope
 		}
 		return &env, nil
 	}
-	var orig invocation.Envelope
+	var orig Envelope
 	if err := json.Unmarshal(args, &orig); err != nil {
 		return nil, fmt.Errorf("re-execution of %s: its original's envelope: %w", rerun.Invocation, err)
 	}

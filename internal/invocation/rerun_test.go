@@ -1,24 +1,22 @@
-package dispatch
+package invocation
 
 import (
 	"bytes"
 	"encoding/json"
 	"testing"
-
-	"github.com/ziptrail/ziptrail/internal/invocation"
 )
 
 // A re-execution gets everything its original carried: its DynamicGroup
 // group, trigger and arguments, and its objects with their contents — an
 // empty object included (issue 15, items 7 and 9).
 func TestRerunEnvelopeKeepsTheOriginal(t *testing.T) {
-	orig := &invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-reduce", Session: "s", Invocation: "s.4", Trigger: "grp", Group: "g1",
-		Args: []byte("a"), Objects: []invocation.Object{{Bucket: "b", Key: "empty", Inline: []byte{}}, {Bucket: "b", Key: "big", Size: 9, Ref: "zt1.x"}}}
+	orig := &Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-reduce", Session: "s", Invocation: "s.4", Trigger: "grp", Group: "g1",
+		Args: []byte("a"), Objects: []Object{{Bucket: "b", Key: "empty", Inline: []byte{}}, {Bucket: "b", Key: "big", Size: 9, Ref: "zt1.x"}}}
 	args, err := RerunArgs(orig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := RerunEnvelope(invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-reduce", Session: "s", Invocation: "s.4.r1", Attempt: 1}, args)
+	got, err := RerunEnvelope(Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-reduce", Session: "s", Invocation: "s.4.r1", Attempt: 1}, args)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,14 +35,14 @@ func TestRerunEnvelopeKeepsTheOriginal(t *testing.T) {
 // re-execute.
 func TestRerunEnvelopeFromOldArguments(t *testing.T) {
 	old, _ := json.Marshal([]map[string]any{{"bucket": "b", "key": "k", "session": "s", "inline": []byte("x")}})
-	got, err := RerunEnvelope(invocation.Envelope{Function: "f", Session: "s", Invocation: "s.1.r1", Attempt: 1}, old)
+	got, err := RerunEnvelope(Envelope{Function: "f", Session: "s", Invocation: "s.1.r1", Attempt: 1}, old)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got.Objects) != 1 || !bytes.Equal(got.Objects[0].Inline, []byte("x")) || got.Validate() != nil {
 		t.Errorf("%+v", got)
 	}
-	if _, err := RerunEnvelope(invocation.Envelope{Invocation: "s.1.r1"}, []byte("{broken")); err == nil {
+	if _, err := RerunEnvelope(Envelope{Invocation: "s.1.r1"}, []byte("{broken")); err == nil {
 		t.Error("corrupt arguments were accepted")
 	}
 }

@@ -230,7 +230,7 @@ func (s *Sidecar) holdStarted(env *invocation.Envelope) *startReport {
 	if !env.Delegated || s.ctl == nil {
 		return nil
 	}
-	args, err := call.RerunArgs(env)
+	args, err := invocation.RerunArgs(env)
 	if err != nil {
 		return nil
 	}
@@ -338,7 +338,7 @@ func (s *Sidecar) outcomeMessages(env *invocation.Envelope, code int, outs *invo
 			for _, o := range outs.Objects {
 				names[o.Bucket+"/"+o.Key] = true
 				msgs = append(msgs, &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_ObjectReady{ObjectReady: &controlv1.ObjectReady{
-					Session: env.Session, Bucket: o.Bucket, Key: o.Key, Size: sizeOf(o), Ref: o.Ref, Inline: inlineOf(o), Metadata: o.Metadata,
+					Session: env.Session, Bucket: o.Bucket, Key: o.Key, Size: o.Len(), Ref: o.Ref, Inline: inlineOf(o), Metadata: o.Metadata,
 					ProducerFunction: fn, InvocationId: env.Invocation, FiredLocally: o.FiredLocally}}})
 			}
 		}
@@ -349,13 +349,6 @@ func (s *Sidecar) outcomeMessages(env *invocation.Envelope, code int, outs *invo
 		fin.ReturnValue = ret
 	}
 	return append(msgs, &controlv1.SidecarMessage{Msg: &controlv1.SidecarMessage_FunctionFinished{FunctionFinished: fin}})
-}
-
-func sizeOf(o invocation.Object) int64 {
-	if o.Size > 0 {
-		return o.Size
-	}
-	return int64(len(o.Inline))
 }
 
 // inlineOf is an object's inline bytes for ObjectReady: set (possibly

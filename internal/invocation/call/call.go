@@ -543,12 +543,3 @@ func (p permanentError) Unwrap() error { return p.error }
 func validHeaderValue(v string) bool {
 	return !strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == 0x7f })
 }
-
-// RerunArgs encodes what a re-execution needs of the invocation it
-// repeats (see dispatch.RerunArgs): the envelope as first sent, without
-// its id and attempt.
-func RerunArgs(env *invocation.Envelope) ([]byte, error) {
-	orig := *env
-	orig.Invocation, orig.Attempt = "", 0
-	return json.Marshal(&orig)
-}

@@ -75,7 +75,7 @@ func (o *Orchestrator) invoke(a engine.Action) {
 	if a.Kind == engine.ActRerun {
 		// A re-execution gets what its original invocation carried back:
 		// objects, trigger, group.
-		rerun, err := dispatch.RerunEnvelope(*env, a.Args)
+		rerun, err := invocation.RerunEnvelope(*env, a.Args)
 		if err != nil {
 			o.execute(o.engine.FailSession(a.Session, err.Error(), o.opts.Now()))
 			return
@@ -99,7 +99,7 @@ func (o *Orchestrator) invoke(a engine.Action) {
 			o.sessions.Log(a.Session, "Invoked", "%s with %d objects (trigger %s)", a.Function, len(env.Objects), orEntry(a.Trigger))
 		}
 	}
-	args, err := dispatch.RerunArgs(env)
+	args, err := invocation.RerunArgs(env)
 	if err != nil {
 		o.execute(o.engine.FailSession(a.Session, fmt.Sprintf("invocation %s of %s: %v", a.Invocation, a.Function, err), o.opts.Now()))
 		return
@@ -196,7 +196,7 @@ func (o *Orchestrator) onResult(res dispatch.Result) {
 	sent := map[string]bool{} // distinct bucket/keys, as the engine counts them
 	for _, ob := range outs.Objects {
 		sent[ob.Bucket+"/"+ob.Key] = true
-		o.objectReady(key, engine.Object{Bucket: ob.Bucket, Key: ob.Key, Session: env.Session, Size: sizeOf(ob), Ref: ob.Ref, Inline: ob.Inline,
+		o.objectReady(key, engine.Object{Bucket: ob.Bucket, Key: ob.Key, Session: env.Session, Size: ob.Len(), Ref: ob.Ref, Inline: ob.Inline,
 			Metadata: ob.Metadata, Producer: fn, Invocation: env.Invocation, FiredLocally: ob.FiredLocally}, now)
 	}
 	o.returned(key, env.Session, fn, env.Invocation, outs.Return, sent, now)
@@ -224,13 +224,6 @@ func (o *Orchestrator) objectReady(key string, obj engine.Object, now time.Time)
 	}
 	o.execute(acts)
 	return limitFailure(acts, obj.Session, fmt.Sprintf("object %s/%s", obj.Bucket, obj.Key))
-}
-
-func sizeOf(ob invocation.Object) int64 {
-	if ob.Size > 0 {
-		return ob.Size
-	}
-	return int64(len(ob.Inline))
 }
 
 func nonNil(b []byte) []byte {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/ziptrail/ziptrail/internal/engine"
 	"github.com/ziptrail/ziptrail/internal/invocation"
-	"github.com/ziptrail/ziptrail/internal/operator/dispatch"
 )
 
 // A restored checkpoint holds invocations that were dispatched and had not
@@ -71,7 +70,7 @@ func (o *Orchestrator) send(list map[string]engine.InFlight, why string) {
 			continue
 		}
 		ns, wfName, _ := strings.Cut(c.Workflow, "/")
-		env, err := dispatch.RerunEnvelope(invocation.Envelope{Namespace: ns, Workflow: wfName, Function: v1alpha1ServiceName(wfName, c.Function),
+		env, err := invocation.RerunEnvelope(invocation.Envelope{Namespace: ns, Workflow: wfName, Function: v1alpha1ServiceName(wfName, c.Function),
 			Session: c.Session, Invocation: c.Invocation}, c.Args)
 		if err != nil {
 			o.opts.Log.Error(err, "redispatch", "session", c.Session, "invocation", c.Invocation)

@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
 
+	"github.com/ziptrail/ziptrail/bench/internal/parallel"
 	"github.com/ziptrail/ziptrail/internal/dataplane/pull"
 	"github.com/ziptrail/ziptrail/internal/dataplane/ref"
 	"github.com/ziptrail/ziptrail/internal/dataplane/store"
@@ -194,24 +194,6 @@ func (e *env) ztOne(ctx context.Context, data []byte) error {
 	return err
 }
 
-// parallel runs f(0..n-1) concurrently and returns the first error.
-func parallel(n int, f func(i int) error) error {
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- f(i) }()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func (e *env) ztPattern(ctx context.Context, pattern string, fan int, data []byte) func() error {
 	return func() error {
 		switch pattern {
@@ -223,23 +205,23 @@ func (e *env) ztPattern(ctx context.Context, pattern string, fan int, data []byt
 					return err
 				}
 			}
-			return parallel(fan, func(i int) error { _, _, err := e.clients[i].Pull(ctx, refs[i]); return err })
+			return parallel.Do(fan, func(i int) error { _, _, err := e.clients[i].Pull(ctx, refs[i]); return err })
 		case "gather": // fan producers, one consumer
 			refs := make([]string, fan)
-			if err := parallel(fan, func(i int) error {
+			if err := parallel.Do(fan, func(i int) error {
 				var err error
 				refs[i], err = e.ztPut(ctx, e.prods[i], data, 1)
 				return err
 			}); err != nil {
 				return err
 			}
-			return parallel(fan, func(i int) error { _, _, err := e.clients[0].Pull(ctx, refs[i]); return err })
+			return parallel.Do(fan, func(i int) error { _, _, err := e.clients[0].Pull(ctx, refs[i]); return err })
 		default: // broadcast: one object, fan consumers
 			r, err := e.ztPut(ctx, e.prods[0], data, uint32(fan))
 			if err != nil {
 				return err
 			}
-			return parallel(fan, func(i int) error { _, _, err := e.clients[i].Pull(ctx, r); return err })
+			return parallel.Do(fan, func(i int) error { _, _, err := e.clients[i].Pull(ctx, r); return err })
 		}
 	}
 }
@@ -272,17 +254,17 @@ func (e *env) redisPattern(ctx context.Context, pattern string, fan int, data []
 					return err
 				}
 			}
-			return parallel(fan, func(i int) error { return c.Get(ctx, keys[i]).Err() })
+			return parallel.Do(fan, func(i int) error { return c.Get(ctx, keys[i]).Err() })
 		case "gather":
-			if err := parallel(fan, func(i int) error { return c.Set(ctx, keys[i], data, time.Minute).Err() }); err != nil {
+			if err := parallel.Do(fan, func(i int) error { return c.Set(ctx, keys[i], data, time.Minute).Err() }); err != nil {
 				return err
 			}
-			return parallel(fan, func(i int) error { return c.Get(ctx, keys[i]).Err() })
+			return parallel.Do(fan, func(i int) error { return c.Get(ctx, keys[i]).Err() })
 		default:
 			if err := c.Set(ctx, keys[0], data, time.Minute).Err(); err != nil {
 				return err
 			}
-			return parallel(fan, func(int) error { return c.Get(ctx, keys[0]).Err() })
+			return parallel.Do(fan, func(int) error { return c.Get(ctx, keys[0]).Err() })
 		}
 	}
 }
@@ -329,17 +311,17 @@ func (e *env) s3Pattern(ctx context.Context, pattern string, fan int, data []byt
 					return err
 				}
 			}
-			return parallel(fan, func(i int) error { return e.s3Get(ctx, keys[i]) })
+			return parallel.Do(fan, func(i int) error { return e.s3Get(ctx, keys[i]) })
 		case "gather":
-			if err := parallel(fan, func(i int) error { return e.s3Put(ctx, keys[i], data) }); err != nil {
+			if err := parallel.Do(fan, func(i int) error { return e.s3Put(ctx, keys[i], data) }); err != nil {
 				return err
 			}
-			return parallel(fan, func(i int) error { return e.s3Get(ctx, keys[i]) })
+			return parallel.Do(fan, func(i int) error { return e.s3Get(ctx, keys[i]) })
 		default:
 			if err := e.s3Put(ctx, keys[0], data); err != nil {
 				return err
 			}
-			return parallel(fan, func(int) error { return e.s3Get(ctx, keys[0]) })
+			return parallel.Do(fan, func(int) error { return e.s3Get(ctx, keys[0]) })
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ziptrail/ziptrail/bench/internal/parallel"
 	"github.com/ziptrail/ziptrail/internal/tools/servers"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
@@ -147,7 +148,7 @@ func (s *pod) pid() int { return s.Cmd.Process.Pid }
 // until every rank joined.
 func joinAll(ctx context.Context, session, group string, members []*pod) ([]*ziptrail.Group, error) {
 	gs := make([]*ziptrail.Group, len(members))
-	err := parallel(len(members), func(i int) error {
+	err := parallel.Do(len(members), func(i int) error {
 		var err error
 		gs[i], err = members[i].client.Join(ctx, session, group, i, len(members), ziptrail.WithWaitAll(), ziptrail.WithJoinTimeout(time.Minute))
 		return err
@@ -163,24 +164,6 @@ func leaveAll(gs []*ziptrail.Group) {
 			_ = g.Leave(ctx)
 		}
 	}
-}
-
-// parallel runs f(0..n-1) concurrently and returns the first error.
-func parallel(n int, f func(i int) error) error {
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- f(i) }()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func hostInfo() map[string]any {

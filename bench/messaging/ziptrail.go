@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ziptrail/ziptrail/bench/internal/parallel"
 	ziptrail "github.com/ziptrail/ziptrail/sdk/go"
 )
 
@@ -181,7 +182,7 @@ func (z *ztBench) streamBy(ctx context.Context, senders, count, n int) ([]float6
 			}()
 		}()
 		t := time.Now()
-		if err := parallel(min(senders, count), func(k int) error {
+		if err := parallel.Do(min(senders, count), func(k int) error {
 			for j := k; j < count; j += senders {
 				if err := a.Send(ctx, 1, 8, msg); err != nil {
 					return err
@@ -304,7 +305,7 @@ func (z *ztBench) membership(ctx context.Context, n int) (seen, joins []float64,
 		name := z.group("members")
 		jctx, cancel := context.WithTimeout(ctx, time.Minute)
 		gs := make([]*ziptrail.Group, 4)
-		err := parallel(3, func(r int) error {
+		err := parallel.Do(3, func(r int) error {
 			var err error
 			gs[r], err = z.pods[r].client.Join(jctx, session, name, r, 4)
 			return err

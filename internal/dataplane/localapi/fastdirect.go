@@ -153,7 +153,11 @@ func (s *Server) readReleases(r *bufio.Reader) {
 		}
 		ok := q.op == opRelease && len(q.payload) <= maxReleaseBytes
 		if ok && len(q.payload) > 0 {
-			s.files(context.Background()).release(strings.Split(string(q.payload), ","))
+			tokens := strings.Split(string(q.payload), ",")
+			s.files(context.Background()).release(tokens)
+			if s.ReleaseTaken != nil {
+				s.ReleaseTaken(tokens)
+			}
 		}
 		messaging.PutBuf(q.buf)
 		if !ok {

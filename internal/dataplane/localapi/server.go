@@ -81,6 +81,11 @@ type Server struct {
 	// Adopter, when set, is given a duplicate of every memfd a function
 	// put through the object socket (samenode.Server).
 	Adopter Adopter
+	// ReleaseTaken, when set (tests), is called with the tokens of each
+	// release a lending member channel sent (op opRelease) once the pool
+	// took them back. A release has no answer: a message that arrives
+	// before this may not reuse the files it names.
+	ReleaseTaken func(tokens []string)
 
 	seq       atomic.Uint64
 	initOnce  sync.Once

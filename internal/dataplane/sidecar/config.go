@@ -102,6 +102,8 @@ type Config struct {
 	// envErrs are the variables FromEnv could not use: Start refuses
 	// to run with them (Validate).
 	envErrs []error
+	// releaseTaken, when set (tests), is the local API's ReleaseTaken.
+	releaseTaken func(tokens []string)
 }
 
 // Validate reports settings the sidecar must not start with.

@@ -17,10 +17,16 @@ import (
 // the next message reuse the file, and an oversized release ends only
 // that member channel (the membership stays: its next message arrives
 // whole through the sidecar's recv).
+//
+// A release has no answer: the sidecar takes it back on the member
+// channel's own reader while the next message comes from pod a on
+// another path, so the test waits until b's sidecar took each release
+// before it sends the message that must (or must not) reuse the files.
 func TestMessageFilesLentFromTheOutside(t *testing.T) {
 	op := messagingEnv(t)
 	a := startMsgPod(t, op, "ns", "pod-a")
-	b := startMsgPod(t, op, "ns", "pod-b")
+	taken := make(chan []string, 4)
+	b := startMsgPod(t, op, "ns", "pod-b", func(c *Config) { c.releaseTaken = func(tokens []string) { taken <- tokens } })
 	c := b.msgClient(t)
 	c.LendFiles = true
 	actx, acancel := within(time.Minute)
@@ -49,6 +55,18 @@ func TestMessageFilesLentFromTheOutside(t *testing.T) {
 		}
 		return p.Msg
 	}
+	release := func(tokens ...string) {
+		t.Helper()
+		mc.Release(tokens...)
+		select {
+		case got := <-taken:
+			if strings.Join(got, ",") != strings.Join(tokens, ",") {
+				t.Fatalf("the sidecar took the release %q, want %q", got, tokens)
+			}
+		case <-ctx.Done():
+			t.Fatalf("the sidecar never took the release %q", tokens)
+		}
+	}
 	held := deliver(mc, 1)
 	if held.Token == "" || !strings.HasPrefix(held.Token, held.Path[strings.LastIndexByte(held.Path, '/')+1:]+":") {
 		t.Fatalf("a lending member channel got no token for %s: %q", held.Path, held.Token)
@@ -56,7 +74,7 @@ func TestMessageFilesLentFromTheOutside(t *testing.T) {
 	name, _, _ := strings.Cut(held.Token, ":")
 	// Forged and stale tokens: unknown names, a path, this file's other
 	// lendings, no lending at all.
-	mc.Release("nonsense", "get-nothere:1", "../../etc/passwd:1", name+":0", name+":999", name, ":", "")
+	release("nonsense", "get-nothere:1", "../../etc/passwd:1", name+":0", name+":999", name, ":", "")
 	next := deliver(mc, 2)
 	if next.Path == held.Path {
 		t.Fatal("a forged release let the sidecar fill a file that is still lent")
@@ -65,7 +83,7 @@ func TestMessageFilesLentFromTheOutside(t *testing.T) {
 		t.Fatal("a lent file changed before its release")
 	}
 	// Released: the next message fills one of the released files again.
-	mc.Release(held.Token, next.Token)
+	release(held.Token, next.Token)
 	third := deliver(mc, 3)
 	if third.Path != held.Path && third.Path != next.Path {
 		t.Fatalf("after their release the next message went to a new file %s (not %s or %s)", third.Path, held.Path, next.Path)

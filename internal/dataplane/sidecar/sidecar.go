@@ -292,6 +292,7 @@ func (s *Sidecar) serveLocalAPI() error {
 	}
 	api := &localapi.Server{Store: s.Store, Addr: s.addr(), Sealer: localapi.SealFunc(s.withNode), Messages: s.msgs, Dir: s.cfg.ShmDir, Namespace: s.cfg.Namespace, Function: s.cfg.Function,
 		TTL: s.cfg.ObjectTTL, InlineThreshold: s.cfg.InlineThreshold, MaxObjectBytes: s.cfg.MemoryLimit, PutTimeout: s.cfg.PutTimeout,
+		ReleaseTaken: s.cfg.releaseTaken,
 		KeySource: localapi.KeysFunc(func(ctx context.Context) (*ref.Keyring, error) {
 			if err := s.waitKeys(ctx); err != nil {
 				return nil, err

@@ -60,7 +60,8 @@ type Options struct {
 	// Calibration is the shuffle planner's; nil: the ConfigMap
 	// `ziptrail calibrate --configmap` writes in $POD_NAMESPACE, if set.
 	Calibration gateway.CalibrationSource
-	// Log is the operator's logger; zero: controller-runtime's.
+	// Log is the operator's logger; without a sink (the zero Logger, and
+	// logr.Discard()) controller-runtime's (ctrl.Log).
 	Log logr.Logger
 	// InlineInputs sends every session input inline in its invocation,
 	// for functions served without a sidecar to pull large ones from the

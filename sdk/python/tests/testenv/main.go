@@ -144,7 +144,8 @@ func startOperator(ctx context.Context, env *envtest.Env, addr string, errc chan
 	cfg.RedisAddr, cfg.S3Endpoint = "", "" // no tiers here, whatever the environment says
 	cfg.Direct = false                     // the functions' URLs, as the Services say
 	cfg.InputsAdvertise = "127.0.0.1:0"    // not served: InlineInputs
-	op, err := app.New(mgr, env.Config, cfg, app.Options{Log: logr.Discard(), InlineInputs: true,
+	// Its logs go to ctrl.Log, which run discards.
+	op, err := app.New(mgr, env.Config, cfg, app.Options{InlineInputs: true,
 		// The shuffle planner's calibration, as cmd/operator reads it, in
 		// the namespace the tests play the operator's (re-read each time).
 		Calibration: &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: OperatorNamespace, TTL: time.Nanosecond}})

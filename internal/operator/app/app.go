@@ -76,7 +76,8 @@ type Operator struct {
 	// Control is the sidecars' control-stream server (serve it with
 	// ServeControl, or as the process serves gRPC).
 	Control *control.Server
-	// Inputs serves large session inputs to the sidecars.
+	// Inputs serves large session inputs to the sidecars; nil with
+	// Options.InlineInputs.
 	Inputs *orchestrator.Inputs
 	// Gateway is the session gateway's HTTP handler, GatewayGRPC its
 	// gRPC service.
@@ -178,13 +179,16 @@ func New(mgr manager.Manager, cfg *rest.Config, c Config, o Options) (*Operator,
 	if store == nil && c.RedisAddr != "" {
 		store = &checkpoint.Store{Client: redis.NewClient(&redis.Options{Addr: c.RedisAddr, Password: c.RedisPassword}), Key: c.CheckpointKey}
 	}
-	advertise, err := advertiseAddr(c.InputsAdvertise, c.InputsAddr)
-	if err != nil {
-		return nil, err
-	}
 	keys := &control.SecretKeys{Client: mgr.GetClient()}
-	inputs := orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: advertise, Cap: c.InputStoreBytes,
-		PerNamespace: c.Limits.InputBytesPerNamespace})
+	var inputs *orchestrator.Inputs
+	if !o.InlineInputs {
+		advertise, err := advertiseAddr(c.InputsAdvertise, c.InputsAddr)
+		if err != nil {
+			return nil, err
+		}
+		inputs = orchestrator.NewInputs(orchestrator.InputsOptions{Keys: keys, Addr: advertise, Cap: c.InputStoreBytes,
+			PerNamespace: c.Limits.InputBytesPerNamespace})
+	}
 	// Refusals by a per-namespace limit, as Events on the workflow.
 	limitEvents := &orchestrator.LimitEvents{Recorder: mgr.GetEventRecorder("ziptrail-limits"), Reader: mgr.GetClient()}
 	opts := orchestrator.Options{
@@ -195,6 +199,7 @@ func New(mgr manager.Manager, cfg *rest.Config, c Config, o Options) (*Operator,
 		Concurrency:        c.Concurrency,
 		Log:                log.WithName("orchestrator"),
 		Keys:               keys,
+		Inputs:             inputs,
 		Delegate:           c.Delegate,
 		Limits:             c.Limits,
 		LimitEvents:        limitEvents,
@@ -215,9 +220,6 @@ func New(mgr manager.Manager, cfg *rest.Config, c Config, o Options) (*Operator,
 		},
 		Router: o.Router,
 	}
-	if !o.InlineInputs {
-		opts.Inputs = inputs
-	}
 	if opts.Router == nil && c.Direct {
 		opts.Router = &direct.Router{Reader: mgr.GetClient()}
 	}
@@ -225,9 +227,11 @@ func New(mgr manager.Manager, cfg *rest.Config, c Config, o Options) (*Operator,
 	if c.Shard.Buckets > 0 {
 		// Every replica runs the engine of the buckets it owns, and serves
 		// the control stream and the gateway (sharded.go).
-		if op.eng, err = shardedEngine(cfg, mgr, c.Shard, c.LeaderNamespace, opts); err != nil {
+		eng, err := shardedEngine(cfg, mgr, c.Shard, c.LeaderNamespace, opts)
+		if err != nil {
 			return nil, err
 		}
+		op.eng = eng
 	} else {
 		// A new leader loads the Workflows before it serves (the sharded
 		// engine does so per bucket): the engine expires restored
@@ -322,10 +326,12 @@ func (op *Operator) AddServers() error {
 	}); err != nil {
 		return err
 	}
-	if err := op.add(func(ctx context.Context) error {
-		return serveUntil(ctx, c.InputsAddr, op.Inputs.Serve, func() { _ = op.Inputs.Close() })
-	}); err != nil {
-		return err
+	if op.Inputs != nil {
+		if err := op.add(func(ctx context.Context) error {
+			return serveUntil(ctx, c.InputsAddr, op.Inputs.Serve, func() { _ = op.Inputs.Close() })
+		}); err != nil {
+			return err
+		}
 	}
 	if err := op.add(func(ctx context.Context) error {
 		hs := &http.Server{Handler: op.Gateway, ReadHeaderTimeout: 10 * time.Second}

@@ -143,7 +143,6 @@ func startOperator(ctx context.Context, env *envtest.Env, addr string, errc chan
 	cfg := app.DefaultConfig()
 	cfg.RedisAddr, cfg.S3Endpoint = "", "" // no tiers here, whatever the environment says
 	cfg.Direct = false                     // the functions' URLs, as the Services say
-	cfg.InputsAdvertise = "127.0.0.1:0"    // not served: InlineInputs
 	// Its logs go to ctrl.Log, which run discards.
 	op, err := app.New(mgr, env.Config, cfg, app.Options{InlineInputs: true,
 		// The shuffle planner's calibration, as cmd/operator reads it, in

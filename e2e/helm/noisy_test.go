@@ -123,11 +123,15 @@ var _ = Describe("noisy neighbours: one namespace floods, another's word counts 
 
 	It("installs with activator-ext and small per-namespace limits", func() {
 		installed = true
-		out, err := helm("install", release, chart, "-n", releaseNS, "--create-namespace",
+		args := []string{"install", release, chart, "-n", releaseNS, "--create-namespace",
 			"--set", "activatorExt.enabled=true",
 			"--set", fmt.Sprintf("limits.sessionsPerNamespace=%d", noisySessions),
 			"--set", fmt.Sprintf("limits.requestsPerSecond=%d", noisyRPS), "--set", fmt.Sprintf("limits.requestBurst=%d", noisyRPS),
-			"--wait", "--timeout", "10m")
+			"--wait", "--timeout", "10m"}
+		if profileDir() != "" {
+			args = append(args, "--set", fmt.Sprintf("operator.pprofPort=%d", pprofPort))
+		}
+		out, err := helm(args...)
 		Expect(err).NotTo(HaveOccurred(), out)
 		Eventually(func(g Gomega) {
 			rolledOut(g, releaseNS, release+"-operator")
@@ -164,7 +168,9 @@ var _ = Describe("noisy neighbours: one namespace floods, another's word counts 
 	})
 
 	It("B's sessions without a flood: the baseline", func() {
+		busy := hostCPU()
 		baseline = wordCounts(noisyB, text, noisyRuns)
+		GinkgoWriter.Printf("the host's CPUs were %.0f%% busy during B's sessions without a flood\n", busy())
 	})
 
 	It("B's sessions during A's flood: all correct, p99 within 2x of the baseline; A gets clear refusals", func() {
@@ -181,7 +187,11 @@ var _ = Describe("noisy neighbours: one namespace floods, another's word counts 
 		}
 		// The flood is on before B's first session.
 		Eventually(func() int64 { return f.refusedStarts.Load() + f.unauthenticated.Load() }, "30s").Should(BeNumerically(">", 0))
+		profiled := profileOperator("flood")
+		busy := hostCPU()
 		during := wordCounts(noisyB, text, noisyRuns)
+		GinkgoWriter.Printf("the host's CPUs were %.0f%% busy during B's sessions of the flood\n", busy())
+		profiled()
 		stop()
 		wg.Wait()
 
@@ -234,6 +244,77 @@ var _ = Describe("noisy neighbours: one namespace floods, another's word counts 
 	})
 })
 
+// pprofPort is the operator's /debug/pprof port when the spec profiles it.
+const pprofPort = 6060
+
+// profileDir is where the spec writes the operator's CPU profiles during
+// A's flood ($ZIPTRAIL_E2E_PROFILE_DIR; empty: no profiles, and the
+// operator serves none).
+func profileDir() string { return os.Getenv("ZIPTRAIL_E2E_PROFILE_DIR") }
+
+// profileOperator starts a 20-second CPU profile of each operator pod
+// (when profileDir is set), written as <dir>/operator-<name>-<pod>.pprof;
+// the function it returns waits for them.
+func profileOperator(name string) func() {
+	dir := profileDir()
+	if dir == "" {
+		return func() {}
+	}
+	var wg sync.WaitGroup
+	for _, p := range operatorPods() {
+		wg.Add(1)
+		go func() {
+			defer GinkgoRecover()
+			defer wg.Done()
+			url := fmt.Sprintf("http://%s:%d/debug/pprof/profile?seconds=20", p.Status.PodIP, pprofPort)
+			resp, err := http.Get(url)
+			Expect(err).NotTo(HaveOccurred())
+			defer resp.Body.Close()
+			data, err := io.ReadAll(resp.Body)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(resp.StatusCode).To(Equal(http.StatusOK), string(data))
+			out := filepath.Join(dir, fmt.Sprintf("operator-%s-%s.pprof", name, p.Name))
+			Expect(os.WriteFile(out, data, 0o644)).To(Succeed())
+			GinkgoWriter.Printf("the operator's CPU profile during %s: %s\n", name, out)
+		}()
+	}
+	return wg.Wait
+}
+
+// hostCPU starts measuring how busy the host's CPUs are (/proc/stat); the
+// function it returns says, in percent of all CPUs, since the start.
+func hostCPU() func() float64 {
+	read := func() (busy, total float64) {
+		data, err := os.ReadFile("/proc/stat")
+		if err != nil {
+			return 0, 0
+		}
+		line, _, _ := strings.Cut(string(data), "\n")
+		// user nice system idle iowait irq softirq steal (guest time is
+		// counted in user's already).
+		for i, f := range strings.Fields(line)[1:] {
+			if i >= 8 {
+				break
+			}
+			var v float64
+			_, _ = fmt.Sscan(f, &v)
+			total += v
+			if i != 3 && i != 4 { // idle, iowait
+				busy += v
+			}
+		}
+		return busy, total
+	}
+	b0, t0 := read()
+	return func() float64 {
+		b1, t1 := read()
+		if t1 <= t0 {
+			return 0
+		}
+		return 100 * (b1 - b0) / (t1 - t0)
+	}
+}
+
 func restarts(p corev1.Pod) int32 {
 	var n int32
 	for _, c := range p.Status.ContainerStatuses {
@@ -273,17 +354,10 @@ def handle(inv):
 var wordRE = regexp.MustCompile(`[a-z]+`)
 
 // wordCount runs one word-count session of ns and checks its count; it
-// returns the session's time (start to result).
+// returns the session's time (its three gateway calls).
 func wordCount(ns string, text []byte) (time.Duration, error) {
-	d, _, err := wordCountRun(ns, text)
-	return d, err
-}
-
-func wordCountRun(ns string, text []byte) (time.Duration, sessionRun, error) {
-	t := time.Now()
 	r := runSession(ns, "wordcount", string(text))
-	d := time.Since(t)
-	return d, r, checkCount(r, text)
+	return r.took(), checkCount(r, text)
 }
 
 func checkCount(r sessionRun, text []byte) error {
@@ -309,21 +383,31 @@ func checkCount(r sessionRun, text []byte) error {
 }
 
 // wordCounts runs n word-count sessions of ns one after another; every one
-// must complete with the right count. It returns their times.
-// The slowest session's events are printed (what it waited for).
+// must complete with the right count. It returns their times: the three
+// gateway calls of each (the gateway's Service is looked up once, before:
+// a Kubernetes API call, rate-limited by client-go, is not the gateway's
+// time). Each call's p50/p99 and the slowest session's events (what it
+// waited for) are printed.
 func wordCounts(ns string, text []byte, n int) []time.Duration {
-	var ds []time.Duration
+	gw := gatewayURL()
+	var ds, starts, waits, looks []time.Duration
 	var slowest sessionRun
-	var worst time.Duration
 	for i := 0; i < n; i++ {
-		d, r, err := wordCountRun(ns, text)
-		Expect(err).NotTo(HaveOccurred(), "B's session %d", i)
-		ds = append(ds, d)
-		if d > worst {
-			worst, slowest = d, r
+		r := runSessionAt(gw, ns, "wordcount", string(text))
+		Expect(checkCount(r, text)).To(Succeed(), "B's session %d", i)
+		ds, starts, waits, looks = append(ds, r.took()), append(starts, r.start), append(waits, r.waited), append(looks, r.looked)
+		if r.took() > slowest.took() {
+			slowest = r
 		}
 	}
-	GinkgoWriter.Printf("the slowest of %d sessions (%v), %s:\n%s", n, worst.Round(time.Millisecond), slowest.session.ID, eventLog(slowest.session))
+	for _, c := range []struct {
+		name string
+		ds   []time.Duration
+	}{{"start", starts}, {"result", waits}, {"session", looks}} {
+		GinkgoWriter.Printf("  %-7s p50 %v p99 %v\n", c.name, percentile(c.ds, 0.5), percentile(c.ds, 0.99))
+	}
+	GinkgoWriter.Printf("the slowest of %d sessions (%v: start %v, result %v, session %v), %s:\n%s", n, slowest.took().Round(time.Millisecond),
+		slowest.start, slowest.waited, slowest.looked, slowest.session.ID, eventLog(slowest.session))
 	return ds
 }
 

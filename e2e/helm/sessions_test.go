@@ -81,26 +81,43 @@ func gatewayDo(method, url string, body io.Reader) (int, []byte) {
 }
 
 // sessionRun is one session's outcome: the result call's status and body,
-// and the session as the gateway reports it at the end.
+// the session as the gateway reports it at the end, and how long each of
+// the three gateway calls took (start, result, session).
 type sessionRun struct {
-	status  int
-	result  string
-	session sessions.Session
+	status                int
+	result                string
+	session               sessions.Session
+	start, waited, looked time.Duration
 }
+
+// took is the session's time as its client saw it: its three gateway calls.
+func (r sessionRun) took() time.Duration { return r.start + r.waited + r.looked }
 
 // runSession starts a session of ns/wf through the chart's gateway and
 // waits for its result.
 func runSession(ns, wf, input string) sessionRun {
-	gw := gatewayURL()
+	return runSessionAt(gatewayURL(), ns, wf, input)
+}
+
+// runSessionAt is runSession through the gateway at gw (its URL looked up
+// once by a caller that times sessions: the lookup is a Kubernetes API
+// call, rate-limited by client-go, not the gateway's time).
+func runSessionAt(gw, ns, wf, input string) sessionRun {
+	t := time.Now()
 	code, body := gatewayDo(http.MethodPost, fmt.Sprintf("%s/v1/namespaces/%s/workflows/%s/sessions", gw, ns, wf), strings.NewReader(input))
 	Expect(code).To(Equal(http.StatusCreated), string(body))
 	var s sessions.Session
 	Expect(json.Unmarshal(body, &s)).To(Succeed())
 	var r sessionRun
+	r.start = time.Since(t)
 	var res []byte
+	t = time.Now()
 	r.status, res = gatewayDo(http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s/result?wait=3m", gw, ns, s.ID), nil)
+	r.waited = time.Since(t)
 	r.result = string(res)
+	t = time.Now()
 	code, body = gatewayDo(http.MethodGet, fmt.Sprintf("%s/v1/namespaces/%s/sessions/%s", gw, ns, s.ID), nil)
+	r.looked = time.Since(t)
 	Expect(code).To(Equal(http.StatusOK), string(body))
 	Expect(json.Unmarshal(body, &r.session)).To(Succeed())
 	return r

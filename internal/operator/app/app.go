@@ -152,6 +152,7 @@ func ManagerOptions(c Config) ctrl.Options {
 		Cache:                   cache.Options{ByObject: direct.CacheOptions()},
 		Metrics:                 metricsserver.Options{BindAddress: c.MetricsAddr},
 		HealthProbeBindAddress:  c.ProbeAddr,
+		PprofBindAddress:        c.PprofAddr,
 		LeaderElection:          c.LeaderElect,
 		LeaderElectionID:        LeaderElectionID,
 		LeaderElectionNamespace: c.LeaderNamespace,

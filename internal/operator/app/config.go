@@ -16,12 +16,14 @@ import (
 // what differs.
 type Config struct {
 	MetricsAddr, ProbeAddr, ControlAddr, GatewayAddr string
-	GatewayGRPCAddr                                  string
-	LeaderElect                                      bool
-	LeaderNamespace                                  string
-	RedisAddr, RedisPassword, CheckpointKey          string
-	S3Endpoint, S3AccessKey, S3SecretKey, S3Bucket   string
-	S3TLS                                            bool
+	// PprofAddr serves Go's /debug/pprof profiles (empty or 0: off).
+	PprofAddr                                      string
+	GatewayGRPCAddr                                string
+	LeaderElect                                    bool
+	LeaderNamespace                                string
+	RedisAddr, RedisPassword, CheckpointKey        string
+	S3Endpoint, S3AccessKey, S3SecretKey, S3Bucket string
+	S3TLS                                          bool
 	// ControlService is the host:port sidecars reach the control stream
 	// at, written on every function's revision template.
 	ControlService string
@@ -73,6 +75,7 @@ func DefaultConfig() Config {
 // destinations, and sets those fields to the defaults.
 func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.MetricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 disables it)")
+	fs.StringVar(&c.PprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof profiles, to find where the operator's time goes (empty or 0: off; it shows the process's state to whoever reaches it)")
 	fs.StringVar(&c.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (every replica; the leader is the pod labelled ziptrail.dev/leader=true)")
 	fs.StringVar(&c.ControlAddr, "control-bind-address", ":9443", "address of the sidecars' gRPC control stream")
 	fs.Func("control-key-readers", "comma-separated users (system:serviceaccount:<ns>:<sa>) that may read every namespace's reference keys "+

@@ -30,12 +30,16 @@ import (
 //   - a call's first message (GetKeys' request, a stream's Hello) whole
 //     within 10 s of the call's start; a stream's later messages are not
 //     timed, since a sidecar's stream is idle between events;
-//   - client pings at most every 10 s.
+//   - client pings at most every 10 s;
+//   - a call's flow-control window 256 KiB, and a connection refused
+//     more than 10 calls a second left unread until it is back under
+//     (guard.Limits.Window, RefusalsPerSecond).
 var DefaultLimits = guard.Limits{
 	MaxConns: 4096, MaxUnauthConns: 256, AuthTimeout: 10 * time.Second,
 	HandshakeTimeout: 5 * time.Second, ReviewTimeout: 2 * time.Second,
 	MaxStreams: 100, MaxRecvMsgSize: 4 << 20, MaxHeaderBytes: 64 << 10,
 	RecvTimeout: 10 * time.Second, MinPingInterval: 10 * time.Second,
+	Window: 256 << 10, RefusalsPerSecond: 10,
 }
 
 func (s *Server) guardian() *guard.Guard {

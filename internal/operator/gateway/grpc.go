@@ -60,7 +60,12 @@ type GRPC struct {
 //   - a call's message whole within 60 s of the call's start: a
 //     64 MiB input (the chart's limit) needs at least about 1.1 MB/s;
 //     slower clients put large data into a bucket and pass its key;
-//   - client pings at most every 10 s.
+//   - client pings at most every 10 s;
+//   - a call's flow-control window 256 KiB (what a refused call can make
+//     the server read: a 64 MiB input still arrives at 256 MB/s at a 1 ms
+//     round trip), and a connection refused more than 10 calls a second
+//     left unread until it is back under (a flood of refused calls is
+//     then held back by TCP).
 //
 // MaxRecvMsgSize is MaxStartMessage: the largest StartSession the gateway
 // accepts.
@@ -68,6 +73,7 @@ var DefaultGRPCLimits = guard.Limits{
 	MaxConns: 1024, MaxUnauthConns: 64, AuthTimeout: 10 * time.Second,
 	HandshakeTimeout: 5 * time.Second, ReviewTimeout: 5 * time.Second,
 	MaxStreams: 100, MaxHeaderBytes: 64 << 10, RecvTimeout: time.Minute, MinPingInterval: 10 * time.Second,
+	Window: 256 << 10, RefusalsPerSecond: 10,
 }
 
 // startOverhead bounds what a StartSessionRequest holds besides its input:

@@ -28,6 +28,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -36,6 +37,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
@@ -88,6 +90,26 @@ type Limits struct {
 	// HTTP/2 pings (keepalive.EnforcementPolicy, with or without calls
 	// open); a client pinging more often is disconnected.
 	MinPingInterval time.Duration
+	// Window is the HTTP/2 flow-control window of one call
+	// (grpc.InitialWindowSize; the connection's is 4 times it): what a
+	// client may send of a call's message before the server reads it, and
+	// so the most a refused call makes the server read and throw away.
+	// gRPC's own windows grow with the measured bandwidth up to 16 MiB (a
+	// refused 60 MiB call then cost the server 0.5–2 MiB, issue 33); a
+	// fixed window keeps that bound, and still carries a call at
+	// Window/RTT (256 KiB: 256 MB/s at a 1 ms round trip). Negative:
+	// gRPC's growing windows.
+	Window int
+	// RefusalsPerSecond paces a connection whose calls are refused (by
+	// authentication, or after it, with Unauthenticated, PermissionDenied
+	// or ResourceExhausted, e.g. a message over MaxRecvMsgSize): beyond
+	// this rate (bursts of as many), the server stops reading that
+	// connection before answering its next call, for as long as the rate
+	// needs and at most a second a call. A client refused in a loop is
+	// then held to the rate by TCP, not served as fast as it sends, and
+	// costs the server and its other callers almost nothing; a client
+	// refused now and then never waits. Negative: no pacing.
+	RefusalsPerSecond float64
 }
 
 // Or fills l's zero fields from def.
@@ -110,6 +132,7 @@ func (l Limits) Or(def Limits) Limits {
 		ReviewTimeout: pickD(l.ReviewTimeout, def.ReviewTimeout), MaxStreams: pick(l.MaxStreams, def.MaxStreams),
 		MaxRecvMsgSize: pick(l.MaxRecvMsgSize, def.MaxRecvMsgSize), MaxHeaderBytes: pick(l.MaxHeaderBytes, def.MaxHeaderBytes),
 		RecvTimeout: pickD(l.RecvTimeout, def.RecvTimeout), MinPingInterval: pickD(l.MinPingInterval, def.MinPingInterval),
+		Window: pick(l.Window, def.Window), RefusalsPerSecond: cmp.Or(l.RefusalsPerSecond, def.RefusalsPerSecond),
 	}
 }
 
@@ -128,6 +151,8 @@ type Guard struct {
 	name string
 	l    Limits
 	auth Authenticate
+
+	paced atomic.Int64 // Paced
 
 	mu     sync.Mutex
 	conns  map[string]*conn // by remote and local address
@@ -152,7 +177,8 @@ var (
 		Help: "What the gRPC servers' guards refused or ended, by server (gateway, control) and event: " +
 			"conn_refused_max (a connection beyond MaxConns), conn_refused_unauth (beyond MaxUnauthConns), " +
 			"conn_auth_timeout (no call authenticated within AuthTimeout), call_refused (authentication refused a call " +
-			"before its message was read), recv_timeout (a message slower than RecvTimeout).",
+			"before its message was read), recv_timeout (a message slower than RecvTimeout), refusals_paced (a connection " +
+			"refused faster than RefusalsPerSecond was not read for a while).",
 	}, []string{"server", "event"})
 	gauges = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "ziptrail_grpc_connections",
@@ -194,6 +220,13 @@ func (g *Guard) ServerOptions() []grpc.ServerOption {
 	if g.l.MinPingInterval > 0 {
 		opts = append(opts, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: g.l.MinPingInterval, PermitWithoutStream: true}))
 	}
+	if g.l.Window > 0 {
+		w := int32(max(g.l.Window, 64<<10)) // HTTP/2's initial window; gRPC ignores less
+		opts = append(opts, grpc.InitialWindowSize(w), grpc.InitialConnWindowSize(4*w))
+	}
+	if g.l.RefusalsPerSecond > 0 {
+		opts = append(opts, grpc.StatsHandler(refusals{g}))
+	}
 	return opts
 }
 
@@ -202,6 +235,13 @@ func (g *Guard) tap(ctx context.Context, info *tap.Info) (_ context.Context, err
 	// The tap runs on the connection's reader goroutine, outside any
 	// interceptor.
 	defer recovery.AsError("operator", "tap", &err) // (the method is the caller's, unauthenticated: not a label)
+	c := g.connOf(ctx)
+	c.pace(ctx)
+	defer func() {
+		if isRefusal(err) {
+			c.refused()
+		}
+	}()
 	rctx, cancel := ctx, context.CancelFunc(func() {})
 	if g.l.ReviewTimeout > 0 {
 		rctx, cancel = context.WithTimeout(ctx, g.l.ReviewTimeout)
@@ -368,6 +408,7 @@ type conn struct {
 	authed bool // under g.mu
 	closed bool // under g.mu
 	timer  *time.Timer
+	pacer  *pacer // Limits.RefusalsPerSecond; nil: not paced
 }
 
 func connKey(remote, local net.Addr) string {
@@ -399,6 +440,9 @@ func (g *Guard) admit(nc net.Conn) *conn {
 		c.key = ""
 		g.gauge("authenticated", 1)
 		return c
+	}
+	if r := g.l.RefusalsPerSecond; r > 0 {
+		c.pacer = &pacer{lim: rate.NewLimiter(rate.Limit(r), max(1, int(r)))}
 	}
 	g.conns[c.key] = c
 	g.unauth++

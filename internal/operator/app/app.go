@@ -335,7 +335,7 @@ func (op *Operator) AddServers() error {
 		}
 	}
 	if err := op.add(func(ctx context.Context) error {
-		hs := &http.Server{Handler: op.Gateway, ReadHeaderTimeout: 10 * time.Second}
+		hs := &http.Server{Handler: op.Gateway, ReadHeaderTimeout: 10 * time.Second, ConnContext: op.Gateway.ConnContext}
 		return serveUntil(ctx, c.GatewayAddr, hs.Serve, func() { _ = hs.Shutdown(context.Background()) })
 	}); err != nil {
 		return err

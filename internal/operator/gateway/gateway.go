@@ -115,7 +115,10 @@ type Handler struct {
 	Owners Owners
 	// Limit bounds each namespace's rate of requests (limits.go); nil: none.
 	Limit *RateLimit
-	mux   *http.ServeMux
+	// RefusalsPerSecond paces each connection's refused requests
+	// (pacing.go, ConnContext); 0: DefaultRefusalsPerSecond, negative: off.
+	RefusalsPerSecond float64
+	mux               *http.ServeMux
 }
 
 // New wires the routes.
@@ -141,6 +144,7 @@ func New(h *Handler) *Handler {
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w = paced(w, r)
 	if h.routed(w, r) {
 		return
 	}

@@ -37,7 +37,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
@@ -408,7 +407,7 @@ type conn struct {
 	authed bool // under g.mu
 	closed bool // under g.mu
 	timer  *time.Timer
-	pacer  *pacer // Limits.RefusalsPerSecond; nil: not paced
+	pacer  *Pacer // Limits.RefusalsPerSecond; nil: not paced
 }
 
 func connKey(remote, local net.Addr) string {
@@ -442,7 +441,7 @@ func (g *Guard) admit(nc net.Conn) *conn {
 		return c
 	}
 	if r := g.l.RefusalsPerSecond; r > 0 {
-		c.pacer = &pacer{lim: rate.NewLimiter(rate.Limit(r), max(1, int(r)))}
+		c.pacer = NewPacer(r)
 	}
 	g.conns[c.key] = c
 	g.unauth++

@@ -12,16 +12,69 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// maxPause bounds how long one call's connection is left unread
-// (Limits.RefusalsPerSecond).
-const maxPause = time.Second
+// MaxPause bounds how long one call waits for its connection's refusals
+// to be back within their rate (Pacer).
+const MaxPause = time.Second
 
-// pacer holds a connection's refusals to Limits.RefusalsPerSecond.
-type pacer struct {
+// Pacer holds one connection's refused calls to a rate: each refusal is
+// counted (Refused), and past the rate the connection's next call waits
+// (Wait) before it is read or answered, for as long as the rate needs and
+// at most MaxPause. A client refused in a loop is then served at the
+// rate, not as fast as it sends; one refused now and then never waits.
+// The gRPC guard paces each connection (Limits.RefusalsPerSecond), the
+// session gateway's HTTP server each of its connections.
+type Pacer struct {
 	lim *rate.Limiter
 
 	mu    sync.Mutex
-	until time.Time // the connection is not read before
+	until time.Time // the connection's next call waits until then
+}
+
+// NewPacer paces at perSecond refusals a second, in bursts of as many
+// (at least 1).
+func NewPacer(perSecond float64) *Pacer {
+	return &Pacer{lim: rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond)))}
+}
+
+// Refused counts a refused call: beyond the rate, the next call waits.
+func (p *Pacer) Refused() {
+	if p == nil {
+		return
+	}
+	now := time.Now()
+	r := p.lim.ReserveN(now, 1)
+	d := r.DelayFrom(now)
+	if d > MaxPause {
+		r.CancelAt(now) // no debt beyond a pause: the next refusal finds the same
+		d = MaxPause
+	}
+	if d <= 0 {
+		return
+	}
+	p.mu.Lock()
+	p.until = now.Add(d)
+	p.mu.Unlock()
+}
+
+// Wait waits until the connection's refusals are back within the rate,
+// or ctx ends; it says whether it waited.
+func (p *Pacer) Wait(ctx context.Context) bool {
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	d := time.Until(p.until)
+	p.mu.Unlock()
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(min(d, MaxPause))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return true
 }
 
 // connOf is the connection of the call of ctx, nil when the guard cannot
@@ -40,47 +93,20 @@ func (g *Guard) connOf(ctx context.Context) *conn {
 	return g.conns[key]
 }
 
-// refused counts a refused call of c: beyond the rate, the connection's
-// next call waits before it is read.
+// refused counts a refused call of c.
 func (c *conn) refused() {
-	if c == nil || c.pacer == nil {
-		return
+	if c != nil {
+		c.pacer.Refused()
 	}
-	now := time.Now()
-	r := c.pacer.lim.ReserveN(now, 1)
-	d := r.DelayFrom(now)
-	if d > maxPause {
-		r.CancelAt(now) // no debt beyond a pause: the next refusal finds the same
-		d = maxPause
-	}
-	if d <= 0 {
-		return
-	}
-	c.pacer.mu.Lock()
-	c.pacer.until = now.Add(d)
-	c.pacer.mu.Unlock()
 }
 
 // pace waits, on the connection's reader (the tap's goroutine, so nothing
 // more of the connection is read meanwhile), until c's refusals are back
 // within the rate, or ctx ends.
 func (c *conn) pace(ctx context.Context) {
-	if c == nil || c.pacer == nil {
-		return
-	}
-	c.pacer.mu.Lock()
-	d := time.Until(c.pacer.until)
-	c.pacer.mu.Unlock()
-	if d <= 0 {
-		return
-	}
-	c.g.count("refusals_paced")
-	c.g.paced.Add(1)
-	t := time.NewTimer(min(d, maxPause))
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
+	if c != nil && c.pacer.Wait(ctx) {
+		c.g.count("refusals_paced")
+		c.g.paced.Add(1)
 	}
 }
 

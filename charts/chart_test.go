@@ -115,11 +115,15 @@ func TestChart(t *testing.T) {
 		// their Services select the leader's pod label. Sharded (all
 		// features), every replica serves its buckets' and forwards the
 		// rest.
-		for want, sharded := range map[string]bool{`ziptrail.dev/leader: "true"`: false, "--engine-buckets=8": true, "--delegate-triggers": true,
+		for want, sharded := range map[string]bool{`ziptrail.dev/leader: "true"`: false, "--engine-buckets=8": true,
 			"--engine-leases=ziptrail-engine.00-of-08,": true} {
 			if got := strings.Contains(manifest, want); got != (sharded == (name == "all features")) {
 				t.Errorf("%s: rendered chart contains %q: %v", name, want, got)
 			}
+		}
+		// Delegated firing is on in both (the default since issue 33).
+		if !strings.Contains(manifest, "--delegate-triggers=true") {
+			t.Errorf("%s: the rendered chart does not turn delegated firing on", name)
 		}
 		// The engine's Lease times apply to both forms: the unsharded
 		// leader's Lease and the bucket Leases.

@@ -181,7 +181,7 @@ func run(cfg config) error {
 	// chain's, not cold starts'.
 	// Two nodes: 100 functions need 100 pods, and each queue-proxy
 	// requests 25m of CPU (Knative's default) from a node of NumCPU cores.
-	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: os.Stderr, DelegateTriggers: cfg.arms[0].delegate, RouteOnly: !cfg.arms[0].direct,
+	c, err := localcluster.Up(ctx, localcluster.Options{StateDir: dir, Nodes: 2, Log: os.Stderr, EngineFiresAll: !cfg.arms[0].delegate, RouteOnly: !cfg.arms[0].direct,
 		Knative: map[string]map[string]string{"config-autoscaler": {"min-scale": "1"}},
 		Kubernetes: k8s.Options{NetPrefix: "ztc", ClusterCIDR: netip.MustParsePrefix("10.218.0.0/16"),
 			ServiceCIDR: netip.MustParsePrefix("10.104.0.0/16"), WaitForHost: 30 * time.Minute}})

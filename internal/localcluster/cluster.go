@@ -77,13 +77,14 @@ type Options struct {
 	// (docs/local-cluster.md, "Image catalog"); default
 	// <repo>/config/local/images.yaml.
 	Catalog string
-	// DelegateTriggers turns on the operator's delegated firing (its
-	// --delegate-triggers, orchestrator.Options.Delegate): the producers'
-	// sidecars fire Immediate and ByName triggers themselves. See
-	// SetDelegateTriggers to switch it on a running cluster. The
-	// environment's ZIPTRAIL_DELEGATE_TRIGGERS (true or false), when set,
-	// overrides it: a suite runs with either setting unchanged.
-	DelegateTriggers bool
+	// EngineFiresAll turns off the operator's delegated firing (its
+	// --delegate-triggers=false, orchestrator.Options.Delegate), which is
+	// on by default as in the chart: the producers' sidecars fire
+	// Immediate and ByName triggers themselves. See SetDelegateTriggers
+	// to switch it on a running cluster. The environment's
+	// ZIPTRAIL_DELEGATE_TRIGGERS (true or false), when set, overrides it:
+	// a suite runs with either setting unchanged.
+	EngineFiresAll bool
 	// RouteOnly sends every invocation of the operator through the
 	// ingress and the activator, as the operator's --direct-dispatch=false
 	// does; by default invocations go straight to a ready pod

@@ -9,7 +9,7 @@ import (
 )
 
 // EnvDelegateTriggers, set to true or false, overrides
-// Options.DelegateTriggers.
+// Options.EngineFiresAll (true: delegated firing on).
 const EnvDelegateTriggers = "ZIPTRAIL_DELEGATE_TRIGGERS"
 
 func delegateFromEnv(opts *Options) error {
@@ -21,13 +21,13 @@ func delegateFromEnv(opts *Options) error {
 	if err != nil {
 		return fmt.Errorf("localcluster: %s=%q: want true or false", EnvDelegateTriggers, v)
 	}
-	opts.DelegateTriggers = on
+	opts.EngineFiresAll = !on
 	return nil
 }
 
 // DelegateTriggers reports whether the running operator delegates firing
-// (Options.DelegateTriggers, or the last SetDelegateTriggers).
-func (c *Cluster) DelegateTriggers() bool { return c.opts.DelegateTriggers }
+// (not Options.EngineFiresAll, or the last SetDelegateTriggers).
+func (c *Cluster) DelegateTriggers() bool { return !c.opts.EngineFiresAll }
 
 // SetDelegateTriggers switches the operator's delegated firing on a running
 // cluster, as changing the chart's engine.delegateTriggers rolls the
@@ -42,11 +42,11 @@ func (c *Cluster) SetDelegateTriggers(ctx context.Context, on bool, namespace st
 	if c.opts.NoOperator {
 		return errors.New("localcluster: no operator runs in this process (Options.NoOperator): set the chart's engine.delegateTriggers instead")
 	}
-	if c.opts.DelegateTriggers == on {
+	if c.DelegateTriggers() == on {
 		return nil
 	}
 	before := len(c.op().srv.Sidecars(namespace))
-	c.opts.DelegateTriggers = on
+	c.opts.EngineFiresAll = !on
 	if err := c.RestartOperator(ctx); err != nil {
 		return err
 	}

@@ -9,10 +9,10 @@ func TestDelegateFromEnv(t *testing.T) {
 		err      bool
 	}{{"", true, true, false}, {"", false, false, false}, {"true", false, true, false}, {"0", true, false, false}, {"yes", false, false, true}} {
 		t.Setenv(EnvDelegateTriggers, c.env)
-		o := Options{DelegateTriggers: c.set}
+		o := Options{EngineFiresAll: !c.set}
 		err := delegateFromEnv(&o)
-		if (err != nil) != c.err || err == nil && o.DelegateTriggers != c.out {
-			t.Errorf("%s=%q over %v: %v, %v", EnvDelegateTriggers, c.env, c.set, o.DelegateTriggers, err)
+		if (err != nil) != c.err || err == nil && o.EngineFiresAll == c.out {
+			t.Errorf("%s=%q over %v: delegating %v, %v", EnvDelegateTriggers, c.env, c.set, !o.EngineFiresAll, err)
 		}
 	}
 }

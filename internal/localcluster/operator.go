@@ -153,7 +153,7 @@ func (c *Cluster) startOperator(ctx context.Context, cl net.Listener) error {
 	cfg.InputsAddr, cfg.InputsAdvertise = c.InputsAddr, c.InputsAddr
 	// Delegated firing (docs/design.md), as the chart's
 	// engine.delegateTriggers.
-	cfg.Delegate = c.opts.DelegateTriggers
+	cfg.Delegate = c.DelegateTriggers()
 	cfg.RedisAddr, cfg.S3Endpoint = c.RedisAddr, c.S3Endpoint
 	cfg.ControlService = serviceHost(controlService, controlPort)
 	opts := app.Options{

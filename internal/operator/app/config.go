@@ -110,7 +110,7 @@ func (c *Config) Flags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.InputStoreBytes, "input-store-bytes", 256<<20, "memory held at most for the inputs of running sessions (inputs over 64 KiB); starts beyond it are refused with 503")
 	fs.Int64Var(&c.MaxInputBytes, "max-input-bytes", 64<<20, "largest session input the gateway accepts (413 beyond)")
 	fs.DurationVar(&c.ResultGrace, "result-grace", orchestrator.DefaultResultGrace, "how long a session's result stays readable after its first full read when its client does not acknowledge it (docs/gateway.md)")
-	fs.BoolVar(&c.Delegate, "delegate-triggers", false, "let producers' sidecars fire their workflow's Immediate and ByName triggers themselves, "+
+	fs.BoolVar(&c.Delegate, "delegate-triggers", true, "let producers' sidecars fire their workflow's Immediate and ByName triggers themselves, "+
 		"reporting to the engine, which stays the authority (docs/design.md, 'Delegated firing')")
 	fs.BoolVar(&c.Direct, "direct-dispatch", true, "send each invocation straight to a ready pod of its function's revision (its queue-proxy), as Knative's activator does, "+
 		"instead of through the ingress and the activator; a revision without a ready pod, with a containerConcurrency limit or split traffic, and a pod's overload, go by the route (docs/dispatch.md)")

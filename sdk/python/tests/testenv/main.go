@@ -155,7 +155,7 @@ func startOperator(ctx context.Context, env *envtest.Env, addr string, errc chan
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: op.Gateway, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: op.Gateway, ReadHeaderTimeout: 10 * time.Second, ConnContext: op.Gateway.ConnContext}
 	go func() { errc <- mgr.Start(ctx) }()
 	go func() {
 		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

@@ -173,7 +173,8 @@ func (s *Sidecar) sendDelegated(env *invocation.Envelope, t *controlv1.Delegated
 	opts := call.Options{Client: s.deleg.client(t.Ingress), Wrote: func(ok bool) { sent <- ok }, Receivers: &s.deleg.receivers,
 		URL:          func(context.Context, *invocation.Envelope) (string, error) { return t.Url, nil },
 		Router:       pushedPods{t: t, inflight: &s.deleg.inflight},
-		DirectClient: s.deleg.directClient()}
+		DirectClient: s.deleg.directClient(),
+		OnRoute:      func(route string) { delegatedRequests.WithLabelValues(route).Inc() }}
 	if node := s.cfg.SameNode.Node; node != "" {
 		opts.ProducerNode = func(*invocation.Envelope) string { return node }
 	}
@@ -189,6 +190,7 @@ func (s *Sidecar) sendDelegated(env *invocation.Envelope, t *controlv1.Delegated
 	timer.Stop()
 	wrote <- ok
 	if !ok {
+		delegatedRequests.WithLabelValues("not_sent").Inc()
 		cancel()
 		res := <-done
 		if s.cfg.Log != nil {

@@ -12,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/ziptrail/ziptrail/internal/engine"
 	"github.com/ziptrail/ziptrail/internal/invocation"
+	"github.com/ziptrail/ziptrail/internal/invocation/call"
 	"github.com/ziptrail/ziptrail/internal/operator/control"
 	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
 )
@@ -271,6 +274,11 @@ func TestDelegatedFiringGoesStraightToThePushedPods(t *testing.T) {
 	ev.mu.Unlock()
 	producer := workflowSidecar(t, addr, "p", "entry")
 	waitDelegations(t, producer)
+	routes := func() (direct, fallback, url float64) {
+		return testutil.ToFloat64(delegatedRequests.WithLabelValues(call.RouteDirect)),
+			testutil.ToFloat64(delegatedRequests.WithLabelValues(call.RouteFallback)), testutil.ToFloat64(delegatedRequests.WithLabelValues(call.RouteURL))
+	}
+	d0, f0, u0 := routes()
 	pfn := httptest.NewServer(producer.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", invocation.OutputsContentType)
 		_ = json.NewEncoder(w).Encode(invocation.Outputs{Objects: []invocation.Object{
@@ -301,9 +309,20 @@ func TestDelegatedFiringGoesStraightToThePushedPods(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	mu.Lock()
-	defer mu.Unlock()
 	if fmt.Sprint(got["pod"]) != fmt.Sprint([]string{direct}) || fmt.Sprint(got["route"]) != fmt.Sprint([]string{byRoute}) {
 		t.Fatalf("the pod got %v, the route %v; want [%s] straight and [%s] by the route (its pod was gone)", got["pod"], got["route"], direct, byRoute)
+	}
+	mu.Unlock()
+	// ziptrail_delegated_requests_total counts each request by its route
+	// once its answer is in: one direct, one fallback then by URL.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		d, f, u := routes()
+		if d-d0 == 1 && f-f0 == 1 && u-u0 == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ziptrail_delegated_requests_total grew by direct %v, fallback %v, url %v; want 1 each", d-d0, f-f0, u-u0)
+		}
 	}
 }
 

@@ -24,13 +24,21 @@ var (
 		Name: "ziptrail_store_backups_total",
 		Help: "Unread objects copied to the slow tier at pod shutdown, by result.",
 	}, []string{"result"})
+	delegatedRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ziptrail_delegated_requests_total",
+		Help: "Requests this sidecar sent for the invocations it fired itself (delegated firing), by route: direct (straight to a ready pod " +
+			"the operator pushed), fallback (straight to a pod that did not take it, then by the route at once), url (through Knative's " +
+			"ingress and activator: the target had no ready pod pushed), and not_sent (not out within its time: left to the engine).",
+	}, []string{"route"})
 	functionCrashRetries = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ziptrail_sidecar_function_crash_retries_total",
 		Help: "Invocations sent to the function again, with the same idempotency key, because its process died (the connection failed) before it answered.",
 	})
 )
 
-func init() { prometheus.MustRegister(spills, spilledBytes, backups, functionCrashRetries) }
+func init() {
+	prometheus.MustRegister(spills, spilledBytes, backups, delegatedRequests, functionCrashRetries)
+}
 
 func result(err error) string {
 	if err != nil {

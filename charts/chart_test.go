@@ -70,6 +70,11 @@ func TestChart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Delegated firing turned off renders the flag false (the operator's
+	// default is true, so leaving it out would keep it on).
+	if out, err := helm(t, "template", "zt", chart, "--kube-version", "1.36.3", "--set", "engine.delegateTriggers=false"); err != nil || !strings.Contains(out, "--delegate-triggers=false") {
+		t.Errorf("engine.delegateTriggers=false: %v, rendered --delegate-triggers=false: %v", err, strings.Contains(out, "--delegate-triggers=false"))
+	}
 	// Sharded without Redis: refused (a bucket's new owner restores from
 	// the checkpoints there).
 	if out, err := helm(t, "template", "zt", chart, "--kube-version", "1.36.3", "--set", "engine.sharded=true"); err == nil || !strings.Contains(out, "engine.sharded needs tiers.redis.address") {

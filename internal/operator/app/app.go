@@ -21,10 +21,7 @@ import (
 	"google.golang.org/grpc"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,6 +40,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/operator/gateway"
 	"github.com/ziptrail/ziptrail/internal/operator/gateway/gatewayv1"
 	"github.com/ziptrail/ziptrail/internal/operator/orchestrator"
+	"github.com/ziptrail/ziptrail/internal/operator/scheme"
 )
 
 // Options are what a process running the operator supplies instead of
@@ -91,13 +89,7 @@ type Operator struct {
 
 // Scheme is the operator's: Kubernetes' built-ins, the ziptrail kinds and
 // Knative Serving's v1 kinds.
-func Scheme() *runtime.Scheme {
-	scheme := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
-	utilruntime.Must(v1alpha1.AddToScheme(scheme))
-	utilruntime.Must(servingv1.AddToScheme(scheme))
-	return scheme
-}
+func Scheme() *runtime.Scheme { return scheme.New() }
 
 // Run runs the operator of c in its pod until a signal stops it.
 func Run(c Config) error {

@@ -11,25 +11,16 @@ import (
 
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	ziptrailv1alpha1 "github.com/ziptrail/ziptrail/api/v1alpha1"
+	"github.com/ziptrail/ziptrail/internal/operator/scheme"
 	"github.com/ziptrail/ziptrail/internal/tools/paths"
 )
 
 // Scheme returns a scheme with the Kubernetes built-ins, the ziptrail kinds
 // and Knative Serving's v1 kinds.
-func Scheme() *k8sruntime.Scheme {
-	s := k8sruntime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(s))
-	utilruntime.Must(ziptrailv1alpha1.AddToScheme(s))
-	utilruntime.Must(servingv1.AddToScheme(s))
-	return s
-}
+func Scheme() *k8sruntime.Scheme { return scheme.New() }
 
 // KnativeServiceGVK is the kind the operator creates per function.
 var KnativeServiceGVK = schema.GroupVersionKind{Group: "serving.knative.dev", Version: "v1", Kind: "Service"}

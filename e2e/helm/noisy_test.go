@@ -173,9 +173,9 @@ var _ = Describe("noisy neighbours: one namespace floods, another's word counts 
 	})
 
 	It("B's sessions without a flood: the baseline", func() {
-		busy := hostCPU()
+		busy, routes := hostCPU(), delegatedRoutes(noisyB)
 		baseline = wordCounts(noisyB, text, noisyRuns)
-		GinkgoWriter.Printf("the host's CPUs were %.0f%% busy during B's sessions without a flood\n", busy())
+		GinkgoWriter.Printf("the host's CPUs were %.0f%% busy during B's sessions without a flood; B's delegated requests by route: %v\n", busy(), routes())
 	})
 
 	It("B's sessions during A's flood: all correct, p99 within 2x of the baseline; A gets clear refusals", func() {
@@ -193,9 +193,9 @@ var _ = Describe("noisy neighbours: one namespace floods, another's word counts 
 		// The flood is on before B's first session.
 		Eventually(func() int64 { return f.refusedStarts.Load() + f.unauthenticated.Load() }, "30s").Should(BeNumerically(">", 0))
 		profiled := profileOperator("flood")
-		busy := hostCPU()
+		busy, routes := hostCPU(), delegatedRoutes(noisyB)
 		during := wordCounts(noisyB, text, noisyRuns)
-		GinkgoWriter.Printf("the host's CPUs were %.0f%% busy during B's sessions of the flood\n", busy())
+		GinkgoWriter.Printf("the host's CPUs were %.0f%% busy during B's sessions of the flood; B's delegated requests by route: %v\n", busy(), routes())
 		profiled()
 		stop()
 		wg.Wait()
@@ -317,6 +317,46 @@ func hostCPU() func() float64 {
 			return 0
 		}
 		return 100 * (b1 - b0) / (t1 - t0)
+	}
+}
+
+// delegatedRoutes starts counting the requests of the delegated firings
+// of ns's pods by route (their sidecars' ziptrail_delegated_requests_total,
+// from the data plane's metrics port): whether they went straight to the
+// targets' pods or through Knative's activator, which A floods. The
+// function it returns says how many of each since.
+func delegatedRoutes(ns string) func() map[string]float64 {
+	read := func() map[string]float64 {
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		sum := map[string]float64{}
+		for _, p := range pods.Items {
+			if p.Status.PodIP == "" {
+				continue
+			}
+			resp, err := http.Get("http://" + p.Status.PodIP + ":9193/metrics")
+			if err != nil {
+				continue
+			}
+			data, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, l := range strings.Split(string(data), "\n") {
+				var route string
+				var n float64
+				if _, err := fmt.Sscanf(l, "ziptrail_delegated_requests_total{route=%q} %g", &route, &n); err == nil {
+					sum[route] += n
+				}
+			}
+		}
+		return sum
+	}
+	before := read()
+	return func() map[string]float64 {
+		after := read()
+		for r, n := range before {
+			after[r] -= n
+		}
+		return after
 	}
 }
 

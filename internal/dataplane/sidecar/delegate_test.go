@@ -328,7 +328,7 @@ func TestDelegatedFiringGoesStraightToThePushedPods(t *testing.T) {
 
 // waitDelegations waits (a minute at most) until s has its delegated
 // triggers from the operator's Welcome.
-func waitDelegations(t *testing.T, s *Sidecar) {
+func waitDelegations(t testing.TB, s *Sidecar) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for s.deleg.byBucket.Load() == nil || len(*s.deleg.byBucket.Load()) == 0 {

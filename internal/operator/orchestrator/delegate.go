@@ -41,9 +41,12 @@ type delegations struct {
 	src map[string]delegationSource
 }
 
+// delegationSource holds the workflow's names, not the reconciler's
+// Workflow: the reconciler goes on writing that object (its status) while
+// refreshDelegations reads this on its own goroutine.
 type delegationSource struct {
-	wf   *v1alpha1.Workflow
-	spec engine.WorkflowSpec
+	namespace, name string
+	spec            engine.WorkflowSpec
 }
 
 // readyPods is what direct routing knows of a Knative Service's ready
@@ -77,7 +80,7 @@ func (o *Orchestrator) refreshDelegations(ctx context.Context) {
 		}
 		o.deleg.mu.RUnlock()
 		for _, s := range srcs {
-			o.setDelegations(s.wf, s.spec, true)
+			o.setDelegations(s.namespace, s.name, s.spec, true)
 		}
 	}
 }
@@ -91,8 +94,8 @@ const delegationTimeout = 5 * time.Second
 // changed. A target whose route is not known yet is left out: the
 // engine fires it. Without Options.Delegate, or with the workflow not
 // ready, the set is empty (the sidecars fire nothing themselves).
-func (o *Orchestrator) setDelegations(wf *v1alpha1.Workflow, spec engine.WorkflowSpec, ready bool) {
-	key := Key(wf.Namespace, wf.Name)
+func (o *Orchestrator) setDelegations(namespace, name string, spec engine.WorkflowSpec, ready bool) {
+	key := Key(namespace, name)
 	msg := &controlv1.Delegations{}
 	if o.opts.Delegate && ready {
 		ctx, cancel := context.WithTimeout(context.Background(), delegationTimeout)
@@ -102,15 +105,15 @@ func (o *Orchestrator) setDelegations(wf *v1alpha1.Workflow, spec engine.Workflo
 				continue
 			}
 			for _, target := range t.Targets {
-				svc := v1alpha1ServiceName(wf.Name, target)
-				u, err := o.opts.Resolver.URL(ctx, wf.Namespace, svc)
+				svc := v1alpha1ServiceName(name, target)
+				u, err := o.opts.Resolver.URL(ctx, namespace, svc)
 				if err != nil {
 					continue
 				}
 				dt := &controlv1.DelegatedTrigger{Trigger: t.Name, Bucket: t.Bucket, Key: t.Key,
 					Function: target, Service: svc, Url: u.String(), Ingress: o.opts.Ingress}
 				if rp, ok := o.opts.Router.(readyPods); ok {
-					for _, p := range rp.Ready(wf.Namespace, svc) {
+					for _, p := range rp.Ready(namespace, svc) {
 						dt.Pods = append(dt.Pods, &controlv1.Pod{Addr: p.Addr, Node: p.Node})
 					}
 				}
@@ -124,7 +127,7 @@ func (o *Orchestrator) setDelegations(wf *v1alpha1.Workflow, spec engine.Workflo
 		o.deleg.src = map[string]delegationSource{}
 	}
 	if o.opts.Delegate && ready {
-		o.deleg.src[key] = delegationSource{wf: wf, spec: spec}
+		o.deleg.src[key] = delegationSource{namespace: namespace, name: name, spec: spec}
 	} else {
 		delete(o.deleg.src, key)
 	}
@@ -136,7 +139,7 @@ func (o *Orchestrator) setDelegations(wf *v1alpha1.Workflow, spec engine.Workflo
 	}
 	o.deleg.mu.Unlock()
 	if (old != nil || len(msg.Triggers) > 0) && !proto.Equal(old, msg) && o.opts.Control != nil {
-		_ = o.opts.Control.SendWorkflow(wf.Namespace, wf.Name, &controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Delegations{Delegations: msg}})
+		_ = o.opts.Control.SendWorkflow(namespace, name, &controlv1.OperatorMessage{Msg: &controlv1.OperatorMessage_Delegations{Delegations: msg}})
 	}
 }
 

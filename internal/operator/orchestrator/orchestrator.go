@@ -420,7 +420,7 @@ func (o *Orchestrator) SetWorkflow(wf *v1alpha1.Workflow, ready bool, notReady s
 	if err := o.engine.SetWorkflow(spec); err != nil {
 		return err
 	}
-	defer o.setDelegations(wf, spec, ready)
+	defer o.setDelegations(wf.Namespace, wf.Name, spec, ready)
 	defer o.touch()
 	o.counts.setWorkflow(spec)
 	info := &workflowInfo{namespace: wf.Namespace, name: wf.Name, ready: ready, notReady: notReady, outputs: wf.Spec.OutputBuckets()}

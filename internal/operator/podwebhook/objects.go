@@ -95,6 +95,11 @@ func (ObjectsMutator) Mutate(pod *corev1.Pod) bool {
 	addMemory(pod.Spec.Containers[user].Resources.Limits, q)
 	addMemory(pod.Spec.Containers[user].Resources.Requests, q)
 	addMemory(pod.Spec.Containers[qp].Resources.Limits, q)
+	// queue-proxy-zl's node (Knative gives it none), with or without the
+	// same-node data plane: a producer's sidecar prefers the consumer's
+	// pods on its own node when it fires a trigger itself (delegated
+	// firing), and names its node to activator-ext.
+	setEnv(&pod.Spec.Containers[qp], corev1.EnvVar{Name: envNode, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}})
 	return true
 }
 

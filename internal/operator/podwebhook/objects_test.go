@@ -70,6 +70,9 @@ func TestObjectsVolume(t *testing.T) {
 		t.Fatal("not mutated")
 	}
 	checkObjects(t, p)
+	if env := p.Spec.Containers[1].Env; len(env) != 1 || env[0].Name != envNode || env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("queue-proxy's env %+v, want its node (%s from spec.nodeName)", env, envNode)
+	}
 	// A reinvoked webhook adds nothing more.
 	if (ObjectsMutator{}).Mutate(p) {
 		t.Fatal("mutated twice")

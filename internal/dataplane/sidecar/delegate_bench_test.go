@@ -1,11 +1,9 @@
 package sidecar
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -97,19 +95,19 @@ func BenchmarkDelegatedStep(b *testing.B) {
 	next := func() int { seq++; return seq }
 	b.Run("floor", func(b *testing.B) {
 		for b.Loop() {
-			postEnvelope(b, client, plain.URL, invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-f0", Session: "s", Invocation: fmt.Sprintf("s.f%d.%d", run, next())})
+			postEnvelope(b, client, plain.URL, invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-f0", Session: "s", Invocation: fmt.Sprintf("s.f%d.%d", run, next())}, false)
 		}
 	})
 	b.Run("invoke", func(b *testing.B) {
 		for b.Loop() {
-			postEnvelope(b, client, srvs[1].URL, invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-f1", Session: "s", Invocation: fmt.Sprintf("s.i%d.%d", run, next())})
+			postEnvelope(b, client, srvs[1].URL, invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-f1", Session: "s", Invocation: fmt.Sprintf("s.i%d.%d", run, next())}, false)
 		}
 	})
 	b.Run("step", func(b *testing.B) {
 		for b.Loop() {
 			session := fmt.Sprintf("r%d-%d", run, next())
 			postEnvelope(b, client, srvs[0].URL, invocation.Envelope{Namespace: "ns", Workflow: "wf", Function: "wf-f0", Session: session,
-				Invocation: session + ".0", Objects: []invocation.Object{{Bucket: "in", Key: fmt.Sprintf("k%d", steps), Inline: []byte("x")}}})
+				Invocation: session + ".0", Objects: []invocation.Object{{Bucket: "in", Key: fmt.Sprintf("k%d", steps), Inline: []byte("x")}}}, false)
 			select {
 			case got := <-done:
 				if got != session {
@@ -121,19 +119,4 @@ func BenchmarkDelegatedStep(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/steps, "ns/step")
 	})
-}
-
-func postEnvelope(b *testing.B, client *http.Client, url string, env invocation.Envelope) {
-	data, _ := json.Marshal(env)
-	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(data))
-	req.Header.Set("Content-Type", invocation.ContentType)
-	resp, err := client.Do(req)
-	if err != nil {
-		b.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b.Fatal(resp.StatusCode)
-	}
 }

@@ -144,7 +144,7 @@ func New(h *Handler) *Handler {
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	w = paced(w, r)
+	w = h.paced(w, r)
 	if h.routed(w, r) {
 		return
 	}

@@ -94,6 +94,7 @@ func (g *GRPC) guardian() *guard.Guard {
 			l.MaxRecvMsgSize = g.MaxStartMessage()
 		}
 		g.guard = guard.New("gateway", l, g.authenticate)
+		g.guard.Exempt = g.fromPeer
 	})
 	return g.guard
 }

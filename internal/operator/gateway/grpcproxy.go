@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -27,6 +28,21 @@ const proxiedKey = "ziptrail-proxied"
 func proxied(ctx context.Context) bool {
 	md, _ := metadata.FromIncomingContext(ctx)
 	return len(md.Get(proxiedKey)) > 0
+}
+
+// fromPeer: the call was forwarded (proxiedKey, which anyone can set) from
+// the address of another replica, whose connection carries every
+// client's forwarded calls: its refusals are not paced (the forwarding
+// replica paced its client's own connection).
+func (g *GRPC) fromPeer(ctx context.Context) bool {
+	if g.Owners == nil || !proxied(ctx) {
+		return false
+	}
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return false
+	}
+	return isPeer(ctx, g.Owners, p.Addr.String())
 }
 
 // grpcRoute finds the workflow a call is about, and what authorizes it.

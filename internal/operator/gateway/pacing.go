@@ -47,10 +47,12 @@ func (h *Handler) ConnContext(ctx context.Context, _ net.Conn) context.Context {
 
 // paced waits for r's connection's refusals to be within their rate, and
 // returns w counting r's answer against them (w itself when the server
-// paces nothing).
-func paced(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
+// paces nothing). A request another replica forwarded (sharded engine)
+// is not paced: the forwarding replica paced its client's connection, and
+// its connections to this one carry every client's requests.
+func (h *Handler) paced(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 	p, _ := r.Context().Value(pacerKey{}).(*guard.Pacer)
-	if p == nil {
+	if p == nil || h.fromPeer(r) {
 		return w
 	}
 	if p.Wait(r.Context()) {
@@ -82,3 +84,27 @@ func (w *refusalCounter) Flush() {
 
 // Unwrap is the writer underneath (http.ResponseController).
 func (w *refusalCounter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// fromPeer: r was forwarded (ProxiedHeader, which anyone can set) from
+// the address of another replica.
+func (h *Handler) fromPeer(r *http.Request) bool {
+	return h.Owners != nil && r.Header.Get(ProxiedHeader) != "" && isPeer(r.Context(), h.Owners, r.RemoteAddr)
+}
+
+// isPeer: the host of addr (host:port) is another replica's (Owners.Peers).
+func isPeer(ctx context.Context, owners Owners, addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	peers, err := owners.Peers(ctx)
+	if err != nil {
+		return false
+	}
+	for _, p := range peers {
+		if ph, _, err := net.SplitHostPort(p); err == nil && ph == host {
+			return true
+		}
+	}
+	return false
+}

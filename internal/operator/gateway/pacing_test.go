@@ -81,3 +81,43 @@ func TestRefusedRequestsArePacedPerConnection(t *testing.T) {
 		t.Errorf("another connection's accepted requests were paced (%v more)", n-paced)
 	}
 }
+
+// TestRequestsForwardedByAReplicaAreNotPaced: a replica's connections to
+// another carry every client's forwarded requests, so refusals on them are
+// not paced (the forwarding replica paced its client's own connection);
+// the same header from an address that is no replica's is paced as any
+// request (anyone can set it).
+func TestRequestsForwardedByAReplicaAreNotPaced(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		peers peersAt
+		paced bool
+	}{{"from a replica", peersAt{"127.0.0.1:9"}, false}, {"from elsewhere", peersAt{"10.9.9.9:9"}, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			h := gateway.New(&gateway.Handler{Sessions: sessions.NewRegistry(), Auth: tokenAuth{}, RefusalsPerSecond: 5, Owners: c.peers})
+			srv := httptest.NewUnstartedServer(h)
+			srv.Config.ConnContext = h.ConnContext
+			srv.Start()
+			defer srv.Close()
+			client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+			before := pacedTotal(t)
+			for i := 0; i < 12; i++ {
+				req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/namespaces/team-a/sessions/s1", nil)
+				req.Header.Set("Authorization", "Bearer forged")
+				req.Header.Set(gateway.ProxiedHeader, "1")
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusUnauthorized {
+					t.Fatalf("request %d: %d", i, resp.StatusCode)
+				}
+			}
+			if got := pacedTotal(t) > before; got != c.paced {
+				t.Errorf("12 refusals on one connection at 5 a second paced: %v, want %v", got, c.paced)
+			}
+		})
+	}
+}

@@ -152,6 +152,11 @@ type Guard struct {
 	auth Authenticate
 
 	paced atomic.Int64 // Paced
+	// Exempt, when set (before the server serves), says a call's
+	// connection is not paced (Limits.RefusalsPerSecond): one that
+	// carries many clients' calls, such as another replica's forwarding
+	// connection. It sees the call's incoming metadata and peer.
+	Exempt func(ctx context.Context) bool
 
 	mu     sync.Mutex
 	conns  map[string]*conn // by remote and local address

@@ -80,7 +80,7 @@ func (p *Pacer) Wait(ctx context.Context) bool {
 // connOf is the connection of the call of ctx, nil when the guard cannot
 // tell it (an address shared by several, as a Unix socket's).
 func (g *Guard) connOf(ctx context.Context) *conn {
-	if g.l.RefusalsPerSecond <= 0 {
+	if g.l.RefusalsPerSecond <= 0 || (g.Exempt != nil && g.Exempt(ctx)) {
 		return nil
 	}
 	p, ok := peer.FromContext(ctx)

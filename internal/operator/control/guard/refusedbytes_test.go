@@ -56,10 +56,13 @@ func newGuard(l guard.Limits) *guard.Guard {
 
 // countingServer serves the health service behind a guard of l, counting
 // the bytes it reads; it returns a client connection to it.
-func countingServer(t *testing.T, l guard.Limits) (*grpc.ClientConn, *guard.Guard, *atomic.Int64) {
+func countingServer(t *testing.T, l guard.Limits, exempt ...func(context.Context) bool) (*grpc.ClientConn, *guard.Guard, *atomic.Int64) {
 	t.Helper()
 	read := &atomic.Int64{}
 	g := newGuard(l)
+	if len(exempt) > 0 {
+		g.Exempt = exempt[0]
+	}
 	gs := grpc.NewServer(g.ServerOptions()...)
 	healthpb.RegisterHealthServer(gs, health.NewServer())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -154,5 +157,19 @@ func TestRefusedInALoopIsPaced(t *testing.T) {
 	}
 	if err := send(cc, "good", nil); err != nil {
 		t.Fatalf("an accepted call on the paced connection: %v", err)
+	}
+}
+
+// TestAnExemptConnectionIsNotPaced: a connection Guard.Exempt names (one
+// carrying many clients' calls, as another replica's) is never paced.
+func TestAnExemptConnectionIsNotPaced(t *testing.T) {
+	cc, g, _ := countingServer(t, guard.Limits{MaxRecvMsgSize: 1 << 20, RefusalsPerSecond: 5}, func(context.Context) bool { return true })
+	for i := 0; i < 30; i++ {
+		if err := send(cc, "bad", nil); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if n := g.Paced(); n != 0 {
+		t.Fatalf("%d calls of an exempt connection paced", n)
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/ziptrail/ziptrail/internal/operator/checkpoint"
 	"github.com/ziptrail/ziptrail/internal/operator/control"
 	"github.com/ziptrail/ziptrail/internal/operator/control/controlv1"
+	"github.com/ziptrail/ziptrail/internal/operator/control/guard"
 	"github.com/ziptrail/ziptrail/internal/operator/dispatch"
 	"github.com/ziptrail/ziptrail/internal/operator/dispatch/direct"
 	"github.com/ziptrail/ziptrail/internal/operator/gateway"
@@ -256,7 +257,7 @@ func New(mgr manager.Manager, cfg *rest.Config, c Config, o Options) (*Operator,
 
 	gwh := &gateway.Handler{Starter: eng.starter, Sessions: eng.sessions, Results: eng.results,
 		Auth: &gateway.KubeAuth{Client: mgr.GetClient()}, MaxInput: c.MaxInputBytes, Limit: c.Limits.RateLimit(),
-		Calibration: o.Calibration}
+		Calibration: o.Calibration, RefusalsPerSecond: refusalsPaced(c.Limits.RefusalsPerConnection)}
 	if gwh.Limit != nil {
 		gwh.Limit.Refused = func(ns, wf string, err *gateway.LimitError) {
 			limitEvents.Record(ns, wf, err.Limit, "Request", err.Msg)
@@ -268,7 +269,7 @@ func New(mgr manager.Manager, cfg *rest.Config, c Config, o Options) (*Operator,
 	if ns := os.Getenv("POD_NAMESPACE"); gwh.Calibration == nil && ns != "" {
 		gwh.Calibration = &gateway.ConfigMapCalibration{Reader: mgr.GetAPIReader(), Namespace: ns}
 	}
-	gwg := &gateway.GRPC{}
+	gwg := &gateway.GRPC{Limits: guard.Limits{RefusalsPerSecond: refusalsPaced(c.Limits.RefusalsPerConnection)}}
 	if p := eng.sharded; p != nil {
 		// A sidecar of another replica's workflow is redirected there (after
 		// authentication); gateway calls are proxied to it.
@@ -382,4 +383,13 @@ func serveUntil(ctx context.Context, addr string, serve func(net.Listener) error
 		}
 		return err
 	}
+}
+
+// refusalsPaced is the gateway's pacing rate of a limit's value, where
+// zero (no pacing) is the gateway's negative (its zero takes its default).
+func refusalsPaced(perConnection float64) float64 {
+	if perConnection <= 0 {
+		return -1
+	}
+	return perConnection
 }

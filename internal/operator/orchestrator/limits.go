@@ -42,6 +42,12 @@ type Limits struct {
 	// to the session gateway (gateway.RateLimit).
 	RequestsPerSecond float64
 	RequestBurst      int
+	// RefusalsPerConnection paces each client connection of the session
+	// gateway (HTTP and gRPC) whose requests are refused faster than this
+	// a second: its next request waits (docs/hostile-input.md). Zero or
+	// negative: no pacing (behind a proxy that pools many clients on one
+	// connection, where one client's refusals would slow the others).
+	RefusalsPerConnection float64
 }
 
 // DefaultLimits are the operator's defaults (its flags', the chart's).
@@ -56,8 +62,9 @@ func DefaultLimits() Limits {
 		// One client running short sessions one after another makes
 		// ~400 requests a second (an echo session is ~5 ms): the
 		// default leaves that room, and still bounds a flood.
-		RequestsPerSecond: 1000,
-		RequestBurst:      2000,
+		RequestsPerSecond:     1000,
+		RequestBurst:          2000,
+		RefusalsPerConnection: 10,
 	}
 }
 
@@ -77,6 +84,9 @@ func (l *Limits) Flags(fs *flag.FlagSet) {
 		"bytes of a namespace's session inputs held in the operator's input store; starts beyond get 429 (0: only --input-store-bytes)")
 	fs.Float64Var(&l.RequestsPerSecond, "limit-requests-per-second", l.RequestsPerSecond,
 		"requests a second a namespace may make to the session gateway, per operator replica; beyond get 429 (0: no limit)")
+	fs.Float64Var(&l.RefusalsPerConnection, "limit-refusals-per-connection", l.RefusalsPerConnection,
+		"refused requests (401, 403, 413, 429 and their gRPC codes) a second one client connection of the session gateway may have before its next request waits, at most 1 s "+
+			"(0: no pacing; turn it off behind a proxy that pools many clients on one connection)")
 	fs.IntVar(&l.RequestBurst, "limit-request-burst", l.RequestBurst,
 		"requests a namespace may make at once to the session gateway before --limit-requests-per-second applies")
 }

@@ -6,8 +6,12 @@ package servers
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -69,14 +73,58 @@ func FreePort(t TB) int {
 	return freePortOn(t, "127.0.0.1")
 }
 
+// A port the kernel hands out itself (a listener on port 0, the local end
+// of every outgoing connection) comes from its ephemeral range: one picked
+// there and released is soon taken again by another test process's
+// connection, before the caller binds it ("bind: address already in use",
+// seen in a CI run of the sidecar's tests). So ports are picked at random
+// below that range, and below Kubernetes' NodePorts (30000-32767, which
+// the local cluster's kube-proxy captures), where only other callers of
+// FreePort look; the kernel's choice is the fallback.
+const freePortsFrom, freePortsTo = 20000, 30000
+
 func freePortOn(t TB, host string) int {
 	t.Helper()
+	if low := ephemeralLow(); low == 0 || low >= freePortsTo {
+		for range 200 {
+			port := freePortsFrom + rand.IntN(freePortsTo-freePortsFrom)
+			// Free on every address, as servers that listen on ":port"
+			// need it, and on host.
+			if portFree("", port) && portFree(host, port) {
+				return port
+			}
+		}
+	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func portFree(host string, port int) bool {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
+}
+
+// ephemeralLow is the low end of the kernel's ephemeral port range (0:
+// unknown).
+func ephemeralLow() int {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[0])
+	return n
 }
 
 // waitUntil polls ready (bounded at 20 s) for a server that just started.
